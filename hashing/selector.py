@@ -1,0 +1,217 @@
+"""The ``shardSelector`` grammar of KEP-5866, with rangeshard's owner-aware path.
+
+Purpose
+    Parse, print and evaluate selectors of the form::
+
+        shardRange(<path>, '0x<start>', '0x<end>') [|| shardRange(...)]...
+
+    over the 64-bit FNV-1a space ``[0, 2**64)``: start inclusive, end exclusive,
+    ``start < end <= 2**64``. Paths:
+
+    * ``object.metadata.uid``
+    * ``object.metadata.namespace``
+    * ``object.metadata.ownerReferences.controller.uid`` (ours): the uid of the
+      controller ownerReference; an object without one matches every range,
+      so orphans stay visible to every instance and can be adopted.
+
+Invariants
+    * :func:`parse_shard_selector` either returns a non-empty
+      :class:`ShardSelector` or raises :class:`SelectorSyntaxError` whose
+      message names the offending position and what was expected.
+    * ``parse_shard_selector(str(s)) == s`` for every valid selector ``s``.
+    * ``range_to_selector(r)`` selects exactly the objects whose
+      ``hash_key`` lies in ``r`` (the ``>> 1`` of :mod:`hashing.keys` keeps order).
+
+Concurrency model
+    Immutable values and pure functions.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from hashing.keys import UINT64_SPACE, controller_owner_uid, fnv1a_64
+from hashing.ranges import HashRange
+
+UID_PATH = "object.metadata.uid"
+NAMESPACE_PATH = "object.metadata.namespace"
+OWNER_PATH = "object.metadata.ownerReferences.controller.uid"
+#: Every path a selector may name.
+PATHS = (UID_PATH, NAMESPACE_PATH, OWNER_PATH)
+
+_MAX_SELECTOR_LENGTH = 16 * 1024
+_MAX_TERMS = 256
+
+
+class SelectorSyntaxError(ValueError):
+    """A ``shardSelector`` that does not follow the grammar; the message says where and why."""
+
+
+@dataclass(frozen=True, slots=True)
+class ShardRange:
+    """One ``shardRange(path, start, end)`` term: ``[start, end)`` of the uint64 space."""
+
+    path: str
+    start: int
+    end: int
+
+    def __post_init__(self) -> None:
+        if self.path not in PATHS:
+            raise ValueError(f"unsupported path {self.path!r}; supported: {', '.join(PATHS)}")
+        if not (0 <= self.start < self.end <= UINT64_SPACE):
+            raise ValueError(f"invalid range [{self.start:#x}, {self.end:#x}): need 0 <= start < end <= 2**64")
+
+    def contains(self, value64: int) -> bool:
+        """True if the 64-bit hash ``value64`` lies in ``[start, end)``."""
+        return self.start <= value64 < self.end
+
+    def __str__(self) -> str:
+        return f"shardRange({self.path}, '{self.start:#x}', '{self.end:#x}')"
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectHashes:
+    """The 64-bit hashes of one object, computed once (the proxy caches these)."""
+
+    uid: int | None
+    namespace: int | None
+    owner: int | None
+
+    @classmethod
+    def of(cls, obj: Mapping[str, Any]) -> ObjectHashes:
+        """Compute the hashes of a Kubernetes object (a decoded JSON mapping)."""
+        meta = obj.get("metadata")
+        if not isinstance(meta, Mapping):
+            return cls(None, None, None)
+        uid = meta.get("uid")
+        ns = meta.get("namespace")
+        owner = controller_owner_uid(meta)
+        return cls(
+            fnv1a_64(uid) if isinstance(uid, str) and uid else None,
+            fnv1a_64(ns) if isinstance(ns, str) and ns else None,
+            fnv1a_64(owner) if owner is not None else None,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ShardSelector:
+    """A disjunction of :class:`ShardRange` terms (never empty)."""
+
+    terms: tuple[ShardRange, ...]
+
+    def __post_init__(self) -> None:
+        if not self.terms:
+            raise ValueError("a shard selector needs at least one shardRange term")
+
+    def __str__(self) -> str:
+        return " || ".join(str(t) for t in self.terms)
+
+    @property
+    def paths(self) -> frozenset[str]:
+        """The set of paths the terms use."""
+        return frozenset(t.path for t in self.terms)
+
+    def matches_hashes(self, hashes: ObjectHashes) -> bool:
+        """Evaluate the selector against precomputed hashes.
+
+        An object lacking the hashed field (no uid, cluster-scoped for the
+        namespace path) matches no term of that path, except the owner path:
+        no controller reference matches every owner-path term.
+        """
+        for term in self.terms:
+            if term.path == OWNER_PATH:
+                if hashes.owner is None or term.contains(hashes.owner):
+                    return True
+            elif term.path == UID_PATH:
+                if hashes.uid is not None and term.contains(hashes.uid):
+                    return True
+            elif hashes.namespace is not None and term.contains(hashes.namespace):
+                return True
+        return False
+
+    def matches(self, obj: Mapping[str, Any]) -> bool:
+        """Evaluate the selector against a Kubernetes object."""
+        return self.matches_hashes(ObjectHashes.of(obj))
+
+
+_TERM_RE = re.compile(
+    r"""\s*shardRange\s*\(\s*
+        (?P<path>[A-Za-z_][A-Za-z0-9_.]*)\s*,\s*
+        (?P<start>'[^']*'|"[^"]*"|[^,)\s]+)\s*,\s*
+        (?P<end>'[^']*'|"[^"]*"|[^,)\s]+)\s*
+        \)\s*""",
+    re.VERBOSE,
+)
+_HEX_RE = re.compile(r"0x[0-9a-fA-F]{1,17}")
+
+
+def _parse_bound(token: str, name: str, pos: int) -> int:
+    if not (len(token) >= 2 and token[0] == "'" and token[-1] == "'"):
+        raise SelectorSyntaxError(f"at offset {pos}: {name} must be a single-quoted hex string like '0x0', got {token}")
+    body = token[1:-1]
+    if not _HEX_RE.fullmatch(body):
+        raise SelectorSyntaxError(
+            f"at offset {pos}: {name} {token} is not a '0x'-prefixed hex number of at most 17 digits"
+        )
+    return int(body, 16)
+
+
+def parse_shard_selector(text: str) -> ShardSelector:
+    """Parse a ``shardSelector`` string; raise :class:`SelectorSyntaxError` on anything else."""
+    if len(text) > _MAX_SELECTOR_LENGTH:
+        raise SelectorSyntaxError(f"selector is {len(text)} characters long; at most {_MAX_SELECTOR_LENGTH} allowed")
+    if not text.strip():
+        raise SelectorSyntaxError("empty selector: expected shardRange(<path>, '0x<start>', '0x<end>')")
+    terms: list[ShardRange] = []
+    pos = 0
+    while True:
+        m = _TERM_RE.match(text, pos)
+        if m is None:
+            snippet = text[pos : pos + 40].strip() or "end of input"
+            raise SelectorSyntaxError(
+                f"at offset {pos}: expected shardRange(<path>, '0x<start>', '0x<end>'), got {snippet!r}"
+            )
+        path = m.group("path")
+        if path not in PATHS:
+            raise SelectorSyntaxError(
+                f"at offset {m.start('path')}: unsupported path {path!r}; supported: {', '.join(PATHS)}"
+            )
+        start = _parse_bound(m.group("start"), "start", m.start("start"))
+        end = _parse_bound(m.group("end"), "end", m.start("end"))
+        if end > UINT64_SPACE:
+            raise SelectorSyntaxError(f"at offset {m.start('end')}: end {end:#x} exceeds 2**64 (0x10000000000000000)")
+        if start >= end:
+            raise SelectorSyntaxError(f"at offset {m.start('start')}: start {start:#x} must be less than end {end:#x}")
+        terms.append(ShardRange(path, start, end))
+        if len(terms) > _MAX_TERMS:
+            raise SelectorSyntaxError(f"more than {_MAX_TERMS} shardRange terms")
+        pos = m.end()
+        if pos == len(text):
+            break
+        if text.startswith("||", pos):
+            pos += 2
+            continue
+        raise SelectorSyntaxError(f"at offset {pos}: expected '||' or end of input, got {text[pos : pos + 20]!r}")
+    return ShardSelector(tuple(terms))
+
+
+def range_to_selector(rng: HashRange, path: str = UID_PATH) -> str:
+    """Render an int64 range as a one-term selector over ``[2*lo, 2*hi + 2)``."""
+    start, end = rng.to_uint64()
+    return str(ShardSelector((ShardRange(path, start, end),)))
+
+
+def ranges_to_selector(ranges: Sequence[HashRange], path: str = UID_PATH) -> str:
+    """Render several int64 ranges as one selector (terms joined by ``||``)."""
+    return str(ShardSelector(tuple(ShardRange(path, *r.to_uint64()) for r in ranges)))
+
+
+def selector_to_ranges(selector: str | ShardSelector) -> list[HashRange]:
+    """Convert a selector back to int64 ranges (bounds must be even; one path only)."""
+    sel = parse_shard_selector(selector) if isinstance(selector, str) else selector
+    if len(sel.paths) != 1:
+        raise ValueError(f"selector mixes paths {sorted(sel.paths)}; convert one path at a time")
+    return [HashRange.from_uint64(t.start, t.end) for t in sel.terms]

