@@ -1,0 +1,1 @@
+"""The ``rangeshard`` command line; see :mod:`rangeshard.cli.main`."""

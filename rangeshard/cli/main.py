@@ -1,0 +1,89 @@
+"""The ``rangeshard`` command line (Typer).
+
+Purpose
+    One entry point for every component: ``hash``, ``registry list|dump``,
+    ``etcd`` (a local etcd for development), ``up`` (the whole system locally)
+    and the component servers as they land. This is the only place that
+    configures logging handlers.
+
+Invariants
+    * Expected failures (:class:`~rangeshard.errors.RangeshardError`) print one
+      clear line per problem on stderr and exit 2 (bad input) or 1 (runtime,
+      e.g. etcd unreachable); never a traceback.
+    * Dependency direction: the CLI may import every package; none imports it.
+
+Concurrency model
+    Commands run on the main thread; long-running ones stop on SIGINT/SIGTERM.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+
+from hashing import hash_key
+from rangeshard import __version__
+from rangeshard.cli.common import configure_logging, fail
+from rangeshard.errors import RangeshardError
+
+app = typer.Typer(
+    name="rangeshard",
+    help="Run many instances of a Kubernetes controller at once, each owning a slice of a 63-bit hash space.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"rangeshard {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def root(
+    log_level: Annotated[str, typer.Option("--log-level", help="debug, info, warning or error.")] = "warning",
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
+) -> None:
+    """rangeshard: hash-range sharding for Kubernetes controllers."""
+    configure_logging(log_level)
+
+
+@app.command("hash")
+def hash_command(
+    values: Annotated[list[str], typer.Argument(help="Strings to hash (usually object uids).")],
+) -> None:
+    """Print the 63-bit key (FNV-1a 64 >> 1) of each VALUE, one decimal per line."""
+    for value in values:
+        typer.echo(str(hash_key(value)))
+
+
+def _register_subcommands() -> None:
+    from rangeshard.cli import registry_cmds, up  # noqa: PLC0415 (keeps `rangeshard hash` fast)
+
+    app.add_typer(registry_cmds.app, name="registry")
+    app.command("etcd")(up.etcd_command)
+    app.command("up")(up.up_command)
+
+
+_register_subcommands()
+
+
+def main() -> None:
+    """Console-script entry point."""
+    try:
+        app()
+    except RangeshardError as e:  # a command forgot to translate: still no traceback
+        try:
+            fail(e)
+        except typer.Exit as exit_:
+            sys.exit(exit_.exit_code)
+
+
+if __name__ == "__main__":
+    main()

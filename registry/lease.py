@@ -1,0 +1,165 @@
+"""Lease keepalive we own: renew at TTL/3, report failures and the fencing deadline.
+
+Purpose
+    pyetcd does not renew leases by itself. :class:`LeaseKeeper` grants a
+    lease and runs a named thread that sends one keepalive every ``ttl / 3``
+    seconds. It tells its owner, through callbacks, when a renewal succeeded
+    (with the new fencing deadline), when one failed (with the deadline that
+    still holds), and when the lease is gone for good.
+
+Invariants
+    * The **fencing deadline** is measured from the *send* time of the last
+      successful keepalive (or grant): etcd cannot expire the lease before
+      ``send_time + granted_ttl``, so stopping all work by
+      ``send_time + granted_ttl - margin`` (monotonic clock) is safe even if
+      the answer arrived late.
+    * Each keepalive call has its own deadline (``< ttl / 3``), so a hung
+      connection is noticed before the fencing deadline.
+    * Once etcd answers TTL <= 0 the lease is lost; the keeper stops and calls
+      ``on_lost``. It never re-grants by itself: rejoining is the owner's call.
+
+Concurrency model
+    One daemon thread per keeper (``lease-keeper-<name>``). Callbacks run on
+    that thread and must not block for long. ``deadline`` may be read from any
+    thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import replace
+
+from rangeshard.errors import LeaseLost, RangeshardError
+from registry.etcd import EtcdClient, EtcdConfig
+
+log = logging.getLogger(__name__)
+
+
+def default_margin(ttl: float) -> float:
+    """Safety margin before the lease could expire: 30% of the TTL, at least 1 s."""
+    return max(1.0, 0.3 * ttl)
+
+
+class LeaseKeeper:
+    """Grant a lease and keep it alive (see module docstring)."""
+
+    def __init__(
+        self,
+        config: EtcdConfig,
+        ttl: int,
+        *,
+        name: str = "lease",
+        margin: float | None = None,
+        on_renewed: Callable[[float], None] | None = None,
+        on_failure: Callable[[Exception, float], None] | None = None,
+        on_lost: Callable[[], None] | None = None,
+    ) -> None:
+        if ttl < 2:
+            raise ValueError(f"lease TTL must be at least 2 seconds, got {ttl}")
+        self.ttl = ttl
+        self.interval = ttl / 3
+        self.margin = default_margin(ttl) if margin is None else margin
+        if self.margin >= ttl:
+            raise ValueError(f"fencing margin {self.margin}s must be below the TTL {ttl}s")
+        # Calls must finish well within one renewal interval.
+        self.client = EtcdClient(replace(config, timeout=max(0.5, min(config.timeout, self.interval * 0.8))))
+        self.name = name
+        self.on_renewed = on_renewed
+        self.on_failure = on_failure
+        self.on_lost = on_lost
+        self.lease_id: int = 0
+        self._deadline = 0.0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.lost = threading.Event()
+
+    @property
+    def deadline(self) -> float:
+        """Monotonic time by which all work must have stopped unless renewed."""
+        with self._lock:
+            return self._deadline
+
+    def remaining(self) -> float:
+        """Seconds left before the fencing deadline (negative: past it)."""
+        return self.deadline - time.monotonic()
+
+    def grant(self) -> int:
+        """Grant a new lease (raises :class:`~rangeshard.errors.RegistryUnavailable`)."""
+        sent = time.monotonic()
+        self.lease_id = self.client.grant_lease(self.ttl)
+        with self._lock:
+            self._deadline = sent + self.ttl - self.margin
+        self.lost.clear()
+        log.info("lease %x granted (ttl %ss) for %s", self.lease_id, self.ttl, self.name)
+        return self.lease_id
+
+    def start(self) -> int:
+        """Grant the lease if needed and start the keepalive thread; return the lease id."""
+        if not self.lease_id:
+            self.grant()
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name=f"lease-keeper-{self.name}", daemon=True)
+        self._thread.start()
+        return self.lease_id
+
+    def stop(self, revoke: bool = False) -> None:
+        """Stop renewing; with ``revoke`` also revoke the lease (records vanish at once)."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=self.interval + 5)
+        if revoke and self.lease_id:
+            try:
+                self.client.revoke_lease(self.lease_id)
+                log.info("lease %x revoked", self.lease_id)
+            except RangeshardError as e:
+                log.warning("could not revoke lease %x (it will expire by itself): %s", self.lease_id, e)
+        self.client.close()
+
+    def renew_once(self) -> float:
+        """Send one keepalive; return the new deadline. Raises on failure or :class:`LeaseLost`."""
+        sent = time.monotonic()
+        ttl = self.client.keepalive_once(self.lease_id)
+        if ttl <= 0:
+            raise LeaseLost(f"lease {self.lease_id:x} expired or was revoked")
+        with self._lock:
+            self._deadline = max(self._deadline, sent + ttl - self.margin)
+            return self._deadline
+
+    def _run(self) -> None:
+        try:
+            wait = self.interval
+            while not self._stop.wait(wait):
+                try:
+                    deadline = self.renew_once()
+                except LeaseLost as e:
+                    log.warning("%s: %s", self.name, e)
+                    self.lost.set()
+                    if self.on_lost is not None:
+                        self.on_lost()
+                    return
+                except RangeshardError as e:
+                    remaining = self.remaining()
+                    log.warning(
+                        "%s: lease %x renewal failed (%s); fencing deadline in %.1fs",
+                        self.name,
+                        self.lease_id,
+                        e,
+                        remaining,
+                    )
+                    if self.on_failure is not None:
+                        self.on_failure(e, self.deadline)
+                    wait = min(self.interval, 0.5)
+                    continue
+                wait = self.interval
+                log.debug(
+                    "%s: lease %x renewed, deadline in %.1fs", self.name, self.lease_id, deadline - time.monotonic()
+                )
+                if self.on_renewed is not None:
+                    self.on_renewed(deadline)
+        except Exception:
+            log.exception("%s: lease keeper thread died unexpectedly", self.name)
+            raise

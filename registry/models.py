@@ -1,0 +1,186 @@
+"""Registry records and snapshots: what is stored in etcd and what readers derive from it.
+
+Purpose
+    :class:`InstanceRecord` is the JSON value (camelCase) stored at
+    ``<prefix>/controllers/<controller-type>/<instance-id>``, bound to the
+    instance's lease. :class:`Snapshot` is a consistent view of one controller
+    type at one etcd revision, with each member's range derived from the keys.
+
+Invariants
+    * Ranges are derived, never stored: sorted by ``hashKey``, member *i* owns
+      ``[key(i-1) + 1, key(i)]``, the first from 0, the last up to ``MAX_HASH``.
+    * The etcd key is authoritative for ``instanceId`` and ``controllerType``:
+      a record written by hand without them still reads correctly.
+    * Records are parsed with ``extra="ignore"`` so newer writers may add fields.
+
+State machine of one instance (the ``state`` field; transitions are made by the
+controller manager, the registry only stores them)::
+
+    init ──(first instance, caches synced)──────────────────────► active
+    init ──(joined by splitting a busy range: isLocked=true)────► locked
+    locked ──(giver unlocked it, or the giver's record vanished)─► active
+    active ──(its range shrank: a receiver names it as giver)───► wait
+    wait ──(in-flight reconciles outside its range drained,
+            receivers unlocked)────────────────────────────────► active
+
+Concurrency model
+    Immutable values; safe to share between threads.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from enum import StrEnum
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from hashing import MAX_HASH, HashRange, derive_ranges
+from rangeshard.errors import ConfigError
+
+NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9_.]{0,251}[a-z0-9])?$")
+
+
+def check_name(kind: str, value: str) -> str:
+    """Validate a controller type or instance id (lowercase DNS-like, no '/')."""
+    if not NAME_RE.match(value):
+        raise ConfigError(
+            f"{kind} {value!r}: must be 1-253 lowercase letters, digits, '-', '_' or '.', "
+            "starting and ending with a letter or digit"
+        )
+    return value
+
+
+class State(StrEnum):
+    """Handover state of an instance (see the module docstring for transitions)."""
+
+    INIT = "init"
+    LOCKED = "locked"
+    WAIT = "wait"
+    ACTIVE = "active"
+
+
+class HashHistogram(BaseModel):
+    """Counts of owned objects in equal-width buckets of ``[lo, hi]`` (for rebalancing)."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True, frozen=True)
+
+    lo: int = Field(ge=0, le=MAX_HASH)
+    hi: int = Field(ge=0, le=MAX_HASH)
+    counts: list[int] = Field(default_factory=list)
+
+
+class InstanceRecord(BaseModel):
+    """One controller instance as stored in etcd (JSON, camelCase)."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True, frozen=True, use_enum_values=False)
+
+    instance_id: str = Field(alias="instanceId")
+    controller_type: str = Field(alias="controllerType")
+    hash_key: int = Field(alias="hashKey", ge=0, le=MAX_HASH)
+    workload_num: int = Field(default=0, alias="workloadNum", ge=0)
+    is_locked: bool = Field(default=False, alias="isLocked")
+    state: State = State.ACTIVE
+    giver: str | None = Field(default=None, description="instance that must unlock this one")
+    host: str | None = None
+    pid: int | None = None
+    started_at: float | None = Field(default=None, alias="startedAt")
+    heartbeat_at: float | None = Field(default=None, alias="heartbeatAt")
+    histogram: HashHistogram | None = None
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(self.model_dump(by_alias=True, exclude_none=True, mode="json"))
+
+    @classmethod
+    def from_kv(cls, controller_type: str, instance_id: str, value: bytes) -> InstanceRecord:
+        """Parse a stored value; the key supplies ``controllerType``/``instanceId``.
+
+        Raises ``ValueError`` (with the reason) for a value that is not a record.
+        """
+        try:
+            data = orjson.loads(value)
+        except orjson.JSONDecodeError as e:
+            raise ValueError(f"not JSON: {e}") from e
+        if not isinstance(data, dict):
+            raise ValueError("not a JSON object")
+        data["instanceId"] = instance_id
+        data["controllerType"] = controller_type
+        try:
+            return cls.model_validate(data)
+        except ValidationError as e:
+            problems = "; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors())
+            raise ValueError(problems) from e
+
+    def evolve(self, **changes: object) -> InstanceRecord:
+        """A copy with fields changed (python names) and re-validated."""
+        data = self.model_dump()
+        data.update(changes)
+        return InstanceRecord.model_validate(data)
+
+
+@dataclass(frozen=True)
+class Member:
+    """A record as read at some revision, with its derived range (``None``: owns nothing)."""
+
+    record: InstanceRecord
+    range: HashRange | None
+    key: str
+    mod_revision: int
+    create_revision: int
+    lease_id: int
+
+    @property
+    def instance_id(self) -> str:
+        return self.record.instance_id
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """All instances of one controller type at one etcd revision, ordered by hash key."""
+
+    controller_type: str
+    revision: int
+    members: tuple[Member, ...]
+
+    def __iter__(self) -> Iterator[Member]:
+        return iter(self.members)
+
+    def __len__(self) -> int:
+        return len(self.members)
+
+    def get(self, instance_id: str) -> Member | None:
+        for m in self.members:
+            if m.instance_id == instance_id:
+                return m
+        return None
+
+    def owner_of(self, key: int) -> Member | None:
+        """The member whose range contains ``key``."""
+        for m in self.members:
+            if m.range is not None and m.range.contains(key):
+                return m
+        return None
+
+    def receivers_of(self, giver: str) -> list[Member]:
+        """Locked members waiting for ``giver`` to unlock them."""
+        return [m for m in self.members if m.record.is_locked and m.record.giver == giver]
+
+    @classmethod
+    def build(
+        cls, controller_type: str, revision: int, items: list[tuple[InstanceRecord, str, int, int, int]]
+    ) -> Snapshot:
+        """Derive ranges from ``(record, key, mod_revision, create_revision, lease_id)`` items."""
+        derived = derive_ranges((item, item[0].hash_key) for item in items)
+        members = tuple(
+            Member(record=rec, range=rng, key=key, mod_revision=mod, create_revision=create, lease_id=lease)
+            for (rec, key, mod, create, lease), rng in derived
+        )
+        return cls(controller_type, revision, members)
+
+
+def now() -> float:
+    """Wall-clock seconds (records carry wall time so any reader can show ages)."""
+    return time.time()

@@ -1,0 +1,405 @@
+"""The instance registry: join, leave, lock/unlock, key moves and reads, all on etcd.
+
+Purpose
+    One record per controller instance at
+    ``<prefix>/controllers/<controller-type>/<instance-id>`` bound to the
+    instance's lease. Every membership change is one etcd transaction guarded
+    by a compare, so concurrent writers never produce duplicate or overlapping
+    keys.
+
+Invariants
+    * **Join** splits the largest range (ties: higher ``workloadNum``, then
+      lower start). The transaction compares that no record of the type was
+      created or modified after the snapshot it was computed from (a range
+      compare ``mod_revision < snapshot + 1`` over the type's prefix), so two
+      joiners can never pick the same key; the loser retries on a new snapshot.
+    * A newcomer that takes keys from a live instance is written locked
+      (``isLocked``, ``state=locked``, ``giver`` = the instance that may still
+      be processing those keys). Only the giver unlocks it, or the receiver
+      itself once the giver's record is gone (checked in the same
+      transaction).
+    * Record updates (heartbeats) are compare-and-swap on the record's
+      ``mod_revision`` and never touch ``isLocked``/``giver`` unless asked,
+      so a heartbeat cannot undo an unlock.
+    * A key move (:meth:`Registry.set_key`) locks the receiving instance with
+      the giving one as giver, in the same transaction that moves the key.
+
+Concurrency model
+    Stateless apart from the :class:`~registry.etcd.EtcdClient`; methods may be
+    called from any thread. Retries are bounded.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+
+from pyetcd import transactions as txn
+from pyetcd.utils import prefix_range_end
+
+from hashing import MAX_HASH, split_largest
+from rangeshard.errors import AlreadyRegistered, CompareFailed, ConfigError, NoSplittableRange, NotRegistered
+from registry.etcd import KV, EtcdClient
+from registry.models import InstanceRecord, Member, Snapshot, State, check_name, now
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PREFIX = "/rangeshard"
+_MAX_ATTEMPTS = 100
+
+
+class Layout:
+    """Where records live: ``<prefix>/controllers/<type>/<instance-id>``."""
+
+    def __init__(self, prefix: str = DEFAULT_PREFIX) -> None:
+        prefix = prefix.rstrip("/")
+        if not prefix.startswith("/"):
+            raise ConfigError(f"registry prefix {prefix!r} must start with '/'")
+        self.prefix = prefix
+
+    @property
+    def controllers(self) -> str:
+        return f"{self.prefix}/controllers/"
+
+    def type_prefix(self, controller_type: str) -> str:
+        return f"{self.controllers}{controller_type}/"
+
+    def record_key(self, controller_type: str, instance_id: str) -> str:
+        return f"{self.type_prefix(controller_type)}{instance_id}"
+
+    def parse_key(self, key: str) -> tuple[str, str] | None:
+        """``(controller_type, instance_id)`` of a record key, or ``None``."""
+        if not key.startswith(self.controllers):
+            return None
+        rest = key[len(self.controllers) :].split("/")
+        if len(rest) != 2 or not rest[0] or not rest[1]:
+            return None
+        return rest[0], rest[1]
+
+
+def parse_members(layout: Layout, kvs: list[KV]) -> dict[str, list[tuple[InstanceRecord, str, int, int, int]]]:
+    """Group parseable records by controller type; log and skip anything else."""
+    out: dict[str, list[tuple[InstanceRecord, str, int, int, int]]] = {}
+    for kv in kvs:
+        parsed = layout.parse_key(kv.key)
+        if parsed is None:
+            continue
+        ctype, iid = parsed
+        try:
+            rec = InstanceRecord.from_kv(ctype, iid, kv.value)
+        except ValueError as e:
+            log.warning("ignoring malformed registry record %s: %s", kv.key, e)
+            continue
+        out.setdefault(ctype, []).append((rec, kv.key, kv.mod_revision, kv.create_revision, kv.lease_id))
+    return out
+
+
+class Registry:
+    """Operations on the registry of one etcd cluster (see module docstring)."""
+
+    def __init__(self, client: EtcdClient, prefix: str = DEFAULT_PREFIX) -> None:
+        self.client = client
+        self.layout = Layout(prefix)
+
+    # -- reads -------------------------------------------------------------
+    def snapshot(self, controller_type: str) -> Snapshot:
+        """All instances of one controller type, read at one revision."""
+        rev, kvs = self.client.get_prefix(self.layout.type_prefix(controller_type))
+        items = parse_members(self.layout, kvs).get(controller_type, [])
+        return Snapshot.build(controller_type, rev, items)
+
+    def snapshots(self) -> tuple[int, dict[str, Snapshot]]:
+        """Every controller type, read at one revision: ``(revision, {type: snapshot})``."""
+        rev, kvs = self.client.get_prefix(self.layout.controllers)
+        grouped = parse_members(self.layout, kvs)
+        return rev, {t: Snapshot.build(t, rev, items) for t, items in sorted(grouped.items())}
+
+    def raw(self) -> tuple[int, list[KV]]:
+        """Every key under the registry prefix, as stored."""
+        return self.client.get_prefix(self.layout.prefix + "/")
+
+    # -- membership --------------------------------------------------------
+    def join(
+        self,
+        controller_type: str,
+        instance_id: str,
+        lease_id: int,
+        *,
+        host: str | None = None,
+        pid: int | None = None,
+        workload_num: int = 0,
+    ) -> Member:
+        """Register an instance by splitting the largest range; retried on conflict.
+
+        The first instance owns ``[0, MAX_HASH]`` and starts in ``init``; later
+        ones start ``locked`` with the instance that may still process their
+        keys as ``giver``. Raises :class:`AlreadyRegistered`,
+        :class:`NoSplittableRange`, or :class:`CompareFailed` after too many
+        lost races.
+        """
+        check_name("controller type", controller_type)
+        check_name("instance id", instance_id)
+        prefix = self.layout.type_prefix(controller_type)
+        key = self.layout.record_key(controller_type, instance_id)
+        for attempt in range(_MAX_ATTEMPTS):
+            snap = self.snapshot(controller_type)
+            if snap.get(instance_id) is not None:
+                raise AlreadyRegistered(f"{controller_type}/{instance_id} is already registered")
+            stamp = now()
+            base = {
+                "instance_id": instance_id,
+                "controller_type": controller_type,
+                "workload_num": workload_num,
+                "host": host,
+                "pid": pid,
+                "started_at": stamp,
+                "heartbeat_at": stamp,
+            }
+            owned = [(m, m.range) for m in snap.members if m.range is not None]
+            if not owned:
+                record = InstanceRecord.model_validate(
+                    {**base, "hash_key": MAX_HASH, "is_locked": False, "state": State.INIT}
+                )
+            else:
+                try:
+                    idx = split_largest([(rng, m.record.workload_num) for m, rng in owned])
+                except ValueError as e:
+                    raise NoSplittableRange(f"{controller_type}: {e}") from e
+                victim, victim_range = owned[idx]
+                lower, _upper = victim_range.split()
+                giver = victim.record.giver if victim.record.is_locked and victim.record.giver else victim.instance_id
+                record = InstanceRecord.model_validate(
+                    {**base, "hash_key": lower.hi, "is_locked": True, "state": State.LOCKED, "giver": giver}
+                )
+            ok, _ = self.client.transaction(
+                compare=[txn.Mod(prefix, prefix_range_end(prefix.encode())) < snap.revision + 1],
+                success=[txn.Put(key, record.to_json(), lease_id)],
+                what=f"joining {controller_type}/{instance_id}",
+            )
+            if ok:
+                rng = self.snapshot(controller_type).get(instance_id)
+                log.info(
+                    "joined %s as %s with key %s (giver %s) after %s attempt(s)",
+                    controller_type,
+                    instance_id,
+                    record.hash_key,
+                    record.giver,
+                    attempt + 1,
+                )
+                if rng is None:
+                    raise NotRegistered(f"{controller_type}/{instance_id} vanished right after joining")
+                return rng
+            time.sleep(random.uniform(0.001, 0.02) * min(attempt + 1, 10))
+        raise CompareFailed(f"joining {controller_type}/{instance_id}: lost {_MAX_ATTEMPTS} races in a row")
+
+    def leave(self, lease_id: int) -> None:
+        """Revoke the instance's lease: etcd deletes its records, peers see it at once."""
+        self.client.revoke_lease(lease_id)
+
+    def remove(self, controller_type: str, instance_id: str) -> bool:
+        """Delete a record by hand (for records without a lease); True if it existed."""
+        return self.client.delete(self.layout.record_key(controller_type, instance_id))
+
+    # -- guarded updates ---------------------------------------------------
+    def _read(self, controller_type: str, instance_id: str) -> Member:
+        snap = self.snapshot(controller_type)
+        member = snap.get(instance_id)
+        if member is None:
+            raise NotRegistered(f"{controller_type}/{instance_id} is not registered")
+        return member
+
+    def _cas(
+        self, member: Member, record: InstanceRecord, what: str, extra_compare: list[object] | None = None
+    ) -> bool:
+        compare: list[object] = [txn.Mod(member.key) == member.mod_revision]
+        compare += extra_compare or []
+        ok, _ = self.client.transaction(
+            compare=compare,
+            success=[txn.Put(member.key, record.to_json(), member.lease_id)],
+            what=what,
+        )
+        return ok
+
+    def update(
+        self,
+        controller_type: str,
+        instance_id: str,
+        mutate: Callable[[InstanceRecord], InstanceRecord],
+        *,
+        lease_id: int | None = None,
+    ) -> InstanceRecord:
+        """Read-modify-write one record with compare-and-swap, retried on conflict.
+
+        ``mutate`` gets the latest record and returns the new one. With
+        ``lease_id`` the record must still be bound to that lease
+        (:class:`NotRegistered` otherwise: our registration is gone).
+        """
+        what = f"updating {controller_type}/{instance_id}"
+        for _ in range(_MAX_ATTEMPTS):
+            member = self._read(controller_type, instance_id)
+            if lease_id is not None and member.lease_id != lease_id:
+                raise NotRegistered(f"{what}: the record belongs to another lease")
+            new = mutate(member.record)
+            if new == member.record:
+                return new
+            if self._cas(member, new, what):
+                return new
+        raise CompareFailed(f"{what}: lost {_MAX_ATTEMPTS} races in a row")
+
+    def heartbeat(
+        self,
+        controller_type: str,
+        instance_id: str,
+        lease_id: int,
+        *,
+        workload_num: int | None = None,
+        state: State | None = None,
+        histogram: dict[str, object] | None = None,
+    ) -> InstanceRecord:
+        """Refresh heartbeat time, workload, state; the last instance normalizes its key to MAX_HASH."""
+        last_id: list[str | None] = [None]
+
+        def mutate(rec: InstanceRecord) -> InstanceRecord:
+            changes: dict[str, object] = {"heartbeat_at": now()}
+            if workload_num is not None:
+                changes["workload_num"] = workload_num
+            if state is not None:
+                changes["state"] = state
+            if histogram is not None:
+                changes["histogram"] = histogram
+            if last_id[0] == instance_id and rec.hash_key != MAX_HASH:
+                changes["hash_key"] = MAX_HASH
+            return rec.evolve(**changes)
+
+        snap = self.snapshot(controller_type)
+        owned = [m for m in snap.members if m.range is not None]
+        if owned:
+            last_id[0] = owned[-1].instance_id
+        return self.update(controller_type, instance_id, mutate, lease_id=lease_id)
+
+    def lock(
+        self, controller_type: str, receiver: str, giver: str, *, expected_mod_revision: int | None = None
+    ) -> None:
+        """Mark ``receiver`` locked until ``giver`` unlocks it (guarded; :class:`CompareFailed` on races)."""
+        member = self._read(controller_type, receiver)
+        if expected_mod_revision is not None and member.mod_revision != expected_mod_revision:
+            raise CompareFailed(f"locking {controller_type}/{receiver}: record changed since it was read")
+        new = member.record.evolve(is_locked=True, state=State.LOCKED, giver=giver)
+        if not self._cas(member, new, f"locking {controller_type}/{receiver}"):
+            raise CompareFailed(f"locking {controller_type}/{receiver}: the record changed concurrently")
+
+    def unlock(
+        self, controller_type: str, receiver: str, giver: str, *, expected_mod_revision: int | None = None
+    ) -> None:
+        """``giver`` releases ``receiver`` (its drain is done).
+
+        Guarded: the receiver must still be locked by ``giver`` and, if
+        ``expected_mod_revision`` is given, unchanged since the caller read it.
+        Raises :class:`CompareFailed` otherwise, :class:`NotRegistered` if the
+        receiver is gone.
+        """
+        what = f"unlocking {controller_type}/{receiver} by {giver}"
+        member = self._read(controller_type, receiver)
+        if expected_mod_revision is not None and member.mod_revision != expected_mod_revision:
+            raise CompareFailed(
+                f"{what}: record changed (mod revision {member.mod_revision}, expected {expected_mod_revision})"
+            )
+        if not member.record.is_locked or member.record.giver != giver:
+            raise CompareFailed(
+                f"{what}: not locked by {giver} (locked={member.record.is_locked}, giver={member.record.giver})"
+            )
+        new = member.record.evolve(is_locked=False, giver=None)
+        if not self._cas(member, new, what):
+            raise CompareFailed(f"{what}: the record changed concurrently")
+        log.info("%s: unlocked", what)
+
+    def unlock_orphaned(self, controller_type: str, receiver: str) -> None:
+        """A locked receiver whose giver's record is gone unlocks itself.
+
+        The transaction checks both that the receiver is unchanged and that the
+        giver's key does not exist, so a giver that is still registered can
+        never be bypassed. :class:`CompareFailed` if either check fails.
+        """
+        what = f"self-unlocking {controller_type}/{receiver}"
+        member = self._read(controller_type, receiver)
+        giver = member.record.giver
+        if not member.record.is_locked:
+            return
+        extra: list[object] = []
+        if giver:
+            extra.append(txn.Version(self.layout.record_key(controller_type, giver)) == 0)
+        new = member.record.evolve(is_locked=False, giver=None)
+        if not self._cas(member, new, what, extra):
+            raise CompareFailed(f"{what}: giver {giver} is still registered or the record changed")
+        log.info("%s: giver %s is gone, unlocked", what, giver)
+
+    def set_key(
+        self, controller_type: str, instance_id: str, new_key: int, *, dry_run: bool = False
+    ) -> tuple[Member, Member | None]:
+        """Move one boundary: ``instance_id``'s key becomes ``new_key``.
+
+        The instance that receives keys is locked with the giving one as giver,
+        in the same transaction (guarded by the whole type's mod revisions).
+        Returns ``(moved member before, receiver before or None)``. Refuses
+        (:class:`ConfigError`) a key outside ``[0, MAX_HASH]``, a collision, an
+        empty range, the last instance (always ``MAX_HASH``), a locked party,
+        or an unknown instance.
+        """
+        if not (0 <= new_key <= MAX_HASH):
+            raise ConfigError(f"key {new_key} is outside [0, {MAX_HASH}]")
+        snap = self.snapshot(controller_type)
+        owned = [m for m in snap.members if m.range is not None]
+        idx = next((i for i, m in enumerate(owned) if m.instance_id == instance_id), None)
+        if idx is None:
+            known = ", ".join(m.instance_id for m in snap.members) or "none"
+            raise ConfigError(f"unknown instance {instance_id!r} of {controller_type} (known: {known})")
+        me = owned[idx]
+        if idx == len(owned) - 1:
+            raise ConfigError(f"{instance_id} is the last instance: its key is always {MAX_HASH}; move its predecessor")
+        lo = owned[idx - 1].record.hash_key + 1 if idx > 0 else 0
+        succ = owned[idx + 1]
+        if new_key == me.record.hash_key:
+            raise ConfigError(f"{instance_id} already has key {new_key}")
+        if not (lo <= new_key < succ.record.hash_key):
+            raise ConfigError(
+                f"key {new_key} would leave an instance an empty range or collide: "
+                f"{instance_id}'s key must stay in [{lo}, {succ.record.hash_key - 1}]"
+            )
+        if new_key > me.record.hash_key:
+            receiver, giver = me, succ
+        else:
+            receiver, giver = succ, me
+        for party in (me, succ):
+            if party.record.is_locked:
+                raise CompareFailed(f"{party.instance_id} is locked (handover in progress); retry when it is active")
+        if dry_run:
+            return me, receiver
+        moved = me.record.evolve(hash_key=new_key)
+        recv_rec = (moved if receiver is me else receiver.record).evolve(
+            is_locked=True, state=State.LOCKED, giver=giver.instance_id
+        )
+        if receiver is me:
+            moved = recv_rec
+        prefix = self.layout.type_prefix(controller_type)
+        puts = [txn.Put(me.key, moved.to_json(), me.lease_id)]
+        if receiver is not me:
+            puts.append(txn.Put(receiver.key, recv_rec.to_json(), receiver.lease_id))
+        ok, _ = self.client.transaction(
+            compare=[txn.Mod(prefix, prefix_range_end(prefix.encode())) < snap.revision + 1],
+            success=puts,
+            what=f"moving the key of {controller_type}/{instance_id}",
+        )
+        if not ok:
+            raise CompareFailed(f"moving the key of {controller_type}/{instance_id}: the registry changed concurrently")
+        log.info(
+            "moved %s/%s key %s -> %s; %s locked until %s drains",
+            controller_type,
+            instance_id,
+            me.record.hash_key,
+            new_key,
+            receiver.instance_id,
+            giver.instance_id,
+        )
+        return me, receiver

@@ -1,0 +1,203 @@
+"""Membership watch: consistent registry snapshots, delivered on every change, across etcd restarts.
+
+Purpose
+    :class:`MembershipWatch` lists the registry once, then watches the prefix
+    from the next revision and calls ``callback(view)`` with a fresh
+    :class:`RegistryView` after every watch response. pyetcd does not
+    re-establish watches by itself; this loop does:
+
+    * stream error (etcd restarted, connection cut) -> re-watch from the last
+      seen revision + 1 on a new connection, keeping the local state;
+    * the revision was compacted meanwhile -> relist, then watch again;
+    * no response for ``probe_interval`` seconds -> a cheap read checks that
+      etcd is still reachable (a silent partition does not error the stream).
+
+Invariants
+    * Every delivered view reflects etcd at exactly one revision: all events of
+      a watch response (one transaction) are applied before delivering.
+    * Views are delivered in revision order, never twice for the same revision
+      except right after a reconnect (``view.reconnected`` is then true).
+
+Concurrency model
+    One named daemon thread per watch (``membership-watch-<name>``); pyetcd's
+    own watcher thread only enqueues. The callback runs on the watch thread;
+    exceptions in it are logged and do not stop the watch.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import grpc
+import pyetcd.exceptions as etcd_exc
+from pyetcd import events as etcd_events
+
+from rangeshard.errors import RangeshardError
+from registry.etcd import KV, EtcdClient, EtcdConfig, translate
+from registry.models import Snapshot
+from registry.registry import DEFAULT_PREFIX, Layout, parse_members
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RegistryView:
+    """The registry (optionally one controller type) at one etcd revision."""
+
+    revision: int
+    snapshots: dict[str, Snapshot] = field(default_factory=dict)
+    reconnected: bool = False
+
+    def get(self, controller_type: str) -> Snapshot:
+        """The snapshot of one type (empty if it has no instance)."""
+        return self.snapshots.get(controller_type) or Snapshot(controller_type, self.revision, ())
+
+
+class _Resync(Exception):
+    """Internal: the watch must relist (compaction)."""
+
+
+class MembershipWatch:
+    """Watch one controller type (or all) and deliver consistent views (see module docstring)."""
+
+    def __init__(
+        self,
+        config: EtcdConfig,
+        callback: Callable[[RegistryView], None],
+        *,
+        controller_type: str | None = None,
+        prefix: str = DEFAULT_PREFIX,
+        name: str | None = None,
+        probe_interval: float = 2.0,
+        retry_interval: float = 0.5,
+    ) -> None:
+        self.config = replace(config, timeout=min(config.timeout, max(probe_interval, 0.5)))
+        self.callback = callback
+        self.layout = Layout(prefix)
+        self.controller_type = controller_type
+        self.watch_prefix = self.layout.type_prefix(controller_type) if controller_type else self.layout.controllers
+        self.name = name or (controller_type or "all")
+        self.probe_interval = probe_interval
+        self.retry_interval = retry_interval
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._kvs: dict[str, KV] = {}
+        self._revision = 0
+        self.synced = threading.Event()
+        self.restarts = 0
+        self.relists = 0
+
+    @property
+    def revision(self) -> int:
+        """The last revision delivered."""
+        return self._revision
+
+    def start(self) -> None:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name=f"membership-watch-{self.name}", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=self.probe_interval + self.config.timeout + 2)
+
+    # -- internals -----------------------------------------------------------
+    def _view(self, reconnected: bool) -> RegistryView:
+        grouped = parse_members(self.layout, sorted(self._kvs.values(), key=lambda kv: kv.key))
+        snaps = {t: Snapshot.build(t, self._revision, items) for t, items in sorted(grouped.items())}
+        return RegistryView(self._revision, snaps, reconnected)
+
+    def _deliver(self, reconnected: bool = False) -> None:
+        try:
+            self.callback(self._view(reconnected))
+        except Exception:
+            log.exception("membership watch %s: callback failed", self.name)
+
+    def _relist(self, client: EtcdClient) -> None:
+        rev, kvs = client.get_prefix(self.watch_prefix)
+        self._kvs = {kv.key: kv for kv in kvs}
+        self._revision = rev
+        self.relists += 1
+
+    def _apply(self, response: Any) -> None:
+        for ev in response.events:
+            key = ev.key.decode("utf-8", "replace")
+            if isinstance(ev, etcd_events.DeleteEvent):
+                self._kvs.pop(key, None)
+            else:
+                self._kvs[key] = KV(
+                    key=key,
+                    value=bytes(ev.value),
+                    mod_revision=int(ev.mod_revision),
+                    create_revision=int(ev.create_revision),
+                    version=int(ev.version),
+                    lease_id=int(ev.lease),
+                )
+        self._revision = max(self._revision, int(response.header.revision))
+
+    def _run(self) -> None:
+        try:
+            need_list = True
+            reconnected = False
+            while not self._stop.is_set():
+                client: EtcdClient | None = None
+                try:
+                    client = EtcdClient(self.config)
+                    if need_list:
+                        self._relist(client)
+                        need_list = False
+                        self._deliver(reconnected)
+                        self.synced.set()
+                    elif reconnected:
+                        self._deliver(reconnected=True)
+                    reconnected = False
+                    self._stream(client)
+                except _Resync:
+                    log.info("membership watch %s: revision %s compacted, relisting", self.name, self._revision + 1)
+                    need_list = True
+                    reconnected = True
+                except RangeshardError as e:
+                    log.warning("membership watch %s: %s; retrying", self.name, e)
+                    reconnected = True
+                    self.restarts += 1
+                    self._stop.wait(self.retry_interval)
+                finally:
+                    if client is not None:
+                        client.close()
+        except Exception:
+            log.exception("membership watch %s: thread died unexpectedly", self.name)
+            raise
+
+    def _stream(self, client: EtcdClient) -> None:
+        q: queue.Queue[Any] = queue.Queue()
+        try:
+            watch_id = client.raw.add_watch_prefix_callback(self.watch_prefix, q.put, start_revision=self._revision + 1)
+        except etcd_exc.RevisionCompactedError as e:
+            raise _Resync from e
+        except (etcd_exc.Etcd3Exception, grpc.RpcError) as e:
+            raise translate(e, f"watching {self.watch_prefix}") from e
+        try:
+            while not self._stop.is_set():
+                try:
+                    item = q.get(timeout=self.probe_interval)
+                except queue.Empty:
+                    client.revision()  # liveness probe; raises RegistryUnavailable
+                    continue
+                if isinstance(item, etcd_exc.RevisionCompactedError):
+                    raise _Resync
+                if isinstance(item, BaseException):
+                    raise translate(item, f"watching {self.watch_prefix}") from item
+                self._apply(item)
+                if item.events:
+                    self._deliver()
+        finally:
+            try:
+                client.raw.cancel_watch(watch_id)
+            except Exception as e:
+                log.debug("membership watch %s: cancel failed: %s", self.name, e)

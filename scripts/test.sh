@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The test command of README.md: lint, type-check, import contracts, then the whole pytest suite.
+#
+# Creates ./.venv and installs the project with its dev extras if needed
+# (re-installs when pyproject.toml changed). Extra arguments go to pytest.
+# pytest's exit code 5 ("no tests collected") is turned into a failure:
+# a run that executes no test is a defect.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+    "$PYTHON" -m venv .venv
+fi
+if [ ! -f .venv/.rangeshard-installed ] || [ pyproject.toml -nt .venv/.rangeshard-installed ]; then
+    .venv/bin/python -m pip install --quiet --upgrade pip
+    .venv/bin/python -m pip install --quiet -e '.[dev]'
+    touch .venv/.rangeshard-installed
+fi
+
+command -v kubectl >/dev/null || { echo "kubectl is required on PATH for the end-to-end tests" >&2; exit 1; }
+
+echo "== ruff check"; .venv/bin/ruff check .
+echo "== ruff format --check"; .venv/bin/ruff format --check .
+echo "== mypy"; .venv/bin/mypy
+echo "== import-linter"; .venv/bin/lint-imports --no-cache
+echo "== pytest"
+set +e
+.venv/bin/python -m pytest "$@"
+rc=$?
+set -e
+if [ "$rc" -eq 5 ]; then
+    echo "pytest collected no tests: treating as failure" >&2
+    exit 1
+fi
+exit "$rc"
