@@ -9,7 +9,9 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
-def wait_until(predicate: Callable[[], T], timeout: float = 10.0, message: str = "condition", interval: float = 0.02) -> T:
+def wait_until(
+    predicate: Callable[[], T], timeout: float = 10.0, message: str = "condition", interval: float = 0.02
+) -> T:
     """Poll ``predicate`` until it returns a truthy value; fail the test after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     last: T = predicate()

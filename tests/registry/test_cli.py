@@ -78,8 +78,19 @@ def test_registry_list_json_and_table(etcd_server: EtcdServer, etcd_client: Etcd
 
 def test_registry_list_watch_redraws(etcd_server: EtcdServer, etcd_client: EtcdClient, key_prefix: str) -> None:
     with subprocess.Popen(
-        [sys.executable, "-m", "rangeshard.cli.main", "registry", "list", "--watch", "--json"]
-        + ["--etcd", etcd_server.url, "--prefix", key_prefix],
+        [
+            sys.executable,
+            "-m",
+            "rangeshard.cli.main",
+            "registry",
+            "list",
+            "--watch",
+            "--json",
+            "--etcd",
+            etcd_server.url,
+            "--prefix",
+            key_prefix,
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
