@@ -1,6 +1,27 @@
-"""Controller manager (not implemented yet; see issue 5).
+"""Controller manager: config-file managers running sharded controllers with an enforced handover.
 
-Will run sharded controllers from a config file, with the enforced
-lock -> wait -> active handover. Nothing here works yet: the package only
-reserves its place in the dependency layout.
+Purpose
+    ``rangeshard controller-manager --config FILE`` runs every controller the
+    file lists (Arktos proposal C); each controller type in each process is
+    one registered instance owning a hash range. Modules:
+
+    * :mod:`controller_manager.config` - the YAML config (pydantic, exit 2 on errors)
+    * :mod:`controller_manager.sharding` - registry membership and the
+      init/locked/wait/active state machine (the safety rules live here)
+    * :mod:`controller_manager.controller` - the framework: informers, workqueue,
+      workers, in-range check, audit
+    * :mod:`controller_manager.informer`, :mod:`controller_manager.workqueue`
+    * :mod:`controller_manager.controllers` - ReplicaSet and Deployment
+    * :mod:`controller_manager.audit` - the reconcile audit log and overlap checker
+    * :mod:`controller_manager.manager` - the process
+
+Dependency direction
+    controller_manager -> registry -> hashing; never imports the proxy or the
+    local API server (it talks to the proxy over HTTP).
+
+Concurrency model
+    Threads, like client-go: informer threads, N workers per controller, a
+    state-machine thread per instance, lease keeper and membership watch
+    threads. This package imports nothing at import time (so
+    ``python -m controller_manager.audit`` stays clean).
 """

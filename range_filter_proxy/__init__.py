@@ -1,7 +1,28 @@
-"""Range filter proxy (not implemented yet; see issue 4).
+"""Range filter proxy: shard-filtered list/watch from one shared upstream watch per resource.
 
-Will speak the Kubernetes REST API, apply KEP-5866 ``shardSelector`` filters with
-rangeshard's owner-aware path, and serve every downstream list/watch from one
-shared upstream watch per resource. Nothing here works yet: the package only
-reserves its place in the dependency layout.
+Purpose
+    Speaks the Kubernetes REST API in front of an API server. Controllers list
+    and watch through it with a KEP-5866 ``shardSelector`` (plus rangeshard's
+    owner-aware path) and receive only their hash range, while the upstream
+    sees one list+watch per resource however many instances run. Everything
+    else is passed through. See docs/proxy.md.
+
+Modules
+    ``app`` (FastAPI: routing, list/watch handlers, pass-through), ``cache``
+    (shared watch caches, history, watchers), ``upstream`` (our ``Upstream``
+    interface and its httpx implementation), ``selectors`` (label/field
+    selectors), ``resources`` (GVRs, discovery, paths), ``metrics``,
+    ``errors``, ``cli`` (``rangeshard proxy``), ``process`` (child process).
+
+Invariants
+    Imports only ``hashing``, ``registry`` and ``rangeshard.errors`` of ours
+    (import-linter contract).
+
+Concurrency model
+    asyncio, one event loop per proxy; see each module.
 """
+
+from range_filter_proxy.app import create_app
+from range_filter_proxy.cache import CacheSettings
+
+__all__ = ["CacheSettings", "create_app"]

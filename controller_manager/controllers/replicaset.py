@@ -1,0 +1,198 @@
+"""The ReplicaSet controller: keep ``spec.replicas`` pods per ReplicaSet, adopt orphans, report status.
+
+Purpose
+    For a ReplicaSet key: count the live pods it controls (from the owner-path
+    pod informer), adopt matching orphans, create or delete pods to match
+    ``spec.replicas``, and write ``status``.
+
+Invariants
+    * Never more pods than asked for: creations and deletions are recorded as
+      *expectations* (client-go style) and the ReplicaSet is not reconciled
+      again until the informer has seen them (or they expire); together with
+      the framework's fresh-cache rule after a handover, no reconcile acts on a
+      pod count that misses its own or a previous owner's writes.
+    * Adoption updates the pod with its resourceVersion as precondition, so a
+      pod is adopted at most once even if two ReplicaSets' selectors overlap.
+
+Concurrency model
+    Called by worker threads; one key is never reconciled by two workers.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
+
+from controller_manager.controller import Controller, ControllerRuntime, Expectations, ReconcileContext, Requeue
+from controller_manager.controllers.common import is_ready, is_terminating, selector_matches
+from controller_manager.resources import PODS, REPLICASETS, Resource, controller_ref, object_key
+
+MERGE = "application/merge-patch+json"
+
+
+class ReplicaSetController(Controller):
+    name: ClassVar[str] = "replicaset"
+    main: ClassVar[Resource] = REPLICASETS
+    dependents: ClassVar[tuple[Resource, ...]] = (PODS,)
+
+    def __init__(self, runtime: ControllerRuntime) -> None:
+        super().__init__(runtime)
+        # Typed loosely: bodies are plain dicts (the client serialises them as they are).
+        self.core: Any = k8s.CoreV1Api(self.api)
+        self.apps: Any = k8s.AppsV1Api(self.api)
+        self.expectations = Expectations()
+
+    def orphan_keys(self, resource: Resource, obj: dict[str, Any]) -> list[str]:
+        meta = obj.get("metadata") or {}
+        ns = meta.get("namespace")
+        keys = []
+        for rs in self.rt.store(REPLICASETS).items():
+            rmeta = rs.get("metadata") or {}
+            if rmeta.get("namespace") == ns and selector_matches(
+                (rs.get("spec") or {}).get("selector"), meta.get("labels")
+            ):
+                keys.append(object_key(rs))
+        return keys
+
+    def on_dependent_event(self, event: str, resource: Resource, obj: dict[str, Any]) -> None:
+        ref = controller_ref(obj)
+        if ref is None or ref.get("kind") != "ReplicaSet":
+            return
+        key = f"{(obj.get('metadata') or {}).get('namespace')}/{ref.get('name')}"
+        if event == "ADDED":
+            self.expectations.observe(key, adds=1)
+        elif event == "DELETED":
+            self.expectations.observe(key, dels=1)
+
+    def reconcile(self, key: str, ctx: ReconcileContext) -> None:
+        rs = self.rt.store(REPLICASETS).get(key)
+        if rs is None:
+            self.expectations.forget(key)
+            return
+        if is_terminating(rs):
+            return
+        if not self.expectations.satisfied(key):
+            raise Requeue(after=0.5, reason="waiting for the informer to see earlier creations/deletions")
+        meta = rs["metadata"]
+        ns, uid = meta["namespace"], meta["uid"]
+        spec = rs.get("spec") or {}
+        want = int(spec.get("replicas", 1))
+        selector = spec.get("selector")
+        owned: list[dict[str, Any]] = []
+        orphans: list[dict[str, Any]] = []
+        for pod in self.rt.store(PODS).items():
+            pmeta = pod.get("metadata") or {}
+            if pmeta.get("namespace") != ns or is_terminating(pod):
+                continue
+            ref = controller_ref(pod)
+            if ref is not None:
+                if ref.get("uid") == uid:
+                    owned.append(pod)
+            elif selector_matches(selector, pmeta.get("labels")):
+                orphans.append(pod)
+        for pod in orphans:
+            if len(owned) >= want:
+                break
+            if self._adopt(rs, pod, ctx):
+                owned.append(pod)
+        diff = want - len(owned)
+        if diff > 0:
+            self._create(rs, diff, ctx)
+        elif diff < 0:
+            self._delete(key, owned, -diff, ctx)
+        self._update_status(rs, owned, ctx)
+
+    def _owner_ref(self, rs: dict[str, Any]) -> dict[str, Any]:
+        meta = rs["metadata"]
+        return {
+            "apiVersion": "apps/v1",
+            "kind": "ReplicaSet",
+            "name": meta["name"],
+            "uid": meta["uid"],
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+
+    def _adopt(self, rs: dict[str, Any], pod: dict[str, Any], ctx: ReconcileContext) -> bool:
+        pmeta = pod["metadata"]
+        refs = [*list(pmeta.get("ownerReferences") or []), self._owner_ref(rs)]
+        body = {"metadata": {"ownerReferences": refs, "resourceVersion": pmeta["resourceVersion"]}}
+        try:
+            self.core.patch_namespaced_pod(
+                pmeta["name"], pmeta["namespace"], body, _content_type=MERGE, _request_timeout=ctx.timeout()
+            )
+        except ApiException as e:
+            if e.status in (404, 409):
+                return False
+            raise
+        return True
+
+    def _create(self, rs: dict[str, Any], count: int, ctx: ReconcileContext) -> None:
+        meta = rs["metadata"]
+        key = object_key(rs)
+        template = (rs.get("spec") or {}).get("template") or {}
+        tmeta = template.get("metadata") or {}
+        body = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "generateName": f"{meta['name']}-",
+                "namespace": meta["namespace"],
+                "labels": dict(tmeta.get("labels") or {}),
+                "annotations": dict(tmeta.get("annotations") or {}),
+                "ownerReferences": [self._owner_ref(rs)],
+            },
+            "spec": template.get("spec") or {"containers": [{"name": "main", "image": "pause"}]},
+        }
+        self.expectations.expect(key, adds=count)
+        for i in range(count):
+            try:
+                self.core.create_namespaced_pod(meta["namespace"], body, _request_timeout=ctx.timeout())
+            except BaseException:
+                # The remaining creations will not happen: do not wait for them.
+                self.expectations.observe(key, adds=count - i)
+                raise
+
+    def _delete(self, key: str, owned: list[dict[str, Any]], count: int, ctx: ReconcileContext) -> None:
+        # Prefer pods that are not ready, then the newest.
+        victims = sorted(owned, key=lambda p: (is_ready(p), _neg_ts(p)))[:count]
+        self.expectations.expect(key, dels=len(victims))
+        for i, pod in enumerate(victims):
+            pmeta = pod["metadata"]
+            try:
+                self.core.delete_namespaced_pod(pmeta["name"], pmeta["namespace"], _request_timeout=ctx.timeout())
+            except ApiException as e:
+                if e.status == 404:
+                    self.expectations.observe(key, dels=1)
+                    continue
+                self.expectations.observe(key, dels=len(victims) - i)
+                raise
+            except BaseException:
+                self.expectations.observe(key, dels=len(victims) - i)
+                raise
+
+    def _update_status(self, rs: dict[str, Any], owned: list[dict[str, Any]], ctx: ReconcileContext) -> None:
+        meta = rs["metadata"]
+        ready = sum(1 for p in owned if is_ready(p))
+        status = {
+            "replicas": len(owned),
+            "fullyLabeledReplicas": len(owned),
+            "readyReplicas": ready,
+            "availableReplicas": ready,
+            "observedGeneration": meta.get("generation", 1),
+        }
+        old = rs.get("status") or {}
+        if all(old.get(k, 0) == v for k, v in status.items()):
+            return
+        body = {**rs, "status": {**old, **status}}
+        self.apps.replace_namespaced_replica_set_status(
+            meta["name"], meta["namespace"], body, _request_timeout=ctx.timeout()
+        )
+
+
+def _neg_ts(pod: dict[str, Any]) -> tuple[int, ...]:
+    """Sort key putting the newest creationTimestamp first."""
+    ts = (pod.get("metadata") or {}).get("creationTimestamp") or ""
+    return tuple(-ord(c) for c in ts)

@@ -1,0 +1,247 @@
+"""Informer: list + watch one resource through the proxy, restricted to the instance's hash range.
+
+Purpose
+    Keeps a local store of the objects of one resource whose shard-selector
+    path (own uid for the main resource, controller-owner uid for dependents)
+    falls in the instance's range, and calls ``on_event(type, obj)`` for every
+    change. Uses the official ``kubernetes`` client's ``list_*`` functions with
+    ``shard_selector=`` for both list and watch (``watch=True``).
+
+Invariants
+    * Every list starts from the range and *epoch* the instance publishes;
+      ``synced_epoch`` is set to that epoch only once the list has been applied
+      to the store. The instance processes a range only when every informer is
+      synced at its current epoch, i.e. the caches were listed (a consistent
+      read) after the range became its own.
+    * A relist replaces the store: objects that left the range (or were
+      deleted while the watch was down) are reported as ``DELETED``.
+    * :meth:`reset` makes the informer relist at once (range change): the
+      blocking watch read is interrupted by shutting the response down.
+
+Concurrency model
+    One named daemon thread per informer (``informer-<controller>-<resource>``).
+    The store is guarded by a lock; readers get copies of references (objects
+    are never mutated in place, only replaced).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import orjson
+from kubernetes.client.exceptions import ApiException
+from kubernetes.watch.watch import iter_resp_lines
+
+from controller_manager.resources import Resource, object_key
+from hashing import HashRange, range_to_selector
+
+log = logging.getLogger(__name__)
+
+_iter_lines: Callable[[Any], Iterator[str]] = iter_resp_lines
+
+EventHandler = Callable[[str, dict[str, Any]], None]
+RangeSource = Callable[[], tuple[int, HashRange | None]]
+
+
+class Informer:
+    """List/watch one resource within the instance's range (see module docstring)."""
+
+    def __init__(
+        self,
+        api_client: Any,
+        resource: Resource,
+        *,
+        path: str,
+        range_source: RangeSource,
+        on_event: EventHandler,
+        name: str,
+        watch_timeout: int = 60,
+        request_timeout: float = 30.0,
+    ) -> None:
+        self.resource = resource
+        self.path = path
+        self.range_source = range_source
+        self.on_event = on_event
+        self.name = name
+        self.watch_timeout = watch_timeout
+        self.request_timeout = request_timeout
+        self._list = resource.list_function(api_client)
+        self._lock = threading.Lock()
+        self._store: dict[str, dict[str, Any]] = {}
+        self._stop = threading.Event()
+        self._reset = threading.Event()
+        self._resp: Any = None
+        self._thread: threading.Thread | None = None
+        self.synced_epoch = -1
+        self.lists = 0
+        self.errors = 0
+
+    # -- store access ---------------------------------------------------------
+    def get(self, key: str) -> dict[str, Any] | None:
+        with self._lock:
+            return self._store.get(key)
+
+    def items(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return list(self._store.values())
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._store)
+
+    # -- lifecycle ------------------------------------------------------------
+    def start(self) -> None:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name=f"informer-{self.name}", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.reset()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=self.request_timeout + 5)
+
+    def reset(self) -> None:
+        """Relist now (the range or epoch changed): interrupt the current watch."""
+        self._reset.set()
+        resp = self._resp
+        if resp is not None:
+            raw = getattr(resp, "response", resp)
+            shutdown = getattr(raw, "shutdown", None)
+            with contextlib.suppress(Exception):
+                if shutdown is not None:
+                    shutdown()
+                raw.close()
+
+    # -- the loop -------------------------------------------------------------
+    def _run(self) -> None:
+        backoff = 0.2
+        try:
+            while not self._stop.is_set():
+                self._reset.clear()
+                epoch, rng = self.range_source()
+                if rng is None:
+                    self._replace({}, epoch)
+                    self._reset.wait(0.5)
+                    continue
+                selector = range_to_selector(rng, self.path)
+                try:
+                    rv = self._list_once(selector, epoch)
+                    backoff = 0.2
+                    self._watch(selector, rv)
+                except ApiException as e:
+                    self.errors += 1
+                    log.warning("informer %s: API error %s: %s", self.name, e.status, (e.body or e.reason or "")[:200])
+                    self._stop.wait(backoff)
+                    backoff = min(backoff * 2, 5.0)
+                except Exception as e:
+                    if self._stop.is_set() or self._reset.is_set():
+                        continue
+                    self.errors += 1
+                    log.warning("informer %s: %s: %s; relisting", self.name, type(e).__name__, e)
+                    self._stop.wait(backoff)
+                    backoff = min(backoff * 2, 5.0)
+        except BaseException:
+            log.exception("informer %s: thread died unexpectedly", self.name)
+            raise
+
+    def _list_once(self, selector: str, epoch: int) -> str:
+        resp = self._list(shard_selector=selector, _preload_content=False, _request_timeout=self.request_timeout)
+        raw = getattr(resp, "response", resp)
+        status = getattr(raw, "status", 200)
+        data = raw.data if hasattr(raw, "data") else raw.read()
+        if status != 200:
+            raise ApiException(status=status, reason=data[:300].decode("utf-8", "replace"))
+        body = orjson.loads(data)
+        items = {object_key(o): o for o in body.get("items") or []}
+        for o in items.values():
+            o.setdefault("apiVersion", self.resource.api_version)
+            o.setdefault("kind", self.resource.kind)
+        self._replace(items, epoch)
+        self.lists += 1
+        rv = str((body.get("metadata") or {}).get("resourceVersion") or "")
+        log.debug("informer %s: listed %s objects at rv %s (epoch %s)", self.name, len(items), rv, epoch)
+        return rv
+
+    def _replace(self, items: dict[str, dict[str, Any]], epoch: int) -> None:
+        with self._lock:
+            old = self._store
+            self._store = items
+        for key, obj in old.items():
+            if key not in items:
+                self._emit("DELETED", obj)
+        for key, obj in items.items():
+            prev = old.get(key)
+            if prev is None:
+                self._emit("ADDED", obj)
+            elif (prev.get("metadata") or {}).get("resourceVersion") != (obj.get("metadata") or {}).get(
+                "resourceVersion"
+            ):
+                self._emit("MODIFIED", obj)
+        self.synced_epoch = epoch
+        # Every object is (re)considered after a relist, even unchanged ones:
+        # the range may have grown, or processing may resume after a pause.
+        for obj in items.values():
+            self._emit("SYNC", obj)
+
+    def _emit(self, kind: str, obj: dict[str, Any]) -> None:
+        try:
+            self.on_event(kind, obj)
+        except Exception:
+            log.exception("informer %s: event handler failed", self.name)
+
+    def _watch(self, selector: str, rv: str) -> None:
+        while not self._stop.is_set() and not self._reset.is_set():
+            resp = self._list(
+                shard_selector=selector,
+                watch=True,
+                resource_version=rv,
+                allow_watch_bookmarks=True,
+                timeout_seconds=self.watch_timeout,
+                _preload_content=False,
+                _request_timeout=(self.request_timeout, self.watch_timeout + self.request_timeout),
+            )
+            self._resp = resp
+            try:
+                if self._reset.is_set():
+                    return
+                raw = getattr(resp, "response", resp)
+                status = getattr(raw, "status", 200)
+                if status != 200:
+                    raise ApiException(status=status, reason=str(getattr(raw, "data", b"")[:300]))
+                for line in _iter_lines(raw):
+                    if not line:
+                        continue
+                    event = orjson.loads(line)
+                    etype = event.get("type")
+                    obj = event.get("object") or {}
+                    if etype == "ERROR":
+                        code = obj.get("code")
+                        log.info("informer %s: watch error %s (%s); relisting", self.name, code, obj.get("message"))
+                        return
+                    new_rv = (obj.get("metadata") or {}).get("resourceVersion")
+                    if new_rv:
+                        rv = str(new_rv)
+                    if etype == "BOOKMARK":
+                        continue
+                    if etype not in ("ADDED", "MODIFIED", "DELETED"):
+                        continue
+                    obj.setdefault("apiVersion", self.resource.api_version)
+                    obj.setdefault("kind", self.resource.kind)
+                    key = object_key(obj)
+                    with self._lock:
+                        if etype == "DELETED":
+                            self._store.pop(key, None)
+                        else:
+                            self._store[key] = obj
+                    self._emit(etype, obj)
+                    if self._reset.is_set() or self._stop.is_set():
+                        return
+            finally:
+                self._resp = None
+                with contextlib.suppress(Exception):
+                    getattr(resp, "response", resp).release_conn()

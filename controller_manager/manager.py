@@ -1,0 +1,141 @@
+"""The controller-manager process: every configured controller, one registered instance each.
+
+Purpose
+    Arktos proposal C: a manager started with a local config file runs every
+    listed controller with its fixed number of workers. Each controller type
+    is one :class:`ControllerRuntime` (one registry instance). The manager
+    serves ``/metrics``, ``/healthz`` and ``/readyz`` and leaves gracefully on
+    SIGTERM/SIGINT (stop taking keys, drain, revoke the leases).
+
+Invariants
+    * All controllers talk to the API through the proxy URL of the config.
+    * Instance ids are ``<prefix>-<controller>`` with a per-process prefix
+      (hostname-pid-random by default), unique across restarts.
+
+Concurrency model
+    The main thread waits for a signal; everything else runs on the named
+    threads of the runtimes, informers, lease keepers and watches.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import signal
+import socket
+import threading
+from typing import Any
+
+from kubernetes import client as k8s
+
+from controller_manager.audit import AuditLog
+from controller_manager.config import ManagerConfig
+from controller_manager.controller import ControllerRuntime
+from controller_manager.controllers import CONTROLLERS
+from controller_manager.metrics import Metrics, StatusServer
+from rangeshard.errors import ConfigError
+from registry import EtcdConfig
+
+log = logging.getLogger(__name__)
+
+
+def default_instance_prefix() -> str:
+    host = socket.gethostname().lower().split(".")[0]
+    host = "".join(c if c.isalnum() or c == "-" else "-" for c in host).strip("-") or "host"
+    return f"{host[:40]}-{os.getpid()}-{secrets.token_hex(2)}"
+
+
+def api_client_for(url: str, reconcile_timeout: float) -> Any:
+    cfg = k8s.Configuration()
+    cfg.host = url.rstrip("/")
+    cfg.retries = 0
+    # Enough connections for the workers plus one list/watch per informer.
+    cfg.connection_pool_maxsize = 64
+    return k8s.ApiClient(cfg)
+
+
+class ControllerManager:
+    """Runs the controllers of one config file (see module docstring)."""
+
+    def __init__(
+        self, config: ManagerConfig, *, audit_path: str | None = None, instance_prefix: str | None = None
+    ) -> None:
+        self.config = config
+        etcd = config.etcd
+        self.etcd_config = EtcdConfig.from_urls(
+            list(etcd.endpoints),
+            ca_cert=etcd.ca_cert,
+            cert_file=etcd.cert,
+            key_file=etcd.key,
+            username=etcd.username,
+            password=etcd.password.get_secret_value() if etcd.password is not None else None,
+        )
+        self.metrics = Metrics()
+        self.audit = AuditLog(audit_path) if audit_path else None
+        self.prefix = instance_prefix or config.instance_id_prefix or default_instance_prefix()
+        self.api_client = api_client_for(config.proxy.url, config.reconcile_timeout_seconds)
+        self.runtimes: list[ControllerRuntime] = []
+        for name, section in config.controllers.items():
+            cls = CONTROLLERS.get(name)
+            if cls is None:
+                raise ConfigError(f"controllers.{name}: unknown controller (known: {', '.join(sorted(CONTROLLERS))})")
+            self.runtimes.append(
+                ControllerRuntime(
+                    cls,
+                    api_client=self.api_client,
+                    etcd_config=self.etcd_config,
+                    registry_prefix=config.registry_prefix,
+                    instance_id=f"{self.prefix}-{name}",
+                    workers=section.workers,
+                    lease_ttl=config.lease_ttl_seconds,
+                    reconcile_timeout=config.reconcile_timeout_seconds,
+                    metrics=self.metrics,
+                    audit=self.audit,
+                    host=socket.gethostname(),
+                    pid=os.getpid(),
+                )
+            )
+        self.status: StatusServer | None = None
+        if config.metrics is not None:
+            self.status = StatusServer(self.metrics, self.ready, config.metrics.host, config.metrics.port)
+
+    def ready(self) -> bool:
+        return all(rt.ready for rt in self.runtimes)
+
+    def start(self) -> None:
+        if self.status is not None:
+            self.status.start()
+            log.info("metrics on %s/metrics", self.status.url)
+        for rt in self.runtimes:
+            rt.start()
+        log.info(
+            "controller manager %s started: %s",
+            self.prefix,
+            ", ".join(f"{rt.name}x{rt.workers}" for rt in self.runtimes),
+        )
+
+    def stop(self) -> None:
+        """Graceful leave of every controller (in parallel), then the status server."""
+        threads = [threading.Thread(target=rt.stop, name=f"leave-{rt.name}") for rt in self.runtimes]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if self.status is not None:
+            self.status.stop()
+        if self.audit is not None:
+            self.audit.close()
+        self.api_client.close()
+        log.info("controller manager %s stopped", self.prefix)
+
+    def run_until_signal(self) -> None:
+        stop = threading.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+        self.start()
+        try:
+            while not stop.wait(0.5):
+                pass
+        finally:
+            self.stop()

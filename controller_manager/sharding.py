@@ -1,0 +1,394 @@
+"""One registered instance of one controller type: the enforced lock -> wait -> active handover.
+
+Purpose
+    :class:`ShardInstance` joins the registry, keeps its lease alive, watches
+    the membership, and decides — on one thread — which hash range this
+    process may reconcile at each instant. Workers ask :meth:`try_begin`
+    immediately before every reconcile and call :meth:`end` afterwards.
+
+The invariant
+    No two instances of one controller type reconcile the same object at the
+    same time. This module enforces it with four rules:
+
+    1. **Locked processes nothing.** A record with ``isLocked`` gets no keys.
+       The giver unlocks it only after draining (rule 2). A locked instance
+       whose giver's record is gone unlocks itself with a transaction that
+       checks the giver's key does not exist (the giver fenced itself, rule 3).
+    2. **Wait drains before unlocking.** When a snapshot shows our range
+       shrank, we stop starting keys at once (``allowed = None``) and unlock
+       the receivers naming us as giver only when no in-flight reconcile is
+       outside our new range. The unlock compares the receiver's mod revision
+       from that same snapshot.
+    3. **Self-fencing.** Workers never start a reconcile that could run past
+       the lease's fencing deadline (``LeaseKeeper.deadline``: send time of the
+       last good keepalive + TTL - margin), and every reconcile carries that
+       deadline for its API calls; so when etcd can expire our lease, nothing
+       of ours is running. A lost lease means rejoin (a fresh, locked join).
+    4. **Fresh caches.** After every range or lock change the epoch bumps and
+       the informers relist; processing resumes only when all informers are
+       synced at the current epoch, so a reconcile never acts on a cache that
+       predates the previous owner's last writes.
+
+State machine (``state`` is published in the registry record)::
+
+    init ──(first instance; caches synced)──────────────────────► active
+    init/─(joined by splitting a busy range)────────────────────► locked
+    locked ──(unlocked by giver, or giver gone; caches synced)───► active
+    active ──(snapshot: a receiver names us as giver)───────────► wait
+    wait ──(no in-flight key outside our range; receivers unlocked)► active
+    any ──(fencing deadline passed)──► fenced (local only: nothing runs)
+    fenced ──(keepalive succeeded again, record intact)─────────► previous state, caches relisted
+    fenced ──(lease lost / record gone)──► rejoin ──► init | locked
+
+Concurrency model
+    One named thread per instance (``shard-<type>``) owns the state machine
+    and every registry write; it is woken by membership views, lease events
+    and a 100 ms tick. Workers and informers touch only the fields guarded by
+    ``self._cond`` (``allowed``, ``inflight``, ``epoch``, ``range``).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from hashing import HashRange
+from rangeshard.errors import CompareFailed, NotRegistered, RangeshardError
+from registry import EtcdClient, EtcdConfig, LeaseKeeper, MembershipWatch, Registry, RegistryView, Snapshot, State
+
+log = logging.getLogger(__name__)
+
+FENCED = "fenced"
+
+
+class ShardInstance:
+    """The sharding runtime of one controller type in this process (see module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        etcd_config: EtcdConfig,
+        registry_prefix: str,
+        controller_type: str,
+        instance_id: str,
+        lease_ttl: int,
+        reconcile_timeout: float,
+        synced: Callable[[int], bool],
+        on_epoch: Callable[[], None],
+        workload: Callable[[HashRange], tuple[int, dict[str, Any] | None]],
+        on_state: Callable[[str], None] | None = None,
+        host: str | None = None,
+        pid: int | None = None,
+        tick: float = 0.1,
+    ) -> None:
+        self.etcd_config = etcd_config
+        self.registry_prefix = registry_prefix
+        self.controller_type = controller_type
+        self.instance_id = instance_id
+        self.lease_ttl = lease_ttl
+        self.reconcile_timeout = reconcile_timeout
+        self.synced = synced
+        self.on_epoch = on_epoch
+        self.workload = workload
+        self.on_state = on_state
+        self.host = host
+        self.pid = pid
+        self.tick = tick
+        # Registry calls must return well within one keepalive interval.
+        self.client = EtcdClient(replace(etcd_config, timeout=min(etcd_config.timeout, max(1.0, lease_ttl / 4))))
+        self.registry = Registry(self.client, registry_prefix)
+        self.keeper: LeaseKeeper | None = None
+        self.watch: MembershipWatch | None = None
+        self._events: queue.Queue[object] = queue.Queue()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        # Guarded by _cond (read by workers and informers):
+        self._cond = threading.Condition()
+        self.allowed: HashRange | None = None
+        self.range: HashRange | None = None
+        self.epoch = 0
+        self.inflight: dict[str, int] = {}
+        self.leaving = False
+        # Owned by the state-machine thread:
+        self.state: str = State.INIT.value
+        self.locked = False
+        self.fenced = False
+        self.snapshot: Snapshot | None = None
+        self.join_revision = 0
+        self.published_state: str | None = None
+        self.next_heartbeat = 0.0
+        self.joined = threading.Event()
+        self.counters = {"fences": 0, "rejoins": 0, "unlocks": 0, "self_unlocks": 0, "epochs": 0}
+
+    # -- called by workers ---------------------------------------------------
+    def try_begin(self, key: str, key_hash: int) -> float | None:
+        """Claim ``key`` for one reconcile; return its deadline (monotonic), or ``None`` if refused."""
+        keeper = self.keeper
+        if keeper is None:
+            return None
+        with self._cond:
+            if self.allowed is None or not self.allowed.contains(key_hash) or self.leaving:
+                return None
+            now = time.monotonic()
+            lease_deadline = keeper.deadline
+            if now + self.reconcile_timeout > lease_deadline:
+                return None
+            self.inflight[key] = key_hash
+            return min(now + self.reconcile_timeout, lease_deadline)
+
+    def end(self, key: str) -> None:
+        with self._cond:
+            self.inflight.pop(key, None)
+            self._cond.notify_all()
+        self._events.put("end")
+
+    def informer_range(self) -> tuple[int, HashRange | None]:
+        """``(epoch, range)`` the informers should list (the range is ours even while locked)."""
+        with self._cond:
+            return self.epoch, self.range
+
+    def in_range(self, key_hash: int) -> bool:
+        with self._cond:
+            return self.range is not None and self.range.contains(key_hash)
+
+    # -- lifecycle -----------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name=f"shard-{self.controller_type}", daemon=True)
+        self._thread.start()
+
+    def stop(self, drain_timeout: float | None = None) -> None:
+        """Graceful leave: stop taking keys, drain in-flight work, revoke the lease."""
+        with self._cond:
+            self.leaving = True
+            self.allowed = None
+            deadline = time.monotonic() + (drain_timeout if drain_timeout is not None else self.reconcile_timeout + 2)
+            while self.inflight and time.monotonic() < deadline:
+                self._cond.wait(0.1)
+            left = dict(self.inflight)
+        if left:
+            log.warning("%s: leaving with %s reconcile(s) still running: %s", self.name, len(left), sorted(left))
+        self._stop.set()
+        self._events.put("stop")
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=self.lease_ttl + 5)
+        if self.watch is not None:
+            self.watch.stop()
+        if self.keeper is not None:
+            # Revoking only after the drain: the neighbour inherits without a lock.
+            self.keeper.stop(revoke=not left)
+        self.client.close()
+        log.info("%s: left the registry", self.name)
+
+    @property
+    def name(self) -> str:
+        return f"{self.controller_type}/{self.instance_id}"
+
+    # -- the state machine ---------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set() and not self._register():
+                self._stop.wait(1.0)
+            while not self._stop.is_set():
+                try:
+                    ev = self._events.get(timeout=self.tick)
+                except queue.Empty:
+                    ev = None
+                if isinstance(ev, RegistryView):
+                    self.snapshot = ev.get(self.controller_type)
+                if self._stop.is_set():
+                    break
+                try:
+                    self._evaluate()
+                    self._heartbeat_if_due()
+                except RangeshardError as e:
+                    log.warning("%s: %s", self.name, e)
+        except BaseException:
+            log.exception("%s: state machine thread died unexpectedly", self.name)
+            with self._cond:
+                self.allowed = None
+            raise
+
+    def _register(self) -> bool:
+        """Grant a lease and join; False (retry later) if etcd is unreachable."""
+        keeper = LeaseKeeper(
+            self.etcd_config,
+            self.lease_ttl,
+            name=self.name,
+            on_renewed=lambda _d: self._events.put("renewed"),
+            on_failure=lambda _e, _d: self._events.put("renew-failed"),
+            on_lost=lambda: self._events.put("lost"),
+        )
+        try:
+            lease = keeper.grant()
+            member = self.registry.join(self.controller_type, self.instance_id, lease, host=self.host, pid=self.pid)
+        except RangeshardError as e:
+            log.warning("%s: cannot join yet: %s", self.name, e)
+            if keeper.lease_id:
+                keeper.stop(revoke=True)
+            else:
+                keeper.client.close()
+            return False
+        keeper.start()
+        self.keeper = keeper
+        self.join_revision = member.mod_revision
+        self.locked = member.record.is_locked
+        self._set_state(member.record.state.value)
+        with self._cond:
+            self.range = member.range
+            self.allowed = None
+            self.epoch += 1
+        self.counters["epochs"] += 1
+        self.on_epoch()
+        if self.watch is None:
+            self.watch = MembershipWatch(
+                self.etcd_config,
+                self._events.put,
+                controller_type=self.controller_type,
+                prefix=self.registry_prefix,
+                name=self.name,
+                probe_interval=max(0.5, self.lease_ttl / 5),
+            )
+            self.watch.start()
+        self.joined.set()
+        log.info("%s: joined with range %s (locked=%s)", self.name, member.range, self.locked)
+        return True
+
+    def _set_state(self, state: str) -> None:
+        if state != self.state:
+            log.info("%s: state %s -> %s", self.name, self.state, state)
+            self.state = state
+            if self.on_state is not None:
+                self.on_state(state)
+
+    def _fence(self, why: str) -> None:
+        with self._cond:
+            self.allowed = None
+        if not self.fenced:
+            self.fenced = True
+            self.counters["fences"] += 1
+            log.warning("%s: fenced (%s): processing stopped", self.name, why)
+            self._set_state(FENCED)
+
+    def _new_epoch(self) -> None:
+        with self._cond:
+            self.epoch += 1
+            self.allowed = None
+        self.counters["epochs"] += 1
+        self.on_epoch()
+
+    def _evaluate(self) -> None:
+        keeper = self.keeper
+        if keeper is None:
+            return
+        now = time.monotonic()
+        if keeper.lost.is_set():
+            self._fence("lease lost")
+            self._rejoin()
+            return
+        if now >= keeper.deadline:
+            self._fence("lease could not be renewed before the fencing deadline")
+            return
+        snap = self.snapshot
+        if snap is None or snap.revision < self.join_revision:
+            return
+        me = snap.get(self.instance_id)
+        if me is None or me.lease_id != keeper.lease_id:
+            self._fence("our registry record is gone")
+            self._rejoin()
+            return
+        if self.fenced:
+            log.info("%s: lease renewed and record intact: unfencing", self.name)
+            self.fenced = False
+            self.published_state = None
+            self._new_epoch()
+        rng = me.range
+        locked = me.record.is_locked
+        if rng != self.range or locked != self.locked:
+            log.info("%s: range %s -> %s, locked %s -> %s", self.name, self.range, rng, self.locked, locked)
+            with self._cond:
+                self.range = rng
+            self.locked = locked
+            self._new_epoch()
+        if locked:
+            self._set_state(State.LOCKED.value)
+            giver = me.record.giver
+            if giver is None or snap.get(giver) is None:
+                try:
+                    self.registry.unlock_orphaned(self.controller_type, self.instance_id)
+                    self.counters["self_unlocks"] += 1
+                except CompareFailed as e:
+                    log.debug("%s: self-unlock refused: %s", self.name, e)
+            return
+        receivers = snap.receivers_of(self.instance_id)
+        if receivers:
+            self._set_state(State.WAIT.value)
+            with self._cond:
+                outside = [k for k, h in self.inflight.items() if rng is None or not rng.contains(h)]
+            if not outside:
+                for r in receivers:
+                    try:
+                        self.registry.unlock(
+                            self.controller_type, r.instance_id, self.instance_id, expected_mod_revision=r.mod_revision
+                        )
+                        self.counters["unlocks"] += 1
+                    except (CompareFailed, NotRegistered) as e:
+                        log.debug("%s: unlock of %s deferred: %s", self.name, r.instance_id, e)
+            else:
+                log.debug("%s: draining %s key(s) outside %s", self.name, len(outside), rng)
+        elif self.allowed is not None or self.state != State.ACTIVE.value:
+            pass
+        with self._cond:
+            epoch = self.epoch
+            ready = self.allowed is None and rng is not None and not self.leaving
+        if ready and self.synced(epoch):
+            with self._cond:
+                if self.epoch == epoch:
+                    self.allowed = rng
+            log.info("%s: caches synced at epoch %s: processing %s", self.name, epoch, rng)
+        if not receivers and self.allowed is not None:
+            self._set_state(State.ACTIVE.value)
+
+    def _rejoin(self) -> None:
+        old = self.keeper
+        with self._cond:
+            busy = bool(self.inflight)
+        if busy:
+            return  # reconciles are bounded by the fencing deadline; retry on the next tick
+        if old is not None:
+            old.stop(revoke=True)
+        self.keeper = None
+        self.counters["rejoins"] += 1
+        self.fenced = False
+        self.published_state = None
+        self.snapshot = None
+        if not self._register():
+            self._fence("rejoin pending: etcd unreachable")
+
+    def _heartbeat_if_due(self) -> None:
+        keeper = self.keeper
+        if keeper is None or self.fenced:
+            return
+        now = time.monotonic()
+        if now < self.next_heartbeat and self.published_state == self.state:
+            return
+        rng = self.range
+        count, histogram = self.workload(rng) if rng is not None else (0, None)
+        state = State(self.state) if self.state in State.__members__.values() else None
+        try:
+            self.registry.heartbeat(
+                self.controller_type,
+                self.instance_id,
+                keeper.lease_id,
+                workload_num=count,
+                state=state,
+                histogram=histogram,
+            )
+            self.published_state = self.state
+        except NotRegistered as e:
+            log.info("%s: heartbeat found no record: %s", self.name, e)
+        self.next_heartbeat = now + max(1.0, self.lease_ttl / 3)

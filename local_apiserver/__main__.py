@@ -1,0 +1,16 @@
+"""``python -m local_apiserver --etcd URL --port P``: run the local API server.
+
+Purpose
+    Standalone entry point (used by :class:`local_apiserver.process.LocalApiServerProcess`).
+
+Invariants
+    Same options and exit codes as ``rangeshard local-apiserver``.
+
+Concurrency model
+    Runs uvicorn in the main thread until SIGINT/SIGTERM.
+"""
+
+from local_apiserver.cli import main
+
+if __name__ == "__main__":
+    main()

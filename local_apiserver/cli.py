@@ -1,0 +1,90 @@
+"""Command line of the local API server: ``rangeshard local-apiserver`` / ``python -m local_apiserver``.
+
+Purpose
+    :func:`local_apiserver_command` is a plain function whose parameters are
+    typer Options, so the project CLI registers it as a sub-command and
+    ``python -m local_apiserver`` runs it standalone. It validates the options,
+    builds the app with :func:`local_apiserver.app.create_app` and serves it
+    with uvicorn (HTTP, or HTTPS with ``--tls-cert``/``--tls-key``).
+
+Invariants
+    * Bad options exit with code 2 and a one-line message (``ConfigError``),
+      never a traceback.
+    * Binds to 127.0.0.1 unless ``--host`` says otherwise.
+
+Concurrency model
+    Blocks in uvicorn's event loop until SIGINT/SIGTERM.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Annotated
+
+import typer
+
+from rangeshard.errors import ConfigError
+from registry.etcd import ENV_ENDPOINTS, EtcdConfig
+
+log = logging.getLogger(__name__)
+
+
+def local_apiserver_command(
+    etcd: Annotated[
+        str | None,
+        typer.Option(
+            "--etcd", help=f"etcd endpoint(s) URL[,URL...] (default ${ENV_ENDPOINTS} or http://127.0.0.1:2379)"
+        ),
+    ] = None,
+    port: Annotated[int, typer.Option("--port", help="TCP port to listen on")] = 6443,
+    host: Annotated[str, typer.Option("--host", help="address to bind")] = "127.0.0.1",
+    prefix: Annotated[
+        str | None, typer.Option("--prefix", help="etcd key prefix for stored objects (default /registry)")
+    ] = None,
+    tls_cert: Annotated[str | None, typer.Option("--tls-cert", help="serve HTTPS with this certificate (PEM)")] = None,
+    tls_key: Annotated[str | None, typer.Option("--tls-key", help="private key (PEM) for --tls-cert")] = None,
+    bookmark_interval: Annotated[
+        float, typer.Option("--bookmark-interval", help="seconds between watch bookmarks (when allowed)")
+    ] = 60.0,
+    log_level: Annotated[str, typer.Option("--log-level", help="debug, info, warning, error")] = "info",
+) -> None:
+    """Serve a small Kubernetes-compatible API stored in etcd."""
+    import uvicorn  # noqa: PLC0415 (keep `--help` fast)
+
+    from local_apiserver.app import create_app  # noqa: PLC0415
+
+    try:
+        if not 0 < port < 65536:
+            raise ConfigError(f"--port must be in 1..65535, got {port}")
+        if (tls_cert is None) != (tls_key is None):
+            raise ConfigError("--tls-cert and --tls-key go together")
+        for path in (tls_cert, tls_key):
+            if path is not None and not os.path.isfile(path):
+                raise ConfigError(f"TLS file {path} does not exist")
+        if bookmark_interval <= 0:
+            raise ConfigError("--bookmark-interval must be positive")
+        if prefix is not None and (not prefix.startswith("/") or prefix.rstrip("/") == ""):
+            raise ConfigError("--prefix must be an absolute key prefix such as /registry")
+        if log_level.lower() not in ("debug", "info", "warning", "error"):
+            raise ConfigError(f"--log-level must be debug, info, warning or error, got {log_level!r}")
+        config = EtcdConfig.from_urls(etcd)
+    except ConfigError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from e
+    app = create_app(config, prefix=prefix, bookmark_interval=bookmark_interval)
+    uvicorn.run(
+        app,
+        host=host,
+        port=port,
+        ssl_certfile=tls_cert,
+        ssl_keyfile=tls_key,
+        log_level=log_level.lower(),
+        access_log=log_level.lower() == "debug",
+        timeout_graceful_shutdown=2,
+    )
+
+
+def main() -> None:
+    """Entry point of ``python -m local_apiserver``."""
+    typer.run(local_apiserver_command)

@@ -1,0 +1,341 @@
+"""Cascading deletion: the part of kube-controller-manager's garbage collector this server needs.
+
+Purpose
+    When an owner leaves etcd, delete its dependents (objects whose
+    ``metadata.ownerReferences`` name the owner's uid) in the background,
+    as kube's garbage collector does for ``propagationPolicy: Background``
+    (the default). Also:
+
+    * ``Orphan``: dependents lose the reference to the deleted owner instead;
+    * ``Foreground``: the owner stays (``deletionTimestamp`` plus the
+      ``foregroundDeletion`` finalizer) until its dependents are gone, then
+      the finalizer is removed and the owner leaves etcd;
+    * a terminating namespace is emptied, then removed;
+    * a dependent that still has a live owner only loses the dangling
+      reference; an object created with owners that are all gone is deleted
+      (the "dangling owner" case of a controller racing a deletion).
+
+Invariants
+    * The collector only deletes objects whose every known owner is absent
+      (not found, or found with another uid). Owners of kinds this server does
+      not serve are assumed alive: never delete on a guess.
+    * Work is retried (bounded) when etcd is unavailable; a crash of the
+      server loses queued work (documented limitation).
+
+Concurrency model
+    One daemon thread consumes a ``queue.Queue`` fed by the store's hooks
+    (which may run on any thread). Storage calls are synchronous. Queued
+    "owner gone" work is batched: the owners gone from one namespace share one
+    scan for dependents, so deleting N pods costs one scan, not N.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from local_apiserver.errors import ApiError
+from local_apiserver.resources import RESOURCES, ResourceSpec
+from local_apiserver.store import Obj, Store
+
+log = logging.getLogger(__name__)
+
+_MAX_ATTEMPTS = 30
+_RETRY_DELAY = 0.5
+_BATCH = 256
+
+
+@dataclass
+class _Work:
+    action: str  # "owner_gone", "foreground", "namespace", "check_owners"
+    spec: ResourceSpec
+    obj: Obj
+    propagation: str = "Background"
+    attempts: int = 0
+
+
+_NO_SPEC = RESOURCES[0]  # placeholder spec for work items that only carry an owner
+
+
+def spec_for_owner(ref: dict[str, Any]) -> ResourceSpec | None:
+    api_version = str(ref.get("apiVersion") or "")
+    group, _, version = api_version.rpartition("/")
+    for spec in RESOURCES:
+        if spec.kind == ref.get("kind") and spec.group == group and spec.version == version:
+            return spec
+    return None
+
+
+class GarbageCollector:
+    """The background collector thread (see module docstring)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._queue: queue.Queue[_Work | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="local-apiserver-gc", daemon=True)
+        self._stopping = threading.Event()
+        self._timers: set[threading.Timer] = set()
+        self._lock = threading.Lock()
+        self._alive: dict[tuple[str, str | None, str, str], bool] = {}  # owner liveness, per batch
+
+    def start(self) -> None:
+        self.store.on_deleted = self.owner_deleted
+        self.store.on_created = self.object_created
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        with self._lock:
+            for t in self._timers:
+                t.cancel()
+            self._timers.clear()
+        self._queue.put(None)
+        self._thread.join(5)
+
+    # -- hooks (any thread) --------------------------------------------------
+    def owner_deleted(self, spec: ResourceSpec, obj: Obj, propagation: str) -> None:
+        meta = obj["metadata"]
+        if spec.resource == "namespaces" and meta.get("deletionTimestamp"):
+            self._queue.put(_Work("namespace", spec, obj))
+        elif propagation == "Foreground" and "foregroundDeletion" in (meta.get("finalizers") or []):
+            self._queue.put(_Work("foreground", spec, obj))
+        else:
+            self._queue.put(_Work("owner_gone", spec, obj, propagation))
+
+    def object_created(self, spec: ResourceSpec, obj: Obj) -> None:
+        if obj["metadata"].get("ownerReferences"):
+            self._queue.put(_Work("check_owners", spec, obj))
+
+    def idle(self) -> bool:
+        """True when no work is queued or scheduled (for tests and shutdown)."""
+        with self._lock:
+            return self._queue.unfinished_tasks == 0 and not self._timers
+
+    # -- worker --------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            batch: list[_Work | None] = [self._queue.get()]
+            while len(batch) < _BATCH:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            try:
+                if None in batch:
+                    return
+                if not self._stopping.is_set():
+                    self._handle_batch([w for w in batch if w is not None])
+            finally:
+                for _ in batch:
+                    self._queue.task_done()
+
+    def _handle_batch(self, batch: list[_Work]) -> None:
+        """Handle queued work; owners gone from one namespace share one scan for dependents."""
+        self._alive.clear()
+        gone: dict[str | None, list[_Work]] = {}
+        for work in batch:
+            if work.action == "owner_gone":
+                gone.setdefault(work.obj["metadata"].get("namespace"), []).append(work)
+                continue
+            try:
+                self._handle(work)
+            except Exception as e:
+                self._retry(work, e)
+        for namespace, works in gone.items():
+            try:
+                self._collect(namespace, works)
+            except Exception as e:
+                for work in works:
+                    self._retry(work, e)
+
+    def _retry(self, work: _Work, error: BaseException) -> None:
+        work.attempts += 1
+        if work.attempts >= _MAX_ATTEMPTS or self._stopping.is_set():
+            log.error("garbage collection of %s %s abandoned: %s", work.spec.resource, _name(work.obj), error)
+            return
+        log.info("garbage collection of %s %s retried: %s", work.spec.resource, _name(work.obj), error)
+
+        def again() -> None:
+            with self._lock:
+                self._timers.discard(timer)
+            if not self._stopping.is_set():
+                self._queue.put(work)
+
+        timer = threading.Timer(_RETRY_DELAY, again)
+        timer.daemon = True
+        with self._lock:
+            self._timers.add(timer)
+        timer.start()
+
+    def _handle(self, work: _Work) -> None:
+        if work.action == "check_owners":
+            self._check_owners(work.spec, work.obj)
+        elif work.action == "namespace":
+            self._empty_namespace(work.obj)
+        elif work.action == "foreground":
+            self._foreground(work)
+        else:
+            self._delete_dependents(work.obj, work.propagation)
+
+    def _dependents(self, owner: Obj) -> list[tuple[ResourceSpec, Obj]]:
+        uid = owner["metadata"].get("uid")
+        namespace = owner["metadata"].get("namespace")
+        found: list[tuple[ResourceSpec, Obj]] = []
+        for spec in RESOURCES:
+            if not spec.namespaced and namespace:
+                continue  # namespaced owners cannot own cluster-scoped objects
+            for obj in self.store.iter_all(spec, namespace if spec.namespaced else None):
+                refs = obj["metadata"].get("ownerReferences") or []
+                if any(r.get("uid") == uid for r in refs):
+                    found.append((spec, obj))
+        return found
+
+    def _owner_alive(self, ref: dict[str, Any], namespace: str | None) -> bool:
+        """Does the owner ``ref`` names (by kind, name and uid) exist?
+
+        Answers are cached for one batch: "gone" is final (a uid never comes
+        back), and an owner deleted after an "alive" answer has queued its own
+        "owner gone" work, which will see this dependent.
+        """
+        spec = spec_for_owner(ref)
+        if spec is None:
+            return True  # a kind we do not serve: never delete on a guess
+        ns = namespace if spec.namespaced else None
+        cache_key = (spec.resource, ns, str(ref.get("name") or ""), str(ref.get("uid") or ""))
+        if cache_key in self._alive:
+            return self._alive[cache_key]
+        try:
+            owner = self.store.get(spec, ns, cache_key[2])
+            alive = bool(owner["metadata"].get("uid") == ref.get("uid"))
+        except ApiError as e:
+            if e.code != 404:
+                raise
+            alive = False
+        self._alive[cache_key] = alive
+        return alive
+
+    def _delete_dependents(self, owner: Obj, propagation: str) -> None:
+        self._collect(owner["metadata"].get("namespace"), [_Work("owner_gone", _NO_SPEC, owner, propagation)])
+
+    def _collect(self, namespace: str | None, works: list[_Work]) -> None:
+        """One scan of ``namespace`` for dependents of the (gone) owners in ``works``."""
+        orphan = {w.obj["metadata"].get("uid") for w in works if w.propagation == "Orphan"}
+        cascade = {w.obj["metadata"].get("uid") for w in works if w.propagation != "Orphan"}
+        for spec in RESOURCES:
+            if not spec.namespaced and namespace:
+                continue  # namespaced owners cannot own cluster-scoped objects
+            for dep in self.store.iter_all(spec, namespace if spec.namespaced else None):
+                meta = dep["metadata"]
+                refs = meta.get("ownerReferences") or []
+                uids = {r.get("uid") for r in refs}
+                dropped = uids & orphan
+                gone_owners = uids & cascade
+                if not dropped and not gone_owners:
+                    continue
+                others = [r for r in refs if r.get("uid") not in dropped | gone_owners]
+                if gone_owners and not any(self._owner_alive(r, meta.get("namespace")) for r in others):
+                    log.debug("deleting %s %s: its owners are gone", spec.resource, _name(dep))
+                    self._delete(spec, dep)
+                else:
+                    self._drop_references(spec, dep, dropped | gone_owners)
+
+    def _drop_references(self, spec: ResourceSpec, dep: Obj, uids: set[Any]) -> None:
+        meta = dep["metadata"]
+
+        def mutate(current: Obj) -> Obj:
+            cmeta = current["metadata"]
+            refs = [r for r in cmeta.get("ownerReferences") or [] if r.get("uid") not in uids]
+            if refs:
+                cmeta["ownerReferences"] = refs
+            else:
+                cmeta.pop("ownerReferences", None)
+            return current
+
+        try:
+            self.store.guaranteed_update(spec, meta.get("namespace"), str(meta.get("name")), mutate)
+        except ApiError as e:
+            if e.code != 404:
+                raise
+
+    def _delete(self, spec: ResourceSpec, obj: Obj) -> None:
+        meta = obj["metadata"]
+        try:
+            self.store.delete(spec, meta.get("namespace"), str(meta.get("name")), precondition_uid=meta.get("uid"))
+        except ApiError as e:
+            if e.code not in (404, 409):  # already gone, or replaced by a new object of that name
+                raise
+
+    def _foreground(self, work: _Work) -> None:
+        owner = work.obj
+        self._delete_dependents(owner, "Background")
+        if self._dependents(owner):
+            raise ApiError(409, "Conflict", "dependents still present")  # retried later
+        meta = owner["metadata"]
+        spec = work.spec
+
+        def mutate(current: Obj) -> Obj:
+            if current["metadata"].get("uid") != meta.get("uid"):
+                raise ApiError(404, "NotFound", "owner replaced")
+            fins = [f for f in current["metadata"].get("finalizers") or [] if f != "foregroundDeletion"]
+            if fins:
+                current["metadata"]["finalizers"] = fins
+            else:
+                current["metadata"].pop("finalizers", None)
+            return current
+
+        try:
+            self.store.guaranteed_update(spec, meta.get("namespace"), str(meta.get("name")), mutate)
+        except ApiError as e:
+            if e.code != 404:
+                raise
+
+    def _empty_namespace(self, ns: Obj) -> None:
+        name = str(ns["metadata"].get("name"))
+        left = 0
+        for spec in RESOURCES:
+            if not spec.namespaced:
+                continue
+            for obj in self.store.iter_all(spec, name):
+                self._delete(spec, obj)
+                left += 1
+        if left:
+            # Deleted objects may have finalizers or new ones may race in: check again.
+            remaining = sum(1 for s in RESOURCES if s.namespaced for _ in self.store.iter_all(s, name))
+            if remaining:
+                raise ApiError(409, "Conflict", f"namespace {name} still has {remaining} objects")
+        spec = next(s for s in RESOURCES if s.resource == "namespaces")
+
+        def mutate(current: Obj) -> Obj:
+            if current["metadata"].get("uid") != ns["metadata"].get("uid"):
+                raise ApiError(404, "NotFound", "namespace replaced")
+            current.setdefault("spec", {}).pop("finalizers", None)
+            return current
+
+        try:
+            current = self.store.get(spec, None, name)
+        except ApiError as e:
+            if e.code == 404:
+                return
+            raise
+        if current["metadata"].get("uid") != ns["metadata"].get("uid"):
+            return
+        if current["metadata"].get("finalizers"):
+            return  # somebody else's finalizer: the namespace goes when they remove it
+        self.store.delete_now(spec, None, name, current)
+
+    def _check_owners(self, spec: ResourceSpec, obj: Obj) -> None:
+        meta = obj["metadata"]
+        refs = meta.get("ownerReferences") or []
+        if not refs or any(self._owner_alive(r, meta.get("namespace")) for r in refs):
+            return
+        log.info("deleting %s %s/%s: all its owners are gone", spec.resource, meta.get("namespace"), meta.get("name"))
+        self._delete(spec, obj)
+
+
+def _name(obj: Obj) -> str:
+    meta = obj.get("metadata") or {}
+    ns = meta.get("namespace")
+    return f"{ns}/{meta.get('name')}" if ns else str(meta.get("name"))

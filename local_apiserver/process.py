@@ -1,0 +1,183 @@
+"""Run the local API server as a child process (tests, benchmarks, ``rangeshard up``).
+
+Purpose
+    :class:`LocalApiServerProcess` spawns ``sys.executable -m local_apiserver``
+    in its own session on a free loopback port, waits until ``/readyz``
+    answers 200, and stops it (SIGTERM, then SIGKILL after a grace period).
+
+Invariants
+    * ``start`` returns only once ``/readyz`` answered 200, or raises
+      :class:`rangeshard.errors.RangeshardError` with the tail of the log.
+    * ``stop``/``kill`` are idempotent and only signal the process they spawned.
+
+Concurrency model
+    Owned by one thread; the process handle is not shared.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from rangeshard.errors import RangeshardError
+
+log = logging.getLogger(__name__)
+
+
+class LocalApiServerError(RangeshardError):
+    """The local API server process could not be started or stopped."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+class LocalApiServerProcess:
+    """One local API server child process (see module docstring)."""
+
+    def __init__(
+        self,
+        etcd_url: str,
+        port: int | None = None,
+        host: str = "127.0.0.1",
+        prefix: str | None = None,
+        log_file: str | Path | None = None,
+        *,
+        bookmark_interval: float | None = None,
+        tls_cert: str | Path | None = None,
+        tls_key: str | Path | None = None,
+        extra_args: list[str] | None = None,
+    ) -> None:
+        self.etcd_url = etcd_url
+        self.host = host
+        self.port = port or free_port(host)
+        self.prefix = prefix
+        self.bookmark_interval = bookmark_interval
+        if (tls_cert is None) != (tls_key is None):
+            raise LocalApiServerError("tls_cert and tls_key go together")
+        self.tls_cert = str(tls_cert) if tls_cert is not None else None
+        self.tls_key = str(tls_key) if tls_key is not None else None
+        self.extra_args = list(extra_args or [])
+        if log_file is None:
+            fd, name = tempfile.mkstemp(prefix="local-apiserver-", suffix=".log")
+            os.close(fd)
+            log_file = name
+        self.log_path = Path(log_file)
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        scheme = "https" if self.tls_cert else "http"
+        return f"{scheme}://{self.host}:{self.port}"
+
+    def command(self) -> list[str]:
+        cmd = [sys.executable, "-m", "local_apiserver", "--etcd", self.etcd_url, "--port", str(self.port)]
+        cmd += ["--host", self.host]
+        if self.prefix:
+            cmd += ["--prefix", self.prefix]
+        if self.bookmark_interval is not None:
+            cmd += ["--bookmark-interval", str(self.bookmark_interval)]
+        if self.tls_cert and self.tls_key:
+            cmd += ["--tls-cert", self.tls_cert, "--tls-key", self.tls_key]
+        return cmd + self.extra_args
+
+    def start(self, timeout: float = 30.0) -> LocalApiServerProcess:
+        """Spawn the server and wait until ``/readyz`` answers 200."""
+        if self.running:
+            return self
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        logf = open(self.log_path, "ab")  # noqa: SIM115 (the child keeps it)
+        try:
+            self.proc = subprocess.Popen(
+                self.command(),
+                stdout=logf,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        except OSError as e:
+            raise LocalApiServerError(f"cannot start the local API server: {e}") from e
+        finally:
+            logf.close()
+        log.info("local API server starting on %s (pid %s)", self.url, self.proc.pid)
+        self.wait_ready(timeout)
+        return self
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        last = "no answer"
+        # A readiness probe of our own child on loopback: no data is sent, so the
+        # (possibly self-signed) certificate is not verified here.
+        with httpx.Client(timeout=1.0, verify=False) as client:  # noqa: S501
+            while time.monotonic() < deadline:
+                if self.proc is not None and self.proc.poll() is not None:
+                    raise LocalApiServerError(
+                        f"local API server exited with code {self.proc.returncode}: {self.log_tail()}"
+                    )
+                try:
+                    resp = client.get(f"{self.url}/readyz")
+                    if resp.status_code == 200:
+                        return
+                    last = f"{resp.status_code} {resp.text}"
+                except httpx.HTTPError as e:
+                    last = str(e)
+                time.sleep(0.05)
+        self.stop()
+        raise LocalApiServerError(
+            f"local API server on {self.url} not ready after {timeout}s ({last}): {self.log_tail()}"
+        )
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    def stop(self, grace: float = 10.0) -> None:
+        """SIGTERM, wait up to ``grace`` seconds, then SIGKILL."""
+        proc = self.proc
+        if proc is None:
+            return
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+        self.proc = None
+
+    def kill(self) -> None:
+        """SIGKILL without grace (fault injection)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(5)
+        self.proc = None
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return "(no log)"
+        return " | ".join(text[-lines:])
+
+    def __enter__(self) -> LocalApiServerProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,155 @@
+"""The table of served resources: adding a resource is one :class:`ResourceSpec` entry.
+
+Purpose
+    Describe every resource the local API server serves (group, version,
+    plural, kind, scope, short names, subresources, defaults hooks) so routing,
+    discovery, storage keys and validation are all driven by one table.
+
+Invariants
+    * ``(group, resource)`` is unique in :data:`RESOURCES`.
+    * The core group is ``""`` in the API and ``"core"`` in storage keys.
+
+Concurrency model
+    Immutable module-level data; safe from any thread.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+VERBS = ("create", "delete", "get", "list", "patch", "update", "watch")
+
+
+@dataclass(frozen=True)
+class ResourceSpec:
+    """One served resource (see module docstring)."""
+
+    group: str
+    version: str
+    resource: str
+    kind: str
+    namespaced: bool
+    singular: str
+    short_names: tuple[str, ...] = ()
+    categories: tuple[str, ...] = ()
+    status: bool = False
+    scale: bool = False
+    # metadata.generation is bumped when anything outside metadata/status changes.
+    generation: bool = False
+    # DELETE answers the deleted object (pods) instead of a Status Success.
+    return_deleted_object: bool = False
+    # Field selector labels beyond metadata.name / metadata.namespace.
+    extra_fields: tuple[str, ...] = field(default=())
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    @property
+    def storage_group(self) -> str:
+        return self.group or "core"
+
+    @property
+    def list_kind(self) -> str:
+        return f"{self.kind}List"
+
+    @property
+    def group_resource(self) -> str:
+        """``resource.group`` as kube-apiserver spells it in messages (``pods``, ``deployments.apps``)."""
+        return f"{self.resource}.{self.group}" if self.group else self.resource
+
+
+RESOURCES: tuple[ResourceSpec, ...] = (
+    ResourceSpec("", "v1", "namespaces", "Namespace", False, "namespace", ("ns",)),
+    ResourceSpec(
+        "",
+        "v1",
+        "pods",
+        "Pod",
+        True,
+        "pod",
+        ("po",),
+        ("all",),
+        status=True,
+        return_deleted_object=True,
+        extra_fields=("spec.nodeName", "spec.restartPolicy", "spec.schedulerName", "status.phase", "status.podIP"),
+    ),
+    ResourceSpec("", "v1", "configmaps", "ConfigMap", True, "configmap", ("cm",)),
+    ResourceSpec(
+        "",
+        "v1",
+        "events",
+        "Event",
+        True,
+        "event",
+        ("ev",),
+        extra_fields=(
+            "involvedObject.kind",
+            "involvedObject.namespace",
+            "involvedObject.name",
+            "involvedObject.uid",
+            "involvedObject.apiVersion",
+            "involvedObject.resourceVersion",
+            "involvedObject.fieldPath",
+            "reason",
+            "reportingComponent",
+            "source",
+            "type",
+        ),
+    ),
+    ResourceSpec(
+        "apps",
+        "v1",
+        "replicasets",
+        "ReplicaSet",
+        True,
+        "replicaset",
+        ("rs",),
+        ("all",),
+        status=True,
+        scale=True,
+        generation=True,
+    ),
+    ResourceSpec(
+        "apps",
+        "v1",
+        "deployments",
+        "Deployment",
+        True,
+        "deployment",
+        ("deploy",),
+        ("all",),
+        status=True,
+        scale=True,
+        generation=True,
+    ),
+    ResourceSpec("coordination.k8s.io", "v1", "leases", "Lease", True, "lease"),
+)
+
+
+def groups() -> dict[str, list[str]]:
+    """Served API groups (``""`` = core) and their versions, in table order."""
+    out: dict[str, list[str]] = {}
+    for spec in RESOURCES:
+        versions = out.setdefault(spec.group, [])
+        if spec.version not in versions:
+            versions.append(spec.version)
+    return out
+
+
+def lookup(group: str, version: str, resource: str) -> ResourceSpec | None:
+    for spec in RESOURCES:
+        if spec.group == group and spec.version == version and spec.resource == resource:
+            return spec
+    return None
+
+
+def by_group_version(group: str, version: str) -> list[ResourceSpec]:
+    return [s for s in RESOURCES if s.group == group and s.version == version]
+
+
+def namespaces_spec() -> ResourceSpec:
+    spec = lookup("", "v1", "namespaces")
+    if spec is None:  # pragma: no cover - the table always holds namespaces
+        raise LookupError("namespaces missing from the resource table")
+    return spec

@@ -1,0 +1,270 @@
+"""Validation and defaulting of objects sent by clients.
+
+Purpose
+    Check what kube-apiserver checks before an object reaches storage, to the
+    extent this server knows the schema: the body is a JSON object of the
+    endpoint's kind/apiVersion, metadata has the right types, names are
+    DNS subdomains (labels for namespaces), labels and annotations are valid,
+    and a few per-kind rules (pods have containers, workloads have a selector
+    matching their template, replicas are non-negative integers). Defaults the
+    fields controllers rely on (``replicas``, pod ``phase``...).
+
+Invariants
+    * Type errors in the body are 400 BadRequest (kube: decode errors);
+      semantic errors are 422 Invalid with one cause per field.
+    * Validation never mutates its input; ``apply_defaults`` mutates the
+      object it is given (a fresh copy owned by the caller).
+
+Concurrency model
+    Pure functions.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from local_apiserver.errors import bad_request, invalid
+from local_apiserver.resources import ResourceSpec
+from local_apiserver.selectors import LabelSelector, Requirement, label_key_problem, label_value_problem
+
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+_STRING_MAPS = ("labels", "annotations")
+
+
+def name_problem(spec: ResourceSpec, name: str) -> str | None:
+    """Why ``name`` is not a valid object name for ``spec`` (None if valid)."""
+    if spec.resource == "namespaces":
+        if len(name) > 63 or not _DNS_LABEL.match(name):
+            return (
+                f"a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must "
+                f"start and end with an alphanumeric character (at most 63 characters), got {name!r}"
+            )
+        return None
+    if len(name) > 253 or not _DNS_SUBDOMAIN.match(name):
+        return (
+            f"a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and "
+            f"must start and end with an alphanumeric character (at most 253 characters), got {name!r}"
+        )
+    return None
+
+
+def check_body_shape(spec: ResourceSpec, body: Any) -> dict[str, Any]:
+    """400 unless ``body`` is a JSON object of this endpoint's kind/apiVersion with typed metadata."""
+    if not isinstance(body, dict):
+        raise bad_request(f"the body of a {spec.kind} request must be a JSON object, got {type(body).__name__}")
+    kind = body.get("kind")
+    api_version = body.get("apiVersion")
+    if kind is not None and kind != spec.kind:
+        raise bad_request(
+            f"the kind in the data ({kind!r}) does not match the kind of the endpoint ({spec.kind!r}, "
+            f"apiVersion {spec.api_version})"
+        )
+    if api_version is not None and api_version != spec.api_version:
+        raise bad_request(
+            f"the API version in the data ({api_version}) does not match the expected API version ({spec.api_version})"
+        )
+    meta = body.get("metadata", {})
+    if meta is None:
+        meta = {}
+    if not isinstance(meta, dict):
+        raise bad_request("metadata must be a JSON object")
+    for key in ("name", "generateName", "namespace", "resourceVersion", "uid"):
+        if key in meta and meta[key] is not None and not isinstance(meta[key], str):
+            raise bad_request(f"metadata.{key} must be a string, got {type(meta[key]).__name__}")
+    for key in _STRING_MAPS:
+        value = meta.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+            raise bad_request(f"metadata.{key} must be a map of strings")
+    for key in ("spec", "status"):
+        if body.get(key) is not None and not isinstance(body[key], dict):
+            raise bad_request(f"{key} must be a JSON object, got {type(body[key]).__name__}")
+    for key in ("finalizers",):
+        value = meta.get(key)
+        if value is not None and (not isinstance(value, list) or not all(isinstance(v, str) for v in value)):
+            raise bad_request(f"metadata.{key} must be a list of strings")
+    refs = meta.get("ownerReferences")
+    if refs is not None and (not isinstance(refs, list) or not all(isinstance(r, dict) for r in refs)):
+        raise bad_request("metadata.ownerReferences must be a list of objects")
+    return body
+
+
+def validate_object(spec: ResourceSpec, obj: dict[str, Any]) -> None:
+    """422 Invalid listing every semantic problem of ``obj`` (already shape-checked)."""
+    meta = obj.get("metadata") or {}
+    name = str(meta.get("name") or "")
+    causes: list[tuple[str, str]] = []
+    if not name:
+        causes.append(("metadata.name", "Required value: name or generateName is required"))
+    else:
+        problem = name_problem(spec, name)
+        if problem:
+            causes.append(("metadata.name", f"Invalid value: {name!r}: {problem}"))
+    for key in _STRING_MAPS:
+        for k, v in (meta.get(key) or {}).items():
+            problem = label_key_problem(k)
+            if problem:
+                causes.append((f"metadata.{key}", f"Invalid value: {k!r}: {problem}"))
+            if key == "labels":
+                problem = label_value_problem(v)
+                if problem:
+                    causes.append(("metadata.labels", f"Invalid value: {v!r}: {problem}"))
+    for i, ref in enumerate(meta.get("ownerReferences") or []):
+        for req in ("apiVersion", "kind", "name", "uid"):
+            if not isinstance(ref.get(req), str) or not ref.get(req):
+                causes.append((f"metadata.ownerReferences[{i}].{req}", "Required value"))
+    controllers = [r for r in meta.get("ownerReferences") or [] if r.get("controller") is True]
+    if len(controllers) > 1:
+        causes.append(("metadata.ownerReferences", "Invalid value: only one reference can have Controller set to true"))
+    causes.extend(_kind_rules(spec, obj))
+    if causes:
+        raise invalid(spec.kind, name, causes)
+
+
+def _containers(pod_spec: Any, path: str) -> list[tuple[str, str]]:
+    containers = pod_spec.get("containers") if isinstance(pod_spec, dict) else None
+    if not isinstance(containers, list) or not containers:
+        return [(f"{path}.containers", "Required value")]
+    causes: list[tuple[str, str]] = []
+    names: set[str] = set()
+    for i, c in enumerate(containers):
+        if not isinstance(c, dict) or not isinstance(c.get("name"), str) or not c.get("name"):
+            causes.append((f"{path}.containers[{i}].name", "Required value"))
+            continue
+        if c["name"] in names:
+            causes.append((f"{path}.containers[{i}].name", f"Duplicate value: {c['name']!r}"))
+        names.add(c["name"])
+        if not isinstance(c.get("image"), str) or not c.get("image"):
+            causes.append((f"{path}.containers[{i}].image", "Required value"))
+    return causes
+
+
+_OPERATORS = {"In": "in", "NotIn": "notin", "Exists": "exists", "DoesNotExist": "!"}
+
+
+def selector_requirements(
+    selector: Any, path: str = "spec.selector"
+) -> tuple[list[Requirement], list[tuple[str, str]]]:
+    """A ``metav1.LabelSelector`` as requirements, plus the problems found (field, message)."""
+    if not isinstance(selector, dict):
+        return [], [(path, "Required value")]
+    reqs: list[Requirement] = []
+    causes: list[tuple[str, str]] = []
+    match = selector.get("matchLabels") or {}
+    if not isinstance(match, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in match.items()):
+        causes.append((f"{path}.matchLabels", "Invalid value: must be a map of strings"))
+    else:
+        reqs.extend(Requirement(k, "=", (v,)) for k, v in sorted(match.items()))
+    exprs = selector.get("matchExpressions") or []
+    if not isinstance(exprs, list):
+        causes.append((f"{path}.matchExpressions", "Invalid value: must be a list"))
+        exprs = []
+    for i, expr in enumerate(exprs):
+        where = f"{path}.matchExpressions[{i}]"
+        if not isinstance(expr, dict) or not isinstance(expr.get("key"), str) or not expr.get("key"):
+            causes.append((f"{where}.key", "Required value"))
+            continue
+        op = expr.get("operator")
+        values = expr.get("values") or []
+        if op not in _OPERATORS:
+            causes.append((f"{where}.operator", f"Unsupported value: {op!r}: In, NotIn, Exists, DoesNotExist"))
+        elif not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+            causes.append((f"{where}.values", "Invalid value: must be a list of strings"))
+        elif op in ("In", "NotIn") and not values:
+            causes.append((f"{where}.values", "Required value: must be specified for In and NotIn"))
+        elif op in ("Exists", "DoesNotExist") and values:
+            causes.append((f"{where}.values", "Forbidden: may not be specified for Exists and DoesNotExist"))
+        else:
+            reqs.append(Requirement(expr["key"], _OPERATORS[op], tuple(values)))
+    if not causes and not reqs:
+        causes.append((path, "Invalid value: empty selector is invalid for deployment and replicaset"))
+    return reqs, causes
+
+
+def _kind_rules(spec: ResourceSpec, obj: dict[str, Any]) -> list[tuple[str, str]]:
+    causes: list[tuple[str, str]] = []
+    body_spec = obj.get("spec")
+    if spec.resource == "pods":
+        causes.extend(_containers(body_spec, "spec"))
+    elif spec.resource in ("replicasets", "deployments"):
+        if not isinstance(body_spec, dict):
+            return [("spec", "Required value")]
+        replicas = body_spec.get("replicas")
+        if replicas is not None and (not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 0):
+            causes.append(("spec.replicas", f"Invalid value: {replicas!r}: must be a non-negative integer"))
+        template = body_spec.get("template")
+        if not isinstance(template, dict):
+            return [*causes, ("spec.template", "Required value")]
+        tmeta = template.get("metadata") or {}
+        labels = tmeta.get("labels") if isinstance(tmeta, dict) else None
+        if not isinstance(labels, dict) or not all(isinstance(v, str) for v in labels.values()):
+            causes.append(("spec.template.metadata.labels", "Invalid value: must be a map of strings"))
+            labels = {}
+        reqs, problems = selector_requirements(body_spec.get("selector"))
+        causes.extend(problems)
+        if not problems and not LabelSelector(tuple(reqs)).matches(labels):
+            causes.append(
+                ("spec.template.metadata.labels", "Invalid value: `selector` does not match template `labels`")
+            )
+        causes.extend(_containers(template.get("spec"), "spec.template.spec"))
+    elif spec.resource == "configmaps":
+        for key in ("data", "binaryData"):
+            data = obj.get(key)
+            if data is not None and (not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values())):
+                causes.append((key, "Invalid value: must be a map of strings"))
+    return causes
+
+
+def check_scale_body(body: Any) -> int:
+    """The ``spec.replicas`` of an ``autoscaling/v1`` Scale body (400/422 if malformed)."""
+    if not isinstance(body, dict):
+        raise bad_request("a Scale must be a JSON object")
+    if body.get("kind") not in (None, "Scale"):
+        raise bad_request(f"the kind in the data ({body.get('kind')!r}) does not match 'Scale'")
+    if body.get("apiVersion") not in (None, "autoscaling/v1"):
+        raise bad_request(f"the API version in the data ({body.get('apiVersion')}) does not match autoscaling/v1")
+    spec = body.get("spec") or {}
+    replicas = spec.get("replicas", 0) if isinstance(spec, dict) else None
+    if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 0:
+        name = str((body.get("metadata") or {}).get("name") or "")
+        raise invalid(
+            "Scale", name, [("spec.replicas", f"Invalid value: {replicas!r}: must be greater than or equal to 0")]
+        )
+    return replicas
+
+
+def apply_defaults(spec: ResourceSpec, obj: dict[str, Any]) -> None:
+    """Fill the defaults kube-apiserver's defaulters set for fields controllers read."""
+    body_spec = obj.get("spec")
+    if spec.resource in ("replicasets", "deployments") and isinstance(body_spec, dict):
+        body_spec.setdefault("replicas", 1)
+        if spec.resource == "deployments":
+            body_spec.setdefault(
+                "strategy", {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "25%", "maxSurge": "25%"}}
+            )
+            body_spec.setdefault("revisionHistoryLimit", 10)
+            body_spec.setdefault("progressDeadlineSeconds", 600)
+    elif spec.resource == "pods" and isinstance(body_spec, dict):
+        body_spec.setdefault("restartPolicy", "Always")
+        body_spec.setdefault("terminationGracePeriodSeconds", 30)
+        body_spec.setdefault("dnsPolicy", "ClusterFirst")
+        body_spec.setdefault("schedulerName", "default-scheduler")
+        status = obj.setdefault("status", {})
+        if isinstance(status, dict):
+            status.setdefault("phase", "Pending")
+    elif spec.resource == "namespaces":
+        meta = obj.setdefault("metadata", {})
+        meta.setdefault("labels", {})["kubernetes.io/metadata.name"] = meta.get("name", "")
+        obj["spec"] = obj.get("spec") or {}
+        status = obj.get("status")
+        if not isinstance(status, dict):
+            status = {}
+        status.setdefault("phase", "Active")
+        obj["status"] = status
+
+
+__all__ = ["apply_defaults", "check_body_shape", "check_scale_body", "name_problem", "validate_object"]

@@ -1,0 +1,402 @@
+"""Kubernetes watches served from etcd watches.
+
+Purpose
+    Turn one downstream ``?watch=true`` request into one etcd prefix watch
+    (:class:`EtcdWatch`, on a dedicated :class:`EtcdClient` so a broken stream
+    disturbs nothing else) and produce the Kubernetes event stream
+    (:func:`watch_events`): ``ADDED``/``MODIFIED``/``DELETED`` filtered by
+    label/field selectors (an object that stops matching is ``DELETED``, one
+    that starts matching is ``ADDED``, as kube-apiserver does), ``BOOKMARK``
+    when asked, and ``ERROR`` with a 410 Status when the requested revision
+    was compacted.
+
+Invariants
+    * ``resourceVersion`` unset or ``"0"``: synthetic ``ADDED`` for every
+      matching object at list revision R, then every change after R.
+      ``resourceVersion`` N: exactly the changes with revision > N.
+    * Bookmarks carry a revision R such that every event <= R was already
+      sent: R comes from an etcd progress notification (a
+      ``WatchProgressRequest`` answered on the same stream, which etcd sends
+      only after all earlier events), never from a separate read.
+    * When etcd goes away the downstream watch ends cleanly (the client
+      re-lists/re-watches); it never hangs silently.
+
+Concurrency model
+    pyetcd delivers watch responses on its own thread; the callback converts
+    them to plain tuples and hands them to the event loop with
+    ``loop.call_soon_threadsafe``. Blocking etcd calls (watch creation,
+    cancellation, the initial list) run in worker threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import orjson
+import pyetcd.events as etcd_events
+import pyetcd.exceptions as etcd_exc
+
+from hashing import ShardSelector
+from local_apiserver.errors import ApiError, status_body
+from local_apiserver.resources import ResourceSpec
+from local_apiserver.selectors import FieldSelector, LabelSelector
+from local_apiserver.store import Obj, Store, parse_resource_version
+from rangeshard.errors import RegistryError
+from registry.etcd import EtcdClient, EtcdConfig, translate
+
+log = logging.getLogger(__name__)
+
+DEFAULT_WATCH_TIMEOUT = 1800.0
+
+
+@dataclass(frozen=True)
+class RawEvent:
+    """One etcd event, copied out of the gRPC message on the watch thread."""
+
+    deleted: bool
+    key: str
+    value: bytes
+    mod_revision: int
+    version: int
+    prev_value: bytes | None
+
+
+# Items put on the queue: ("events", [RawEvent]), ("progress", rev), ("compacted", rev), ("error", text)
+Item = tuple[str, Any]
+
+
+class EtcdWatch:
+    """One etcd prefix watch bridged to an asyncio queue (see module docstring)."""
+
+    def __init__(self, config: EtcdConfig, prefix: str, start_revision: int) -> None:
+        self.config = config
+        self.prefix = prefix
+        self.start_revision = start_revision
+        self.queue: asyncio.Queue[Item] = asyncio.Queue()
+        self._loop = asyncio.get_running_loop()
+        self._client: EtcdClient | None = None
+        self._watch_id: int | None = None
+        self._closed = False
+
+    def _deliver(self, item: Item) -> None:
+        if self._closed:
+            return
+        with contextlib.suppress(RuntimeError):  # the loop is closing
+            self._loop.call_soon_threadsafe(self.queue.put_nowait, item)
+
+    def _callback(self, response: Any) -> None:
+        """Runs on pyetcd's watch thread."""
+        if self._closed:
+            return
+        if response is None:
+            self._deliver(("error", "etcd closed the watch stream"))
+            return
+        if isinstance(response, etcd_exc.RevisionCompactedError):
+            self._deliver(("compacted", response.compacted_revision))
+            return
+        if isinstance(response, BaseException):
+            self._deliver(("error", str(translate(response, "watching"))))
+            return
+        if not response.events:
+            self._deliver(("progress", int(response.header.revision)))
+            return
+        events = []
+        for ev in response.events:
+            raw = ev._event
+            has_prev = raw.HasField("prev_kv") and raw.prev_kv.version > 0
+            events.append(
+                RawEvent(
+                    deleted=isinstance(ev, etcd_events.DeleteEvent),
+                    key=raw.kv.key.decode("utf-8", "replace"),
+                    value=bytes(raw.kv.value),
+                    mod_revision=int(raw.kv.mod_revision),
+                    version=int(raw.kv.version),
+                    prev_value=bytes(raw.prev_kv.value) if has_prev else None,
+                )
+            )
+        self._deliver(("events", events))
+
+    def open(self) -> None:
+        """Create the client and the etcd watch (blocking: run in a thread).
+
+        Raises ``ApiError`` 410 if ``start_revision`` is compacted, or
+        ``RegistryError`` if etcd is unreachable.
+        """
+        self._client = EtcdClient(self.config)
+        self._route_progress(self._client.raw.watcher)
+        try:
+            self._watch_id = self._client.raw.add_watch_prefix_callback(
+                self.prefix, self._callback, start_revision=self.start_revision, prev_kv=True
+            )
+        except etcd_exc.RevisionCompactedError as e:
+            self.close()
+            raise ApiError(
+                410,
+                "Expired",
+                f"too old resource version: {self.start_revision - 1} ({e.compacted_revision})",
+            ) from e
+        except Exception as e:
+            self.close()
+            if isinstance(e, etcd_exc.Etcd3Exception) or type(e).__module__.startswith("grpc"):
+                raise translate(e, f"watching {self.prefix}") from e
+            raise
+
+    def _route_progress(self, watcher: Any) -> None:
+        """Deliver stream-level progress notifications (watch id -1) to our callback.
+
+        etcd answers a ``WatchProgressRequest`` with one response whose watch
+        id is -1; pyetcd drops responses of unknown ids. This stream carries
+        exactly one watch (a dedicated client), so such a response is ours.
+        """
+        original = watcher._handle_response
+
+        def handle(rs: Any) -> None:
+            if rs.watch_id == -1 and not rs.events and not rs.created and not rs.canceled:
+                self._callback(rs)
+                return
+            original(rs)
+
+        watcher._handle_response = handle
+
+    def request_progress(self) -> None:
+        """Ask etcd for a progress notification on this stream (for bookmarks)."""
+        client = self._client
+        if client is None or self._closed:
+            return
+        try:
+            from pyetcd import etcdrpc  # noqa: PLC0415
+
+            watcher = client.raw.watcher
+            watcher._request_queue.put_nowait(etcdrpc.WatchRequest(progress_request=etcdrpc.WatchProgressRequest()))
+        except Exception:  # best effort: no bookmark this time
+            log.debug("progress request failed for %s", self.prefix, exc_info=True)
+
+    def close(self) -> None:
+        """Cancel the watch and close the client (blocking; idempotent)."""
+        self._closed = True
+        client, self._client = self._client, None
+        if client is None:
+            return
+        if self._watch_id is not None:
+            with contextlib.suppress(Exception):
+                client.raw.cancel_watch(self._watch_id)
+        client.close()
+
+
+def event_line(kind: str, obj: Obj) -> bytes:
+    return orjson.dumps({"type": kind, "object": obj}) + b"\n"
+
+
+def _bookmark(spec: ResourceSpec, revision: int, initial_end: bool = False) -> Obj:
+    meta: dict[str, Any] = {"resourceVersion": str(revision)}
+    if initial_end:
+        meta["annotations"] = {"k8s.io/initial-events-end": "true"}
+    return {"kind": spec.kind, "apiVersion": spec.api_version, "metadata": meta}
+
+
+@dataclass
+class WatchRequest:
+    spec: ResourceSpec
+    namespace: str | None
+    labels: LabelSelector
+    fields: FieldSelector
+    resource_version: str | None
+    allow_bookmarks: bool
+    timeout_seconds: float | None
+    send_initial_events: bool
+    shard: ShardSelector | None = None
+
+
+class _Matcher:
+    def __init__(self, store: Store, req: WatchRequest) -> None:
+        self.store = store
+        self.req = req
+
+    def decode(self, value: bytes, key: str, revision: int) -> Obj | None:
+        try:
+            obj = orjson.loads(value)
+        except orjson.JSONDecodeError:
+            log.warning("skipping corrupt object at %s", key)
+            return None
+        if not isinstance(obj, dict):
+            return None
+        obj.setdefault("kind", self.req.spec.kind)
+        obj.setdefault("apiVersion", self.req.spec.api_version)
+        obj.setdefault("metadata", {})["resourceVersion"] = str(revision)
+        return obj
+
+    def matches(self, obj: Obj | None) -> bool:
+        if obj is None:
+            return False
+        return (
+            self.req.labels.matches(obj["metadata"].get("labels") or {})
+            and self.req.fields.matches(obj)
+            and (self.req.shard is None or self.req.shard.matches(obj))
+        )
+
+    def convert(self, ev: RawEvent) -> tuple[str, Obj] | None:
+        prev = self.decode(ev.prev_value, ev.key, ev.mod_revision) if ev.prev_value is not None else None
+        if ev.deleted:
+            return ("DELETED", prev) if prev is not None and self.matches(prev) else None
+        cur = self.decode(ev.value, ev.key, ev.mod_revision)
+        if cur is None:
+            return None
+        cur_ok = self.matches(cur)
+        prev_ok = self.matches(prev)
+        if ev.version == 1 or prev is None:
+            return ("ADDED", cur) if cur_ok else None
+        if cur_ok and prev_ok:
+            return ("MODIFIED", cur)
+        if cur_ok:
+            return ("ADDED", cur)
+        if prev_ok:
+            return ("DELETED", cur)
+        return None
+
+
+async def watch_events(
+    store: Store,
+    config: EtcdConfig,
+    req: WatchRequest,
+    *,
+    bookmark_interval: float,
+    on_open: Callable[[], None],
+    on_close: Callable[[], None],
+) -> AsyncIterator[bytes]:
+    """Validate and open a watch; return the async iterator of JSON lines.
+
+    Raises ``ApiError`` for bad requests before anything is streamed, so the
+    caller can still answer a plain Status.
+    """
+    rv = parse_resource_version(req.resource_version)
+    if req.send_initial_events and not req.allow_bookmarks:
+        raise ApiError(422, "Invalid", "sendInitialEvents requires allowWatchBookmarks=true (as in kube-apiserver)")
+    initial: list[Obj] = []
+    if rv is None or rv == 0 or req.send_initial_events:
+
+        def read_initial() -> tuple[int, list[Obj]]:
+            items: list[Obj] = []
+            token: str | None = None
+            revision = 0
+            while True:
+                res = store.list_page(
+                    req.spec,
+                    req.namespace,
+                    req.labels,
+                    req.fields,
+                    limit=500,
+                    continue_token=token,
+                    shard=req.shard,
+                )
+                revision = revision or res.revision
+                items.extend(res.items)
+                if not res.continue_token:
+                    return revision, items
+                token = res.continue_token
+
+        list_rev, initial = await anyio.to_thread.run_sync(read_initial)
+        start = list_rev + 1
+    else:
+        start = rv + 1
+    namespace = req.namespace
+    if namespace is None and req.spec.namespaced:
+        namespace = req.fields.value_of("metadata.namespace")
+    prefix = store.resource_prefix(req.spec, namespace)
+    etcd_watch = EtcdWatch(config, prefix, start)
+    compacted: ApiError | None = None
+    try:
+        await anyio.to_thread.run_sync(etcd_watch.open)
+    except ApiError as e:
+        if e.code != 410:
+            raise
+        compacted = e
+    except RegistryError as e:
+        raise ApiError(503, "ServiceUnavailable", f"cannot watch: {e}") from e
+    on_open()
+    return _stream(etcd_watch, req, store, initial, start - 1, compacted, bookmark_interval, on_close)
+
+
+async def _stream(
+    etcd_watch: EtcdWatch,
+    req: WatchRequest,
+    store: Store,
+    initial: list[Obj],
+    last_rev: int,
+    compacted: ApiError | None,
+    bookmark_interval: float,
+    on_close: Callable[[], None],
+) -> AsyncIterator[bytes]:
+    matcher = _Matcher(store, req)
+    timeout = req.timeout_seconds if req.timeout_seconds is not None else DEFAULT_WATCH_TIMEOUT
+    deadline = time.monotonic() + timeout
+    try:
+        if compacted is not None:
+            yield event_line("ERROR", status_body(410, "Expired", compacted.message))
+            return
+        for obj in initial:
+            yield event_line("ADDED", obj)
+        if req.send_initial_events:
+            yield event_line("BOOKMARK", _bookmark(req.spec, last_rev, initial_end=True))
+        next_bookmark = time.monotonic() + bookmark_interval
+        progress_pending = False
+        while True:
+            now = time.monotonic()
+            if now >= deadline:
+                return
+            wait = deadline - now
+            if req.allow_bookmarks:
+                wait = min(wait, max(next_bookmark - now, 0.0))
+            try:
+                kind, payload = await asyncio.wait_for(etcd_watch.queue.get(), timeout=wait if wait > 0 else 0.001)
+            except TimeoutError:
+                if req.allow_bookmarks and time.monotonic() >= next_bookmark:
+                    if not progress_pending:
+                        await anyio.to_thread.run_sync(etcd_watch.request_progress)
+                        progress_pending = True
+                    next_bookmark = time.monotonic() + bookmark_interval
+                continue
+            if kind == "events":
+                for ev in payload:
+                    last_rev = max(last_rev, ev.mod_revision)
+                    converted = matcher.convert(ev)
+                    if converted is not None:
+                        yield event_line(converted[0], converted[1])
+            elif kind == "progress":
+                progress_pending = False
+                last_rev = max(last_rev, int(payload))
+                if req.allow_bookmarks:
+                    yield event_line("BOOKMARK", _bookmark(req.spec, last_rev))
+            elif kind == "compacted":
+                yield event_line(
+                    "ERROR",
+                    status_body(410, "Expired", f"too old resource version: {last_rev} ({payload})"),
+                )
+                return
+            else:
+                log.info("watch on %s ends: %s", etcd_watch.prefix, payload)
+                return
+    finally:
+        on_close()
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(etcd_watch.close)
+
+
+def timeout_param(value: str | None) -> float | None:
+    """Parse ``timeoutSeconds`` (400 if not a non-negative integer)."""
+    if value is None or value == "":
+        return None
+    try:
+        seconds = float(value)
+    except ValueError as e:
+        raise ApiError(400, "BadRequest", f"invalid timeoutSeconds {value!r}: expected an integer") from e
+    if seconds < 0 or not math.isfinite(seconds):
+        raise ApiError(400, "BadRequest", f"invalid timeoutSeconds {value!r}: must be non-negative")
+    return seconds or None

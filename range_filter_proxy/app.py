@@ -1,0 +1,431 @@
+"""The HTTP face of the range filter proxy (FastAPI).
+
+Purpose
+    Speaks the Kubernetes REST API. ``GET`` on a collection of a resource that
+    supports list+watch (``/api/v1/pods``, ``/apis/apps/v1/namespaces/x/replicasets``,
+    ...) is answered from the shared watch cache with ``shardSelector``,
+    ``labelSelector``, ``fieldSelector`` and namespace filtering and kube-apiserver's
+    resourceVersion rules; every other request is passed through to the
+    upstream unchanged (status, headers, streaming body, the client's
+    ``Authorization``). ``/healthz``, ``/readyz`` and ``/metrics`` belong to the
+    proxy itself.
+
+Invariants
+    * Bad input is answered with a Kubernetes ``Status`` (400/410/422/504...),
+      never a 500: every parser's error is caught and translated here.
+    * Responses served from the cache are always JSON, whatever the client
+      asked for (protobuf requests are answered as JSON); pass-through requests
+      have protobuf removed from their ``Accept`` header for the same reason.
+    * List responses carry ``metadata.shardInfo.selector`` when a shard
+      selector was applied.
+
+Concurrency model
+    One event loop (uvicorn). Handlers await the cache and the upstream; the
+    synchronous parts of the cache (dispatch, watcher registration) never
+    await. Background tasks (one per cache, one resolving configured
+    resources) are owned by the :class:`CacheManager` and stopped in the
+    lifespan's shutdown.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import random
+import re
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import PlainTextResponse, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.background import BackgroundTask
+
+from hashing import SelectorSyntaxError, ShardSelector, parse_shard_selector
+from range_filter_proxy.cache import CachedObject, CacheManager, CacheSettings, WatchCache, WatchFilter, parse_rv
+from range_filter_proxy.errors import ApiError, UpstreamError, bad_request, status_object
+from range_filter_proxy.metrics import ProxyMetrics
+from range_filter_proxy.resources import ResourceInfo, parse_collection_path, parse_resource_spec
+from range_filter_proxy.selectors import SelectorParseError, parse_field_selector, parse_label_selector
+from range_filter_proxy.upstream import HttpUpstream, Upstream, UpstreamConfig
+from rangeshard.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+_HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+    }
+)
+_TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
+_FALSE = frozenset({"0", "f", "F", "FALSE", "false", "False"})
+_TIMEOUT_RE = re.compile(r"[0-9]{1,12}")
+_MAX_WATCH_TIMEOUT_S = 24 * 3600
+_ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+
+
+def _json_response(code: int, doc: dict[str, Any]) -> Response:
+    return Response(orjson.dumps(doc), status_code=code, media_type="application/json")
+
+
+def _parse_bool(params: Any, name: str) -> bool | None:
+    value = params.get(name)
+    if value is None or value == "":
+        return None
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise bad_request(f"invalid value {value!r} for query parameter {name}: want true or false")
+
+
+def _invalid(field: str, message: str) -> ApiError:
+    return ApiError(
+        422,
+        "Invalid",
+        f'ListOptions.meta.k8s.io "" is invalid: {field}: {message}',
+        {
+            "group": "meta.k8s.io",
+            "kind": "ListOptions",
+            "causes": [{"reason": "FieldValueInvalid", "message": message, "field": field}],
+        },
+    )
+
+
+@dataclass(slots=True)
+class ListOptions:
+    """The query parameters of a collection GET, parsed and validated."""
+
+    watch: bool
+    resource_version: int | None
+    resource_version_raw: str | None
+    match: str | None
+    send_initial_events: bool | None
+    bookmarks: bool
+    timeout: float | None
+    limit: str | None
+    continue_token: str | None
+    shard_text: str | None
+    filter: WatchFilter
+
+    @classmethod
+    def parse(cls, request: Request, namespace: str | None) -> ListOptions:
+        """Parse and validate (400 for unparsable values, 422 for forbidden combinations)."""
+        q = request.query_params
+        watch = bool(_parse_bool(q, "watch"))
+        rv_raw = q.get("resourceVersion") or None
+        rv: int | None = None
+        if rv_raw is not None:
+            try:
+                rv = parse_rv(rv_raw)
+            except ValueError as e:
+                raise bad_request(f"invalid resource version: {rv_raw!r}") from e
+        match = q.get("resourceVersionMatch") or None
+        send_initial = _parse_bool(q, "sendInitialEvents")
+        bookmarks = bool(_parse_bool(q, "allowWatchBookmarks"))
+        timeout: float | None = None
+        raw_timeout = q.get("timeoutSeconds")
+        if raw_timeout:
+            if not _TIMEOUT_RE.fullmatch(raw_timeout):
+                raise bad_request(f"invalid timeoutSeconds {raw_timeout!r}: want a non-negative integer")
+            timeout = float(min(int(raw_timeout), _MAX_WATCH_TIMEOUT_S))
+        if match is not None and match not in ("NotOlderThan", "Exact"):
+            raise _invalid(
+                "resourceVersionMatch", f'Unsupported value: "{match}": supported values: "Exact", "NotOlderThan"'
+            )
+        if send_initial is not None:
+            if not watch:
+                raise _invalid("sendInitialEvents", "sendInitialEvents is forbidden for list")
+            if match != "NotOlderThan":
+                raise _invalid(
+                    "resourceVersionMatch", "sendInitialEvents requires setting resourceVersionMatch to NotOlderThan"
+                )
+            if send_initial and not bookmarks:
+                raise _invalid("allowWatchBookmarks", "sendInitialEvents requires setting allowWatchBookmarks to true")
+        elif match is not None:
+            if watch:
+                raise _invalid("resourceVersionMatch", "resourceVersionMatch is forbidden for watch")
+            if rv_raw is None:
+                raise _invalid(
+                    "resourceVersionMatch", "resourceVersionMatch is forbidden unless resourceVersion is provided"
+                )
+            if match == "Exact" and rv == 0:
+                raise _invalid(
+                    "resourceVersionMatch", 'resourceVersionMatch "exact" is forbidden for resourceVersion "0"'
+                )
+        shard_text = q.get("shardSelector") or None
+        shard: ShardSelector | None = None
+        try:
+            if shard_text is not None:
+                shard = parse_shard_selector(shard_text)
+            labels = parse_label_selector(q.get("labelSelector"))
+            fields = parse_field_selector(q.get("fieldSelector"))
+        except SelectorSyntaxError as e:
+            raise bad_request(f"invalid shardSelector: {e}") from e
+        except SelectorParseError as e:
+            raise bad_request(str(e)) from e
+        if namespace is None:
+            namespace = fields.required_value("metadata.namespace")
+        return cls(
+            watch,
+            rv,
+            rv_raw,
+            match,
+            send_initial,
+            bookmarks,
+            timeout,
+            q.get("limit") or None,
+            q.get("continue") or None,
+            shard_text,
+            WatchFilter(namespace, labels, fields, shard),
+        )
+
+
+def _list_body(
+    info: ResourceInfo, items: Sequence[CachedObject], rv: int, opts: ListOptions, continue_token: str | None = None
+) -> bytes:
+    meta: dict[str, Any] = {"resourceVersion": str(rv)}
+    if continue_token:
+        meta["continue"] = continue_token
+    if opts.shard_text is not None:
+        meta["shardInfo"] = {"selector": opts.shard_text}
+    head = orjson.dumps({"kind": info.list_kind, "apiVersion": info.gvr.group_version, "metadata": meta})
+    # head ends with "}}": re-open it to append the items without re-serialising them.
+    return head[:-1] + b',"items":[' + b",".join(o.raw for o in items) + b"]}"
+
+
+class ProxyState:
+    """Everything one app owns: upstream, caches, metrics."""
+
+    def __init__(
+        self,
+        upstream: Upstream,
+        *,
+        owns_upstream: bool,
+        settings: CacheSettings,
+        resources: Sequence[str],
+        metrics: ProxyMetrics,
+    ) -> None:
+        self.upstream = upstream
+        self.owns_upstream = owns_upstream
+        self.metrics = metrics
+        self.manager = CacheManager(upstream, metrics, settings)
+        self.resource_specs = [parse_resource_spec(r) for r in resources if r.strip()]
+
+    # ---- cache-served collection requests ------------------------------------------------
+
+    async def serve_collection(self, request: Request, info: ResourceInfo, namespace: str | None) -> Response:
+        opts = ListOptions.parse(request, namespace)
+        cache = self.manager.cache_for(info)
+        if opts.watch:
+            return await self._watch(cache, opts)
+        return await self._list(cache, opts)
+
+    async def _list(self, cache: WatchCache, opts: ListOptions) -> Response:
+        info = cache.info
+        label = info.gvr.label
+        if opts.continue_token is not None or opts.match == "Exact":
+            body = await self._list_upstream(cache, opts)
+        else:
+            if opts.resource_version is None:
+                items, rv = await cache.consistent_snapshot(opts.filter)
+            else:
+                await cache.wait_not_older_than(opts.resource_version)
+                items, rv = cache.select(opts.filter), cache.rv
+            body = _list_body(info, items, rv, opts)
+        self.metrics.bytes_out.labels(label).inc(len(body))
+        return Response(body, media_type="application/json")
+
+    async def _list_upstream(self, cache: WatchCache, opts: ListOptions) -> bytes:
+        """Exact-RV and paginated continuations: list upstream, filter here."""
+        params: dict[str, str] = {}
+        if opts.resource_version_raw is not None:
+            params["resourceVersion"] = opts.resource_version_raw
+        if opts.match is not None:
+            params["resourceVersionMatch"] = opts.match
+        if opts.limit is not None:
+            params["limit"] = opts.limit
+        if opts.continue_token is not None:
+            params["continue"] = opts.continue_token
+        listed = await cache.upstream.list(cache.info.gvr, params)
+        items = [CachedObject.build(i, cache.info) for i in listed.items]
+        try:
+            rv = parse_rv(listed.resource_version)
+        except ValueError as e:
+            raise UpstreamError(f"{cache.info.gvr}: upstream list resourceVersion is not an integer") from e
+        chosen = [o for o in items if opts.filter.matches(o)]
+        return _list_body(cache.info, chosen, rv, opts, listed.continue_token)
+
+    async def _watch(self, cache: WatchCache, opts: ListOptions) -> Response:
+        await cache.wait_synced()
+        filt = opts.filter
+        timeout = opts.timeout if opts.timeout is not None else float(random.randint(1800, 3600))
+        rv = opts.resource_version
+        initial: list[CachedObject] | None = None
+        initial_rv: int | None = None
+        resume_from: int | None = None
+        if opts.send_initial_events:
+            if rv is None:
+                initial, initial_rv = await cache.consistent_snapshot(filt)
+            elif rv != 0:
+                await cache.wait_not_older_than(rv)
+        elif opts.send_initial_events is False:
+            if rv is None:
+                resume_from = max(await cache.upstream_current_rv(), cache.rv)
+            else:
+                resume_from = cache.rv if rv == 0 else rv
+        elif rv is None:
+            initial, initial_rv = await cache.consistent_snapshot(filt)
+        elif rv != 0:
+            resume_from = rv
+        w = cache.add_watcher(
+            filt,
+            resume_from=resume_from,
+            initial=initial,
+            initial_rv=initial_rv,
+            bookmarks=opts.bookmarks,
+            initial_events_end=bool(opts.send_initial_events),
+            timeout=timeout,
+        )
+        return StreamingResponse(w.stream(), media_type="application/json")
+
+    # ---- pass-through ------------------------------------------------------------------------
+
+    async def passthrough(self, request: Request) -> Response:
+        forward = getattr(self.upstream, "forward", None)
+        if forward is None:
+            raise ApiError(404, "NotFound", f"the proxy cannot pass {request.method} {request.url.path} through")
+        self.metrics.passthrough_requests.labels(request.method).inc()
+        headers: list[tuple[str, str]] = []
+        for key, value in request.headers.items():
+            k = key.lower()
+            if k in _HOP_BY_HOP:
+                continue
+            if k == "accept" and "protobuf" in value:
+                kept = [p for p in value.split(",") if "protobuf" not in p]
+                headers.append((key, ",".join(kept).strip() or "application/json"))
+            else:
+                headers.append((key, value))
+        raw_path = request.scope.get("raw_path") or request.url.path.encode()
+        target = raw_path.decode("latin-1")
+        query = request.scope.get("query_string") or b""
+        if query:
+            target += "?" + query.decode("latin-1")
+        has_body = request.method not in ("GET", "HEAD", "OPTIONS") or "content-length" in request.headers
+        body: AsyncIterator[bytes] | None = request.stream() if has_body else None
+        resp = await forward(request.method, target, headers, body)
+        out_headers = {k: v for k, v in resp.headers.multi_items() if k.lower() not in _HOP_BY_HOP}
+
+        async def relay() -> AsyncIterator[bytes]:
+            try:
+                async for chunk in resp.aiter_raw():
+                    yield chunk
+            finally:
+                await resp.aclose()
+
+        return StreamingResponse(
+            relay(), status_code=resp.status_code, headers=out_headers, background=BackgroundTask(resp.aclose)
+        )
+
+    async def dispatch(self, request: Request) -> Response:
+        if request.method == "GET":
+            cp = parse_collection_path(request.url.path)
+            if cp is not None:
+                try:
+                    info = await self.manager.resource_info(cp.group, cp.version, cp.resource)
+                except UpstreamError as e:
+                    log.warning("discovery of %s/%s failed: %s; passing through", cp.group, cp.version, e)
+                    info = None
+                if info is not None and info.cacheable and (cp.namespace is None or info.namespaced):
+                    return await self.serve_collection(request, info, cp.namespace)
+        return await self.passthrough(request)
+
+
+def create_app(
+    upstream: Upstream | UpstreamConfig | str,
+    *,
+    resources: Sequence[str] = (),
+    settings: CacheSettings | None = None,
+    metrics: ProxyMetrics | None = None,
+) -> FastAPI:
+    """Build the proxy app.
+
+    ``upstream`` is a URL, an :class:`UpstreamConfig` (from kubeconfig /
+    in-cluster loading) or any :class:`Upstream` implementation (tests use an
+    in-memory one; pass-through then answers 404). ``resources`` are cached
+    from start-up (``pods``, ``replicasets.apps``, ``deployments.v1.apps``);
+    ``/readyz`` is 200 once they have synced.
+    """
+    owns = False
+    if isinstance(upstream, str):
+        upstream = UpstreamConfig(upstream.rstrip("/"))
+    if isinstance(upstream, UpstreamConfig):
+        upstream = HttpUpstream(upstream)
+        owns = True
+    try:
+        state = ProxyState(
+            upstream,
+            owns_upstream=owns,
+            settings=settings or CacheSettings(),
+            resources=resources,
+            metrics=metrics or ProxyMetrics(),
+        )
+    except ValueError as e:
+        raise ConfigError(f"invalid resource list: {e}") from e
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        state.manager.start_configured(state.resource_specs)
+        try:
+            yield
+        finally:
+            await state.manager.stop()
+            if state.owns_upstream and isinstance(state.upstream, HttpUpstream):
+                await state.upstream.aclose()
+
+    app = FastAPI(lifespan=lifespan, openapi_url=None, docs_url=None, redoc_url=None)
+    app.state.proxy = state
+
+    @app.exception_handler(ApiError)
+    async def _api_error(_request: Request, exc: ApiError) -> Response:
+        return _json_response(exc.code, exc.status())
+
+    @app.exception_handler(UpstreamError)
+    async def _upstream_error(_request: Request, exc: UpstreamError) -> Response:
+        if exc.status is not None and 400 <= exc.code < 600:
+            return _json_response(exc.code, exc.status)
+        code = 503 if exc.code >= 500 else exc.code
+        return _json_response(
+            code, status_object(code, "ServiceUnavailable" if code == 503 else "BadRequest", f"upstream: {exc}")
+        )
+
+    @app.get("/healthz")
+    async def healthz() -> Response:
+        return PlainTextResponse("ok")
+
+    @app.get("/readyz")
+    async def readyz() -> Response:
+        ok, missing = state.manager.ready()
+        if ok:
+            return PlainTextResponse("ok")
+        return PlainTextResponse("not ready: " + "; ".join(missing), status_code=503)
+
+    @app.get("/metrics")
+    async def metrics_endpoint() -> Response:
+        return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.api_route("/{path:path}", methods=_ALL_METHODS)
+    async def everything(request: Request) -> Response:
+        return await state.dispatch(request)
+
+    return app

@@ -1,0 +1,727 @@
+"""The shared watch cache: one upstream list+watch per resource, many filtered downstream watches.
+
+Purpose
+    A :class:`WatchCache` keeps the current state of one resource (objects
+    with precomputed shard hashes and their JSON serialisation) and a window of
+    recent events, fed by exactly one upstream list+watch. Downstream lists and
+    watches -- each with its own namespace, label, field and ``shardSelector``
+    filter -- are answered from it, so the upstream sees one watch per
+    resource however many controller instances run. :class:`CacheManager`
+    starts caches on first use (or eagerly for configured resources) and
+    resolves resources through discovery.
+
+Semantics (those of kube-apiserver's cacher, see docs/proxy.md)
+    * The history holds every event after ``history_start_rv``; a watch from
+      ``N >= history_start_rv`` replays the events with ``rv > N``; an older
+      ``N`` is answered with an ``ERROR`` event carrying a 410 ``Status``.
+    * The window keeps at least ``history_events`` events or
+      ``history_seconds`` of them, whichever is more, up to ``history_hard_cap``.
+    * A (re)list replaces the store, clears the history (``history_start_rv``
+      becomes the list's RV) and closes every downstream watch, as kube's
+      cacher does; clients re-watch and get 410 if their RV is older.
+    * A modification that moves an object into a watcher's filter is sent as
+      ``ADDED``, out of it as ``DELETED`` (of the previous state, at the new RV).
+
+Invariants
+    * ``rv`` never decreases between relists; every event in the history has
+      ``history_start_rv < event.rv <= rv``, in non-decreasing order.
+    * Every event is serialised at most once per variant (``ADDED``/``MODIFIED``/
+      ``DELETED`` of the current or previous object), whatever the number of watchers.
+    * A watcher's live queue holds at most ``watcher_queue_size`` events; when
+      it is full the watcher is cut off (closed) instead of blocking anybody.
+
+Concurrency model
+    Single event loop. Applying an upstream event, dispatching it to every
+    watcher and registering a new watcher (with its replayed backlog) are
+    synchronous (no ``await``), so no event is lost or duplicated between
+    them. One named background task per cache runs the upstream loop; each
+    downstream watch is an async generator consuming its own bounded queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import random
+import time
+from collections import deque
+from collections.abc import AsyncGenerator, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from hashing import ObjectHashes, ShardSelector
+from range_filter_proxy.errors import ApiError, UpstreamError, UpstreamGone, gone
+from range_filter_proxy.metrics import ProxyMetrics
+from range_filter_proxy.resources import GVR, ResourceInfo
+from range_filter_proxy.selectors import FieldSelector, LabelSelector
+from range_filter_proxy.upstream import ListResult, Upstream, WatchEvent
+
+log = logging.getLogger(__name__)
+
+INITIAL_EVENTS_END = "k8s.io/initial-events-end"
+
+
+@dataclass(slots=True)
+class CacheSettings:
+    """Tunables of every watch cache (defaults are production values)."""
+
+    history_events: int = 10_000
+    history_seconds: float = 300.0
+    history_hard_cap: int = 100_000
+    bookmark_interval: float = 10.0
+    watcher_queue_size: int = 1_000
+    #: How long a consistent read waits for the cache before listing upstream instead.
+    consistent_read_timeout: float = 0.5
+    #: How long a read "not older than N" waits for the cache to reach N (then 504).
+    rv_wait_timeout: float = 3.0
+    #: How long a request waits for a cache's first sync (then 503).
+    sync_timeout: float = 10.0
+    relist_backoff_initial: float = 0.2
+    relist_backoff_max: float = 10.0
+
+
+def parse_rv(value: Any) -> int:
+    """Parse a resourceVersion; ``ValueError`` if it is not a non-negative integer."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    if isinstance(value, str) and value.isdigit() and len(value) < 40:
+        return int(value)
+    raise ValueError(f"invalid resource version {value!r}")
+
+
+@dataclass(slots=True, eq=False)
+class CachedObject:
+    """One object as stored: decoded, serialised once, hashes precomputed."""
+
+    obj: dict[str, Any]
+    raw: bytes
+    hashes: ObjectHashes
+    rv: int
+    namespace: str | None
+    name: str
+    labels: Mapping[str, str]
+
+    @classmethod
+    def build(cls, obj: dict[str, Any], info: ResourceInfo) -> CachedObject:
+        """Wrap an upstream object (``kind``/``apiVersion`` filled in if missing)."""
+        meta = obj.get("metadata")
+        if not isinstance(meta, dict):
+            raise UpstreamError(f"{info.gvr}: object without metadata")
+        try:
+            rv = parse_rv(meta.get("resourceVersion"))
+        except ValueError as e:
+            raise UpstreamError(f"{info.gvr}: object {meta.get('name')!r}: {e}") from e
+        if "kind" not in obj or "apiVersion" not in obj:
+            obj = {"kind": info.kind, "apiVersion": info.gvr.group_version, **obj}
+        labels = meta.get("labels")
+        ns = meta.get("namespace")
+        return cls(
+            obj,
+            orjson.dumps(obj),
+            ObjectHashes.of(obj),
+            rv,
+            ns if isinstance(ns, str) and ns else None,
+            str(meta.get("name") or ""),
+            {str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {},
+        )
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """``(namespace, name)``; the namespace is ``""`` for cluster-scoped objects."""
+        return (self.namespace or "", self.name)
+
+    def at_rv(self, rv: int) -> bytes:
+        """The serialisation of this object with ``metadata.resourceVersion`` set to ``rv``."""
+        obj = dict(self.obj)
+        obj["metadata"] = {**obj["metadata"], "resourceVersion": str(rv)}
+        return orjson.dumps(obj)
+
+
+def event_line(etype: str, raw_object: bytes) -> bytes:
+    """One line of a JSON watch stream."""
+    return b'{"type":"' + etype.encode() + b'","object":' + raw_object + b"}\n"
+
+
+@dataclass(slots=True, eq=False)
+class CachedEvent:
+    """One event of the history; serialisations are computed lazily and shared."""
+
+    type: str
+    rv: int
+    cur: CachedObject
+    prev: CachedObject | None
+    received: float
+    _lines: dict[str, bytes] = field(default_factory=dict)
+
+    def line(self, variant: str) -> bytes:
+        """``ADDED``/``MODIFIED``/``DELETED`` of ``cur``, or ``DELETED_PREV`` (prev at this rv)."""
+        cached = self._lines.get(variant)
+        if cached is None:
+            if variant == "DELETED_PREV" and self.prev is not None:
+                cached = event_line("DELETED", self.prev.at_rv(self.rv))
+            else:
+                cached = event_line(variant, self.cur.raw)
+            self._lines[variant] = cached
+        return cached
+
+
+@dataclass(frozen=True, slots=True)
+class WatchFilter:
+    """What one downstream request selects: namespace, labels, fields, shard ranges."""
+
+    namespace: str | None = None
+    labels: LabelSelector = field(default_factory=LabelSelector)
+    fields: FieldSelector = field(default_factory=FieldSelector)
+    shard: ShardSelector | None = None
+
+    def matches(self, o: CachedObject) -> bool:
+        """True if the object passes every part of the filter."""
+        if self.namespace is not None and o.namespace != self.namespace:
+            return False
+        if self.shard is not None and not self.shard.matches_hashes(o.hashes):
+            return False
+        if not self.labels.empty and not self.labels.matches(o.labels):
+            return False
+        return self.fields.empty or self.fields.matches(o.obj)
+
+    def variant(self, ev: CachedEvent) -> str | None:
+        """Which form of ``ev`` this filter's watcher gets, or ``None`` (filtered out)."""
+        if ev.type == "DELETED":
+            return "DELETED" if self.matches(ev.cur) else None
+        cur_ok = self.matches(ev.cur)
+        prev_ok = ev.prev is not None and self.matches(ev.prev)
+        if cur_ok:
+            return "MODIFIED" if prev_ok else "ADDED"
+        return "DELETED_PREV" if prev_ok else None
+
+
+class Watcher:
+    """One downstream watch: a replayed backlog, then a bounded live queue."""
+
+    _ids = itertools.count(1)
+
+    def __init__(
+        self,
+        cache: WatchCache,
+        filt: WatchFilter,
+        after_rv: int,
+        backlog: list[bytes],
+        *,
+        bookmarks: bool,
+        initial_events_end: int | None,
+        timeout: float | None,
+    ) -> None:
+        self.id = next(self._ids)
+        self.cache = cache
+        self.filter = filt
+        self.after_rv = after_rv
+        self.backlog: deque[bytes] = deque(backlog)
+        self.live: deque[tuple[bytes, float]] = deque()
+        self.bookmarks = bookmarks
+        self.initial_events_end = initial_events_end
+        self.timeout = timeout
+        self.closed = False
+        self.close_reason = ""
+        self.error_line: bytes | None = None
+        self._wakeup = asyncio.Event()
+
+    def offer(self, line: bytes, received: float) -> bool:
+        """Queue a live event; ``False`` if the queue is full (the caller cuts the watcher)."""
+        if len(self.live) >= self.cache.settings.watcher_queue_size:
+            return False
+        self.live.append((line, received))
+        self._wakeup.set()
+        return True
+
+    def close(self, reason: str) -> None:
+        """End the stream after what is queued (idempotent)."""
+        if not self.closed:
+            self.closed = True
+            self.close_reason = reason
+            self._wakeup.set()
+
+    def cut(self, reason: str) -> None:
+        """Drop everything queued and end the stream (the client resumes from its last RV)."""
+        self.live.clear()
+        self.backlog.clear()
+        self.close(reason)
+
+    def _bookmark(self, rv: int, initial_end: bool = False) -> bytes:
+        meta: dict[str, Any] = {"resourceVersion": str(rv)}
+        if initial_end:
+            meta["annotations"] = {INITIAL_EVENTS_END: "true"}
+        info = self.cache.info
+        return event_line(
+            "BOOKMARK", orjson.dumps({"kind": info.kind, "apiVersion": info.gvr.group_version, "metadata": meta})
+        )
+
+    async def stream(self) -> AsyncGenerator[bytes, None]:
+        """The bytes of the watch response; unregisters the watcher when it ends."""
+        cache = self.cache
+        metrics = cache.metrics
+        label = cache.info.gvr.label
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout if self.timeout is not None else None
+        interval = cache.settings.bookmark_interval
+        next_bookmark = loop.time() + interval
+        try:
+            if self.error_line is not None:
+                yield self.error_line
+                return
+            while self.backlog:
+                chunk = self.backlog.popleft()
+                metrics.bytes_out.labels(label).inc(len(chunk))
+                yield chunk
+            if self.initial_events_end is not None and not self.closed:
+                chunk = self._bookmark(self.initial_events_end, initial_end=True)
+                yield chunk
+            while True:
+                while self.live:
+                    chunk, received = self.live.popleft()
+                    metrics.delivery_latency.labels(label).observe(time.monotonic() - received)
+                    metrics.bytes_out.labels(label).inc(len(chunk))
+                    yield chunk
+                if self.closed:
+                    return
+                now = loop.time()
+                if deadline is not None and now >= deadline:
+                    return
+                if self.bookmarks and now >= next_bookmark:
+                    yield self._bookmark(max(cache.rv, self.after_rv))
+                    next_bookmark = now + interval
+                    continue
+                waits = [deadline - now] if deadline is not None else []
+                if self.bookmarks:
+                    waits.append(next_bookmark - now)
+                self._wakeup.clear()
+                if self.live or self.closed:
+                    continue
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wakeup.wait(), timeout=min(waits) if waits else None)
+        finally:
+            cache.remove_watcher(self)
+
+
+class WatchCache:
+    """The cache of one resource, fed by one upstream list+watch."""
+
+    def __init__(self, info: ResourceInfo, upstream: Upstream, metrics: ProxyMetrics, settings: CacheSettings) -> None:
+        self.info = info
+        self.upstream = upstream
+        self.metrics = metrics
+        self.settings = settings
+        self.objects: dict[tuple[str, str], CachedObject] = {}
+        self.history: deque[CachedEvent] = deque()
+        self.history_start_rv = 0
+        self.rv = 0
+        self.synced = asyncio.Event()
+        self.watchers: dict[int, Watcher] = {}
+        self._progress = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._label = info.gvr.label
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the upstream loop (idempotent)."""
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name=f"watch-cache:{self.info.gvr}")
+            self._task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None:
+            log.error("watch cache task for %s exited unexpectedly", self.info.gvr, exc_info=exc)
+
+    async def stop(self) -> None:
+        """Stop the upstream loop and close every downstream watch."""
+        for w in list(self.watchers.values()):
+            w.close("proxy shutting down")
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _run(self) -> None:
+        backoff = self.settings.relist_backoff_initial
+        while True:
+            try:
+                listed = await self.upstream.list(self.info.gvr)
+                self.metrics.relists.labels(self._label).inc()
+                self.replace(listed)
+                backoff = self.settings.relist_backoff_initial
+                await self._watch_until_gone()
+                log.info("upstream watch of %s expired (410); relisting", self.info.gvr)
+            except UpstreamError as e:
+                log.warning("upstream list/watch of %s failed: %s; relisting in %.1fs", self.info.gvr, e, backoff)
+                await asyncio.sleep(backoff * (0.5 + random.random()))  # jittered backoff, not synchronisation
+                backoff = min(backoff * 2, self.settings.relist_backoff_max)
+
+    async def _watch_until_gone(self) -> None:
+        """Watch from the current RV; re-watch after a clean end; return on 410; raise on failures."""
+        loop = asyncio.get_running_loop()
+        while True:
+            gauge = self.metrics.upstream_watches.labels(self._label)
+            gauge.inc()
+            started = loop.time()
+            received = 0
+            try:
+                async for event in self.upstream.watch(self.info.gvr, str(self.rv)):
+                    received += 1
+                    self.apply(event)
+            except UpstreamGone:
+                return
+            finally:
+                gauge.dec()
+            if received == 0 and loop.time() - started < 1.0:
+                raise UpstreamError(f"upstream watch of {self.info.gvr} ended immediately")
+            log.debug("upstream watch of %s ended after %d events; re-watching", self.info.gvr, received)
+
+    # ---- applying upstream data (synchronous) --------------------------------------------
+
+    def replace(self, listed: ListResult) -> None:
+        """Install a fresh list: new store, empty history, every watcher closed."""
+        rv = parse_rv(listed.resource_version) if listed.resource_version else 0
+        objects: dict[tuple[str, str], CachedObject] = {}
+        for item in listed.items:
+            o = CachedObject.build(item, self.info)
+            objects[o.key] = o
+        for w in list(self.watchers.values()):
+            w.close("watch cache relisted")
+        self.watchers.clear()
+        self.metrics.downstream_watches.labels(self._label).set(0)
+        self.objects = objects
+        self.history.clear()
+        self.rv = rv
+        self.history_start_rv = rv
+        self.synced.set()
+        self._notify_progress()
+        log.info("watch cache %s synced: %d objects at resourceVersion %d", self.info.gvr, len(objects), rv)
+
+    def apply(self, event: WatchEvent) -> None:
+        """Apply one upstream watch event and dispatch it to every watcher."""
+        if event.type == "BOOKMARK":
+            meta = event.object.get("metadata")
+            try:
+                rv = parse_rv(meta.get("resourceVersion") if isinstance(meta, dict) else None)
+            except ValueError as e:
+                raise UpstreamError(f"{self.info.gvr}: bookmark without a valid resourceVersion") from e
+            if rv > self.rv:
+                self.rv = rv
+                self._notify_progress()
+            return
+        if event.type not in ("ADDED", "MODIFIED", "DELETED"):
+            raise UpstreamError(f"{self.info.gvr}: unknown watch event type {event.type!r}")
+        received = time.monotonic()
+        self.metrics.events_received.labels(self._label).inc()
+        cur = CachedObject.build(event.object, self.info)
+        prev = self.objects.get(cur.key)
+        if cur.rv <= self.rv:
+            if event.type != "DELETED" or prev is None:
+                log.debug("%s: ignoring event at rv %d <= cache rv %d", self.info.gvr, cur.rv, self.rv)
+                return
+            # A deletion reported with the object's last RV rather than the deletion's:
+            # never keep a deleted object; file the event at the current RV.
+            log.warning("%s: DELETED event at stale rv %d (cache rv %d)", self.info.gvr, cur.rv, self.rv)
+            cur.rv = self.rv
+        if event.type == "DELETED":
+            self.objects.pop(cur.key, None)
+        else:
+            self.objects[cur.key] = cur
+        ev = CachedEvent(event.type, cur.rv, cur, prev, received)
+        self.rv = max(self.rv, cur.rv)
+        self.history.append(ev)
+        self._evict()
+        self._dispatch(ev)
+        self._notify_progress()
+
+    def _evict(self) -> None:
+        s = self.settings
+        now = time.monotonic()
+        while self.history and (
+            len(self.history) > s.history_hard_cap
+            or (len(self.history) > s.history_events and now - self.history[0].received > s.history_seconds)
+        ):
+            self.history_start_rv = self.history.popleft().rv
+
+    def _dispatch(self, ev: CachedEvent) -> None:
+        delivered = filtered = 0
+        for w in list(self.watchers.values()):
+            if ev.rv <= w.after_rv:
+                continue
+            variant = w.filter.variant(ev)
+            if variant is None:
+                filtered += 1
+                continue
+            if w.offer(ev.line(variant), ev.received):
+                delivered += 1
+            else:
+                log.warning("cutting off watcher %d of %s: %d events unread", w.id, self.info.gvr, len(w.live))
+                self.metrics.slow_watchers_cut.labels(self._label).inc()
+                w.cut("watcher too slow")
+                self.remove_watcher(w)
+        if delivered:
+            self.metrics.events_delivered.labels(self._label).inc(delivered)
+        if filtered:
+            self.metrics.events_filtered.labels(self._label).inc(filtered)
+
+    def _notify_progress(self) -> None:
+        self._progress.set()
+        self._progress = asyncio.Event()
+
+    # ---- reading ----------------------------------------------------------------------------
+
+    async def wait_synced(self) -> None:
+        """Wait for the first sync; 503 if it does not come in time."""
+        if self.synced.is_set():
+            return
+        try:
+            await asyncio.wait_for(self.synced.wait(), timeout=self.settings.sync_timeout)
+        except TimeoutError as e:
+            raise ApiError(
+                503, "ServiceUnavailable", f"the watch cache of {self.info.gvr.label} is not synced yet; retry"
+            ) from e
+
+    async def wait_for_rv(self, rv: int, timeout: float) -> bool:
+        """Wait until the cache has seen ``rv``; ``False`` on timeout."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while self.rv < rv:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return False
+            try:
+                await asyncio.wait_for(self._progress.wait(), timeout=remaining)
+            except TimeoutError:
+                return False
+        return True
+
+    def select(self, filt: WatchFilter) -> list[CachedObject]:
+        """The objects of the current state that pass ``filt``, ordered by (namespace, name)."""
+        return [o for _, o in sorted(self.objects.items()) if filt.matches(o)]
+
+    async def upstream_current_rv(self) -> int:
+        """The upstream's current resourceVersion (a quorum read there)."""
+        try:
+            return parse_rv(await self.upstream.current_resource_version(self.info.gvr))
+        except ValueError as e:
+            raise UpstreamError(f"{self.info.gvr}: upstream resourceVersion is not an integer") from e
+
+    async def consistent_snapshot(self, filt: WatchFilter) -> tuple[list[CachedObject], int]:
+        """Objects and RV at least as fresh as the upstream's current RV (a consistent read).
+
+        Waits up to ``consistent_read_timeout`` for the cache; if it has not
+        caught up (no event or bookmark of this resource since), lists upstream.
+        """
+        await self.wait_synced()
+        current = await self.upstream_current_rv()
+        if await self.wait_for_rv(current, self.settings.consistent_read_timeout):
+            return self.select(filt), self.rv
+        self.metrics.consistent_read_fallbacks.labels(self._label).inc()
+        listed = await self.upstream.list(self.info.gvr)
+        items = [CachedObject.build(i, self.info) for i in listed.items]
+        chosen = sorted((o for o in items if filt.matches(o)), key=lambda o: o.key)
+        try:
+            return chosen, parse_rv(listed.resource_version)
+        except ValueError as e:
+            raise UpstreamError(f"{self.info.gvr}: upstream list resourceVersion is not an integer") from e
+
+    async def wait_not_older_than(self, rv: int) -> None:
+        """Wait until the cache reaches ``rv``; 504 ``Timeout`` (too large resource version) if not in time."""
+        await self.wait_synced()
+        if not await self.wait_for_rv(rv, self.settings.rv_wait_timeout):
+            raise ApiError(
+                504,
+                "Timeout",
+                f"Too large resource version: {rv}, current: {self.rv}",
+                {
+                    "causes": [{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}],
+                    "retryAfterSeconds": 1,
+                },
+            )
+
+    def add_watcher(
+        self,
+        filt: WatchFilter,
+        *,
+        resume_from: int | None,
+        initial: Iterable[CachedObject] | None = None,
+        initial_rv: int | None = None,
+        bookmarks: bool,
+        initial_events_end: bool,
+        timeout: float | None,
+    ) -> Watcher:
+        """Register a watcher (synchronously, so no event slips between backlog and live queue).
+
+        Either ``resume_from`` (replay history events after that RV, 410 if it
+        is older than the window) or ``initial`` objects at ``initial_rv``
+        (sent as ``ADDED``; when ``initial`` is ``None`` the current state is used).
+        """
+        backlog: list[bytes] = []
+        if resume_from is not None:
+            if resume_from < self.history_start_rv:
+                w = Watcher(self, filt, resume_from, [], bookmarks=False, initial_events_end=None, timeout=timeout)
+                status = gone(f"too old resource version: {resume_from} ({self.history_start_rv})").status()
+                w.error_line = event_line("ERROR", orjson.dumps(status))
+                w.closed = True
+                return w
+            after = resume_from
+            for ev in self.history:
+                if ev.rv <= after:
+                    continue
+                variant = filt.variant(ev)
+                if variant is not None:
+                    backlog.append(ev.line(variant))
+        else:
+            if initial is None:
+                objs: Iterable[CachedObject] = self.select(filt)
+                after = self.rv
+            else:
+                objs = initial
+                after = initial_rv if initial_rv is not None else self.rv
+            backlog.extend(event_line("ADDED", o.raw) for o in objs)
+            # Events the cache has already applied beyond ``after`` (when the
+            # snapshot came from elsewhere and is older than the cache) are replayed.
+            if after < self.rv:
+                if after < self.history_start_rv:
+                    raise gone(f"too old resource version: {after} ({self.history_start_rv})")
+                for ev in self.history:
+                    if ev.rv > after:
+                        variant = filt.variant(ev)
+                        if variant is not None:
+                            backlog.append(ev.line(variant))
+        w = Watcher(
+            self,
+            filt,
+            after,
+            backlog,
+            bookmarks=bookmarks,
+            initial_events_end=max(after, self.rv) if initial_events_end else None,
+            timeout=timeout,
+        )
+        self.watchers[w.id] = w
+        self.metrics.downstream_watches.labels(self._label).set(len(self.watchers))
+        return w
+
+    def remove_watcher(self, w: Watcher) -> None:
+        """Unregister a watcher (idempotent)."""
+        if self.watchers.pop(w.id, None) is not None:
+            self.metrics.downstream_watches.labels(self._label).set(len(self.watchers))
+
+
+class CacheManager:
+    """All watch caches of one proxy, plus discovery of the resources they serve."""
+
+    def __init__(self, upstream: Upstream, metrics: ProxyMetrics, settings: CacheSettings | None = None) -> None:
+        self.upstream = upstream
+        self.metrics = metrics
+        self.settings = settings or CacheSettings()
+        self.caches: dict[GVR, WatchCache] = {}
+        self._discovery: dict[tuple[str, str], tuple[float, dict[str, ResourceInfo]]] = {}
+        self._discovery_lock = asyncio.Lock()
+        self.configured: list[GVR] = []
+        self._configure_task: asyncio.Task[None] | None = None
+        self._configured_done = asyncio.Event()
+
+    async def resource_info(self, group: str, version: str, resource: str) -> ResourceInfo | None:
+        """Discovery information for a resource (cached; refreshed on a miss at most every 5 s)."""
+        key = (group, version)
+        now = time.monotonic()
+        entry = self._discovery.get(key)
+        if entry is not None and (resource in entry[1] or now - entry[0] < 5.0):
+            return entry[1].get(resource)
+        async with self._discovery_lock:
+            entry = self._discovery.get(key)
+            if entry is None or (resource not in entry[1] and now - entry[0] >= 5.0):
+                try:
+                    found = await self.upstream.discover(group, version)
+                except UpstreamError as e:
+                    if e.code == 404:
+                        found = {}
+                    else:
+                        raise
+                entry = (time.monotonic(), found)
+                self._discovery[key] = entry
+        return entry[1].get(resource)
+
+    def cache_for(self, info: ResourceInfo) -> WatchCache:
+        """The cache of a resource, started on first use."""
+        cache = self.caches.get(info.gvr)
+        if cache is None:
+            cache = WatchCache(info, self.upstream, self.metrics, self.settings)
+            self.caches[info.gvr] = cache
+            cache.start()
+        return cache
+
+    async def resolve_spec(self, resource: str, version: str | None, group: str) -> ResourceInfo:
+        """Resolve ``pods`` / ``replicasets.apps`` / ``deployments.v1.apps`` via discovery."""
+        if version is None:
+            version = await self.upstream.preferred_version(group)
+        info = await self.resource_info(group, version, resource)
+        if info is None:
+            gv = f"{group}/{version}" if group else version
+            raise UpstreamError(f"the upstream has no resource {resource!r} in {gv}", 404)
+        if not info.cacheable:
+            raise UpstreamError(f"resource {info.gvr} does not support list and watch", 422)
+        return info
+
+    def start_configured(self, specs: list[tuple[str, str | None, str]]) -> None:
+        """Resolve and start the configured caches in the background (retrying until the upstream answers)."""
+        if not specs:
+            self._configured_done.set()
+            return
+
+        async def run() -> None:
+            pending = list(specs)
+            backoff = self.settings.relist_backoff_initial
+            while pending:
+                spec = pending[0]
+                try:
+                    info = await self.resolve_spec(*spec)
+                except UpstreamError as e:
+                    if e.code in (404, 422):
+                        log.error("configured resource %s cannot be cached: %s", spec, e)
+                        pending.pop(0)
+                        continue
+                    log.warning("cannot resolve %s yet: %s; retrying in %.1fs", spec, e, backoff)
+                    await asyncio.sleep(backoff)  # retry backoff, not synchronisation
+                    backoff = min(backoff * 2, self.settings.relist_backoff_max)
+                    continue
+                self.configured.append(info.gvr)
+                self.cache_for(info)
+                pending.pop(0)
+            self._configured_done.set()
+
+        self._configure_task = asyncio.create_task(run(), name="watch-cache:configure")
+        self._configure_task.add_done_callback(self._configure_done)
+
+    def _configure_done(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.error("resolving the configured resources failed", exc_info=task.exception())
+
+    def ready(self) -> tuple[bool, list[str]]:
+        """Whether every configured cache has synced, and what is still missing."""
+        missing: list[str] = []
+        if not self._configured_done.is_set():
+            missing.append("configured resources not resolved yet")
+        for gvr in self.configured:
+            cache = self.caches.get(gvr)
+            if cache is None or not cache.synced.is_set():
+                missing.append(f"{gvr.label} not synced")
+        return not missing, missing
+
+    async def stop(self) -> None:
+        """Stop every cache and background task."""
+        if self._configure_task is not None:
+            self._configure_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._configure_task
+        for cache in list(self.caches.values()):
+            await cache.stop()

@@ -1,0 +1,104 @@
+"""The ``rangeshard proxy`` command (also ``python -m range_filter_proxy``).
+
+Purpose
+    :func:`proxy_command` parses the options (typer), loads the upstream
+    configuration (URL, kubeconfig or in-cluster) and serves
+    :func:`range_filter_proxy.app.create_app` with uvicorn until SIGINT/SIGTERM.
+    The project CLI registers this function as ``rangeshard proxy``.
+
+Invariants
+    * Exactly one of ``--upstream``, ``--kubeconfig`` or ``--in-cluster``;
+      anything else is a :class:`rangeshard.errors.ConfigError`, reported with
+      exit code 2.
+    * Library code configures no logging handlers; only this entry point
+      calls ``logging.basicConfig``.
+
+Concurrency model
+    uvicorn owns the event loop; the app's lifespan starts and stops every
+    background task.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated
+
+import typer
+
+from rangeshard.errors import ConfigError
+
+
+def proxy_command(
+    upstream: Annotated[str | None, typer.Option("--upstream", help="Upstream API server URL (no credentials)")] = None,
+    kubeconfig: Annotated[
+        str | None, typer.Option("--kubeconfig", help="Take upstream URL, TLS and credentials from this kubeconfig")
+    ] = None,
+    context: Annotated[str | None, typer.Option("--context", help="kubeconfig context to use")] = None,
+    in_cluster: Annotated[bool, typer.Option("--in-cluster", help="Use the pod's service account config")] = False,
+    port: Annotated[int, typer.Option("--port", help="Port to listen on")] = 8001,
+    host: Annotated[str, typer.Option("--host", help="Address to listen on")] = "127.0.0.1",
+    resources: Annotated[
+        str,
+        typer.Option(
+            "--resources", help="Comma-separated resources to cache from start-up, e.g. pods,replicasets.apps"
+        ),
+    ] = "",
+    bookmark_interval: Annotated[
+        float, typer.Option("--bookmark-interval", help="Seconds between bookmarks of a quiet watch")
+    ] = 10.0,
+    history_events: Annotated[
+        int, typer.Option("--history-events", help="Events kept per resource for resuming watches (at least)")
+    ] = 10_000,
+    history_seconds: Annotated[
+        float, typer.Option("--history-seconds", help="Seconds of events kept per resource (at least)")
+    ] = 300.0,
+    consistent_read_timeout: Annotated[
+        float,
+        typer.Option(
+            "--consistent-read-timeout",
+            help="Seconds a consistent read waits for the cache before listing upstream instead",
+        ),
+    ] = 0.5,
+    log_level: Annotated[str, typer.Option("--log-level", help="debug, info, warning, error")] = "info",
+) -> None:
+    """Serve the range filter proxy: shard-filtered list/watch from one shared watch per resource."""
+    import uvicorn  # noqa: PLC0415  (keep `rangeshard --help` fast)
+
+    from range_filter_proxy.app import create_app  # noqa: PLC0415
+    from range_filter_proxy.cache import CacheSettings  # noqa: PLC0415
+    from range_filter_proxy.upstream import load_upstream_config  # noqa: PLC0415
+
+    level = getattr(logging, log_level.upper(), None)
+    if not isinstance(level, int):
+        typer.echo(f"error: unknown --log-level {log_level!r}", err=True)
+        raise typer.Exit(2)
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if level > logging.DEBUG:
+        logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per upstream request otherwise
+    try:
+        config = load_upstream_config(upstream, kubeconfig, context, in_cluster)
+        if bookmark_interval <= 0 or history_events < 1 or history_seconds < 0 or consistent_read_timeout < 0:
+            raise ConfigError(
+                "--bookmark-interval must be > 0, --history-events >= 1, "
+                "--history-seconds and --consistent-read-timeout >= 0"
+            )
+        settings = CacheSettings(
+            bookmark_interval=bookmark_interval,
+            history_events=history_events,
+            history_seconds=history_seconds,
+            history_hard_cap=max(10 * history_events, 100_000),
+            consistent_read_timeout=consistent_read_timeout,
+        )
+        app = create_app(config, resources=[r for r in resources.split(",") if r.strip()], settings=settings)
+    except ConfigError as e:
+        for problem in e.problems:
+            typer.echo(f"error: {problem}", err=True)
+        raise typer.Exit(2) from e
+    uvicorn.run(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level.lower(),
+        access_log=level <= logging.DEBUG,
+        timeout_graceful_shutdown=5,
+    )

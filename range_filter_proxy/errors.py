@@ -1,0 +1,88 @@
+"""Errors of the range filter proxy, and their Kubernetes ``Status`` form.
+
+Purpose
+    The proxy's own failures are subclasses of :class:`rangeshard.errors.RangeshardError`
+    (the project's one error tree); foreign errors (httpx, kubernetes config
+    loading, orjson) are translated where they occur with ``raise ... from e``.
+    :class:`ApiError` is what request handlers raise for a client-visible
+    failure; the HTTP layer renders it as a Kubernetes ``Status`` object.
+
+Invariants
+    * Every :class:`ApiError` carries an HTTP code in the 4xx/5xx range and a
+      Kubernetes ``reason`` (``BadRequest``, ``Invalid``, ``NotFound``,
+      ``Expired``/``Gone``, ``Timeout``, ...). Bad input is always a 4xx.
+
+Concurrency model
+    Plain exception classes and a pure function; no state.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rangeshard.errors import RangeshardError
+
+
+class ProxyError(RangeshardError):
+    """Base of every error the range filter proxy raises on purpose."""
+
+
+class UpstreamError(ProxyError):
+    """The upstream API server answered with an error (``code``/``status`` kept)."""
+
+    def __init__(self, message: str, code: int = 502, status: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.status = status
+
+
+class UpstreamUnavailable(UpstreamError):
+    """The upstream API server could not be reached."""
+
+
+class UpstreamGone(UpstreamError):
+    """The upstream said 410 Gone: the resourceVersion we asked for is too old; relist."""
+
+    def __init__(self, message: str, status: dict[str, Any] | None = None) -> None:
+        super().__init__(message, 410, status)
+
+
+class ApiError(ProxyError):
+    """A client-visible failure, rendered as a Kubernetes ``Status``."""
+
+    def __init__(self, code: int, reason: str, message: str, details: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.reason = reason
+        self.message = message
+        self.details = details
+
+    def status(self) -> dict[str, Any]:
+        """The ``Status`` object for this error."""
+        return status_object(self.code, self.reason, self.message, self.details)
+
+
+def status_object(code: int, reason: str, message: str, details: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A Kubernetes ``meta/v1 Status`` of a failure."""
+    out: dict[str, Any] = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
+    if details:
+        out["details"] = details
+    return out
+
+
+def bad_request(message: str) -> ApiError:
+    """400 BadRequest."""
+    return ApiError(400, "BadRequest", message)
+
+
+def gone(message: str) -> ApiError:
+    """410 Expired (the resourceVersion is too old)."""
+    return ApiError(410, "Expired", message)

@@ -1,0 +1,153 @@
+"""Run the range filter proxy as a child process (tests, ``rangeshard up``, benchmarks).
+
+Purpose
+    :class:`ProxyProcess` starts ``python -m range_filter_proxy`` on a loopback
+    port, waits until ``/readyz`` answers 200 (every configured cache synced),
+    and stops it (SIGTERM, then SIGKILL after a grace period) or kills it.
+
+Invariants
+    * ``start`` returns only once ``/readyz`` said 200, or raises
+      :class:`ProxyProcessError` with the tail of the proxy's log.
+    * ``stop`` and ``kill`` are idempotent and never leave a zombie.
+
+Concurrency model
+    Owned by one thread; the process handle is not shared.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO
+
+import httpx
+
+from range_filter_proxy.errors import ProxyError
+
+
+class ProxyProcessError(ProxyError):
+    """The proxy process could not be started or did not become ready."""
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+class ProxyProcess:
+    """A proxy child process in front of ``upstream_url``."""
+
+    def __init__(
+        self,
+        upstream_url: str,
+        port: int | None = None,
+        resources: Sequence[str] | None = None,
+        log_file: str | Path | None = None,
+        host: str = "127.0.0.1",
+        extra_args: Sequence[str] = (),
+    ) -> None:
+        self.upstream_url = upstream_url
+        self.host = host
+        self.port = port or _free_port(host)
+        self.resources = list(resources or [])
+        self.log_file = Path(log_file) if log_file is not None else None
+        self.extra_args = list(extra_args)
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+        self._log_path: Path | None = None
+
+    @property
+    def url(self) -> str:
+        """Base URL clients point at."""
+        return f"http://{self.host}:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> None:
+        """Start the process and wait until ``/readyz`` answers 200."""
+        if self._proc is not None and self._proc.poll() is None:
+            return
+        if self.log_file is not None:
+            self._log_path = self.log_file
+        else:
+            fd, name = tempfile.mkstemp(prefix="range-filter-proxy-", suffix=".log")
+            os.close(fd)
+            self._log_path = Path(name)
+        self._log = self._log_path.open("ab")
+        cmd = [
+            sys.executable,
+            "-m",
+            "range_filter_proxy",
+            "--upstream",
+            self.upstream_url,
+            "--port",
+            str(self.port),
+            "--host",
+            self.host,
+        ]
+        if self.resources:
+            cmd += ["--resources", ",".join(self.resources)]
+        cmd += self.extra_args
+        self._proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout
+        with httpx.Client(timeout=2.0) as client:
+            while True:
+                if self._proc.poll() is not None:
+                    tail = self._tail()
+                    self._cleanup()
+                    raise ProxyProcessError(f"proxy exited with code {self._proc.returncode}:\n{tail}")
+                with contextlib.suppress(httpx.HTTPError):
+                    if client.get(self.url + "/readyz").status_code == 200:
+                        return
+                if time.monotonic() > deadline:
+                    tail = self._tail()
+                    self.kill()
+                    raise ProxyProcessError(f"proxy not ready after {timeout:.0f}s:\n{tail}")
+                time.sleep(0.05)  # polling interval while waiting for readiness
+
+    def _tail(self, lines: int = 30) -> str:
+        if self._log_path is None or not self._log_path.exists():
+            return ""
+        return "\n".join(self._log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def _cleanup(self) -> None:
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def stop(self, grace: float = 10.0) -> None:
+        """SIGTERM, then SIGKILL after ``grace`` seconds (idempotent)."""
+        proc = self._proc
+        if proc is None:
+            return
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self._cleanup()
+
+    def kill(self) -> None:
+        """SIGKILL now (idempotent)."""
+        proc = self._proc
+        if proc is None:
+            return
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        self._cleanup()
+
+    def __enter__(self) -> ProxyProcess:
+        self.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop()

@@ -1,0 +1,302 @@
+"""The upstream API server, seen through an interface of our own.
+
+Purpose
+    :class:`Upstream` is everything the shared watch cache needs from an
+    API server: discovery, a list, a watch stream and the current
+    resourceVersion. :class:`HttpUpstream` implements it (and the raw
+    pass-through of every other request) with one ``httpx.AsyncClient`` against
+    a real kube-apiserver or the local API server; tests may implement the
+    protocol in memory. :func:`load_upstream_config` reuses the ``kubernetes``
+    package's kubeconfig / in-cluster loading for the base URL, TLS material
+    and credentials.
+
+Invariants
+    * A watch that the upstream ends with 410 (HTTP status or an ``ERROR``
+      event whose Status has code 410) raises :class:`UpstreamGone`; any other
+      failure raises :class:`UpstreamError` / :class:`UpstreamUnavailable`.
+      httpx errors never escape this module untranslated.
+    * Watches always ask for bookmarks and carry ``timeoutSeconds``, so a dead
+      TCP connection cannot hang a cache forever.
+    * Pass-through forwards the client's ``Authorization`` header unchanged;
+      only when the client sent none are the proxy's own credentials used.
+
+Concurrency model
+    One ``HttpUpstream`` per proxy, shared by every task of the event loop
+    (httpx's client is safe for concurrent use within one loop). Credentials
+    come from a kubernetes ``Configuration`` whose refresh hook is called
+    synchronously per request (cheap: it only re-reads when a token expires).
+"""
+
+from __future__ import annotations
+
+import logging
+import ssl
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import httpx
+import orjson
+
+from range_filter_proxy.errors import UpstreamError, UpstreamGone, UpstreamUnavailable
+from range_filter_proxy.resources import GVR, ResourceInfo, parse_resource_list
+from rangeshard.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+#: Server-side timeout asked for on upstream watches; the cache re-watches from its last RV.
+UPSTREAM_WATCH_TIMEOUT_S = 300
+
+
+@dataclass(slots=True)
+class ListResult:
+    """A list response: its items (decoded) and the list's resourceVersion."""
+
+    items: list[dict[str, Any]]
+    resource_version: str
+    continue_token: str | None = None
+
+
+@dataclass(slots=True)
+class WatchEvent:
+    """One decoded watch event (``ADDED``, ``MODIFIED``, ``DELETED`` or ``BOOKMARK``)."""
+
+    type: str
+    object: dict[str, Any]
+
+
+class Upstream(Protocol):
+    """What the watch cache consumes; implemented over HTTP and, in tests, in memory."""
+
+    async def discover(self, group: str, version: str) -> dict[str, ResourceInfo]:
+        """The resources of one group/version (raises :class:`UpstreamError`)."""
+        ...
+
+    async def preferred_version(self, group: str) -> str:
+        """The preferred version of an API group (``v1`` for the core group)."""
+        ...
+
+    async def list(self, gvr: GVR, params: Mapping[str, str] | None = None) -> ListResult:
+        """List a whole collection (``params`` are extra query parameters)."""
+        ...
+
+    def watch(self, gvr: GVR, resource_version: str) -> AsyncIterator[WatchEvent]:
+        """Watch a collection after ``resource_version`` (raises :class:`UpstreamGone` on 410)."""
+        ...
+
+    async def current_resource_version(self, gvr: GVR) -> str:
+        """The upstream's current resourceVersion, as a consistent (quorum) read would see it."""
+        ...
+
+
+@dataclass(slots=True)
+class UpstreamConfig:
+    """Where the upstream is and how to authenticate to it."""
+
+    base_url: str
+    verify: ssl.SSLContext | bool = True
+    auth: Callable[[], str | None] = field(default=lambda: None)
+
+    def authorization(self) -> str | None:
+        """The proxy's own ``Authorization`` header value, if it has credentials."""
+        return self.auth()
+
+
+def _config_from_kubernetes(cfg: Any) -> UpstreamConfig:
+    """Translate a ``kubernetes.client.Configuration`` into an :class:`UpstreamConfig`."""
+    host = str(cfg.host).rstrip("/")
+    verify: ssl.SSLContext | bool = True
+    if host.startswith("https"):
+        ctx = ssl.create_default_context(cafile=cfg.ssl_ca_cert) if cfg.ssl_ca_cert else ssl.create_default_context()
+        if cfg.cert_file:
+            ctx.load_cert_chain(cfg.cert_file, cfg.key_file)
+        if not cfg.verify_ssl:
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+        verify = ctx
+
+    def auth() -> str | None:
+        token = cfg.get_api_key_with_prefix("authorization") or cfg.get_api_key_with_prefix("BearerToken")
+        if token:
+            return str(token)
+        if cfg.username and cfg.password:
+            return str(cfg.get_basic_auth_token())
+        return None
+
+    return UpstreamConfig(host, verify, auth)
+
+
+def load_upstream_config(
+    upstream: str | None = None,
+    kubeconfig: str | None = None,
+    context: str | None = None,
+    in_cluster: bool = False,
+) -> UpstreamConfig:
+    """Build the upstream configuration from exactly one of URL, kubeconfig or in-cluster config."""
+    chosen = sum([upstream is not None, kubeconfig is not None, in_cluster])
+    if chosen != 1:
+        raise ConfigError("give exactly one of --upstream URL, --kubeconfig FILE or --in-cluster")
+    if upstream is not None:
+        if not upstream.startswith(("http://", "https://")):
+            raise ConfigError(f"--upstream must be an http:// or https:// URL, got {upstream!r}")
+        return UpstreamConfig(upstream.rstrip("/"))
+    from kubernetes import client as k8s_client  # noqa: PLC0415  (slow import, only when needed)
+    from kubernetes import config as k8s_config  # noqa: PLC0415
+
+    cfg = k8s_client.Configuration()
+    try:
+        if in_cluster:
+            k8s_config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+        else:
+            k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
+                config_file=kubeconfig, context=context, client_configuration=cfg
+            )
+    except (k8s_config.ConfigException, OSError, ValueError) as e:
+        raise ConfigError(f"cannot load the upstream configuration: {e}") from e
+    return _config_from_kubernetes(cfg)
+
+
+def _status_message(body: bytes, fallback: str) -> tuple[str, dict[str, Any] | None]:
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return fallback, None
+    if isinstance(doc, dict) and doc.get("kind") == "Status":
+        return str(doc.get("message") or fallback), doc
+    return fallback, None
+
+
+class HttpUpstream:
+    """:class:`Upstream` over HTTP, plus raw pass-through."""
+
+    def __init__(self, config: UpstreamConfig, *, max_connections: int = 200) -> None:
+        self.config = config
+        self.client = httpx.AsyncClient(
+            base_url=config.base_url,
+            verify=config.verify,
+            timeout=httpx.Timeout(30.0, connect=10.0),
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=50),
+            follow_redirects=False,
+        )
+
+    async def aclose(self) -> None:
+        """Close every pooled connection."""
+        await self.client.aclose()
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"Accept": "application/json"}
+        auth = self.config.authorization()
+        if auth:
+            headers["Authorization"] = auth
+        return headers
+
+    async def _get_json(self, path: str, params: Mapping[str, str] | None = None) -> Any:
+        try:
+            resp = await self.client.get(path, params=dict(params or {}), headers=self._headers())
+        except httpx.HTTPError as e:
+            raise UpstreamUnavailable(f"GET {path}: {e!r}") from e
+        if resp.status_code != 200:
+            message, status = _status_message(resp.content, f"GET {path}: HTTP {resp.status_code}")
+            if resp.status_code == 410:
+                raise UpstreamGone(message, status)
+            raise UpstreamError(message, resp.status_code, status)
+        try:
+            return orjson.loads(resp.content)
+        except orjson.JSONDecodeError as e:
+            raise UpstreamError(f"GET {path}: response is not JSON: {e}") from e
+
+    async def discover(self, group: str, version: str) -> dict[str, ResourceInfo]:
+        path = f"/apis/{group}/{version}" if group else f"/api/{version}"
+        doc = await self._get_json(path)
+        if not isinstance(doc, dict):
+            raise UpstreamError(f"GET {path}: not an APIResourceList")
+        return parse_resource_list(group, version, doc)
+
+    async def preferred_version(self, group: str) -> str:
+        if not group:
+            return "v1"
+        doc = await self._get_json(f"/apis/{group}")
+        preferred = doc.get("preferredVersion") if isinstance(doc, dict) else None
+        version = preferred.get("version") if isinstance(preferred, dict) else None
+        if not isinstance(version, str):
+            raise UpstreamError(f"API group {group!r} has no preferred version")
+        return version
+
+    async def list(self, gvr: GVR, params: Mapping[str, str] | None = None) -> ListResult:
+        doc = await self._get_json(gvr.collection_path(), params)
+        if not isinstance(doc, dict):
+            raise UpstreamError(f"list {gvr}: not a list object")
+        items = doc.get("items") or []
+        rv = (doc.get("metadata") or {}).get("resourceVersion")
+        if not isinstance(items, list) or not isinstance(rv, str):
+            raise UpstreamError(f"list {gvr}: no items or no metadata.resourceVersion")
+        cont = (doc.get("metadata") or {}).get("continue")
+        return ListResult(
+            [i for i in items if isinstance(i, dict)], rv, cont if isinstance(cont, str) and cont else None
+        )
+
+    async def current_resource_version(self, gvr: GVR) -> str:
+        return (await self.list(gvr, {"limit": "1"})).resource_version
+
+    async def watch(self, gvr: GVR, resource_version: str) -> AsyncIterator[WatchEvent]:
+        params = {
+            "watch": "true",
+            "resourceVersion": resource_version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(UPSTREAM_WATCH_TIMEOUT_S),
+        }
+        timeout = httpx.Timeout(10.0, read=UPSTREAM_WATCH_TIMEOUT_S + 30.0)
+        path = gvr.collection_path()
+        try:
+            async with self.client.stream("GET", path, params=params, headers=self._headers(), timeout=timeout) as resp:
+                if resp.status_code != 200:
+                    body = await resp.aread()
+                    message, status = _status_message(body, f"watch {gvr}: HTTP {resp.status_code}")
+                    if resp.status_code == 410:
+                        raise UpstreamGone(message, status)
+                    raise UpstreamError(message, resp.status_code, status)
+                async for line in resp.aiter_lines():
+                    if not line.strip():
+                        continue
+                    try:
+                        doc = orjson.loads(line)
+                    except orjson.JSONDecodeError as e:
+                        raise UpstreamError(f"watch {gvr}: undecodable event: {e}") from e
+                    etype = doc.get("type") if isinstance(doc, dict) else None
+                    obj = doc.get("object") if isinstance(doc, dict) else None
+                    if not isinstance(etype, str) or not isinstance(obj, dict):
+                        raise UpstreamError(f"watch {gvr}: malformed event {line[:200]!r}")
+                    if etype == "ERROR":
+                        code = obj.get("code")
+                        message = str(obj.get("message") or f"watch {gvr}: ERROR event")
+                        if code == 410:
+                            raise UpstreamGone(message, obj)
+                        raise UpstreamError(message, code if isinstance(code, int) else 502, obj)
+                    yield WatchEvent(etype, obj)
+        except httpx.HTTPError as e:
+            raise UpstreamUnavailable(f"watch {gvr}: {e!r}") from e
+
+    async def forward(
+        self,
+        method: str,
+        target: str,
+        headers: Sequence[tuple[str, str]],
+        body: AsyncIterator[bytes] | None,
+    ) -> httpx.Response:
+        """Send ``method target`` (raw path and query) upstream; return the *streaming* response (caller closes it)."""
+        out_headers: list[tuple[str, str]] = [*headers]
+        if not any(k.lower() == "authorization" for k, _ in out_headers):
+            auth = self.config.authorization()
+            if auth:
+                out_headers.append(("Authorization", auth))
+        request = self.client.build_request(
+            method,
+            target,
+            headers=out_headers,
+            content=body,
+            timeout=httpx.Timeout(10.0, read=None, write=None),
+        )
+        try:
+            return await self.client.send(request, stream=True)
+        except httpx.HTTPError as e:
+            raise UpstreamUnavailable(f"{method} {target}: {e!r}") from e

@@ -1,0 +1,55 @@
+"""Component servers as ``rangeshard`` subcommands: local-apiserver, proxy, controller-manager.
+
+Purpose
+    Register each component's command function under the one CLI. The
+    controller-manager command is defined here: it loads and validates the
+    config file (exit 2, one ``FILE: field.path: problem`` line per problem)
+    and runs the manager until SIGTERM/SIGINT.
+
+Concurrency model
+    Main thread; the components run their own threads / event loops.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from controller_manager.config import load_config, with_overrides
+from controller_manager.manager import ControllerManager
+from local_apiserver.cli import local_apiserver_command
+from range_filter_proxy.cli import proxy_command
+from rangeshard.cli.common import fail
+from rangeshard.errors import RangeshardError
+
+
+def controller_manager_command(
+    config: Annotated[Path, typer.Option("--config", "-c", help="Manager config file (YAML).")],
+    audit_log: Annotated[
+        Path | None, typer.Option("--audit-log", help="Append one JSON line per reconcile to this file.")
+    ] = None,
+    etcd: Annotated[
+        str | None, typer.Option("--etcd", help="Override etcd endpoints of the config (URL[,URL...]).")
+    ] = None,
+    proxy: Annotated[str | None, typer.Option("--proxy", help="Override the proxy URL of the config.")] = None,
+    instance_prefix: Annotated[
+        str | None, typer.Option("--instance-prefix", help="Instance id prefix (default: host-pid-random).")
+    ] = None,
+) -> None:
+    """Run the controllers of a config file, each as one sharded instance."""
+    try:
+        cfg = with_overrides(load_config(config), etcd=etcd, proxy=proxy)
+        manager = ControllerManager(
+            cfg, audit_path=str(audit_log) if audit_log else None, instance_prefix=instance_prefix
+        )
+    except RangeshardError as e:
+        fail(e)
+    manager.run_until_signal()
+
+
+def register(app: typer.Typer) -> None:
+    app.command("local-apiserver")(local_apiserver_command)
+    app.command("proxy")(proxy_command)
+    app.command("controller-manager")(controller_manager_command)

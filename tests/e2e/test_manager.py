@@ -1,0 +1,213 @@
+"""Controller managers end to end: real processes, real etcd, local API server, proxy.
+
+The safety invariant (no key reconciled by two instances at once) is checked
+with the audit logs of every manager after each scenario.
+"""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from controller_manager.audit import now as audit_now
+from controller_manager.audit import read_records
+from hashing import MAX_HASH
+from registry import EtcdServer, State
+from tests.e2e.conftest import LEASE_TTL, Cluster, Manager, dump_logs
+from tests.e2e.kube import (
+    create_deployment,
+    create_namespace,
+    create_replicaset,
+    deployments_converged,
+    pods_by_owner,
+    replicasets,
+    replicasets_converged,
+    scale_replicaset,
+)
+from tests.helpers import wait_until
+from tests.relay import TcpRelay
+
+RS_ONLY = {"replicaset": {"workers": 2}}
+
+
+def all_active(cluster: Cluster, controller: str, n: int) -> bool:
+    snap = cluster.snapshot(controller)
+    return len(snap) == n and all(m.record.state is State.ACTIVE and not m.record.is_locked for m in snap)
+
+
+def test_three_joins_give_the_design_keys_and_converge(cluster: Cluster) -> None:
+    api = cluster.api
+    create_namespace(api, "three")
+    for _ in range(3):
+        cluster.start_manager(RS_ONLY)
+        # One at a time, with no workload yet, so ties between equal ranges go to the lower start.
+        n = len(cluster.managers)
+        wait_until(lambda n=n: all_active(cluster, "replicaset", n), 30, f"{n} active instances")
+    keys = sorted(m.record.hash_key for m in cluster.snapshot("replicaset"))
+    assert keys == [2305843009213693951, 4611686018427387903, 9223372036854775807]
+    for i in range(6):
+        create_replicaset(api, "three", f"rs{i}", 2)
+    wait_until(lambda: replicasets_converged(api, "three"), 30, "replicasets converged")
+    assert cluster.overlaps() == []
+    # workloadNum is published: the instances together own every replicaset.
+    wait_until(lambda: sum(m.record.workload_num for m in cluster.snapshot("replicaset")) == 6, 15, "workloads")
+
+
+def test_twenty_deployments_converge_never_more_pods(cluster: Cluster) -> None:
+    api = cluster.api
+    create_namespace(api, "twenty")
+    cluster.start_manager()
+    cluster.start_manager()
+    wants = {f"d{i}": 1 + i % 3 for i in range(20)}
+    for name, n in wants.items():
+        create_deployment(api, "twenty", name, n)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        per_rs = pods_by_owner(api, "twenty")
+        for rs in replicasets(api, "twenty"):
+            owner = rs["metadata"]["ownerReferences"][0]["name"]
+            assert per_rs.get(rs["metadata"]["name"], 0) <= wants[owner], "more pods than asked for"
+        if deployments_converged(api, "twenty"):
+            break
+        time.sleep(0.2)
+    else:
+        pytest.fail("deployments did not converge:\n" + dump_logs(cluster))
+    assert cluster.overlaps() == []
+
+
+def test_sigkill_takeover_within_ttl(cluster: Cluster) -> None:
+    api = cluster.api
+    create_namespace(api, "kill")
+    a = cluster.start_manager(RS_ONLY)
+    wait_until(lambda: all_active(cluster, "replicaset", 1), 30, "first instance active")
+    cluster.start_manager(RS_ONLY)
+    wait_until(lambda: all_active(cluster, "replicaset", 2), 30, "second instance active")
+    for i in range(10):
+        create_replicaset(api, "kill", f"rs{i}", 1)
+    wait_until(lambda: replicasets_converged(api, "kill"), 30, "converged before the kill")
+    a.kill()
+    killed_at = time.monotonic()
+    wait_until(lambda: len(cluster.snapshot("replicaset")) == 1, LEASE_TTL + 2, "the dead instance's record to expire")
+    survivor = cluster.snapshot("replicaset").members[0]
+    assert survivor.range is not None and survivor.range.lo == 0 and survivor.range.hi == MAX_HASH
+    assert time.monotonic() - killed_at <= LEASE_TTL + 2
+    for i in range(10):
+        scale_replicaset(api, "kill", f"rs{i}", 2)
+    wait_until(lambda: replicasets_converged(api, "kill"), 30, "the survivor reconciles everything")
+    assert cluster.overlaps() == []
+
+
+def test_churn_no_overlap(cluster: Cluster) -> None:
+    """>= 30 joins, graceful leaves and SIGKILLs while objects are created and scaled."""
+    api = cluster.api
+    rng = random.Random(7)
+    create_namespace(api, "churn")
+    for i in range(12):
+        create_replicaset(api, "churn", f"rs{i}", 1)
+    live = [cluster.start_manager(RS_ONLY), cluster.start_manager(RS_ONLY)]
+    joins = 2
+    scale_round = 0
+    while joins < 30:
+        action = rng.random()
+        if len(live) < 2 or action < 0.55:
+            live.append(cluster.start_manager(RS_ONLY))
+            joins += 1
+        elif action < 0.8:
+            victim = live.pop(rng.randrange(len(live)))
+            victim.terminate()
+        else:
+            victim = live.pop(rng.randrange(len(live)))
+            victim.kill()
+        scale_round += 1
+        scale_replicaset(api, "churn", f"rs{scale_round % 12}", 1 + scale_round % 3)
+        time.sleep(rng.uniform(0.1, 0.6))  # churn pacing, not synchronisation
+        while len(live) > 4:
+            live.pop(0).terminate()
+    wait_until(lambda: all_active(cluster, "replicaset", len(live)), 40, "the survivors to settle")
+    wait_until(lambda: replicasets_converged(api, "churn"), 60, "every replicaset converged")
+    assert cluster.audit_count() > 0
+    overlaps = cluster.overlaps()
+    assert overlaps == [], f"{len(overlaps)} overlapping reconciles"
+
+
+def fenced_in_log(m: Manager) -> bool:
+    return "fenced" in m.log.read_text(errors="replace")
+
+
+def test_etcd_outage_fences_everyone(private_registry_cluster: Cluster) -> None:
+    cluster = private_registry_cluster
+    server = cluster.registry_server
+    assert server is not None
+    api = cluster.api
+    create_namespace(api, "outage")
+    for i in range(6):
+        create_replicaset(api, "outage", f"rs{i}", 1)
+    managers = [cluster.start_manager(RS_ONLY), cluster.start_manager(RS_ONLY)]
+    wait_until(lambda: all_active(cluster, "replicaset", 2), 30, "two active instances")
+    wait_until(lambda: replicasets_converged(api, "outage"), 30, "converged before the outage")
+    down_at = audit_now()
+    server.stop()
+    wait_until(lambda: all(fenced_in_log(m) for m in managers), LEASE_TTL + 5, "every manager to fence")
+    # Work arrives while etcd is down: nobody may act on it until the registry is back.
+    for i in range(6):
+        scale_replicaset(api, "outage", f"rs{i}", 2)
+    wait_until(lambda: audit_now() > down_at + LEASE_TTL + 1, LEASE_TTL + 5, "the lease deadline to pass")
+    up_at = audit_now()
+    server.start()
+    records = read_records([m.audit for m in managers if m.audit.exists()])
+    late = [r for r in records if down_at + LEASE_TTL <= r.start <= up_at]
+    assert late == [], f"reconciles started while every lease could have expired: {late[:3]}"
+    wait_until(lambda: all_active(cluster, "replicaset", 2), 40, "both instances active again")
+    wait_until(lambda: replicasets_converged(api, "outage"), 40, "converged after the outage")
+    assert cluster.overlaps() == []
+
+
+def test_partitioned_instance_is_taken_over(cluster: Cluster, etcd_server: EtcdServer) -> None:
+    """One manager loses etcd (its connection goes through a relay we cut) while the other works on."""
+    api = cluster.api
+    create_namespace(api, "part")
+    for i in range(8):
+        create_replicaset(api, "part", f"rs{i}", 1)
+    relay = TcpRelay(etcd_server.client_port)
+    try:
+        cluster.start_manager(RS_ONLY, name="steady")
+        wait_until(lambda: all_active(cluster, "replicaset", 1), 30, "first instance active")
+        cut_off = cluster.start_manager(RS_ONLY, etcd_url=relay.url, name="islanded")
+        wait_until(lambda: all_active(cluster, "replicaset", 2), 30, "two active instances")
+        wait_until(lambda: replicasets_converged(api, "part"), 30, "converged before the partition")
+        relay.cut()
+        wait_until(lambda: len(cluster.snapshot("replicaset")) == 1, LEASE_TTL + 5, "the islanded lease to expire")
+        wait_until(lambda: all_active(cluster, "replicaset", 1), 15, "the steady instance to own everything")
+        for i in range(8):
+            scale_replicaset(api, "part", f"rs{i}", 2)
+        wait_until(lambda: replicasets_converged(api, "part"), 30, "the steady instance converges everything")
+        assert fenced_in_log(cut_off)
+        relay.restore()
+        wait_until(lambda: all_active(cluster, "replicaset", 2), 40, "the islanded manager rejoined")
+        for i in range(8):
+            scale_replicaset(api, "part", f"rs{i}", 1)
+        wait_until(lambda: replicasets_converged(api, "part"), 30, "converged after the rejoin")
+        assert cluster.overlaps() == []
+    finally:
+        relay.close()
+
+
+@pytest.mark.parametrize("controllers", [RS_ONLY])
+def test_bad_config_exits_2(tmp_path: Path, controllers: dict[str, object]) -> None:
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text("leaseTTLSeconds: -1\ncontrollers:\n  nonsense: {workers: 0}\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "rangeshard.cli.main", "controller-manager", "--config", str(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert f"{cfg}: leaseTTLSeconds:" in result.stderr
+    assert "Traceback" not in result.stderr

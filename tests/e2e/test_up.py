@@ -1,0 +1,83 @@
+"""`rangeshard up` as a user runs it: everything starts, kubectl works, Ctrl-C stops every child."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from registry import free_port
+from tests.helpers import wait_until
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def port_open(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_up_demo_kubectl_and_clean_stop(tmp_path: Path) -> None:
+    ports = [free_port() for _ in range(3)]
+    state = tmp_path / "state"
+    out = tmp_path / "up.out"
+    with open(out, "wb") as outf:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "rangeshard.cli.main",
+                "up",
+                "--demo",
+                "--managers",
+                "2",
+                "--state-dir",
+                str(state),
+                "--config",
+                str(REPO / "config" / "local.yaml"),
+                "--etcd-port",
+                str(ports[0]),
+                "--apiserver-port",
+                str(ports[1]),
+                "--proxy-port",
+                str(ports[2]),
+            ],
+            stdout=outf,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, "COLUMNS": "200"},
+        )
+    try:
+        wait_until(lambda: "demo: namespace" in out.read_text(), 120, "up to be ready and create the demo")
+        kubeconfig = state / "kubeconfig"
+
+        def demo_pods() -> int:
+            result = subprocess.run(
+                ["kubectl", "--kubeconfig", str(kubeconfig), "get", "pods", "-n", "demo", "-o", "json"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+                check=False,
+            )
+            if result.returncode != 0:
+                return -1
+            return len(json.loads(result.stdout)["items"])
+
+        wait_until(lambda: demo_pods() == 10, 60, "the demo deployments' 10 pods")
+        assert all(port_open(p) for p in ports)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(60)
+    assert code == 0, out.read_text()[-2000:]
+    assert "stopped" in out.read_text()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(port_open(p) for p in ports):
+        time.sleep(0.1)
+    assert not any(port_open(p) for p in ports), "a child process survived `up`"
+    assert (state / "etcd").is_dir(), "etcd data must be kept"
