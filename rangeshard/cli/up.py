@@ -137,9 +137,8 @@ def create_demo(api_url: str, console: Console) -> None:
             except ApiException as e:
                 if e.status != 409:
                     raise
-    console.print(
-        f"demo: namespace 'demo' with deployments {', '.join(f'{k} ({v} replicas)' for k, v in DEMO_DEPLOYMENTS.items())}"
-    )
+    listing = ", ".join(f"{k} ({v} replicas)" for k, v in DEMO_DEPLOYMENTS.items())
+    console.print(f"demo: namespace 'demo' with deployments {listing}")
 
 
 class Supervisor:
