@@ -170,9 +170,17 @@ class Registry:
                 victim, victim_range = owned[idx]
                 lower, _upper = victim_range.split()
                 giver = victim.record.giver if victim.record.is_locked and victim.record.giver else victim.instance_id
-                record = InstanceRecord.model_validate(
-                    {**base, "hash_key": lower.hi, "is_locked": True, "state": State.LOCKED, "giver": giver}
-                )
+                if giver == instance_id:
+                    # The keys wait for an earlier incarnation of this very instance, whose
+                    # record is gone (lease expired: it fenced itself). Nobody can still be
+                    # processing them, and a self-lock could never be released.
+                    record = InstanceRecord.model_validate(
+                        {**base, "hash_key": lower.hi, "is_locked": False, "state": State.INIT}
+                    )
+                else:
+                    record = InstanceRecord.model_validate(
+                        {**base, "hash_key": lower.hi, "is_locked": True, "state": State.LOCKED, "giver": giver}
+                    )
             ok, _ = self.client.transaction(
                 compare=[txn.Mod(prefix, prefix_range_end(prefix.encode())) < snap.revision + 1],
                 success=[txn.Put(key, record.to_json(), lease_id)],

@@ -79,6 +79,20 @@ def test_first_three_joins(registry: Registry, leases: Callable[[int], int]) -> 
         registry.join(CT, "Bad/Name", leases(30))
 
 
+def test_rejoin_never_locks_itself(registry: Registry, leases: Callable[[int], int]) -> None:
+    """An instance that lost its lease rejoins with the same id while a receiver still names it as giver."""
+    old_lease = leases(30)
+    registry.join(CT, "g", old_lease)
+    registry.join(CT, "r", leases(30))  # r is locked, giver g
+    registry.leave(old_lease)  # g's lease is gone (it fenced); r did not self-unlock yet
+    # r (locked, giver g) owns everything now; g's new incarnation splits r's range.
+    again = registry.join(CT, "g", leases(30))
+    assert not again.record.is_locked and again.record.giver is None
+    r = registry.snapshot(CT).get("r")
+    assert r is not None and r.record.is_locked and r.record.giver == "g"
+    registry.unlock(CT, "r", "g")  # the new g releases r once it has nothing in flight
+
+
 def test_concurrent_joins_threads(registry: Registry, leases: Callable[[int], int]) -> None:
     lease_ids = [leases(30) for _ in range(10)]
     barrier = threading.Barrier(10)
