@@ -46,10 +46,9 @@ from controller_manager.workqueue import WorkQueue
 from hashing import OWNER_PATH, UID_PATH, HashRange, hash_key
 from rangeshard.errors import ControllerError, ReconcileTimeout
 from registry import EtcdConfig
+from registry.rebalance import histogram
 
 log = logging.getLogger(__name__)
-
-HISTOGRAM_BUCKETS = 32
 
 
 class Requeue(ControllerError):
@@ -234,17 +233,13 @@ class ControllerRuntime:
             inf.reset()
 
     def _workload(self, rng: HashRange) -> tuple[int, dict[str, Any] | None]:
-        counts = [0] * HISTOGRAM_BUCKETS
-        total = 0
-        width = rng.size / HISTOGRAM_BUCKETS
+        keys = []
         for obj in self.informers[self.controller.main.name].items():
             uid = (obj.get("metadata") or {}).get("uid")
-            if not uid:
-                continue
-            h = hash_key(uid)
-            if rng.contains(h):
-                total += 1
-                counts[min(int((h - rng.lo) / width), HISTOGRAM_BUCKETS - 1)] += 1
+            if uid:
+                keys.append(hash_key(uid))
+        counts = histogram(keys, rng)
+        total = sum(counts)
         self.metrics.workload.labels(self.name).set(total)
         return total, {"lo": rng.lo, "hi": rng.hi, "counts": counts}
 

@@ -64,12 +64,14 @@ def hash_command(
 
 
 def _register_subcommands() -> None:
-    from rangeshard.cli import components, registry_cmds, up  # noqa: PLC0415
+    from rangeshard.cli import components, rebalance_cmds, registry_cmds, up  # noqa: PLC0415
 
     app.add_typer(registry_cmds.app, name="registry")
+    app.add_typer(rebalance_cmds.app, name="rebalance")
     components.register(app)
     app.command("etcd")(up.etcd_command)
     app.command("up")(up.up_command)
+    app.command("dashboard")(__import__("rangeshard.dashboard", fromlist=["dashboard_command"]).dashboard_command)
 
 
 _register_subcommands()

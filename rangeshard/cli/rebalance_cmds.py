@@ -1,0 +1,331 @@
+"""``rangeshard rebalance``: show imbalance, move one boundary, plan and apply load-aware rebalancing.
+
+Purpose
+    ``show`` prints ranges, workloads and max/mean; ``set-key`` moves one
+    boundary through the handover protocol; ``plan``/``apply`` equalise owned
+    objects (``--by workload``, from the instances' hash histograms) or key
+    ranges (``--by range``); ``auto`` applies plans when the imbalance exceeds
+    a threshold, with hysteresis.
+
+Invariants
+    * Invalid input (unknown instance, colliding key, empty range, key outside
+      ``[0, MAX_HASH]``, bad options) exits 2 with a message; runtime failures
+      (etcd unreachable, handover timeout) exit 1. Never a traceback.
+    * ``apply`` never prompts when stdin is not a terminal; on a terminal it
+      asks once unless ``--yes``.
+    * Auto mode acts only when max/mean exceeds ``--threshold`` and the plan
+      predicts at least ``--min-gain`` improvement, then waits ``--cooldown``;
+      after applying it re-arms only once the imbalance fell below
+      ``threshold - hysteresis``, so it never flaps.
+
+Concurrency model
+    Main thread; ``auto`` stops on SIGINT/SIGTERM.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from typing import Annotated, Any
+
+import orjson
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from hashing import MAX_HASH
+from rangeshard.cli.common import (
+    DEFAULT_REGISTRY_PREFIX,
+    CaCertOpt,
+    CertOpt,
+    EtcdOpt,
+    KeyOpt,
+    PasswordOpt,
+    PrefixOpt,
+    UserOpt,
+    etcd_config,
+    fail,
+)
+from rangeshard.errors import ConfigError, RangeshardError
+from registry import EtcdClient, Registry, Snapshot
+from registry.models import check_name
+from registry.rebalance import Move, Plan, apply_plan, make_plan, max_over_mean, owned, wait_settled
+
+app = typer.Typer(help="Show and fix the balance of hash ranges between instances.", no_args_is_help=True)
+
+TypeOpt = Annotated[str, typer.Option("--type", "-t", help="Controller type, e.g. replicaset.")]
+ByOpt = Annotated[str, typer.Option("--by", help="workload (equal owned objects) or range (equal key ranges).")]
+TimeoutOpt = Annotated[float, typer.Option("--timeout", help="Seconds to wait for each handover.")]
+
+
+def _registry(
+    etcd: str | None,
+    prefix: str,
+    cacert: str | None,
+    cert: str | None,
+    key: str | None,
+    user: str | None,
+    password: str | None,
+) -> tuple[EtcdClient, Registry]:
+    client = EtcdClient(etcd_config(etcd, cacert, cert, key, user, password))
+    return client, Registry(client, prefix)
+
+
+def show_data(snap: Snapshot) -> dict[str, Any]:
+    members = owned(snap)
+    loads = [m.record.workload_num for m in members]
+    instances = [
+        {
+            "instanceId": m.instance_id,
+            "state": m.record.state.value,
+            "isLocked": m.record.is_locked,
+            "hashKey": m.record.hash_key,
+            "rangeStart": m.range.lo if m.range else None,
+            "rangeEnd": m.range.hi if m.range else None,
+            "share": round(m.range.share, 6) if m.range else 0.0,
+            "workloadNum": m.record.workload_num,
+        }
+        for m in members
+    ]
+    return {
+        "controllerType": snap.controller_type,
+        "instances": instances,
+        "maxOverMean": round(max_over_mean(loads), 4),
+    }
+
+
+@app.command("show")
+def show_command(
+    controller_type: TypeOpt,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    etcd: EtcdOpt = None,
+    prefix: PrefixOpt = DEFAULT_REGISTRY_PREFIX,
+    etcd_cacert: CaCertOpt = None,
+    etcd_cert: CertOpt = None,
+    etcd_key: KeyOpt = None,
+    etcd_user: UserOpt = None,
+    etcd_password: PasswordOpt = None,
+) -> None:
+    """Ranges, workloadNum per instance and the max/mean imbalance."""
+    try:
+        check_name("--type", controller_type)
+        client, reg = _registry(etcd, prefix, etcd_cacert, etcd_cert, etcd_key, etcd_user, etcd_password)
+        with client:
+            data = show_data(reg.snapshot(controller_type))
+    except RangeshardError as e:
+        fail(e)
+    if as_json:
+        sys.stdout.write(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode() + "\n")
+        return
+    table = Table(title=f"{controller_type}: max/mean {data['maxOverMean']:.2f}", title_justify="left")
+    for col in ("INSTANCE", "STATE", "LOCKED", "RANGE START", "RANGE END", "SHARE", "WORKLOAD"):
+        table.add_column(col)
+    for i in data["instances"]:
+        table.add_row(
+            i["instanceId"],
+            i["state"],
+            "yes" if i["isLocked"] else "no",
+            str(i["rangeStart"]),
+            str(i["rangeEnd"]),
+            f"{i['share'] * 100:.2f}%",
+            str(i["workloadNum"]),
+        )
+    Console().print(table)
+
+
+def _parse_key(text: str) -> int:
+    try:
+        value = int(text, 0)
+    except ValueError as e:
+        raise ConfigError(f"--key: {text!r} is not an integer (decimal or 0x-hex)") from e
+    if not 0 <= value <= MAX_HASH:
+        raise ConfigError(f"--key: {value} is outside [0, {MAX_HASH}]")
+    return value
+
+
+@app.command("set-key")
+def set_key_command(
+    controller_type: TypeOpt,
+    instance: Annotated[str, typer.Option("--instance", "-i", help="Instance whose key (upper bound) moves.")],
+    key: Annotated[str, typer.Option("--key", "-k", help="New key, decimal or 0x-hex.")],
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Validate and show, change nothing.")] = False,
+    wait: Annotated[bool, typer.Option("--wait/--no-wait", help="Wait until the handover finished.")] = True,
+    timeout: TimeoutOpt = 60.0,
+    etcd: EtcdOpt = None,
+    prefix: PrefixOpt = DEFAULT_REGISTRY_PREFIX,
+    etcd_cacert: CaCertOpt = None,
+    etcd_cert: CertOpt = None,
+    etcd_key: KeyOpt = None,
+    etcd_user: UserOpt = None,
+    etcd_password: PasswordOpt = None,
+) -> None:
+    """Move one boundary; the receiving instance stays locked until the giver has drained."""
+    try:
+        check_name("--type", controller_type)
+        new_key = _parse_key(key)
+        client, reg = _registry(etcd, prefix, etcd_cacert, etcd_cert, etcd_key, etcd_user, etcd_password)
+        with client:
+            before, receiver = reg.set_key(controller_type, instance, new_key, dry_run=dry_run)
+            giver = "its successor" if receiver is before else instance
+            verb = "would move" if dry_run else "moved"
+            typer.echo(
+                f"{verb} {instance} key {before.record.hash_key} -> {new_key}; "
+                f"{receiver.instance_id if receiver else '-'} receives keys from {giver}"
+            )
+            if not dry_run and wait:
+                wait_settled(reg, controller_type, timeout)
+                typer.echo("handover finished")
+    except RangeshardError as e:
+        fail(e)
+
+
+def _print_plan(console: Console, plan: Plan) -> None:
+    console.print(
+        f"{plan.controller_type} by {plan.by}: max/mean {plan.current_ratio:.2f} -> {plan.predicted_ratio:.2f} "
+        f"(predicted loads {list(plan.predicted_loads)}, now {list(plan.current_loads)})"
+    )
+    if not plan.moves:
+        console.print("nothing to move")
+    for m in plan.moves:
+        console.print(f"  {m.instance_id}: {m.old_key} -> {m.new_key}")
+
+
+def _plan_json(plan: Plan) -> dict[str, Any]:
+    return {
+        "controllerType": plan.controller_type,
+        "by": plan.by,
+        "moves": [{"instanceId": m.instance_id, "from": m.old_key, "to": m.new_key} for m in plan.moves],
+        "currentLoads": list(plan.current_loads),
+        "predictedLoads": list(plan.predicted_loads),
+        "currentMaxOverMean": round(plan.current_ratio, 4),
+        "predictedMaxOverMean": round(plan.predicted_ratio, 4),
+    }
+
+
+@app.command("plan")
+def plan_command(
+    controller_type: TypeOpt,
+    by: ByOpt = "workload",
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    etcd: EtcdOpt = None,
+    prefix: PrefixOpt = DEFAULT_REGISTRY_PREFIX,
+    etcd_cacert: CaCertOpt = None,
+    etcd_cert: CertOpt = None,
+    etcd_key: KeyOpt = None,
+    etcd_user: UserOpt = None,
+    etcd_password: PasswordOpt = None,
+) -> None:
+    """Print the moves that would balance the type and the predicted max/mean."""
+    try:
+        check_name("--type", controller_type)
+        client, reg = _registry(etcd, prefix, etcd_cacert, etcd_cert, etcd_key, etcd_user, etcd_password)
+        with client:
+            plan = make_plan(reg.snapshot(controller_type), by)
+    except RangeshardError as e:
+        fail(e)
+    if as_json:
+        sys.stdout.write(orjson.dumps(_plan_json(plan), option=orjson.OPT_INDENT_2).decode() + "\n")
+    else:
+        _print_plan(Console(), plan)
+
+
+@app.command("apply")
+def apply_command(
+    controller_type: TypeOpt,
+    by: ByOpt = "workload",
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
+    timeout: TimeoutOpt = 60.0,
+    etcd: EtcdOpt = None,
+    prefix: PrefixOpt = DEFAULT_REGISTRY_PREFIX,
+    etcd_cacert: CaCertOpt = None,
+    etcd_cert: CertOpt = None,
+    etcd_key: KeyOpt = None,
+    etcd_user: UserOpt = None,
+    etcd_password: PasswordOpt = None,
+) -> None:
+    """Compute the plan and apply it one boundary at a time, waiting for each handover."""
+    console = Console()
+    try:
+        check_name("--type", controller_type)
+        client, reg = _registry(etcd, prefix, etcd_cacert, etcd_cert, etcd_key, etcd_user, etcd_password)
+        with client:
+            plan = make_plan(reg.snapshot(controller_type), by)
+            _print_plan(console, plan)
+            if not plan.moves:
+                return
+            if not yes and sys.stdin.isatty() and not typer.confirm("apply these moves?"):
+                raise typer.Exit(1)
+
+            def progress(done: int, total: int, move: Move) -> None:
+                console.print(f"[{done + 1}/{total}] {move.instance_id}: {move.old_key} -> {move.new_key} ...")
+
+            moved = apply_plan(reg, plan, timeout=timeout, progress=progress)
+            after = reg.snapshot(controller_type)
+            console.print(f"applied {moved} move(s); registry now: max/mean {show_data(after)['maxOverMean']:.2f}")
+    except RangeshardError as e:
+        fail(e)
+
+
+@app.command("auto")
+def auto_command(
+    controller_type: TypeOpt,
+    interval: Annotated[float, typer.Option("--interval", help="Seconds between checks.")] = 30.0,
+    threshold: Annotated[float, typer.Option("--threshold", help="Act when max/mean exceeds this.")] = 1.2,
+    hysteresis: Annotated[float, typer.Option("--hysteresis", help="Re-arm below threshold - this.")] = 0.05,
+    min_gain: Annotated[float, typer.Option("--min-gain", help="Minimum predicted max/mean improvement.")] = 0.05,
+    cooldown: Annotated[float, typer.Option("--cooldown", help="Seconds to wait after applying a plan.")] = 60.0,
+    by: ByOpt = "workload",
+    once: Annotated[bool, typer.Option("--once", help="Check once and exit.")] = False,
+    timeout: TimeoutOpt = 60.0,
+    etcd: EtcdOpt = None,
+    prefix: PrefixOpt = DEFAULT_REGISTRY_PREFIX,
+    etcd_cacert: CaCertOpt = None,
+    etcd_cert: CertOpt = None,
+    etcd_key: KeyOpt = None,
+    etcd_user: UserOpt = None,
+    etcd_password: PasswordOpt = None,
+) -> None:
+    """Rebalance automatically when the imbalance exceeds a threshold (with hysteresis)."""
+    console = Console()
+    try:
+        check_name("--type", controller_type)
+        if interval <= 0 or cooldown < 0 or threshold < 1.0 or hysteresis < 0 or min_gain < 0:
+            raise ConfigError(
+                "auto: need --interval > 0, --cooldown >= 0, --threshold >= 1, --hysteresis/--min-gain >= 0"
+            )
+        if by not in ("workload", "range"):
+            raise ConfigError(f"--by: {by!r} is not one of workload, range")
+        client, reg = _registry(etcd, prefix, etcd_cacert, etcd_cert, etcd_key, etcd_user, etcd_password)
+    except RangeshardError as e:
+        fail(e)
+    stop = threading.Event()
+    if not once:
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        signal.signal(signal.SIGINT, lambda *_: stop.set())
+    armed = True
+    with client:
+        while not stop.is_set():
+            wait = interval
+            try:
+                snap = reg.snapshot(controller_type)
+                ratio = max_over_mean([m.record.workload_num for m in owned(snap)])
+                if ratio < threshold - hysteresis:
+                    armed = True
+                if armed and ratio > threshold and len(owned(snap)) > 1:
+                    plan = make_plan(snap, by)
+                    if plan.moves and plan.predicted_ratio <= ratio - min_gain:
+                        _print_plan(console, plan)
+                        apply_plan(reg, plan, timeout=timeout)
+                        console.print("plan applied")
+                        armed = False
+                        wait = max(interval, cooldown)
+                    else:
+                        console.print(f"max/mean {ratio:.2f} > {threshold}, but no plan gains {min_gain}")
+                else:
+                    console.print(f"max/mean {ratio:.2f}: nothing to do")
+            except RangeshardError as e:
+                console.print(f"[red]{e}[/red]")
+            if once:
+                return
+            stop.wait(wait)

@@ -1,0 +1,303 @@
+"""Rebalancing: imbalance reports, load-aware plans, and applying them through the handover protocol.
+
+Purpose
+    Halving the largest range is only semi-balanced (three instances: one owns
+    half the space). This module computes where the boundaries (``hashKey``
+    of every instance but the last) should be so owned objects
+    (``--by workload``, from the hash histograms instances publish) or key
+    ranges (``--by range``) are equal, and applies such a plan one boundary at
+    a time with :meth:`Registry.set_key`, which locks the receiving instance
+    in the same transaction; each move waits until the handover finished
+    (receiver unlocked, both sides active) before the next.
+
+Invariants
+    * Plans keep the instance order and give every instance a non-empty range;
+      the last key stays ``MAX_HASH``.
+    * Histogram arithmetic is integer-exact: bucket ``j`` of ``[lo, hi]`` with
+      ``B`` buckets holds keys ``k`` with ``(k - lo) * B // size == j``, so a
+      boundary placed on a bucket edge splits counts exactly.
+    * Every move is validated against the current keys before it is written;
+      a failed or timed-out move leaves the registry consistent (the protocol
+      finishes the handover by itself; nothing is half-written).
+
+Concurrency model
+    Pure functions plus a synchronous :func:`apply_plan` loop with a deadline
+    per move; called from the CLI thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from hashing import MAX_HASH, HashRange
+from rangeshard.errors import CompareFailed, ConfigError, RegistryError
+from registry.models import Member, Snapshot, State
+from registry.registry import Registry
+
+log = logging.getLogger(__name__)
+
+HISTOGRAM_BUCKETS = 256
+
+
+def bucket_of(key: int, rng: HashRange, buckets: int) -> int:
+    """Index of the equal-width bucket of ``rng`` holding ``key`` (integer-exact)."""
+    return (key - rng.lo) * buckets // rng.size
+
+
+def bucket_start(j: int, rng: HashRange, buckets: int) -> int:
+    """Smallest key of bucket ``j`` (``j == buckets`` gives ``rng.hi + 1``)."""
+    return rng.lo + -(-j * rng.size // buckets)
+
+
+def histogram(keys: Sequence[int], rng: HashRange, buckets: int = HISTOGRAM_BUCKETS) -> list[int]:
+    """Counts of ``keys`` inside ``rng`` per bucket."""
+    counts = [0] * buckets
+    for k in keys:
+        if rng.contains(k):
+            counts[bucket_of(k, rng, buckets)] += 1
+    return counts
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A slice ``[lo, hi]`` of the space holding ``count`` objects (from a histogram bucket)."""
+
+    lo: int
+    hi: int
+    count: int
+
+
+@dataclass(frozen=True)
+class Move:
+    """Set ``instance``'s key from ``old_key`` to ``new_key``."""
+
+    instance_id: str
+    old_key: int
+    new_key: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Target keys (instance order), the moves, and predicted loads."""
+
+    controller_type: str
+    by: str
+    targets: tuple[int, ...]
+    moves: tuple[Move, ...]
+    current_loads: tuple[int, ...]
+    predicted_loads: tuple[int, ...]
+
+    @property
+    def current_ratio(self) -> float:
+        return max_over_mean(self.current_loads)
+
+    @property
+    def predicted_ratio(self) -> float:
+        return max_over_mean(self.predicted_loads)
+
+
+def max_over_mean(loads: Sequence[float]) -> float:
+    """max/mean of the loads (1.0 when there is nothing to balance)."""
+    if not loads:
+        return 1.0
+    mean = sum(loads) / len(loads)
+    return max(loads) / mean if mean > 0 else 1.0
+
+
+def owned(snap: Snapshot) -> list[Member]:
+    """Members that own a range, in key order."""
+    return [m for m in snap.members if m.range is not None]
+
+
+def segments(snap: Snapshot) -> list[Segment]:
+    """The space cut into histogram buckets with counts, in key order.
+
+    An instance without a histogram contributes one segment (its whole range)
+    with its ``workloadNum``.
+    """
+    out: list[Segment] = []
+    for m in owned(snap):
+        rng = m.range
+        if rng is None:
+            continue
+        hist = m.record.histogram
+        if hist is None or not hist.counts or hist.lo != rng.lo or hist.hi != rng.hi:
+            out.append(Segment(rng.lo, rng.hi, m.record.workload_num))
+            continue
+        n = len(hist.counts)
+        for j, count in enumerate(hist.counts):
+            lo = bucket_start(j, rng, n)
+            hi = bucket_start(j + 1, rng, n) - 1
+            if lo <= hi:
+                out.append(Segment(lo, hi, count))
+    return out
+
+
+def loads_for(keys: Sequence[int], segs: Sequence[Segment]) -> list[int]:
+    """Objects per instance if the instances had ``keys`` (segments never straddle a boundary)."""
+    loads = [0] * len(keys)
+    i = 0
+    for seg in segs:
+        while i < len(keys) - 1 and seg.hi > keys[i]:
+            i += 1
+        loads[i] += seg.count
+    return loads
+
+
+def plan_by_workload(snap: Snapshot) -> Plan:
+    """Boundaries on bucket edges that split the published counts as evenly as possible."""
+    members = owned(snap)
+    n = len(members)
+    segs = segments(snap)
+    current = [m.record.hash_key for m in members[:-1]] + [MAX_HASH]
+    total = sum(s.count for s in segs)
+    targets: list[int] = []
+    if n > 1:
+        # Candidate boundaries: the end of every segment (a bucket edge), with the count before it.
+        ends: list[tuple[int, int]] = []
+        acc = 0
+        for s in segs[:-1]:
+            acc += s.count
+            ends.append((s.hi, acc))
+        start = 0
+        for i in range(1, n):
+            goal = total * i / n
+            remaining_boundaries = n - 1 - i
+            best_err: float | None = None
+            best_idx: list[int] = []
+            for idx in range(start, len(ends) - remaining_boundaries):
+                err = abs(ends[idx][1] - goal)
+                if best_err is None or err < best_err:
+                    best_err, best_idx = err, [idx]
+                elif err == best_err:
+                    best_idx.append(idx)
+                elif ends[idx][1] > goal:
+                    break
+            if not best_idx:
+                raise ConfigError(
+                    f"{snap.controller_type}: not enough histogram resolution to place {n - 1} boundaries"
+                )
+            # Equally good edges lie in one gap between objects: take its middle.
+            chosen = best_idx[len(best_idx) // 2]
+            targets.append(ends[chosen][0])
+            start = chosen + 1
+    targets.append(MAX_HASH)
+    return _plan(snap, "workload", members, current, targets, segs)
+
+
+def plan_by_range(snap: Snapshot) -> Plan:
+    """Equal key ranges."""
+    members = owned(snap)
+    n = len(members)
+    current = [m.record.hash_key for m in members[:-1]] + [MAX_HASH]
+    targets = [(MAX_HASH + 1) * i // n - 1 for i in range(1, n)] + [MAX_HASH]
+    segs = segments(snap)
+    # Predicted loads assume objects spread evenly inside each bucket.
+    return _plan(snap, "range", members, current, targets, _split_segments(segs, targets))
+
+
+def _split_segments(segs: Sequence[Segment], keys: Sequence[int]) -> list[Segment]:
+    out: list[Segment] = []
+    for s in segs:
+        lo = s.lo
+        remaining = s.count
+        size = s.hi - s.lo + 1
+        for k in keys:
+            if lo <= k < s.hi:
+                part = round(s.count * (k - lo + 1) / size) if size else 0
+                part = min(part, remaining)
+                out.append(Segment(lo, k, part))
+                remaining -= part
+                lo = k + 1
+        out.append(Segment(lo, s.hi, remaining))
+    return out
+
+
+def _plan(
+    snap: Snapshot, by: str, members: list[Member], current: list[int], targets: list[int], segs: Sequence[Segment]
+) -> Plan:
+    moves = tuple(
+        Move(m.instance_id, cur, tgt)
+        for m, cur, tgt in zip(members[:-1], current[:-1], targets[:-1], strict=True)
+        if cur != tgt
+    )
+    return Plan(
+        controller_type=snap.controller_type,
+        by=by,
+        targets=tuple(targets),
+        moves=moves,
+        current_loads=tuple(m.record.workload_num for m in members),
+        predicted_loads=tuple(loads_for(targets, segs)),
+    )
+
+
+def make_plan(snap: Snapshot, by: str) -> Plan:
+    if by == "workload":
+        return plan_by_workload(snap)
+    if by == "range":
+        return plan_by_range(snap)
+    raise ConfigError(f"--by: {by!r} is not one of workload, range")
+
+
+def handover_done(snap: Snapshot) -> bool:
+    """No instance locked and every owner active."""
+    return all(not m.record.is_locked and m.record.state is State.ACTIVE for m in owned(snap))
+
+
+def wait_settled(registry: Registry, controller_type: str, timeout: float, poll: float = 0.2) -> Snapshot:
+    """Wait until every instance of the type is unlocked and active; :class:`RegistryError` on timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        snap = registry.snapshot(controller_type)
+        if handover_done(snap):
+            return snap
+        if time.monotonic() > deadline:
+            busy = [
+                f"{m.instance_id} ({m.record.state.value}{', locked' if m.record.is_locked else ''})"
+                for m in owned(snap)
+                if m.record.is_locked or m.record.state is not State.ACTIVE
+            ]
+            raise RegistryError(f"{controller_type}: handover not finished after {timeout:.0f}s: {', '.join(busy)}")
+        time.sleep(poll)
+
+
+def next_move(snap: Snapshot, targets: Sequence[int]) -> Move | None:
+    """A move that is valid now (keeps order and non-empty ranges), or ``None`` when all are done."""
+    members = owned(snap)
+    keys = [m.record.hash_key for m in members]
+    if len(targets) != len(members):
+        raise CompareFailed(
+            f"{snap.controller_type}: membership changed while rebalancing ({len(members)} instances now)"
+        )
+    pending = [i for i in range(len(members) - 1) if keys[i] != targets[i]]
+    for i in pending:
+        lo = keys[i - 1] + 1 if i > 0 else 0
+        if lo <= targets[i] < keys[i + 1]:
+            return Move(members[i].instance_id, keys[i], targets[i])
+    if pending:
+        raise CompareFailed(f"{snap.controller_type}: no valid order for the remaining moves")
+    return None
+
+
+def apply_plan(
+    registry: Registry,
+    plan: Plan,
+    *,
+    timeout: float = 60.0,
+    progress: Callable[[int, int, Move], None] | None = None,
+) -> int:
+    """Apply ``plan`` one boundary at a time, waiting for each handover; return the moves made."""
+    snap = wait_settled(registry, plan.controller_type, timeout)
+    total = len(plan.moves)
+    for done in range(4 * len(plan.targets) + 4):
+        move = next_move(snap, plan.targets)
+        if move is None:
+            return done
+        if progress is not None:
+            progress(done, total, move)
+        registry.set_key(plan.controller_type, move.instance_id, move.new_key)
+        snap = wait_settled(registry, plan.controller_type, timeout)
+    raise CompareFailed(f"{plan.controller_type}: the plan did not converge")
