@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from hashing import MAX_HASH, hash_key
-from registry import EtcdClient, EtcdConfig, EtcdServer, Registry
+from registry import EtcdClient, EtcdServer, Registry
 from registry.rebalance import max_over_mean
 from tests.e2e.conftest import Cluster
 from tests.e2e.kube import create_namespace, create_replicaset, replicasets, scale_replicaset
@@ -24,8 +24,17 @@ RS_ONLY = {"replicaset": {"workers": 2}}
 
 def cli(cluster: Cluster, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "rangeshard.cli.main", "rebalance", *args]
-        + ["--etcd", cluster.registry_etcd_url, "--prefix", cluster.registry_prefix],
+        [
+            sys.executable,
+            "-m",
+            "rangeshard.cli.main",
+            "rebalance",
+            *args,
+            "--etcd",
+            cluster.registry_etcd_url,
+            "--prefix",
+            cluster.registry_prefix,
+        ],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -156,8 +165,17 @@ def test_invalid_rebalance_input_exits_2(etcd_server: EtcdServer, etcd_client: E
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "rangeshard.cli.main", "rebalance", *args]
-            + ["--etcd", etcd_server.url, "--prefix", key_prefix],
+            [
+                sys.executable,
+                "-m",
+                "rangeshard.cli.main",
+                "rebalance",
+                *args,
+                "--etcd",
+                etcd_server.url,
+                "--prefix",
+                key_prefix,
+            ],
             capture_output=True,
             text=True,
             timeout=60,
