@@ -184,6 +184,7 @@ class ControllerRuntime:
             reconcile_timeout=reconcile_timeout,
             synced=self._synced,
             on_epoch=self._reset_informers,
+            on_allowed=self._resync_now,
             workload=self._workload,
             on_state=lambda s: metrics.set_state(self.name, instance_id, s),
             host=host,
@@ -286,11 +287,14 @@ class ControllerRuntime:
         for inf in self.informers.values():
             inf.stop()
 
+    def _resync_now(self) -> None:
+        for obj in self.informers[self.controller.main.name].items():
+            self.queue.add(object_key(obj))
+
     def _resync(self) -> None:
         try:
             while not self._stop.wait(self.resync_period):
-                for obj in self.informers[self.controller.main.name].items():
-                    self.queue.add(object_key(obj))
+                self._resync_now()
         except Exception:
             log.exception("resync %s: thread died unexpectedly", self.name)
             raise
@@ -319,9 +323,12 @@ class ControllerRuntime:
             return
         deadline = self.shard.try_begin(key, key_hash)
         if deadline is None:
-            # Not ours (now): out of range, paused for a relist, locked or fencing.
-            # A relist or resync brings it back when it becomes ours.
+            # Not ours now. In our range but paused (relist, lock, fencing deadline
+            # near): look again soon. Out of range: drop; a relist or resync brings
+            # it back if it becomes ours.
             self.metrics.skipped.labels(self.name).inc()
+            if self.shard.in_range(key_hash):
+                self.queue.add_after(key, 0.25)
             return
         ctx = ReconcileContext(key, deadline)
         start = audit_now()

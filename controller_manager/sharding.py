@@ -80,6 +80,7 @@ class ShardInstance:
         reconcile_timeout: float,
         synced: Callable[[int], bool],
         on_epoch: Callable[[], None],
+        on_allowed: Callable[[], None],
         workload: Callable[[HashRange], tuple[int, dict[str, Any] | None]],
         on_state: Callable[[str], None] | None = None,
         host: str | None = None,
@@ -94,6 +95,7 @@ class ShardInstance:
         self.reconcile_timeout = reconcile_timeout
         self.synced = synced
         self.on_epoch = on_epoch
+        self.on_allowed = on_allowed
         self.workload = workload
         self.on_state = on_state
         self.host = host
@@ -122,6 +124,7 @@ class ShardInstance:
         self.join_revision = 0
         self.published_state: str | None = None
         self.next_heartbeat = 0.0
+        self.retry_heartbeat_at = 0.0
         self.joined = threading.Event()
         self.counters = {"fences": 0, "rejoins": 0, "unlocks": 0, "self_unlocks": 0, "epochs": 0}
 
@@ -347,9 +350,13 @@ class ShardInstance:
             ready = self.allowed is None and rng is not None and not self.leaving
         if ready and self.synced(epoch):
             with self._cond:
-                if self.epoch == epoch:
+                allowed_now = self.epoch == epoch
+                if allowed_now:
                     self.allowed = rng
-            log.info("%s: caches synced at epoch %s: processing %s", self.name, epoch, rng)
+            if allowed_now:
+                log.info("%s: caches synced at epoch %s: processing %s", self.name, epoch, rng)
+                # Keys seen while paused were skipped: look at everything in range again.
+                self.on_allowed()
         if not receivers and self.allowed is not None:
             self._set_state(State.ACTIVE.value)
 
@@ -374,11 +381,15 @@ class ShardInstance:
         if keeper is None or self.fenced:
             return
         now = time.monotonic()
+        if now < self.retry_heartbeat_at:
+            return
         if now < self.next_heartbeat and self.published_state == self.state:
             return
         rng = self.range
         count, histogram = self.workload(rng) if rng is not None else (0, None)
         state = State(self.state) if self.state in State.__members__.values() else None
+        # Failures back off for a second: no busy loop while etcd is away.
+        self.retry_heartbeat_at = now + 1.0
         try:
             self.registry.heartbeat(
                 self.controller_type,
@@ -388,7 +399,9 @@ class ShardInstance:
                 state=state,
                 histogram=histogram,
             )
-            self.published_state = self.state
         except NotRegistered as e:
             log.info("%s: heartbeat found no record: %s", self.name, e)
+            return
+        self.retry_heartbeat_at = 0.0
+        self.published_state = self.state
         self.next_heartbeat = now + max(1.0, self.lease_ttl / 3)

@@ -42,6 +42,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
 from pydantic import BaseModel, ConfigDict, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from hashing import SelectorSyntaxError, ShardSelector, parse_shard_selector
 from local_apiserver import resources
@@ -221,6 +222,12 @@ def create_app(
     async def api_error_handler(request: Request, exc: ApiError) -> Response:
         return status_response(exc)
 
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error_handler(request: Request, exc: StarletteHTTPException) -> Response:
+        reasons = {404: "NotFound", 405: "MethodNotAllowed", 400: "BadRequest"}
+        reason = reasons.get(exc.status_code, "BadRequest" if exc.status_code < 500 else "InternalError")
+        return json_response(status_body(exc.status_code, reason, str(exc.detail)), exc.status_code)
+
     @app.exception_handler(Exception)
     async def bug_handler(request: Request, exc: Exception) -> Response:
         log.error("bug while serving %s %s", request.method, request.url.path, exc_info=exc)
@@ -353,6 +360,10 @@ def parse_target(path: str) -> Target | dict[str, Any]:
     segs = [s for s in path.strip("/").split("/")]
     if not segs or segs == [""]:
         raise not_found_path(_NOT_FOUND)
+    if segs == ["api"]:
+        return {"kind": "APIVersions", "versions": ["v1"]}
+    if segs == ["apis"]:
+        return {"kind": "APIGroupList", "apiVersion": "v1", "groups": [_group(g, v) for g, v in _named_groups()]}
     if segs[0] == "api":
         if len(segs) < 2 or segs[1] not in resources.groups().get("", []):
             raise not_found_path(_NOT_FOUND)

@@ -43,6 +43,7 @@ import anyio
 import orjson
 import pyetcd.events as etcd_events
 import pyetcd.exceptions as etcd_exc
+from pyetcd import etcdrpc
 
 from hashing import ShardSelector
 from local_apiserver.errors import ApiError, status_body
@@ -162,6 +163,10 @@ class EtcdWatch:
             if rs.watch_id == -1 and not rs.events and not rs.created and not rs.canceled:
                 self._callback(rs)
                 return
+            if rs.canceled and not rs.compact_revision and rs.watch_id == self._watch_id:
+                # pyetcd drops cancellations other than compaction; end the stream instead of hanging.
+                self._deliver(("error", f"etcd canceled the watch: {rs.cancel_reason or 'no reason given'}"))
+                return
             original(rs)
 
         watcher._handle_response = handle
@@ -172,8 +177,6 @@ class EtcdWatch:
         if client is None or self._closed:
             return
         try:
-            from pyetcd import etcdrpc  # noqa: PLC0415
-
             watcher = client.raw.watcher
             watcher._request_queue.put_nowait(etcdrpc.WatchRequest(progress_request=etcdrpc.WatchProgressRequest()))
         except Exception:  # best effort: no bookmark this time
@@ -346,7 +349,6 @@ async def _stream(
         if req.send_initial_events:
             yield event_line("BOOKMARK", _bookmark(req.spec, last_rev, initial_end=True))
         next_bookmark = time.monotonic() + bookmark_interval
-        progress_pending = False
         while True:
             now = time.monotonic()
             if now >= deadline:
@@ -358,9 +360,7 @@ async def _stream(
                 kind, payload = await asyncio.wait_for(etcd_watch.queue.get(), timeout=wait if wait > 0 else 0.001)
             except TimeoutError:
                 if req.allow_bookmarks and time.monotonic() >= next_bookmark:
-                    if not progress_pending:
-                        await anyio.to_thread.run_sync(etcd_watch.request_progress)
-                        progress_pending = True
+                    await anyio.to_thread.run_sync(etcd_watch.request_progress)
                     next_bookmark = time.monotonic() + bookmark_interval
                 continue
             if kind == "events":
@@ -370,7 +370,6 @@ async def _stream(
                     if converted is not None:
                         yield event_line(converted[0], converted[1])
             elif kind == "progress":
-                progress_pending = False
                 last_rev = max(last_rev, int(payload))
                 if req.allow_bookmarks:
                     yield event_line("BOOKMARK", _bookmark(req.spec, last_rev))

@@ -97,6 +97,8 @@ def test_unknown_paths_and_methods(http: httpx.Client) -> None:
     _status(http.put(CM, json={}), 405)
     _status(http.post("/api/v1/configmaps", json={"metadata": {"name": "x"}}), 405)
     _status(http.get("/api/v1/namespaces/default/configmaps/x/y/z"), 404)
+    _status(http.post("/apis", json={}), 405)
+    _status(http.delete("/healthz"), 404)
 
 
 def test_unsupported_media_types(http: httpx.Client) -> None:
