@@ -19,6 +19,7 @@ if [ ! -f .venv/.rangeshard-installed ] || [ pyproject.toml -nt .venv/.rangeshar
 fi
 
 command -v kubectl >/dev/null || { echo "kubectl is required on PATH for the end-to-end tests" >&2; exit 1; }
+[ -x "${CHROMIUM:-/usr/bin/chromium}" ] || { echo "chromium is required for tests/dashboard (apt-get install -y chromium)" >&2; exit 1; }
 
 echo "== ruff check"; .venv/bin/ruff check .
 echo "== ruff format --check"; .venv/bin/ruff format --check .

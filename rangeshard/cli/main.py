@@ -71,7 +71,9 @@ def _register_subcommands() -> None:
     components.register(app)
     app.command("etcd")(up.etcd_command)
     app.command("up")(up.up_command)
-    app.command("dashboard")(__import__("rangeshard.dashboard", fromlist=["dashboard_command"]).dashboard_command)
+    from rangeshard.dashboard import dashboard_command  # noqa: PLC0415
+
+    app.command("dashboard")(dashboard_command)
 
 
 _register_subcommands()

@@ -1,0 +1,332 @@
+"""The kustomize base and the dev overlay render, and what they render fits together.
+
+``kubectl kustomize`` (``kubectl`` on PATH, as the e2e tests need anyway)
+renders each; every manifest is parsed with PyYAML and checked:
+
+* each object round-trips through the official client's model of its kind
+  unchanged (a misspelt or misplaced field would be dropped, so it shows);
+* every Deployment/StatefulSet container has liveness and readiness probes on
+  a declared port and CPU/memory requests and a memory limit;
+* ServiceAccounts, ConfigMaps, Services and (Cluster)RoleBindings reference
+  things that exist; Service selectors and PDBs select pods; NetworkPolicies
+  select pods;
+* the managers' config (the generated ConfigMap) validates with
+  :func:`controller_manager.config.load_config` and points at the etcd and
+  proxy Services;
+* etcd has 3 members in the base and 1 in dev, each listed in
+  ``ETCD_INITIAL_CLUSTER`` under its headless-Service name;
+* RBAC: the proxy's role grants exactly what the caches and the built-in
+  controllers' writes need, no wildcards; the managers' ServiceAccount is bound
+  to nothing and mounts no token.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import shutil
+import subprocess
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client as k8s
+
+from controller_manager.config import load_config
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+NAMESPACE = "rangeshard"
+
+MODELS = {
+    "Namespace": "V1Namespace",
+    "ServiceAccount": "V1ServiceAccount",
+    "ClusterRole": "V1ClusterRole",
+    "ClusterRoleBinding": "V1ClusterRoleBinding",
+    "ConfigMap": "V1ConfigMap",
+    "Service": "V1Service",
+    "Deployment": "V1Deployment",
+    "StatefulSet": "V1StatefulSet",
+    "PodDisruptionBudget": "V1PodDisruptionBudget",
+    "NetworkPolicy": "V1NetworkPolicy",
+}
+
+# (apiGroup, resource, verb) the proxy's ServiceAccount needs: the informers'
+# list/watch (cached), get for pass-through reads, and the built-in
+# controllers' writes (controller_manager/controllers/*.py).
+PROXY_NEEDS = {("", "pods", v) for v in ("get", "list", "watch", "create", "delete", "patch")} | {
+    ("apps", "replicasets", "get"),
+    ("apps", "replicasets", "list"),
+    ("apps", "replicasets", "watch"),
+    ("apps", "replicasets", "create"),
+    ("apps", "replicasets", "patch"),
+    ("apps", "replicasets/status", "update"),
+    ("apps", "replicasets/finalizers", "update"),
+    ("apps", "deployments", "get"),
+    ("apps", "deployments", "list"),
+    ("apps", "deployments", "watch"),
+    ("apps", "deployments/status", "update"),
+    ("apps", "deployments/finalizers", "update"),
+}
+
+
+@functools.cache
+def render(path: Path) -> list[dict[str, Any]]:
+    kubectl = shutil.which("kubectl") or "/usr/bin/kubectl"
+    r = subprocess.run([kubectl, "kustomize", str(path)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, f"kubectl kustomize {path} failed:\n{r.stderr}"
+    docs = [d for d in yaml.safe_load_all(r.stdout) if d]
+    assert docs, f"{path} rendered nothing"
+    return docs
+
+
+@pytest.fixture(scope="module", params=["base", "overlays/dev"])
+def rendered(request: pytest.FixtureRequest) -> tuple[str, list[dict[str, Any]]]:
+    name: str = request.param
+    return name, render(DEPLOY / name)
+
+
+def by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def one(docs: list[dict[str, Any]], kind: str, name_start: str) -> dict[str, Any]:
+    found = [d for d in by_kind(docs, kind) if d["metadata"]["name"].startswith(name_start)]
+    assert len(found) == 1, f"expected one {kind} named {name_start}*, got {[d['metadata']['name'] for d in found]}"
+    return found[0]
+
+
+def workloads(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return by_kind(docs, "Deployment") + by_kind(docs, "StatefulSet")
+
+
+def containers(workload: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield from workload["spec"]["template"]["spec"]["containers"]
+
+
+def selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
+
+
+def _prune(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {k: _prune(v) for k, v in x.items() if v is not None}
+    if isinstance(x, list):
+        return [_prune(v) for v in x]
+    return x
+
+
+def test_every_object_matches_its_api_schema(rendered: tuple[str, list[dict[str, Any]]]) -> None:
+    _, docs = rendered
+    api = k8s.ApiClient()
+    for d in docs:
+        assert d["kind"] in MODELS, f"unexpected kind {d['kind']}"
+        obj = api.deserialize(json.dumps(d), MODELS[d["kind"]], "application/json")
+        back = _prune(api.sanitize_for_serialization(obj))
+        assert back == _prune(d), f"{d['kind']}/{d['metadata']['name']}: unknown or misplaced fields"
+        if d["kind"] not in ("Namespace", "ClusterRole", "ClusterRoleBinding"):
+            assert d["metadata"]["namespace"] == NAMESPACE, d["metadata"]
+
+
+def test_kinds_present(rendered: tuple[str, list[dict[str, Any]]]) -> None:
+    _, docs = rendered
+
+    def name(d: dict[str, Any]) -> str:  # generated ConfigMaps carry a content hash suffix
+        n: str = d["metadata"]["name"]
+        return n.rsplit("-", 1)[0] if d["kind"] == "ConfigMap" else n
+
+    kinds = {(d["kind"], name(d)) for d in docs}
+    for expected in [
+        ("Namespace", "rangeshard"),
+        ("StatefulSet", "rangeshard-etcd"),
+        ("Service", "rangeshard-etcd"),
+        ("Service", "rangeshard-etcd-peer"),
+        ("PodDisruptionBudget", "rangeshard-etcd"),
+        ("Deployment", "rangeshard-proxy"),
+        ("Service", "rangeshard-proxy"),
+        ("Deployment", "rangeshard-controller-manager"),
+        ("ConfigMap", "rangeshard-manager-config"),
+        ("ServiceAccount", "rangeshard-proxy"),
+        ("ServiceAccount", "rangeshard-controller-manager"),
+        ("ServiceAccount", "rangeshard-etcd"),
+        ("ClusterRole", "rangeshard-proxy"),
+        ("ClusterRoleBinding", "rangeshard-proxy"),
+        ("NetworkPolicy", "rangeshard-proxy"),
+        ("NetworkPolicy", "rangeshard-etcd"),
+    ]:
+        assert expected in kinds, f"missing {expected}"
+
+
+def test_workloads_have_probes_and_resources(rendered: tuple[str, list[dict[str, Any]]]) -> None:
+    _, docs = rendered
+    assert len(workloads(docs)) == 3
+    for w in workloads(docs):
+        name = w["metadata"]["name"]
+        for c in containers(w):
+            ports = {p["name"] for p in c.get("ports", [])} | {p["containerPort"] for p in c.get("ports", [])}
+            for probe in ("livenessProbe", "readinessProbe"):
+                assert probe in c, f"{name}/{c['name']}: no {probe}"
+                port = c[probe]["httpGet"]["port"]
+                assert port in ports, f"{name}/{c['name']}: {probe} on undeclared port {port}"
+            res = c.get("resources") or {}
+            assert {"cpu", "memory"} <= set(res.get("requests", {})), f"{name}/{c['name']}: requests {res}"
+            assert "memory" in res.get("limits", {}), f"{name}/{c['name']}: no memory limit"
+            sc = c.get("securityContext") or {}
+            assert sc.get("allowPrivilegeEscalation") is False and sc.get("readOnlyRootFilesystem") is True
+            assert sc.get("capabilities", {}).get("drop") == ["ALL"]
+        pod = w["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert w["spec"]["selector"]["matchLabels"].items() <= w["spec"]["template"]["metadata"]["labels"].items()
+
+
+def test_probe_paths(rendered: tuple[str, list[dict[str, Any]]]) -> None:
+    _, docs = rendered
+    for name in ("rangeshard-proxy", "rangeshard-controller-manager"):
+        (c,) = containers(one(docs, "Deployment", name))
+        assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+        assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
+
+
+def test_references_exist(rendered: tuple[str, list[dict[str, Any]]]) -> None:
+    _, docs = rendered
+    sas = {d["metadata"]["name"] for d in by_kind(docs, "ServiceAccount")}
+    cms = {d["metadata"]["name"] for d in by_kind(docs, "ConfigMap")}
+    roles = {d["metadata"]["name"] for d in by_kind(docs, "ClusterRole")}
+    for w in workloads(docs):
+        pod = w["spec"]["template"]["spec"]
+        assert pod["serviceAccountName"] in sas, f"{w['metadata']['name']}: ServiceAccount missing"
+        for vol in pod.get("volumes", []):
+            if "configMap" in vol:
+                assert vol["configMap"]["name"] in cms, f"{w['metadata']['name']}: ConfigMap {vol} missing"
+    for b in by_kind(docs, "ClusterRoleBinding"):
+        assert b["roleRef"]["name"] in roles
+        for s in b["subjects"]:
+            assert s["kind"] == "ServiceAccount" and s["name"] in sas and s["namespace"] == NAMESPACE, s
+    pod_labels = [w["spec"]["template"]["metadata"]["labels"] for w in workloads(docs)]
+    for svc in by_kind(docs, "Service"):
+        sel = svc["spec"]["selector"]
+        targets = [w for w in workloads(docs) if selects(sel, w["spec"]["template"]["metadata"]["labels"])]
+        assert len(targets) == 1, f"Service {svc['metadata']['name']} selects {len(targets)} workloads"
+        declared = {p["name"] for c in containers(targets[0]) for p in c.get("ports", [])}
+        for p in svc["spec"]["ports"]:
+            assert p["targetPort"] in declared, f"Service {svc['metadata']['name']}: targetPort {p['targetPort']}"
+    for pdb in by_kind(docs, "PodDisruptionBudget"):
+        assert any(selects(pdb["spec"]["selector"]["matchLabels"], labels) for labels in pod_labels), pdb
+    for np in by_kind(docs, "NetworkPolicy"):
+        assert any(selects(np["spec"]["podSelector"]["matchLabels"], labels) for labels in pod_labels), np
+
+
+def test_manager_config_validates_and_points_at_the_services(
+    rendered: tuple[str, list[dict[str, Any]]], tmp_path: Path
+) -> None:
+    _, docs = rendered
+    mgr = one(docs, "Deployment", "rangeshard-controller-manager")
+    (c,) = containers(mgr)
+    i = c["args"].index("controller-manager")
+    assert c["args"][i : i + 3] == ["controller-manager", "--config", "/etc/rangeshard/manager.yaml"]
+    mount = next(m for m in c["volumeMounts"] if m["mountPath"] == "/etc/rangeshard")
+    vol = next(v for v in mgr["spec"]["template"]["spec"]["volumes"] if v["name"] == mount["name"])
+    cm = one(docs, "ConfigMap", vol["configMap"]["name"])
+    assert set(cm["data"]) == {"manager.yaml"}
+    path = tmp_path / "manager.yaml"
+    path.write_text(cm["data"]["manager.yaml"])
+    cfg = load_config(path)
+
+    services = {s["metadata"]["name"]: s for s in by_kind(docs, "Service")}
+
+    def service_port(url: str) -> tuple[str, int]:
+        host, port = url.split("://", 1)[1].rsplit(":", 1)
+        assert host in services, f"{url}: no Service {host}"
+        assert int(port) in {p["port"] for p in services[host]["spec"]["ports"]}, url
+        return host, int(port)
+
+    assert [service_port(u) for u in cfg.etcd.endpoints] == [("rangeshard-etcd", 2379)]
+    assert service_port(cfg.proxy.url) == ("rangeshard-proxy", 8001)
+    assert cfg.metrics is not None and cfg.metrics.host == "0.0.0.0"
+    assert {p["containerPort"] for p in c["ports"]} == {cfg.metrics.port}
+    assert set(cfg.controllers) == {"replicaset", "deployment"}
+    # The managers may reach etcd through its NetworkPolicy.
+    assert mgr["spec"]["template"]["metadata"]["labels"].get("rangeshard.io/etcd-client") == "true"
+
+
+def test_proxy_runs_in_cluster(rendered: tuple[str, list[dict[str, Any]]]) -> None:
+    _, docs = rendered
+    (c,) = containers(one(docs, "Deployment", "rangeshard-proxy"))
+    args = c["args"]
+    assert args[0] == "proxy" and "--in-cluster" in args
+    assert args[args.index("--host") + 1] == "0.0.0.0"
+    assert args[args.index("--port") + 1] == "8001"
+
+
+def test_etcd_members(rendered: tuple[str, list[dict[str, Any]]]) -> None:
+    name, docs = rendered
+    want = 3 if name == "base" else 1
+    sts = one(docs, "StatefulSet", "rangeshard-etcd")
+    assert sts["spec"]["replicas"] == want
+    assert sts["spec"]["podManagementPolicy"] == "Parallel"
+    peer = one(docs, "Service", "rangeshard-etcd-peer")
+    assert sts["spec"]["serviceName"] == "rangeshard-etcd-peer"
+    assert peer["spec"]["clusterIP"] == "None" and peer["spec"]["publishNotReadyAddresses"] is True
+    (c,) = containers(sts)
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    members = dict(m.split("=", 1) for m in env["ETCD_INITIAL_CLUSTER"].split(","))
+    assert members == {
+        f"rangeshard-etcd-{i}": f"http://rangeshard-etcd-{i}.rangeshard-etcd-peer:2380" for i in range(want)
+    }
+    assert env["ETCD_NAME"] == "$(POD_NAME)"
+    assert env["ETCD_INITIAL_ADVERTISE_PEER_URLS"] == "http://$(POD_NAME).rangeshard-etcd-peer:2380"
+    pdb = one(docs, "PodDisruptionBudget", "rangeshard-etcd")
+    # Voluntary disruptions never take more than one member (quorum of 3 is 2).
+    assert pdb["spec"].get("maxUnavailable") == 1
+
+
+def test_replicas_and_requests_per_variant() -> None:
+    base, dev = render(DEPLOY / "base"), render(DEPLOY / "overlays" / "dev")
+    assert one(base, "Deployment", "rangeshard-controller-manager")["spec"]["replicas"] == 3
+    assert one(dev, "Deployment", "rangeshard-controller-manager")["spec"]["replicas"] == 1
+    assert one(dev, "Deployment", "rangeshard-proxy")["spec"]["replicas"] == 1
+
+    def mem_mi(docs: list[dict[str, Any]]) -> int:
+        total = 0
+        for w in workloads(docs):
+            for c in containers(w):
+                value = c["resources"]["requests"]["memory"]
+                assert value.endswith("Mi"), value
+                total += int(value[:-2]) * w["spec"]["replicas"]
+        return total
+
+    assert mem_mi(dev) < mem_mi(base) / 4
+
+
+def test_rbac_least_privilege(rendered: tuple[str, list[dict[str, Any]]]) -> None:
+    _, docs = rendered
+    role = one(docs, "ClusterRole", "rangeshard-proxy")
+    granted: set[tuple[str, str, str]] = set()
+    for rule in role["rules"]:
+        for field in ("apiGroups", "resources", "verbs"):
+            assert "*" not in rule[field], f"wildcard in {rule}"
+        granted |= {(g, r, v) for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
+    assert granted == PROXY_NEEDS, f"missing {PROXY_NEEDS - granted}, extra {granted - PROXY_NEEDS}"
+    bindings = by_kind(docs, "ClusterRoleBinding") + by_kind(docs, "RoleBinding")
+    bound = {s["name"] for b in bindings for s in b["subjects"]}
+    assert bound == {"rangeshard-proxy"}
+    mgr_sa = one(docs, "ServiceAccount", "rangeshard-controller-manager")
+    assert mgr_sa["automountServiceAccountToken"] is False
+    mgr = one(docs, "Deployment", "rangeshard-controller-manager")
+    assert mgr["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+
+
+def test_dockerfile() -> None:
+    text = (DEPLOY / "Dockerfile").read_text()
+    froms = [line.split()[1] for line in text.splitlines() if line.startswith("FROM ")]
+    assert froms and all(f == "python:3.11-slim" for f in froms), froms
+    assert 'ENTRYPOINT ["rangeshard"]' in text
+    assert "USER 10001" in text
+    ignore = (DEPLOY / "Dockerfile.dockerignore").read_text().splitlines()
+    packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
+    for pkg in (p.rstrip("*") for p in packages):
+        assert f"COPY {pkg} ./{pkg}" in text, pkg
+        assert f"!{pkg}/**" in ignore, pkg
