@@ -15,11 +15,14 @@ Invariants
       which would make a client useless long after etcd came back; we build
       endpoints with ``time_retry=0`` so the next call tries again at once.
     * No pyetcd or grpc exception escapes this module's public methods.
+    * With username/password, the etcd auth token travels as call metadata,
+      so authentication works over plaintext as well as TLS endpoints.
 
 Concurrency model
     A gRPC channel is thread-safe; one :class:`EtcdClient` may be shared by
-    threads for unary calls. Long-lived watches use their own client (see
-    :mod:`registry.watch`) so a broken watch stream cannot disturb other work.
+    threads for unary calls. Long-lived watches should use a client of their
+    own (the membership watch of :mod:`registry.watch` does) so a broken watch
+    stream cannot disturb other work.
 """
 
 from __future__ import annotations
@@ -214,6 +217,11 @@ class EtcdClient:
             )
         except (etcd_exc.Etcd3Exception, grpc.RpcError) as e:
             raise translate(e, f"connecting to {config.urls}") from e
+        if creds is None:
+            # gRPC refuses call credentials on a plaintext channel ("insufficient
+            # security level"); pyetcd also sends the auth token as metadata on
+            # every call, which is all etcd needs.
+            self.raw.call_credentials = None
         self.txn = etcd_txn
 
     def close(self) -> None:

@@ -7,11 +7,13 @@ with the audit logs of every manager after each scenario.
 from __future__ import annotations
 
 import random
+import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from controller_manager.audit import now as audit_now
@@ -56,6 +58,18 @@ def test_three_joins_give_the_design_keys_and_converge(cluster: Cluster) -> None
     assert cluster.overlaps() == []
     # workloadNum is published: the instances together own every replicaset.
     wait_until(lambda: sum(m.record.workload_num for m in cluster.snapshot("replicaset")) == 6, 15, "workloads")
+    # Each manager exports its state on /metrics and answers /healthz and /readyz.
+    for m in cluster.managers:
+        url = re.search(r"metrics on (http://\S+)/metrics", m.log.read_text()).group(1)  # type: ignore[union-attr]
+        with httpx.Client(timeout=5) as c:
+            assert c.get(url + "/healthz").status_code == 200
+            assert c.get(url + "/readyz").status_code == 200
+            text = c.get(url + "/metrics").text
+        assert (
+            f'rangeshard_instance_state{{controller="replicaset",instance="{m.name}-replicaset",state="active"}} 1.0'
+            in text
+        )
+        assert "# TYPE rangeshard_reconciles_total counter" in text
 
 
 def test_twenty_deployments_converge_never_more_pods(cluster: Cluster) -> None:

@@ -1,0 +1,147 @@
+"""Fault injection with real processes: kills mid-handover, proxy and upstream restarts, cut streams.
+
+Each test asserts: zero audit overlaps, everything converges, and (where a
+cache is involved) the proxy's cached view equals the upstream after recovery.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from local_apiserver.process import LocalApiServerProcess
+from range_filter_proxy.process import ProxyProcess
+from registry import EtcdClient, EtcdConfig, EtcdServer
+from tests.e2e.conftest import Cluster
+from tests.e2e.kube import create_namespace, create_replicaset, replicasets_converged, scale_replicaset
+from tests.e2e.test_manager import RS_ONLY, all_active
+from tests.helpers import wait_until
+from tests.relay import TcpRelay
+
+
+def cache_matches_upstream(proxy_url: str, upstream_url: str, path: str) -> bool:
+    """The proxy's (consistent) list has exactly the upstream's objects at the same versions."""
+    with httpx.Client(timeout=10) as c:
+        try:
+            via_proxy = c.get(proxy_url + path).json()["items"]
+            direct = c.get(upstream_url + path).json()["items"]
+        except (httpx.HTTPError, KeyError, ValueError):
+            return False
+
+    def ids(items: list[dict[str, Any]]) -> set[tuple[str, str]]:
+        return {(i["metadata"]["name"], i["metadata"]["resourceVersion"]) for i in items}
+
+    return ids(via_proxy) == ids(direct)
+
+
+def test_sigkill_giver_and_receiver_mid_handover(cluster: Cluster) -> None:
+    api = cluster.api
+    create_namespace(api, "midkill")
+    for i in range(12):
+        create_replicaset(api, "midkill", f"rs{i}", 1)
+    giver = cluster.start_manager(RS_ONLY)
+    wait_until(lambda: all_active(cluster, "replicaset", 1), 30, "the first instance active")
+    wait_until(lambda: replicasets_converged(api, "midkill"), 30, "converged")
+    # A receiver joins (locked, giver = first); kill the giver while the handover runs.
+    receiver = cluster.start_manager(RS_ONLY)
+    wait_until(lambda: len(cluster.snapshot("replicaset")) == 2, 30, "the receiver's join")
+    for i in range(12):
+        scale_replicaset(api, "midkill", f"rs{i}", 2)
+    giver.kill()
+    wait_until(lambda: all_active(cluster, "replicaset", 1), 30, "the receiver takes everything")
+    wait_until(lambda: replicasets_converged(api, "midkill"), 30, "converged after the giver died")
+    # Now a third joins and the receiver-turned-giver is killed while the newcomer is locked.
+    third = cluster.start_manager(RS_ONLY)
+    wait_until(lambda: len(cluster.snapshot("replicaset")) == 2, 30, "the third's join")
+    receiver.kill()
+    for i in range(12):
+        scale_replicaset(api, "midkill", f"rs{i}", 1)
+    wait_until(lambda: all_active(cluster, "replicaset", 1), 30, "the third instance takes everything")
+    wait_until(lambda: replicasets_converged(api, "midkill"), 30, "converged after both kills")
+    assert third.alive
+    assert cluster.overlaps() == []
+
+
+def test_proxy_restart_during_watches(cluster: Cluster) -> None:
+    api = cluster.api
+    create_namespace(api, "proxyrestart")
+    for i in range(8):
+        create_replicaset(api, "proxyrestart", f"rs{i}", 1)
+    cluster.start_manager(RS_ONLY)
+    cluster.start_manager(RS_ONLY)
+    wait_until(lambda: all_active(cluster, "replicaset", 2), 30, "two active instances")
+    wait_until(lambda: replicasets_converged(api, "proxyrestart"), 30, "converged")
+    cluster.proxy.kill()
+    # Changes while the proxy is gone: nobody can act, nothing may be lost.
+    for i in range(8):
+        scale_replicaset(api, "proxyrestart", f"rs{i}", 3)
+    cluster.proxy.start()
+    wait_until(lambda: replicasets_converged(api, "proxyrestart"), 40, "converged through the new proxy")
+    wait_until(
+        lambda: cache_matches_upstream(
+            cluster.proxy.url, cluster.apiserver.url, "/api/v1/namespaces/proxyrestart/pods"
+        ),
+        20,
+        "the proxy cache equal to the upstream",
+    )
+    assert cluster.overlaps() == []
+
+
+@pytest.fixture
+def relayed_cluster(etcd_server: EtcdServer, tmp_path: Path) -> Iterator[tuple[Cluster, TcpRelay]]:
+    """A cluster whose proxy reaches the API server through a relay the test can cut."""
+    storage = f"/faults-{uuid.uuid4().hex[:8]}"
+    api = LocalApiServerProcess(
+        etcd_server.url, prefix=storage, log_file=tmp_path / "apiserver.log", bookmark_interval=0.2
+    )
+    api.start()
+    relay = TcpRelay(api.port)
+    proxy = ProxyProcess(relay.url, log_file=tmp_path / "proxy.log")
+    try:
+        proxy.start()
+        cluster = Cluster(etcd_server.url, etcd_server.url, f"/rs-{uuid.uuid4().hex[:8]}", api, proxy, tmp_path)
+        try:
+            yield cluster, relay
+        finally:
+            cluster.stop()
+    finally:
+        proxy.stop()
+        relay.close()
+        api.stop()
+        with EtcdClient(EtcdConfig.from_urls(etcd_server.url)) as c:
+            c.delete_prefix(storage + "/")
+
+
+def test_upstream_restart_and_cut_streams(relayed_cluster: tuple[Cluster, TcpRelay]) -> None:
+    cluster, relay = relayed_cluster
+    api = cluster.api
+    create_namespace(api, "upstream")
+    for i in range(8):
+        create_replicaset(api, "upstream", f"rs{i}", 1)
+    cluster.start_manager(RS_ONLY)
+    cluster.start_manager(RS_ONLY)
+    wait_until(lambda: all_active(cluster, "replicaset", 2), 30, "two active instances")
+    wait_until(lambda: replicasets_converged(api, "upstream"), 30, "converged")
+    # Cut every proxy->upstream stream mid-flight, change things, let it back.
+    relay.cut()
+    for i in range(8):
+        scale_replicaset(api, "upstream", f"rs{i}", 2)
+    relay.restore()
+    wait_until(lambda: replicasets_converged(api, "upstream"), 40, "converged after the cut")
+    # Restart the upstream itself (same port, same etcd data).
+    cluster.apiserver.stop()
+    cluster.apiserver.start()
+    for i in range(8):
+        scale_replicaset(api, "upstream", f"rs{i}", 1)
+    wait_until(lambda: replicasets_converged(api, "upstream"), 40, "converged after the upstream restart")
+    wait_until(
+        lambda: cache_matches_upstream(cluster.proxy.url, cluster.apiserver.url, "/api/v1/namespaces/upstream/pods"),
+        20,
+        "the proxy cache equal to the upstream",
+    )
+    assert cluster.overlaps() == []
