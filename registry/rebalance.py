@@ -301,3 +301,38 @@ def apply_plan(
         registry.set_key(plan.controller_type, move.instance_id, move.new_key)
         snap = wait_settled(registry, plan.controller_type, timeout)
     raise CompareFailed(f"{plan.controller_type}: the plan did not converge")
+
+
+@dataclass
+class AutoPolicy:
+    """When automatic rebalancing acts (threshold with hysteresis, minimum gain).
+
+    It acts when max/mean exceeds ``threshold`` and the plan predicts at least
+    ``min_gain`` improvement. After acting it disarms and re-arms only once
+    max/mean fell below ``threshold - hysteresis``, so a plan that cannot get
+    below the threshold is not retried over and over (no flapping).
+    """
+
+    threshold: float = 1.2
+    hysteresis: float = 0.05
+    min_gain: float = 0.05
+    armed: bool = True
+
+    def __post_init__(self) -> None:
+        if self.threshold < 1.0 or self.hysteresis < 0 or self.min_gain < 0:
+            raise ConfigError("auto: need --threshold >= 1 and --hysteresis, --min-gain >= 0")
+
+    def decide(self, ratio: float, plan: Plan | None) -> str:
+        """``"apply"``, or why not: ``"balanced"``, ``"disarmed"``, ``"no-gain"``."""
+        if ratio < self.threshold - self.hysteresis:
+            self.armed = True
+        if ratio <= self.threshold:
+            return "balanced"
+        if not self.armed:
+            return "disarmed"
+        if plan is None or not plan.moves or plan.predicted_ratio > ratio - self.min_gain:
+            return "no-gain"
+        return "apply"
+
+    def applied(self) -> None:
+        self.armed = False

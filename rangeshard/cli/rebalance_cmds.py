@@ -50,7 +50,7 @@ from rangeshard.cli.common import (
 from rangeshard.errors import ConfigError, RangeshardError
 from registry import EtcdClient, Registry, Snapshot
 from registry.models import check_name
-from registry.rebalance import Move, Plan, apply_plan, make_plan, max_over_mean, owned, wait_settled
+from registry.rebalance import AutoPolicy, Move, Plan, apply_plan, make_plan, max_over_mean, owned, wait_settled
 
 app = typer.Typer(help="Show and fix the balance of hash ranges between instances.", no_args_is_help=True)
 
@@ -290,12 +290,11 @@ def auto_command(
     console = Console()
     try:
         check_name("--type", controller_type)
-        if interval <= 0 or cooldown < 0 or threshold < 1.0 or hysteresis < 0 or min_gain < 0:
-            raise ConfigError(
-                "auto: need --interval > 0, --cooldown >= 0, --threshold >= 1, --hysteresis/--min-gain >= 0"
-            )
+        if interval <= 0 or cooldown < 0:
+            raise ConfigError("auto: need --interval > 0 and --cooldown >= 0")
         if by not in ("workload", "range"):
             raise ConfigError(f"--by: {by!r} is not one of workload, range")
+        policy = AutoPolicy(threshold, hysteresis, min_gain)
         client, reg = _registry(etcd, prefix, etcd_cacert, etcd_cert, etcd_key, etcd_user, etcd_password)
     except RangeshardError as e:
         fail(e)
@@ -303,27 +302,22 @@ def auto_command(
     if not once:
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
         signal.signal(signal.SIGINT, lambda *_: stop.set())
-    armed = True
     with client:
         while not stop.is_set():
             wait = interval
             try:
                 snap = reg.snapshot(controller_type)
                 ratio = max_over_mean([m.record.workload_num for m in owned(snap)])
-                if ratio < threshold - hysteresis:
-                    armed = True
-                if armed and ratio > threshold and len(owned(snap)) > 1:
-                    plan = make_plan(snap, by)
-                    if plan.moves and plan.predicted_ratio <= ratio - min_gain:
-                        _print_plan(console, plan)
-                        apply_plan(reg, plan, timeout=timeout)
-                        console.print("plan applied")
-                        armed = False
-                        wait = max(interval, cooldown)
-                    else:
-                        console.print(f"max/mean {ratio:.2f} > {threshold}, but no plan gains {min_gain}")
+                plan = make_plan(snap, by) if ratio > threshold and len(owned(snap)) > 1 else None
+                decision = policy.decide(ratio, plan)
+                if decision == "apply" and plan is not None:
+                    _print_plan(console, plan)
+                    apply_plan(reg, plan, timeout=timeout)
+                    policy.applied()
+                    console.print("plan applied")
+                    wait = max(interval, cooldown)
                 else:
-                    console.print(f"max/mean {ratio:.2f}: nothing to do")
+                    console.print(f"max/mean {ratio:.2f}: {decision}")
             except RangeshardError as e:
                 console.print(f"[red]{e}[/red]")
             if once:

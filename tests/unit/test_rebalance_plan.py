@@ -12,6 +12,7 @@ from hashing import MAX_HASH, HashRange, hash_key
 from rangeshard.errors import ConfigError
 from registry.models import InstanceRecord, Snapshot, State
 from registry.rebalance import (
+    AutoPolicy,
     bucket_of,
     bucket_start,
     histogram,
@@ -131,3 +132,24 @@ def test_moves_can_always_be_ordered(keys: list[int], objects: list[int]) -> Non
     assert tuple(current) == plan.targets
     assert sum(plan.predicted_loads) == len(objects)
     assert loads_for(list(plan.targets), segments(snapshot(list(plan.targets), objects))) == list(plan.predicted_loads)
+
+
+def test_auto_policy_hysteresis_never_flaps() -> None:
+    rnd = random.Random(3)
+    snap = snapshot(halving_keys(3), [hash_key(f"uid-{rnd.random()}") for _ in range(90)])
+    plan = plan_by_workload(snap)
+    assert plan.predicted_ratio < 1.1
+    policy = AutoPolicy(threshold=1.2, hysteresis=0.1, min_gain=0.05)
+    assert policy.decide(1.1, plan) == "balanced"
+    assert policy.decide(1.5, plan) == "apply"
+    policy.applied()
+    # Still above the threshold after applying (say new objects arrived): no second try...
+    assert policy.decide(1.3, plan) == "disarmed"
+    # ... until the imbalance once fell clearly below the threshold.
+    assert policy.decide(1.15, plan) == "balanced"
+    assert policy.decide(1.3, plan) == "disarmed"
+    assert policy.decide(1.05, plan) == "balanced"
+    assert policy.decide(1.3, plan) == "apply"
+    assert policy.decide(1.3, None) == "no-gain"
+    with pytest.raises(ConfigError, match="threshold"):
+        AutoPolicy(threshold=0.9)
