@@ -343,8 +343,6 @@ class ShardInstance:
                         log.debug("%s: unlock of %s deferred: %s", self.name, r.instance_id, e)
             else:
                 log.debug("%s: draining %s key(s) outside %s", self.name, len(outside), rng)
-        elif self.allowed is not None or self.state != State.ACTIVE.value:
-            pass
         with self._cond:
             epoch = self.epoch
             ready = self.allowed is None and rng is not None and not self.leaving

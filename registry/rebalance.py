@@ -147,42 +147,89 @@ def loads_for(keys: Sequence[int], segs: Sequence[Segment]) -> list[int]:
     return loads
 
 
+def _parts_needed(counts: Sequence[int], cap: int) -> int:
+    """Fewest contiguous parts with at most ``cap`` objects each (greedy is optimal)."""
+    parts, acc = 1, 0
+    for c in counts:
+        if acc + c > cap:
+            parts, acc = parts + 1, c
+        else:
+            acc += c
+    return parts
+
+
+def min_max_load(counts: Sequence[int], parts: int) -> int:
+    """The smallest achievable maximum load when cutting ``counts`` into ``parts`` contiguous parts."""
+    lo, hi = max(counts, default=0), sum(counts)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if _parts_needed(counts, mid) <= parts:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
 def plan_by_workload(snap: Snapshot) -> Plan:
-    """Boundaries on bucket edges that split the published counts as evenly as possible."""
+    """Boundaries on bucket edges: the smallest possible maximum load, then as even as possible.
+
+    First the optimal cap (the least maximum any cut can reach) is found by a
+    binary search; then each boundary goes to the bucket edge nearest its
+    even share (``total * i / n`` objects before it) among the edges that
+    keep every part within the cap and leave enough room for the remaining
+    instances; among equally near edges, one that leaves no instance idle.
+    Equally good edges lie in one gap between objects: the middle one is
+    taken, so new objects land evenly.
+    """
     members = owned(snap)
     n = len(members)
     segs = segments(snap)
     current = [m.record.hash_key for m in members[:-1]] + [MAX_HASH]
-    total = sum(s.count for s in segs)
+    counts = [s.count for s in segs]
+    total = sum(counts)
+    size = len(segs)
     targets: list[int] = []
     if n > 1:
-        # Candidate boundaries: the end of every segment (a bucket edge), with the count before it.
-        ends: list[tuple[int, int]] = []
-        acc = 0
-        for s in segs[:-1]:
-            acc += s.count
-            ends.append((s.hi, acc))
+        if size < n:
+            raise ConfigError(f"{snap.controller_type}: not enough histogram resolution to place {n - 1} boundaries")
+        cap = min_max_load(counts, n)
+        # suffix_parts[j]: fewest parts covering segments j.. within the cap (greedy from the right).
+        suffix_parts = [0] * (size + 1)
+        parts, acc = 0, 0
+        for j in range(size - 1, -1, -1):
+            if parts == 0 or acc + counts[j] > cap:
+                parts, acc = parts + 1, counts[j]
+            else:
+                acc += counts[j]
+            suffix_parts[j] = parts
+        cumulative = []
+        running = 0
+        for c in counts:
+            running += c
+            cumulative.append(running)
         start = 0
         for i in range(1, n):
             goal = total * i / n
-            remaining_boundaries = n - 1 - i
-            best_err: float | None = None
+            left = n - i  # instances after this boundary
+            before_start = cumulative[start - 1] if start else 0
+            best_rank: tuple[float, bool] | None = None
             best_idx: list[int] = []
-            for idx in range(start, len(ends) - remaining_boundaries):
-                err = abs(ends[idx][1] - goal)
-                if best_err is None or err < best_err:
-                    best_err, best_idx = err, [idx]
-                elif err == best_err:
-                    best_idx.append(idx)
-                elif ends[idx][1] > goal:
+            for idx in range(start, size - left):
+                part = cumulative[idx] - before_start
+                if part > cap:
                     break
+                if suffix_parts[idx + 1] > left:
+                    continue
+                # Nearest to the even share; among equals, one that leaves nobody idle.
+                rank = (abs(cumulative[idx] - goal), part == 0)
+                if best_rank is None or rank < best_rank:
+                    best_rank, best_idx = rank, [idx]
+                elif rank == best_rank:
+                    best_idx.append(idx)
             if not best_idx:
-                raise ConfigError(
-                    f"{snap.controller_type}: not enough histogram resolution to place {n - 1} boundaries"
-                )
-            # Equally good edges lie in one gap between objects: take its middle.
+                raise ConfigError(f"{snap.controller_type}: cannot place boundary {i} of {n - 1}")
             chosen = best_idx[len(best_idx) // 2]
-            targets.append(ends[chosen][0])
+            targets.append(segs[chosen].hi)
             start = chosen + 1
     targets.append(MAX_HASH)
     return _plan(snap, "workload", members, current, targets, segs)

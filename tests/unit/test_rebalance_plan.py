@@ -100,6 +100,15 @@ def test_plan_by_workload_balances(n: int, skewed: bool) -> None:
     assert plan.targets[-1] == MAX_HASH and list(plan.targets) == sorted(set(plan.targets))
 
 
+def test_clustered_objects_get_the_optimal_maximum() -> None:
+    # Short strings hash into a few buckets: 60 | 20 | 10 objects in three clusters.
+    objects = [hash_key(str(i)) for i in range(90)]
+    plan = plan_by_workload(snapshot(halving_keys(3), objects))
+    assert max(plan.predicted_loads) == 60
+    assert sorted(plan.predicted_loads) == [10, 20, 60]
+    assert owned_counts(list(plan.targets), objects) == list(plan.predicted_loads)
+
+
 def test_plan_by_range_equalises_ranges() -> None:
     snap = snapshot(halving_keys(3), [hash_key(str(i)) for i in range(90)])
     plan = plan_by_range(snap)
