@@ -63,20 +63,43 @@ def hash_command(
         typer.echo(str(hash_key(value)))
 
 
-def _register_subcommands() -> None:
-    from rangeshard.cli import components, rebalance_cmds, registry_cmds, up  # noqa: PLC0415
+LIGHT_COMMANDS = {"hash", "registry", "rebalance", "etcd"}
+
+
+def _requested_command(argv: list[str]) -> str | None:
+    """The subcommand named on the command line (skipping root options and their values)."""
+    args = iter(argv)
+    for arg in args:
+        if arg == "--log-level":
+            next(args, None)
+        elif not arg.startswith("-"):
+            return arg
+    return None
+
+
+def _register_subcommands(argv: list[str]) -> None:
+    """Register the commands; the component servers only when they may be needed.
+
+    Importing the servers (FastAPI, the kubernetes client) costs about a second,
+    so ``rangeshard registry list`` and friends skip it; ``--help`` without a
+    command still lists everything.
+    """
+    from rangeshard.cli import rebalance_cmds, registry_cmds, up  # noqa: PLC0415
 
     app.add_typer(registry_cmds.app, name="registry")
     app.add_typer(rebalance_cmds.app, name="rebalance")
-    components.register(app)
     app.command("etcd")(up.etcd_command)
-    app.command("up")(up.up_command)
+    if _requested_command(argv) in LIGHT_COMMANDS:
+        return
+    from rangeshard.cli import components  # noqa: PLC0415
     from rangeshard.dashboard import dashboard_command  # noqa: PLC0415
 
+    components.register(app)
+    app.command("up")(up.up_command)
     app.command("dashboard")(dashboard_command)
 
 
-_register_subcommands()
+_register_subcommands(sys.argv[1:])
 
 
 def main() -> None:

@@ -38,8 +38,6 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.text import Text
 
-from local_apiserver.process import LocalApiServerProcess
-from range_filter_proxy.process import ProxyProcess
 from rangeshard.cli.common import fail
 from rangeshard.errors import ConfigError, RangeshardError
 from registry import EtcdClient, EtcdConfig, EtcdServer, MembershipWatch, Registry, RegistryView, free_port
@@ -188,6 +186,9 @@ def up_command(
     ] = False,
 ) -> None:
     """Run everything locally: etcd, the local API server, the proxy and N controller managers."""
+    from local_apiserver.process import LocalApiServerProcess  # noqa: PLC0415 (heavy: imported on use)
+    from range_filter_proxy.process import ProxyProcess  # noqa: PLC0415
+
     console = Console()
     if not 1 <= managers <= 16:
         fail(ConfigError(f"--managers: {managers} is outside 1-16"))
