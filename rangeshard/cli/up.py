@@ -207,7 +207,10 @@ def up_command(
         etcd = EtcdServer(state_dir / "etcd", client_port=ports[0], log_file=state_dir / "etcd.log")
         etcd.start()
         sup.add("etcd", etcd.stop)
-        api = LocalApiServerProcess(etcd.url, port=ports[1], log_file=state_dir / "apiserver.log")
+        # Frequent bookmarks let the proxy's consistent reads catch up without an upstream list.
+        api = LocalApiServerProcess(
+            etcd.url, port=ports[1], log_file=state_dir / "apiserver.log", bookmark_interval=1.0
+        )
         api.start()
         sup.add("local API server", api.stop)
         proxy = ProxyProcess(
