@@ -15,6 +15,8 @@ Modules
     bodies), ``selectors`` (label/field selectors), ``validation``,
     ``patch`` (merge and JSON patch), ``strategic`` (strategic merge patch),
     ``store`` (the etcd storage, synchronous), ``watch`` (etcd watch -> asyncio bridge), ``gc`` (cascading deletion),
+    ``auth`` (``--token-file``, the fixed policy, TokenReview and
+    SubjectAccessReview), ``middleware`` (body limit, authentication),
     ``app`` (FastAPI routes, ``create_app``), ``process``
     (``LocalApiServerProcess``), ``cli`` (``local_apiserver_command``).
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -46,6 +47,16 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from hashing import SelectorSyntaxError, ShardSelector, parse_shard_selector
 from local_apiserver import resources
+from local_apiserver.auth import (
+    Attributes,
+    TokenAuthenticator,
+    UserInfo,
+    authorize,
+    forbidden_error,
+    subject_access_review,
+    token_review,
+    unauthorized,
+)
 from local_apiserver.errors import (
     ApiError,
     bad_request,
@@ -57,6 +68,7 @@ from local_apiserver.errors import (
     unsupported_media_type,
 )
 from local_apiserver.gc import GarbageCollector
+from local_apiserver.middleware import DEFAULT_MAX_BODY_BYTES, Authenticate, BodyLimit
 from local_apiserver.patch import json_patch, merge_patch
 from local_apiserver.resources import ResourceSpec
 from local_apiserver.selectors import (
@@ -93,7 +105,13 @@ MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
 STRATEGIC_PATCH = "application/strategic-merge-patch+json"
 APPLY_PATCH = "application/apply-patch+yaml"
-MAX_BODY = 3 * 1024 * 1024
+TOKEN_REVIEWS = "apis/authentication.k8s.io/v1/tokenreviews"  # noqa: S105 (a path, not a secret)
+SUBJECT_ACCESS_REVIEWS = "apis/authorization.k8s.io/v1/subjectaccessreviews"
+#: API groups served only for their review resources (create only).
+REVIEW_GROUPS = {
+    "authentication.k8s.io": ("tokenreviews", "TokenReview"),
+    "authorization.k8s.io": ("subjectaccessreviews", "SubjectAccessReview"),
+}
 
 
 class DeleteOptions(BaseModel):
@@ -142,8 +160,15 @@ class Metrics:
 class State:
     """Everything the routes share; created in the lifespan."""
 
-    def __init__(self, config: EtcdConfig, prefix: str | None, bookmark_interval: float) -> None:
+    def __init__(
+        self,
+        config: EtcdConfig,
+        prefix: str | None,
+        bookmark_interval: float,
+        authenticator: TokenAuthenticator | None = None,
+    ) -> None:
         self.config = config
+        self.authenticator = authenticator
         self.prefix = prefix
         self.bookmark_interval = bookmark_interval
         self.metrics = Metrics()
@@ -151,6 +176,18 @@ class State:
         self.store: Store | None = None
         self.gc: GarbageCollector | None = None
         self.bootstrapped = False
+        self._connect_lock = threading.Lock()
+
+    def connect(self) -> Store:
+        """The store, connecting first if needed (with etcd authentication this talks to etcd)."""
+        with self._connect_lock:
+            if self.store is None:
+                client = EtcdClient(self.config)
+                self.client = client
+                self.store = Store(client, self.prefix)
+                self.gc = GarbageCollector(self.store)
+                self.gc.start()
+            return self.store
 
     def require_store(self) -> Store:
         if self.store is None or not self.bootstrapped:
@@ -176,26 +213,28 @@ def create_app(
     prefix: str | None = None,
     bookmark_interval: float = 60.0,
     startup_timeout: float = 30.0,
+    authenticator: TokenAuthenticator | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
 ) -> FastAPI:
     """Build the local API server application (see module docstring).
 
     ``etcd`` is an :class:`EtcdConfig` or ``URL[,URL...]``; ``prefix`` the
     storage prefix (default ``/registry``); ``bookmark_interval`` the seconds
-    between watch bookmarks when a client allows them.
+    between watch bookmarks when a client allows them; ``authenticator`` (from
+    ``--token-file``) turns on authentication and the built-in authorization
+    policy (:mod:`local_apiserver.auth`); ``max_body_bytes`` bounds request
+    bodies (413 beyond).
     """
     config = etcd if isinstance(etcd, EtcdConfig) else EtcdConfig.from_urls(etcd)
-    state = State(config, prefix, bookmark_interval)
+    state = State(config, prefix, bookmark_interval, authenticator)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        state.client = EtcdClient(config)
-        state.store = Store(state.client, prefix)
-        state.gc = GarbageCollector(state.store)
-        state.gc.start()
         deadline = time.monotonic() + startup_timeout
         while True:
             try:
-                await in_thread(state.store.ensure_namespaces)
+                store = await in_thread(state.connect)
+                await in_thread(store.ensure_namespaces)
                 state.bootstrapped = True
                 break
             except (ApiError, RangeshardError) as e:
@@ -203,7 +242,7 @@ def create_app(
                     log.warning("etcd not reachable at start-up (%s); serving 503 until it is", e)
                     break
                 await anyio.sleep(0.2)
-        log.info("local API server ready (etcd %s, prefix %s)", config.urls, state.store.prefix)
+        log.info("local API server ready (etcd %s, prefix %s)", config.urls, prefix or "/registry")
         try:
             yield
         finally:
@@ -217,6 +256,9 @@ def create_app(
         title="rangeshard local API server", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
     )
     app.state.local = state
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    if authenticator is not None:
+        app.add_middleware(Authenticate, authenticator=authenticator)
 
     @app.exception_handler(ApiError)
     async def api_error_handler(request: Request, exc: ApiError) -> Response:
@@ -241,9 +283,10 @@ def create_app(
     @app.get("/readyz")
     async def readyz() -> Response:
         if not state.bootstrapped or state.client is None:
-            if state.store is not None and not state.bootstrapped:
+            if not state.bootstrapped:
                 with contextlib.suppress(ApiError, RangeshardError):
-                    await in_thread(state.store.ensure_namespaces)
+                    store = await in_thread(state.connect)
+                    await in_thread(store.ensure_namespaces)
                     state.bootstrapped = True
             if not state.bootstrapped:
                 return PlainTextResponse("etcd not reached yet", status_code=503)
@@ -282,7 +325,10 @@ def create_app(
     async def api(request: Request, path: str) -> Response:
         info = {"verb": request.method.lower(), "resource": "", "subresource": ""}
         try:
-            response = await _dispatch(state, request, path, info)
+            if path.strip("/") in (TOKEN_REVIEWS, SUBJECT_ACCESS_REVIEWS):
+                response = await _review(state, request, path.strip("/"), info)
+            else:
+                response = await _dispatch(state, request, path, info)
         except ApiError as e:
             response = status_response(e)
         except Exception as e:  # a bug: answer a Status 500, log the traceback, count it
@@ -300,7 +346,17 @@ def create_app(
 
 
 def _named_groups() -> list[tuple[str, list[str]]]:
-    return [(g, v) for g, v in resources.groups().items() if g]
+    return [(g, v) for g, v in resources.groups().items() if g] + [(g, ["v1"]) for g in REVIEW_GROUPS]
+
+
+def _review_resource_list(group: str) -> dict[str, Any]:
+    resource, kind = REVIEW_GROUPS[group]
+    return {
+        "kind": "APIResourceList",
+        "apiVersion": "v1",
+        "groupVersion": f"{group}/v1",
+        "resources": [{"name": resource, "singularName": "", "namespaced": False, "kind": kind, "verbs": ["create"]}],
+    }
 
 
 def _group(name: str, versions: list[str]) -> dict[str, Any]:
@@ -369,6 +425,12 @@ def parse_target(path: str) -> Target | dict[str, Any]:
             raise not_found_path(_NOT_FOUND)
         group, version, rest = "", segs[1], segs[2:]
     elif segs[0] == "apis":
+        if len(segs) >= 2 and segs[1] in REVIEW_GROUPS:
+            if len(segs) == 2:
+                return _group(segs[1], ["v1"]) | {"kind": "APIGroup", "apiVersion": "v1"}
+            if len(segs) == 3 and segs[2] == "v1":
+                return _review_resource_list(segs[1])
+            raise not_found_path(_NOT_FOUND)
         if len(segs) < 2 or segs[1] not in resources.groups() or not segs[1]:
             raise not_found_path(_NOT_FOUND)
         if len(segs) == 2:
@@ -433,16 +495,20 @@ async def _read_body(request: Request, allowed: tuple[str, ...]) -> tuple[str, A
     if media not in allowed:
         raise unsupported_media_type(f"unsupported media type {content_type!r}; supported: {', '.join(allowed)}")
     raw = await request.body()
-    if len(raw) > MAX_BODY:
-        raise ApiError(413, "RequestEntityTooLarge", f"request body larger than {MAX_BODY} bytes")
     if not raw.strip():
         raise bad_request("the request body is empty; expected a JSON object")
     try:
         if media in ("application/yaml", "application/x-yaml"):
-            return media, yaml.safe_load(raw)
-        return media, orjson.loads(raw)
+            doc = yaml.safe_load(raw)
+        else:
+            return media, orjson.loads(raw)
     except (orjson.JSONDecodeError, yaml.YAMLError, UnicodeDecodeError) as e:
         raise bad_request(f"couldn't decode the request body as {media}: {e}") from e
+    try:
+        # YAML can hold what JSON cannot (lone surrogates, binary, sets, non-string keys): refuse it here.
+        return media, orjson.loads(orjson.dumps(doc))
+    except (TypeError, orjson.JSONDecodeError) as e:
+        raise bad_request(f"the {media} body is not representable as JSON: {e}") from e
 
 
 def _int_param(request: Request, name: str) -> int | None:
@@ -505,6 +571,7 @@ async def _dispatch(state: State, request: Request, path: str, info: dict[str, s
         raise not_found_path(f"{_NOT_FOUND} ({spec.resource} are namespaced: use /namespaces/<ns>/{spec.resource})")
     if request.query_params.get("dryRun"):
         raise bad_request("dryRun is not supported by the local API server")
+    _authorize(state, request, _attributes(request, target))
     _check_accept(request)
     store = state.require_store()
     ns = target.namespace
@@ -575,6 +642,57 @@ async def _dispatch(state: State, request: Request, path: str, info: dict[str, s
         return await _delete(store, request, spec, ns, name)
 
     raise method_not_allowed(f"{method} is not supported")
+
+
+def _attributes(request: Request, target: Target) -> Attributes:
+    """The authorization attributes of a resource request (verb as kube-apiserver derives it)."""
+    method = request.method
+    watch = request.query_params.get("watch", "").lower() in ("true", "1")
+    if target.watch_path or (method == "GET" and target.name is None and watch):
+        verb = "watch"
+    elif method in ("GET", "HEAD"):
+        verb = "get" if target.name is not None else "list"
+    elif method == "DELETE" and target.name is None:
+        verb = "deletecollection"
+    else:
+        verb = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}.get(method, method.lower())
+    spec = target.spec
+    return Attributes(
+        verb=verb,
+        resource=spec.resource,
+        group=spec.group,
+        namespace=target.namespace or "",
+        name=target.name or "",
+        subresource=target.subresource,
+    )
+
+
+def _authorize(state: State, request: Request, attrs: Attributes) -> None:
+    """403 unless the built-in policy allows the authenticated user (no-op without a token file)."""
+    if state.authenticator is None:
+        return
+    user = request.scope.get("state", {}).get("user")
+    if not isinstance(user, UserInfo):
+        raise unauthorized()
+    allowed, _ = authorize(user, attrs)
+    if not allowed:
+        log.info("forbidden: user %r cannot %s %s", user.username, attrs.verb, attrs.resource or attrs.path)
+        raise forbidden_error(user, attrs)
+
+
+async def _review(state: State, request: Request, path: str, info: dict[str, str]) -> Response:
+    """``POST`` of a TokenReview or SubjectAccessReview."""
+    group, _, rest = path.removeprefix("apis/").partition("/")
+    resource = rest.rpartition("/")[2]
+    info["resource"] = resource
+    info["verb"] = "create"
+    if request.method != "POST":
+        raise method_not_allowed(f"{request.method} is not allowed on {resource}: only create (POST)")
+    _authorize(state, request, Attributes(verb="create", resource=resource, group=group))
+    _, body = await _read_body(request, ("application/json", "application/yaml", "application/x-yaml"))
+    if resource == "tokenreviews":
+        return json_response(token_review(state.authenticator, body), 201)
+    return json_response(subject_access_review(body), 201)
 
 
 async def _list(store: Store, request: Request, target: Target) -> Response:

@@ -5,12 +5,18 @@ Purpose
     typer Options, so the project CLI registers it as a sub-command and
     ``python -m local_apiserver`` runs it standalone. It validates the options,
     builds the app with :func:`local_apiserver.app.create_app` and serves it
-    with uvicorn (HTTP, or HTTPS with ``--tls-cert``/``--tls-key``).
+    with uvicorn (HTTP, or HTTPS with ``--tls-cert``/``--tls-key``). etcd
+    TLS and authentication options are spelled as in the rest of the project
+    (``--etcd-cacert/--etcd-cert/--etcd-key/--etcd-user/--etcd-password``,
+    the password also from ``RANGESHARD_ETCD_PASSWORD``); ``--token-file``
+    turns on bearer-token authentication and the built-in authorization policy
+    (docs/security.md).
 
 Invariants
     * Bad options exit with code 2 and a one-line message (``ConfigError``),
       never a traceback.
     * Binds to 127.0.0.1 unless ``--host`` says otherwise.
+    * Secrets (etcd password, tokens) are never printed or logged.
 
 Concurrency model
     Blocks in uvicorn's event loop until SIGINT/SIGTERM.
@@ -24,8 +30,8 @@ from typing import Annotated
 
 import typer
 
-from rangeshard.errors import ConfigError
-from registry.etcd import ENV_ENDPOINTS, EtcdConfig
+from rangeshard.errors import ConfigError, RangeshardError, RegistryUnavailable
+from registry.etcd import ENV_ENDPOINTS, EtcdClient, EtcdConfig
 
 log = logging.getLogger(__name__)
 
@@ -48,11 +54,33 @@ def local_apiserver_command(
         float, typer.Option("--bookmark-interval", help="seconds between watch bookmarks (when allowed)")
     ] = 60.0,
     log_level: Annotated[str, typer.Option("--log-level", help="debug, info, warning, error")] = "info",
+    etcd_cacert: Annotated[str | None, typer.Option("--etcd-cacert", help="CA bundle for etcd TLS.")] = None,
+    etcd_cert: Annotated[str | None, typer.Option("--etcd-cert", help="Client certificate for etcd TLS.")] = None,
+    etcd_key: Annotated[str | None, typer.Option("--etcd-key", help="Client key for etcd TLS.")] = None,
+    etcd_user: Annotated[
+        str | None, typer.Option("--etcd-user", envvar="RANGESHARD_ETCD_USER", help="etcd username.")
+    ] = None,
+    etcd_password: Annotated[
+        str | None,
+        typer.Option("--etcd-password", envvar="RANGESHARD_ETCD_PASSWORD", help="etcd password.", show_default=False),
+    ] = None,
+    token_file: Annotated[
+        str | None,
+        typer.Option(
+            "--token-file",
+            help='Authenticate every request by bearer token: CSV lines token,user,uid[,"group1,group2"] '
+            "(see docs/security.md for the policy).",
+        ),
+    ] = None,
+    max_request_body_bytes: Annotated[
+        int, typer.Option("--max-request-body-bytes", help="Largest accepted request body (413 beyond).")
+    ] = 3 * 1024 * 1024,
 ) -> None:
     """Serve a small Kubernetes-compatible API stored in etcd."""
     import uvicorn  # noqa: PLC0415 (keep `--help` fast)
 
     from local_apiserver.app import create_app  # noqa: PLC0415
+    from local_apiserver.auth import TokenAuthenticator, load_token_file  # noqa: PLC0415
 
     try:
         if not 0 < port < 65536:
@@ -68,11 +96,40 @@ def local_apiserver_command(
             raise ConfigError("--prefix must be an absolute key prefix such as /registry")
         if log_level.lower() not in ("debug", "info", "warning", "error"):
             raise ConfigError(f"--log-level must be debug, info, warning or error, got {log_level!r}")
-        config = EtcdConfig.from_urls(etcd)
+        if max_request_body_bytes < 1024:
+            raise ConfigError("--max-request-body-bytes must be at least 1024")
+        for path in (etcd_cacert, etcd_cert, etcd_key):
+            if path is not None and not os.path.isfile(path):
+                raise ConfigError(f"etcd TLS file {path} does not exist")
+        config = EtcdConfig.from_urls(
+            etcd,
+            ca_cert=etcd_cacert,
+            cert_file=etcd_cert,
+            key_file=etcd_key,
+            username=etcd_user,
+            password=etcd_password,
+        )
+        authenticator = TokenAuthenticator(load_token_file(token_file)) if token_file is not None else None
     except ConfigError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from e
-    app = create_app(config, prefix=prefix, bookmark_interval=bookmark_interval)
+    try:
+        with EtcdClient(config):  # with a username this authenticates: refuse bad credentials at once
+            pass
+    except RegistryUnavailable:
+        pass  # etcd not up yet: the server starts and answers 503 until it is
+    except RangeshardError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1) from e
+    if authenticator is None and host not in ("127.0.0.1", "localhost", "::1"):
+        log.warning("listening on %s without --token-file: anybody who reaches the port can do anything", host)
+    app = create_app(
+        config,
+        prefix=prefix,
+        bookmark_interval=bookmark_interval,
+        authenticator=authenticator,
+        max_body_bytes=max_request_body_bytes,
+    )
     uvicorn.run(
         app,
         host=host,

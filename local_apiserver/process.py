@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import httpx
@@ -59,6 +60,7 @@ class LocalApiServerProcess:
         tls_cert: str | Path | None = None,
         tls_key: str | Path | None = None,
         extra_args: list[str] | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.etcd_url = etcd_url
         self.host = host
@@ -70,6 +72,8 @@ class LocalApiServerProcess:
         self.tls_cert = str(tls_cert) if tls_cert is not None else None
         self.tls_key = str(tls_key) if tls_key is not None else None
         self.extra_args = list(extra_args or [])
+        # Extra environment of the child (e.g. RANGESHARD_ETCD_PASSWORD: secrets stay out of argv).
+        self.env = dict(env or {})
         if log_file is None:
             fd, name = tempfile.mkstemp(prefix="local-apiserver-", suffix=".log")
             os.close(fd)
@@ -106,6 +110,7 @@ class LocalApiServerProcess:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
+                env={**os.environ, **self.env} if self.env else None,
             )
         except OSError as e:
             raise LocalApiServerError(f"cannot start the local API server: {e}") from e

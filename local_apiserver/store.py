@@ -94,6 +94,10 @@ def etcd_errors(e: RegistryError) -> ApiError:
         return gone(f"too old resource version: {text}")
     if "future revision" in text:
         return timeout("Too large resource version: the requested resourceVersion is newer than the store's")
+    if "RESOURCE_EXHAUSTED" in text or "request is too large" in text:
+        # etcd's --max-request-bytes (1.5 MiB by default) is below the 3 MiB body limit, as with
+        # kube-apiserver, which answers 413 for etcd's ErrRequestTooLarge too.
+        return ApiError(413, "RequestEntityTooLarge", "Request entity too large: the object is too large for etcd")
     if isinstance(e, RegistryUnavailable):
         return unavailable(f"etcd is unavailable: {text}")
     return unavailable(f"storage error: {text}")

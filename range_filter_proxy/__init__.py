@@ -11,8 +11,10 @@ Modules
     ``app`` (FastAPI: routing, list/watch handlers, pass-through), ``cache``
     (shared watch caches, history, watchers), ``upstream`` (our ``Upstream``
     interface and its httpx implementation), ``selectors`` (label/field
-    selectors), ``resources`` (GVRs, discovery, paths), ``metrics``,
-    ``errors``, ``cli`` (``rangeshard proxy``), ``process`` (child process).
+    selectors), ``resources`` (GVRs, discovery, paths), ``auth``
+    (``--auth-mode none|static|delegate``: who may read), ``middleware``
+    (request body limit), ``metrics``, ``errors``, ``cli`` (``rangeshard
+    proxy``), ``process`` (child process). See docs/security.md.
 
 Invariants
     Imports only ``hashing``, ``registry`` and ``rangeshard.errors`` of ours

@@ -18,6 +18,10 @@ Invariants
       have protobuf removed from their ``Accept`` header for the same reason.
     * List responses carry ``metadata.shardInfo.selector`` when a shard
       selector was applied.
+    * Who may read is decided by :class:`range_filter_proxy.auth.ProxyAuth`
+      (``--auth-mode``) before a list/watch is served from the cache, and
+      before pass-through in ``static`` mode; request bodies are bounded by
+      :class:`range_filter_proxy.middleware.BodyLimit` (413 beyond).
 
 Concurrency model
     One event loop (uvicorn). Handlers await the cache and the upstream; the
@@ -44,9 +48,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.background import BackgroundTask
 
 from hashing import SelectorSyntaxError, ShardSelector, parse_shard_selector
+from range_filter_proxy.auth import Attributes as AuthAttributes
+from range_filter_proxy.auth import AuthMode, AuthSettings, ProxyAuth
 from range_filter_proxy.cache import CachedObject, CacheManager, CacheSettings, WatchCache, WatchFilter, parse_rv
 from range_filter_proxy.errors import ApiError, UpstreamError, bad_request, status_object
 from range_filter_proxy.metrics import ProxyMetrics
+from range_filter_proxy.middleware import DEFAULT_MAX_BODY_BYTES, BodyLimit, RequestTooLarge
 from range_filter_proxy.resources import ResourceInfo, parse_collection_path, parse_resource_spec
 from range_filter_proxy.selectors import SelectorParseError, parse_field_selector, parse_label_selector
 from range_filter_proxy.upstream import HttpUpstream, Upstream, UpstreamConfig
@@ -71,6 +78,14 @@ _TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
 _FALSE = frozenset({"0", "f", "F", "FALSE", "false", "False"})
 _TIMEOUT_RE = re.compile(r"[0-9]{1,12}")
 _MAX_WATCH_TIMEOUT_S = 24 * 3600
+_PASSTHROUGH_VERBS = {
+    "GET": "get",
+    "HEAD": "head",
+    "POST": "create",
+    "PUT": "update",
+    "PATCH": "patch",
+    "DELETE": "delete",
+}
 _ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 
 
@@ -215,8 +230,10 @@ class ProxyState:
         settings: CacheSettings,
         resources: Sequence[str],
         metrics: ProxyMetrics,
+        auth: ProxyAuth,
     ) -> None:
         self.upstream = upstream
+        self.auth = auth
         self.owns_upstream = owns_upstream
         self.metrics = metrics
         self.manager = CacheManager(upstream, metrics, settings)
@@ -311,6 +328,8 @@ class ProxyState:
             k = key.lower()
             if k in _HOP_BY_HOP:
                 continue
+            if k == "authorization" and self.auth.mode is AuthMode.STATIC:
+                continue  # the client's static token means nothing upstream; the proxy's own credentials are used
             if k == "accept" and "protobuf" in value:
                 kept = [p for p in value.split(",") if "protobuf" not in p]
                 headers.append((key, ",".join(kept).strip() or "application/json"))
@@ -323,7 +342,17 @@ class ProxyState:
             target += "?" + query.decode("latin-1")
         has_body = request.method not in ("GET", "HEAD", "OPTIONS") or "content-length" in request.headers
         body: AsyncIterator[bytes] | None = request.stream() if has_body else None
-        resp = await forward(request.method, target, headers, body)
+        try:
+            resp = await forward(
+                request.method, target, headers, body, own_credentials=self.auth.mode is not AuthMode.DELEGATE
+            )
+        except UpstreamError as e:
+            too_large = e.__cause__
+            while too_large is not None and not isinstance(too_large, RequestTooLarge):
+                too_large = too_large.__cause__ or too_large.__context__
+            if isinstance(too_large, RequestTooLarge):
+                raise too_large from e
+            raise
         out_headers = {k: v for k, v in resp.headers.multi_items() if k.lower() not in _HOP_BY_HOP}
 
         async def relay() -> AsyncIterator[bytes]:
@@ -347,7 +376,22 @@ class ProxyState:
                     log.warning("discovery of %s/%s failed: %s; passing through", cp.group, cp.version, e)
                     info = None
                 if info is not None and info.cacheable and (cp.namespace is None or info.namespaced):
+                    watch = request.query_params.get("watch", "") in _TRUE
+                    attrs = AuthAttributes(
+                        verb="watch" if watch else "list",
+                        resource=info.gvr.resource,
+                        group=info.gvr.group,
+                        version=info.gvr.version,
+                        namespace=cp.namespace or "",
+                    )
+                    await self.auth.check(request.headers.get("authorization"), attrs)
                     return await self.serve_collection(request, info, cp.namespace)
+        if self.auth.mode is AuthMode.STATIC:
+            method = request.method.upper()
+            verb = _PASSTHROUGH_VERBS.get(method, method.lower())
+            await self.auth.check(
+                request.headers.get("authorization"), AuthAttributes(verb=verb, path=request.url.path)
+            )
         return await self.passthrough(request)
 
 
@@ -357,6 +401,8 @@ def create_app(
     resources: Sequence[str] = (),
     settings: CacheSettings | None = None,
     metrics: ProxyMetrics | None = None,
+    auth: AuthSettings | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
 ) -> FastAPI:
     """Build the proxy app.
 
@@ -364,7 +410,9 @@ def create_app(
     in-cluster loading) or any :class:`Upstream` implementation (tests use an
     in-memory one; pass-through then answers 404). ``resources`` are cached
     from start-up (``pods``, ``replicasets.apps``, ``deployments.v1.apps``);
-    ``/readyz`` is 200 once they have synced.
+    ``/readyz`` is 200 once they have synced. ``auth`` chooses who may read
+    (:mod:`range_filter_proxy.auth`; default: mode ``none``);
+    ``max_body_bytes`` bounds request bodies (413 beyond).
     """
     owns = False
     if isinstance(upstream, str):
@@ -372,6 +420,11 @@ def create_app(
     if isinstance(upstream, UpstreamConfig):
         upstream = HttpUpstream(upstream)
         owns = True
+    auth_settings = auth or AuthSettings()
+    reviewer = upstream if isinstance(upstream, HttpUpstream) else None
+    proxy_auth = ProxyAuth(auth_settings, reviewer)
+    if max_body_bytes < 1:
+        raise ConfigError("--max-request-body-bytes must be positive")
     try:
         state = ProxyState(
             upstream,
@@ -379,6 +432,7 @@ def create_app(
             settings=settings or CacheSettings(),
             resources=resources,
             metrics=metrics or ProxyMetrics(),
+            auth=proxy_auth,
         )
     except ValueError as e:
         raise ConfigError(f"invalid resource list: {e}") from e
@@ -395,6 +449,7 @@ def create_app(
 
     app = FastAPI(lifespan=lifespan, openapi_url=None, docs_url=None, redoc_url=None)
     app.state.proxy = state
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
 
     @app.exception_handler(ApiError)
     async def _api_error(_request: Request, exc: ApiError) -> Response:
@@ -421,7 +476,8 @@ def create_app(
         return PlainTextResponse("not ready: " + "; ".join(missing), status_code=503)
 
     @app.get("/metrics")
-    async def metrics_endpoint() -> Response:
+    async def metrics_endpoint(request: Request) -> Response:
+        await state.auth.check(request.headers.get("authorization"), AuthAttributes(verb="get", path="/metrics"))
         return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.api_route("/{path:path}", methods=_ALL_METHODS)

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import itertools
 import logging
 import random
@@ -403,6 +404,9 @@ class WatchCache:
         self.history_start_rv = rv
         self.synced.set()
         self._notify_progress()
+        # The cached objects live long and hold no reference cycles: move them out of
+        # the cyclic collector's sight, so full collections stay cheap (seconds at 100k objects).
+        gc.freeze()
         log.info("watch cache %s synced: %d objects at resourceVersion %d", self.info.gvr, len(objects), rv)
 
     def apply(self, event: WatchEvent) -> None:
@@ -505,7 +509,11 @@ class WatchCache:
 
     def select(self, filt: WatchFilter) -> list[CachedObject]:
         """The objects of the current state that pass ``filt``, ordered by (namespace, name)."""
-        return [o for _, o in sorted(self.objects.items()) if filt.matches(o)]
+        # Filter first, then sort only what is returned: a 1/16 range of a large
+        # cache sorts 16x fewer objects (the whole-store sort dominated LIST time).
+        matched = [o for o in self.objects.values() if filt.matches(o)]
+        matched.sort(key=lambda o: o.key)
+        return matched
 
     async def upstream_current_rv(self) -> int:
         """The upstream's current resourceVersion (a quorum read there)."""

@@ -12,6 +12,10 @@ Invariants
       exit code 2.
     * Library code configures no logging handlers; only this entry point
       calls ``logging.basicConfig``.
+    * Binds to 127.0.0.1 unless ``--host`` says otherwise; ``--auth-mode``
+      defaults to ``none`` (see docs/security.md for why) and a warning is
+      logged when the proxy listens beyond loopback without authentication.
+    * Tokens (``--token-file``) and upstream credentials are never printed.
 
 Concurrency model
     uvicorn owns the event loop; the app's lifespan starts and stops every
@@ -21,6 +25,7 @@ Concurrency model
 from __future__ import annotations
 
 import logging
+import os
 from typing import Annotated
 
 import typer
@@ -60,11 +65,38 @@ def proxy_command(
         ),
     ] = 0.5,
     log_level: Annotated[str, typer.Option("--log-level", help="debug, info, warning, error")] = "info",
+    upstream_ca: Annotated[
+        str | None, typer.Option("--upstream-ca", help="PEM CA bundle verifying an https:// --upstream")
+    ] = None,
+    tls_cert: Annotated[str | None, typer.Option("--tls-cert", help="Serve HTTPS with this certificate (PEM)")] = None,
+    tls_key: Annotated[str | None, typer.Option("--tls-key", help="Private key (PEM) of --tls-cert")] = None,
+    auth_mode: Annotated[
+        str,
+        typer.Option(
+            "--auth-mode",
+            help="Who may read through the proxy: none (anybody who reaches the port), "
+            "static (--token-file), delegate (TokenReview + SubjectAccessReview against the upstream)",
+        ),
+    ] = "none",
+    token_file: Annotated[
+        str | None,
+        typer.Option("--token-file", help='Tokens of --auth-mode static: CSV lines token,user,uid[,"group1,group2"]'),
+    ] = None,
+    auth_cache_ttl: Annotated[
+        float, typer.Option("--auth-cache-ttl", help="Seconds a delegated review answer is cached (0: never)")
+    ] = 10.0,
+    auth_cache_size: Annotated[
+        int, typer.Option("--auth-cache-size", help="Entries kept in each delegated review cache")
+    ] = 10_000,
+    max_request_body_bytes: Annotated[
+        int, typer.Option("--max-request-body-bytes", help="Largest accepted request body (413 beyond)")
+    ] = 3 * 1024 * 1024,
 ) -> None:
     """Serve the range filter proxy: shard-filtered list/watch from one shared watch per resource."""
     import uvicorn  # noqa: PLC0415  (keep `rangeshard --help` fast)
 
     from range_filter_proxy.app import create_app  # noqa: PLC0415
+    from range_filter_proxy.auth import AuthMode, AuthSettings, load_token_file  # noqa: PLC0415
     from range_filter_proxy.cache import CacheSettings  # noqa: PLC0415
     from range_filter_proxy.upstream import load_upstream_config  # noqa: PLC0415
 
@@ -76,7 +108,28 @@ def proxy_command(
     if level > logging.DEBUG:
         logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per upstream request otherwise
     try:
-        config = load_upstream_config(upstream, kubeconfig, context, in_cluster)
+        config = load_upstream_config(upstream, kubeconfig, context, in_cluster, upstream_ca)
+        try:
+            mode = AuthMode(auth_mode)
+        except ValueError as e:
+            raise ConfigError(f"--auth-mode must be none, static or delegate, got {auth_mode!r}") from e
+        if (tls_cert is None) != (tls_key is None):
+            raise ConfigError("--tls-cert and --tls-key go together")
+        for path in (tls_cert, tls_key):
+            if path is not None and not os.path.isfile(path):
+                raise ConfigError(f"TLS file {path} does not exist")
+        if token_file is not None and mode is not AuthMode.STATIC:
+            raise ConfigError("--token-file is only used with --auth-mode static")
+        if mode is AuthMode.STATIC and token_file is None:
+            raise ConfigError("--auth-mode static needs --token-file")
+        if max_request_body_bytes < 1024:
+            raise ConfigError("--max-request-body-bytes must be at least 1024")
+        auth = AuthSettings(
+            mode=mode,
+            users=load_token_file(token_file) if token_file is not None else {},
+            cache_ttl=auth_cache_ttl,
+            cache_size=auth_cache_size,
+        )
         if bookmark_interval <= 0 or history_events < 1 or history_seconds < 0 or consistent_read_timeout < 0:
             raise ConfigError(
                 "--bookmark-interval must be > 0, --history-events >= 1, "
@@ -89,11 +142,23 @@ def proxy_command(
             history_hard_cap=max(10 * history_events, 100_000),
             consistent_read_timeout=consistent_read_timeout,
         )
-        app = create_app(config, resources=[r for r in resources.split(",") if r.strip()], settings=settings)
+        app = create_app(
+            config,
+            resources=[r for r in resources.split(",") if r.strip()],
+            settings=settings,
+            auth=auth,
+            max_body_bytes=max_request_body_bytes,
+        )
     except ConfigError as e:
         for problem in e.problems:
             typer.echo(f"error: {problem}", err=True)
         raise typer.Exit(2) from e
+    if mode is AuthMode.NONE and host not in ("127.0.0.1", "localhost", "::1"):
+        logging.getLogger(__name__).warning(
+            "listening on %s with --auth-mode none: anybody who reaches the port reads every cached resource "
+            "with the proxy's credentials (see docs/security.md)",
+            host,
+        )
     uvicorn.run(
         app,
         host=host,
@@ -101,4 +166,6 @@ def proxy_command(
         log_level=log_level.lower(),
         access_log=level <= logging.DEBUG,
         timeout_graceful_shutdown=5,
+        ssl_certfile=tls_cert,
+        ssl_keyfile=tls_key,
     )

@@ -23,7 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
@@ -47,14 +47,27 @@ class ProxyProcess:
 
     def __init__(
         self,
-        upstream_url: str,
+        upstream_url: str | None,
         port: int | None = None,
         resources: Sequence[str] | None = None,
         log_file: str | Path | None = None,
         host: str = "127.0.0.1",
         extra_args: Sequence[str] = (),
+        *,
+        kubeconfig: str | Path | None = None,
+        tls_cert: str | Path | None = None,
+        tls_key: str | Path | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> None:
+        if (upstream_url is None) == (kubeconfig is None):
+            raise ProxyProcessError("give exactly one of upstream_url and kubeconfig")
+        if (tls_cert is None) != (tls_key is None):
+            raise ProxyProcessError("tls_cert and tls_key go together")
         self.upstream_url = upstream_url
+        self.kubeconfig = str(kubeconfig) if kubeconfig is not None else None
+        self.tls_cert = str(tls_cert) if tls_cert is not None else None
+        self.tls_key = str(tls_key) if tls_key is not None else None
+        self.env = dict(env or {})
         self.host = host
         self.port = port or _free_port(host)
         self.resources = list(resources or [])
@@ -67,7 +80,7 @@ class ProxyProcess:
     @property
     def url(self) -> str:
         """Base URL clients point at."""
-        return f"http://{self.host}:{self.port}"
+        return f"{'https' if self.tls_cert else 'http'}://{self.host}:{self.port}"
 
     def start(self, timeout: float = 30.0) -> None:
         """Start the process and wait until ``/readyz`` answers 200."""
@@ -80,12 +93,14 @@ class ProxyProcess:
             os.close(fd)
             self._log_path = Path(name)
         self._log = self._log_path.open("ab")
-        cmd = [
-            sys.executable,
-            "-m",
-            "range_filter_proxy",
-            "--upstream",
-            self.upstream_url,
+        cmd = [sys.executable, "-m", "range_filter_proxy"]
+        if self.kubeconfig is not None:
+            cmd += ["--kubeconfig", self.kubeconfig]
+        else:
+            cmd += ["--upstream", str(self.upstream_url)]
+        if self.tls_cert is not None and self.tls_key is not None:
+            cmd += ["--tls-cert", self.tls_cert, "--tls-key", self.tls_key]
+        cmd += [
             "--port",
             str(self.port),
             "--host",
@@ -94,9 +109,17 @@ class ProxyProcess:
         if self.resources:
             cmd += ["--resources", ",".join(self.resources)]
         cmd += self.extra_args
-        self._proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        self._proc = subprocess.Popen(
+            cmd,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, **self.env} if self.env else None,
+        )
         deadline = time.monotonic() + timeout
-        with httpx.Client(timeout=2.0) as client:
+        # A readiness probe of our own child on loopback: no data is sent, so a
+        # (possibly self-signed) certificate is not verified here.
+        with httpx.Client(timeout=2.0, verify=False) as client:  # noqa: S501
             while True:
                 if self._proc.poll() is not None:
                     tail = self._tail()

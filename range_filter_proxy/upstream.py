@@ -18,7 +18,9 @@ Invariants
     * Watches always ask for bookmarks and carry ``timeoutSeconds``, so a dead
       TCP connection cannot hang a cache forever.
     * Pass-through forwards the client's ``Authorization`` header unchanged;
-      only when the client sent none are the proxy's own credentials used.
+      only when the client sent none (and the caller allows it: not in
+      ``delegate`` auth mode) are the proxy's own credentials used.
+    * Credentials and tokens never appear in log lines or error messages.
 
 Concurrency model
     One ``HttpUpstream`` per proxy, shared by every task of the event loop
@@ -38,7 +40,7 @@ from typing import Any, Protocol
 import httpx
 import orjson
 
-from range_filter_proxy.errors import UpstreamError, UpstreamGone, UpstreamUnavailable
+from range_filter_proxy.errors import UpstreamError, UpstreamGone, UpstreamUnavailable, bad_request
 from range_filter_proxy.resources import GVR, ResourceInfo, parse_resource_list
 from rangeshard.errors import ConfigError
 
@@ -131,15 +133,28 @@ def load_upstream_config(
     kubeconfig: str | None = None,
     context: str | None = None,
     in_cluster: bool = False,
+    upstream_ca: str | None = None,
 ) -> UpstreamConfig:
-    """Build the upstream configuration from exactly one of URL, kubeconfig or in-cluster config."""
+    """Build the upstream configuration from exactly one of URL, kubeconfig or in-cluster config.
+
+    ``upstream_ca`` (``--upstream-ca``) is a PEM CA bundle that verifies an
+    ``https://`` ``--upstream`` (kubeconfig and in-cluster configs carry their own).
+    """
     chosen = sum([upstream is not None, kubeconfig is not None, in_cluster])
     if chosen != 1:
         raise ConfigError("give exactly one of --upstream URL, --kubeconfig FILE or --in-cluster")
+    if upstream_ca is not None and (upstream is None or not upstream.startswith("https://")):
+        raise ConfigError("--upstream-ca goes with an https:// --upstream URL")
     if upstream is not None:
         if not upstream.startswith(("http://", "https://")):
             raise ConfigError(f"--upstream must be an http:// or https:// URL, got {upstream!r}")
-        return UpstreamConfig(upstream.rstrip("/"))
+        verify: ssl.SSLContext | bool = True
+        if upstream_ca is not None:
+            try:
+                verify = ssl.create_default_context(cafile=upstream_ca)
+            except (OSError, ssl.SSLError) as e:
+                raise ConfigError(f"--upstream-ca {upstream_ca}: {e}") from e
+        return UpstreamConfig(upstream.rstrip("/"), verify)
     from kubernetes import client as k8s_client  # noqa: PLC0415  (slow import, only when needed)
     from kubernetes import config as k8s_config  # noqa: PLC0415
 
@@ -204,6 +219,26 @@ class HttpUpstream:
             return orjson.loads(resp.content)
         except orjson.JSONDecodeError as e:
             raise UpstreamError(f"GET {path}: response is not JSON: {e}") from e
+
+    async def post_json(self, path: str, doc: dict[str, Any]) -> Any:
+        """POST ``doc`` with the proxy's own credentials; the decoded answer (2xx) or :class:`UpstreamError`.
+
+        Used for TokenReview / SubjectAccessReview: the body may hold a token,
+        so neither it nor the answer is ever put in an error message.
+        """
+        headers = self._headers()
+        headers["Content-Type"] = "application/json"
+        try:
+            resp = await self.client.post(path, content=orjson.dumps(doc), headers=headers)
+        except httpx.HTTPError as e:
+            raise UpstreamUnavailable(f"POST {path}: {type(e).__name__}") from e
+        if not 200 <= resp.status_code < 300:
+            message, status = _status_message(resp.content, f"POST {path}: HTTP {resp.status_code}")
+            raise UpstreamError(message, resp.status_code, status)
+        try:
+            return orjson.loads(resp.content)
+        except orjson.JSONDecodeError as e:
+            raise UpstreamError(f"POST {path}: response is not JSON") from e
 
     async def discover(self, group: str, version: str) -> dict[str, ResourceInfo]:
         path = f"/apis/{group}/{version}" if group else f"/api/{version}"
@@ -282,20 +317,29 @@ class HttpUpstream:
         target: str,
         headers: Sequence[tuple[str, str]],
         body: AsyncIterator[bytes] | None,
+        *,
+        own_credentials: bool = True,
     ) -> httpx.Response:
-        """Send ``method target`` (raw path and query) upstream; return the *streaming* response (caller closes it)."""
+        """Send ``method target`` (raw path and query) upstream; return the *streaming* response (caller closes it).
+
+        Without an ``Authorization`` header in ``headers`` the proxy's own
+        credentials are added, unless ``own_credentials`` is false.
+        """
         out_headers: list[tuple[str, str]] = [*headers]
-        if not any(k.lower() == "authorization" for k, _ in out_headers):
+        if own_credentials and not any(k.lower() == "authorization" for k, _ in out_headers):
             auth = self.config.authorization()
             if auth:
                 out_headers.append(("Authorization", auth))
-        request = self.client.build_request(
-            method,
-            target,
-            headers=out_headers,
-            content=body,
-            timeout=httpx.Timeout(10.0, read=None, write=None),
-        )
+        try:
+            request = self.client.build_request(
+                method,
+                target,
+                headers=out_headers,
+                content=body,
+                timeout=httpx.Timeout(10.0, read=None, write=None),
+            )
+        except (httpx.InvalidURL, ValueError) as e:  # e.g. a path that normalises to "//x"
+            raise bad_request(f"invalid request target {target[:200]!r}: {e}") from e
         try:
             return await self.client.send(request, stream=True)
         except httpx.HTTPError as e:

@@ -7,8 +7,17 @@ Purpose
     data directory can be restarted, which tests use to prove watches survive
     an etcd restart.
 
+    Optionally it serves clients over TLS (:class:`EtcdTLS`: server
+    certificate, trusted CA, client certificate authentication) and can turn
+    on etcd's authentication with a ``root`` user (:meth:`EtcdServer.enable_auth`,
+    through ``etcdctl`` from the same distribution); :meth:`EtcdServer.client_config`
+    is the matching client configuration. The defaults are unchanged: plain
+    HTTP, no authentication.
+
 Invariants
     * Binds only to the given host (127.0.0.1 by default).
+    * The root password is never logged; it reaches ``etcdctl`` through its
+      standard input, never its command line.
     * ``start`` returns only once a KV read succeeded, or raises
       :class:`EtcdServerError` with the tail of etcd's log.
 
@@ -26,6 +35,7 @@ import signal
 import socket
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from rangeshard.errors import EtcdServerError, RangeshardError
@@ -57,6 +67,36 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+def find_etcdctl_binary() -> str:
+    """Path of ``etcdctl``: next to the etcd binary, else on PATH."""
+    candidate = Path(find_etcd_binary()).parent / "etcdctl"
+    if candidate.is_file() and os.access(candidate, os.X_OK):
+        return str(candidate)
+    found = shutil.which("etcdctl")
+    if found:
+        return found
+    raise EtcdServerError("no etcdctl binary next to etcd or on PATH")
+
+
+@dataclass(frozen=True)
+class EtcdTLS:
+    """Client-facing TLS of a local etcd (peers stay on loopback HTTP).
+
+    ``cert_file``/``key_file``: the server certificate; ``trusted_ca_file``:
+    the CA clients are verified against (and that signed the server
+    certificate); ``client_cert_auth``: require client certificates, then
+    ``client_cert_file``/``client_key_file`` are what our own readiness probe
+    and :meth:`EtcdServer.client_config` present.
+    """
+
+    cert_file: str
+    key_file: str
+    trusted_ca_file: str
+    client_cert_auth: bool = False
+    client_cert_file: str | None = None
+    client_key_file: str | None = None
+
+
 class EtcdServer:
     """One etcd member process on loopback (see module docstring)."""
 
@@ -70,7 +110,14 @@ class EtcdServer:
         name: str = "rangeshard",
         fast: bool = False,
         log_file: str | Path | None = None,
+        tls: EtcdTLS | None = None,
     ) -> None:
+        if tls is not None and tls.client_cert_auth and not (tls.client_cert_file and tls.client_key_file):
+            raise EtcdServerError("client_cert_auth needs client_cert_file and client_key_file for the probe")
+        self.tls = tls
+        # Set by enable_auth (or by the caller for a data directory that already has auth on).
+        self.username: str | None = None
+        self.password: str | None = None
         self.data_dir = Path(data_dir)
         self.host = host
         self.client_port = client_port or free_port(host)
@@ -82,7 +129,55 @@ class EtcdServer:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.client_port}"
+        return f"{'https' if self.tls else 'http'}://{self.host}:{self.client_port}"
+
+    def client_config(self, timeout: float = 5.0) -> EtcdConfig:
+        """How a client reaches this server (TLS material and credentials included)."""
+        tls = self.tls
+        return EtcdConfig.from_urls(
+            self.url,
+            ca_cert=tls.trusted_ca_file if tls else None,
+            cert_file=tls.client_cert_file if tls and tls.client_cert_auth else None,
+            key_file=tls.client_key_file if tls and tls.client_cert_auth else None,
+            username=self.username,
+            password=self.password,
+            timeout=timeout,
+        )
+
+    def etcdctl_args(self) -> list[str]:
+        """``etcdctl`` arguments reaching this server (endpoint and TLS; no credentials)."""
+        args = [find_etcdctl_binary(), "--endpoints", self.url]
+        tls = self.tls
+        if tls is not None:
+            args += ["--cacert", tls.trusted_ca_file]
+            if tls.client_cert_auth and tls.client_cert_file and tls.client_key_file:
+                args += ["--cert", tls.client_cert_file, "--key", tls.client_key_file]
+        return args
+
+    def enable_auth(self, root_password: str, timeout: float = 30.0) -> None:
+        """Create user ``root`` (role root) with ``root_password`` and turn etcd authentication on."""
+        base = self.etcdctl_args()
+        steps: list[tuple[list[str], str | None]] = [
+            (["user", "add", "root", "--interactive=true"], f"{root_password}\n{root_password}\n"),
+            (["auth", "enable"], None),
+        ]
+        for args, stdin in steps:
+            try:
+                result = subprocess.run(
+                    base + args,
+                    input=stdin,
+                    capture_output=True,
+                    text=True,
+                    timeout=timeout,
+                    check=False,
+                )
+            except (OSError, subprocess.TimeoutExpired) as e:
+                raise EtcdServerError(f"etcdctl {args[0]} {args[1]}: {type(e).__name__}") from e
+            if result.returncode != 0:
+                message = (result.stderr or result.stdout).replace(root_password, "***").strip()
+                raise EtcdServerError(f"etcdctl {args[0]} {args[1]} failed: {message}")
+        self.username, self.password = "root", root_password
+        log.info("etcd on %s: authentication enabled (user root)", self.url)
 
     def command(self) -> list[str]:
         peer = f"http://{self.host}:{self.peer_port}"
@@ -97,6 +192,11 @@ class EtcdServer:
             "--initial-cluster", f"{self.name}={peer}",
             "--log-level", "warn",
         ]  # fmt: skip
+        if self.tls is not None:
+            cmd += ["--cert-file", self.tls.cert_file, "--key-file", self.tls.key_file]
+            cmd += ["--trusted-ca-file", self.tls.trusted_ca_file]
+            if self.tls.client_cert_auth:
+                cmd += ["--client-cert-auth"]
         if self.fast:
             cmd += ["--heartbeat-interval", "10", "--election-timeout", "100"]
         return cmd
@@ -125,7 +225,7 @@ class EtcdServer:
 
     def wait_ready(self, timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout
-        config = EtcdConfig.from_urls(self.url, timeout=1.0)
+        config = self.client_config(timeout=1.0)
         last: Exception | None = None
         while time.monotonic() < deadline:
             if self.proc is not None and self.proc.poll() is not None:

@@ -1,0 +1,24 @@
+"""rangeshard benchmarks: the system against its alternatives, in one run, compared as ratios.
+
+Purpose
+    ``python -m bench [--quick] [--json FILE]`` runs every section and prints
+    a table; see bench/README.md for what each number means.
+
+    * :mod:`bench.fanout` -- N range watchers through the proxy vs N direct
+      watches with client-side filtering;
+    * :mod:`bench.throughput` -- events/s the proxy absorbs with 16 watchers,
+      delivery latency, against a bare decode/re-encode loop;
+    * :mod:`bench.cache` -- LIST of a 1/16 range at 10k/100k pods, memory per
+      cached object;
+    * :mod:`bench.scaleout` -- reconcile throughput with 1, 2, 4 managers,
+      join-to-active, SIGKILL-to-takeover;
+    * :mod:`bench.balance` -- owned objects per instance after joins and
+      after an offline greedy rebalance plan.
+
+Invariants
+    Benchmarks only listen on and connect to loopback; every process they
+    start is stopped before the run ends, also on errors.
+
+Concurrency model
+    Sections run one after another in the calling thread; see each module.
+"""

@@ -1,0 +1,380 @@
+"""``python -m bench``: run the benchmark sections, print a table, write JSON.
+
+Purpose
+    Command line of the benchmarks (see bench/README.md). ``--quick`` is the
+    CI-sized run (well under 60 s on 2 cores); the default is the full run
+    published in docs/benchmarks.md. ``--json FILE`` writes every number;
+    ``--sections`` picks a subset. A section that fails is recorded under
+    ``errors`` and the exit code is 1; the other sections still run.
+
+Invariants
+    * The only place in ``bench`` that configures logging handlers.
+    * Every process started by a section is stopped before the next section
+      starts (each section cleans up in ``finally``); the shared cluster
+      (etcd, API server, proxy) is stopped in ``finally`` here.
+
+Concurrency model
+    Sections run sequentially in the main thread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+from rich.console import Console
+from rich.table import Table
+
+log = logging.getLogger(__name__)
+
+SECTIONS = ("balance", "cache", "throughput", "fanout", "scaleout")
+
+
+def machine() -> dict[str, Any]:
+    """nproc, CPU model, Python version and load average of this host."""
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "nproc": os.cpu_count(),
+        "cpuModel": model,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "loadAverageAtStart": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+def fanout_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """direct / proxy per N for upstream watches, upstream bytes and API server CPU."""
+    by = {(r["mode"], r["watchers"]): r for r in rows}
+    out = []
+    for n in sorted({r["watchers"] for r in rows}):
+        p, d = by.get(("proxy", n)), by.get(("direct", n))
+        if p is None or d is None:
+            continue
+        out.append(
+            {
+                "watchers": n,
+                "upstreamWatchesDirectOverProxy": round(d["upstreamWatches"] / max(p["upstreamWatches"], 1), 2),
+                "upstreamBytesDirectOverProxy": round(d["upstreamBytes"] / max(p["upstreamBytes"], 1), 2),
+                "apiserverCpuDirectOverProxy": round(d["apiserverCpuSeconds"] / max(p["apiserverCpuSeconds"], 1e-3), 2),
+                "eventsDecodedDirectOverProxy": round(d["eventsReceivedTotal"] / max(p["eventsReceivedTotal"], 1), 2),
+            }
+        )
+    return out
+
+
+def _table(title: str, columns: list[str], rows: list[list[Any]]) -> Table:
+    t = Table(title=title, title_justify="left")
+    for c in columns:
+        t.add_column(c, justify="right")
+    for r in rows:
+        t.add_row(*["-" if v is None else str(v) for v in r])
+    return t
+
+
+def render(result: dict[str, Any], console: Console) -> None:
+    """Print one table per section (the JSON has more detail)."""
+    if "fanout" in result:
+        console.print(
+            _table(
+                "Fan-out: N range watchers via proxy vs N direct full watches (client-side filter)",
+                [
+                    "mode",
+                    "N",
+                    "upstream watches",
+                    "upstream bytes",
+                    "events recv",
+                    "kept",
+                    "proxy cpu s",
+                    "apisrv cpu s",
+                ],
+                [
+                    [
+                        r["mode"],
+                        r["watchers"],
+                        r["upstreamWatches"],
+                        r["upstreamBytes"],
+                        r["eventsReceivedTotal"],
+                        r["eventsKeptTotal"],
+                        r["proxyCpuSeconds"],
+                        r["apiserverCpuSeconds"],
+                    ]
+                    for r in result["fanout"]
+                ],
+            )
+        )
+        console.print(
+            _table(
+                "Fan-out ratios (direct / proxy)",
+                ["N", "upstream watches", "upstream bytes", "apiserver cpu", "events decoded"],
+                [
+                    [
+                        r["watchers"],
+                        r["upstreamWatchesDirectOverProxy"],
+                        r["upstreamBytesDirectOverProxy"],
+                        r["apiserverCpuDirectOverProxy"],
+                        r["eventsDecodedDirectOverProxy"],
+                    ]
+                    for r in result.get("fanoutRatios", [])
+                ],
+            )
+        )
+    if "throughput" in result:
+        tp = result["throughput"]
+        console.print(
+            _table(
+                "Proxy throughput, 16 watchers, ~1.2 KiB events (ratios to the bare decode+encode loop)",
+                ["path", "events/s (wall)", "events per CPU s", "vs bare (per CPU s)", "note"],
+                [
+                    [
+                        "bare orjson loads+dumps",
+                        tp["bareLoop"]["eventsPerSecond"],
+                        tp["bareLoop"]["eventsPerCpuSecond"],
+                        1.0,
+                        "CPython limit, one core",
+                    ],
+                    [
+                        "in-process cache apply+dispatch",
+                        tp["inProcess"]["eventsPerSecond"],
+                        tp["inProcess"]["eventsPerCpuSecond"],
+                        tp["inProcessVsBare"],
+                        "WatchCache.apply, no sockets",
+                    ],
+                    [
+                        "HTTP proxy (feed via Upstream)",
+                        tp["http"]["sustainedPerSecond"],
+                        tp["http"]["eventsPerProxyCpuSecond"],
+                        tp["httpPerCpuVsBare"],
+                        "wall = highest step kept up",
+                    ],
+                ],
+            )
+        )
+        console.print(
+            _table(
+                "Proxy over HTTP, rate steps (latency = feed send -> client receipt)",
+                ["offered/s", "achieved/s", "p50 ms", "p99 ms", "proxy cpu util", "events/cpu-s", "kept up"],
+                [
+                    [
+                        s["offeredPerSecond"],
+                        s["achievedPerSecond"],
+                        s["p50LatencyMs"],
+                        s["p99LatencyMs"],
+                        s["proxyCpuUtilisation"],
+                        s["eventsPerProxyCpuSecond"],
+                        s["keptUp"],
+                    ]
+                    for s in tp["http"]["steps"]
+                ],
+            )
+        )
+    if "cache" in result:
+        c = result["cache"]
+        console.print(
+            _table(
+                "Cache: consistent LIST of a 1/16 range (in-process app, no sockets)",
+                ["pods", "items/list", "p50 ms", "p50 CPU ms", "max ms", "target ms"],
+                [[r["objects"], r["itemsPerList"], r["p50Ms"], r["p50CpuMs"], r["maxMs"], 100] for r in c["list"]],
+            )
+        )
+        b = c.get("listBreakdown")
+        if b:
+            console.print(
+                _table(
+                    f"Cache: where one LIST's CPU goes at {b['objects']} pods (ms, best of 3)",
+                    ["sort whole store", "filter whole store", "sort slice only", "join body", "full GC pass"],
+                    [
+                        [
+                            b["sortWholeStoreCpuMs"],
+                            b["filterWholeStoreCpuMs"],
+                            b["sortSliceOnlyCpuMs"],
+                            b["joinBodyCpuMs"],
+                            b["fullGcCpuMs"],
+                        ]
+                    ],
+                )
+            )
+        m = c["memory"]
+        console.print(
+            _table(
+                "Cache: memory per cached object (tracemalloc)",
+                ["objects", "raw JSON B", "bytes/object", "ratio", "target"],
+                [[m["objects"], m["rawJsonBytes"], m["bytesPerObject"], m["ratioToRawJson"], m["target"]]],
+            )
+        )
+    if "scaleout" in result:
+        s = result["scaleout"]
+        console.print(
+            _table(
+                f"Scale-out: reconcile = sleep({s['latencySeconds']}s), {s['workersPerManager']} workers/manager",
+                ["managers", "reconciles/s", "ideal/s", "of ideal", "speedup vs 1", "efficiency (target 0.8)"],
+                [
+                    [
+                        w["managers"],
+                        w["reconcilesPerSecond"],
+                        w["idealPerSecond"],
+                        w["ofIdeal"],
+                        w["speedup"],
+                        w["efficiency"],
+                    ]
+                    for w in s["throughput"]
+                ],
+            )
+        )
+        console.print(
+            _table(
+                "Scale-out: join to active",
+                ["manager", "spawn -> registered s", "registered -> active s"],
+                [[j["manager"], j["spawnToRegisteredSeconds"], j["registeredToActiveSeconds"]] for j in s["joins"]],
+            )
+        )
+        if s.get("takeover"):
+            t = s["takeover"]
+            console.print(
+                _table(
+                    "Scale-out: SIGKILL to takeover",
+                    ["lease TTL s", "record gone s", "survivors active s", "first reconcile of a victim key s"],
+                    [
+                        [
+                            t["leaseTTLSeconds"],
+                            t["recordGoneSeconds"],
+                            t["survivorsActiveSeconds"],
+                            t["firstReconcileOfVictimKeySeconds"],
+                        ]
+                    ],
+                )
+            )
+    if "balance" in result:
+        console.print(
+            _table(
+                "Balance: max/mean owned objects",
+                ["workload", "N", "after joins", "after greedy plan", "moves", "objects moved", "largest lump"],
+                [
+                    [
+                        r["workload"],
+                        r["instances"],
+                        r["maxOverMeanAfterJoins"],
+                        r["maxOverMeanAfterRebalance"],
+                        r["boundaryMoves"],
+                        r["objectsMoved"],
+                        r["largestLump"],
+                    ]
+                    for r in result["balance"]
+                ],
+            )
+        )
+    for name, err in result.get("errors", {}).items():
+        console.print(f"[red]section {name} failed:[/red] {err.splitlines()[-1] if err else ''}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench", description="rangeshard benchmarks (see bench/README.md)")
+    p.add_argument("--quick", action="store_true", help="CI-sized run (< 60 s on 2 cores)")
+    p.add_argument("--json", type=Path, help="write every number to this file")
+    p.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {','.join(SECTIONS)}")
+    p.add_argument("--workdir", type=Path, help="keep logs and data here (default: a temporary directory)")
+    p.add_argument("-v", "--verbose", action="store_true", help="log progress (INFO)")
+    args = p.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    sections = [s.strip() for s in args.sections.split(",") if s.strip()]
+    unknown = [s for s in sections if s not in SECTIONS]
+    if unknown:
+        p.error(f"unknown sections: {', '.join(unknown)}")
+
+    from bench import balance, cache, fanout, scaleout, throughput  # noqa: PLC0415 (after logging setup)
+    from bench.common import BenchCluster  # noqa: PLC0415
+
+    own_workdir = args.workdir is None
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="rangeshard-bench-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    quick = args.quick
+    started = time.time()
+    t0 = time.monotonic()
+    result: dict[str, Any] = {
+        "meta": {
+            "quick": quick,
+            "command": " ".join(["python -m bench", *(argv if argv is not None else sys.argv[1:])]),
+            "startedAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+            "machine": machine(),
+        }
+    }
+    errors: dict[str, str] = {}
+    section_seconds: dict[str, float] = {}
+
+    def guarded(name: str, fn: Callable[[], Any]) -> None:
+        if name not in sections:
+            return
+        s0 = time.monotonic()
+        try:
+            result[name] = fn()
+        except Exception:
+            log.exception("section %s failed", name)
+            errors[name] = traceback.format_exc()
+        section_seconds[name] = round(time.monotonic() - s0, 2)
+
+    guarded("balance", lambda: balance.run(quick))
+    guarded("cache", lambda: cache.run(quick))
+    guarded("throughput", lambda: throughput.run(quick, workdir))
+    if "fanout" in sections or "scaleout" in sections:
+        cluster = BenchCluster(workdir / "cluster")
+        try:
+            c0 = time.monotonic()
+            cluster.start()
+            section_seconds["clusterStart"] = round(time.monotonic() - c0, 2)
+            counts = [1, 4, 16] if quick else [1, 2, 4, 8, 16, 32]
+            guarded("fanout", lambda: fanout.run(cluster, counts, 40 if quick else 300))
+            if "fanout" in result:
+                result["fanoutRatios"] = fanout_ratios(result["fanout"])
+            guarded(
+                "scaleout",
+                lambda: scaleout.run(
+                    cluster,
+                    workdir,
+                    counts=[1, 2] if quick else [1, 2, 4],
+                    window=1.5 if quick else 5.0,
+                    latency=0.05,
+                    workers=4,
+                    objects=32 if quick else 128,
+                ),
+            )
+        except Exception:
+            log.exception("starting the benchmark cluster failed")
+            errors["cluster"] = traceback.format_exc()
+        finally:
+            cluster.stop()
+    result["meta"]["sectionSeconds"] = section_seconds
+    result["meta"]["durationSeconds"] = round(time.monotonic() - t0, 2)
+    if errors:
+        result["errors"] = errors
+    render(result, Console(width=140))
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2) + b"\n")
+    if own_workdir:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

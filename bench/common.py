@@ -1,0 +1,321 @@
+"""Shared pieces of the benchmarks: a local cluster, a byte-counting relay, metrics and CPU readers.
+
+Purpose
+    :class:`BenchCluster` starts etcd, the local API server and the range
+    filter proxy as child processes on loopback (the proxy reaches the API
+    server through a :class:`CountingRelay`, so the bytes the upstream sends
+    to the proxy are measured, not estimated) and stops all of them, in
+    reverse order, whatever happens. Helpers read Prometheus text metrics,
+    per-process CPU seconds from ``/proc/<pid>/stat`` (no psutil needed),
+    percentiles, and build ~1 KiB pod objects.
+
+Invariants
+    * Everything listens on 127.0.0.1 only; every child is stopped in a
+      ``finally`` (SIGTERM, then SIGKILL after a grace period).
+    * Every wait is bounded by a deadline; nothing polls forever.
+    * The relay counts bytes in both directions per listener; counters only grow.
+      Each relay pump lives exactly as long as its connection (either side
+      closing ends it) and :meth:`CountingRelay.close` cancels all of them.
+
+Concurrency model
+    The relay runs its own asyncio loop on one daemon thread
+    (``bench-relay``); its counters are plain ints written by that thread and
+    read (atomically under the GIL) by the caller. Everything else is
+    synchronous and owned by the calling thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import os
+import re
+import shutil
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TypeVar
+
+import httpx
+
+from local_apiserver.process import LocalApiServerProcess
+from range_filter_proxy.process import ProxyProcess
+from registry import EtcdServer
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def proc_cpu_seconds(pid: int | None) -> float:
+    """User + system CPU seconds of one process (``/proc/<pid>/stat`` fields 14 and 15); 0.0 if gone."""
+    if pid is None:
+        return 0.0
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    # The command name (field 2) may contain spaces; it is wrapped in parentheses.
+    fields = text[text.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / _CLK_TCK
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q`` quantile (0..1) by nearest rank; NaN for no values."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    idx = min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))
+    return ordered[idx]
+
+
+_SAMPLE_RE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
+
+
+def metric_value(text: str, name: str, **labels: str) -> float:
+    """Sum of the samples of ``name`` whose labels include ``labels`` in Prometheus text; 0.0 if none."""
+    total = 0.0
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = _SAMPLE_RE.match(line)
+        if m is None or m.group(1) != name:
+            continue
+        label_text = m.group(2) or ""
+        if all(f'{k}="{v}"' in label_text for k, v in labels.items()):
+            total += float(m.group(3))
+    return total
+
+
+def scrape(url: str, timeout: float = 5.0) -> str:
+    """GET ``url`` (a ``/metrics`` endpoint) and return its text."""
+    resp = httpx.get(url, timeout=timeout)
+    resp.raise_for_status()
+    return resp.text
+
+
+def wait_for(predicate: Callable[[], T], timeout: float, what: str, interval: float = 0.02) -> T:
+    """Poll ``predicate`` until it is truthy; ``TimeoutError`` naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.1f}s waiting for {what} (last: {value!r})")
+        time.sleep(interval)
+
+
+PAD_TARGET = 1024
+
+
+def make_pod(name: str, namespace: str, *, uid: str | None = None, owner_uid: str | None = None) -> dict[str, Any]:
+    """A realistic pod of about 1 KiB of JSON (labels, annotations, one container with env and resources)."""
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": namespace,
+        "labels": {"app": "bench", "tier": "backend", "pod-template-hash": "5d8f7c9b6"},
+        "annotations": {"bench.rangeshard.io/note": "x" * 200},
+    }
+    if uid is not None:
+        meta["uid"] = uid
+    if owner_uid is not None:
+        meta["ownerReferences"] = [
+            {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "bench-rs", "uid": owner_uid, "controller": True}
+        ]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": meta,
+        "spec": {
+            "containers": [
+                {
+                    "name": "app",
+                    "image": "registry.example.com/bench/app:1.2.3",
+                    "args": ["--port=8080", "--log-level=info"],
+                    "env": [{"name": f"ENV_{i}", "value": f"value-{i}"} for i in range(6)],
+                    "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "256Mi"}},
+                    "ports": [{"containerPort": 8080, "protocol": "TCP"}],
+                }
+            ],
+            "restartPolicy": "Always",
+            "nodeName": "node-1",
+        },
+    }
+
+
+def stored_pod(name: str, namespace: str, rv: int, *, owner_uid: str | None = None) -> dict[str, Any]:
+    """A pod as an API server returns it (uid, resourceVersion, creationTimestamp, status): ~1.2 KiB of JSON."""
+    pod = make_pod(name, namespace, uid=str(uuid.uuid4()), owner_uid=owner_uid)
+    pod["metadata"]["resourceVersion"] = str(rv)
+    pod["metadata"]["creationTimestamp"] = "2026-01-01T00:00:00Z"
+    pod["status"] = {"phase": "Running", "podIP": "10.0.0.1", "startTime": "2026-01-01T00:00:01Z"}
+    return pod
+
+
+class CountingRelay:
+    """Loopback TCP relays that count the bytes each listener forwarded in each direction.
+
+    ``add(target_port)`` opens a listener forwarding to ``127.0.0.1:target_port``
+    and returns its index; ``down[i]`` is the bytes the target sent to clients,
+    ``up[i]`` the bytes clients sent to the target.
+    """
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.down: list[int] = []
+        self.up: list[int] = []
+        self.ports: list[int] = []
+        self._servers: list[asyncio.Server] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="bench-relay", daemon=True)
+        self._thread.start()
+
+    def add(self, target_port: int) -> int:
+        """Start a listener forwarding to ``target_port``; return its index."""
+        idx = len(self.ports)
+        self.down.append(0)
+        self.up.append(0)
+        fut = asyncio.run_coroutine_threadsafe(self._listen(idx, target_port), self.loop)
+        self.ports.append(fut.result(10))
+        return idx
+
+    def url(self, idx: int) -> str:
+        return f"http://127.0.0.1:{self.ports[idx]}"
+
+    async def _listen(self, idx: int, target_port: int) -> int:
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            task = asyncio.current_task()
+            if task is not None:
+                self._tasks.add(task)
+            try:
+                up_r, up_w = await asyncio.open_connection("127.0.0.1", target_port)
+            except OSError:
+                writer.close()
+                return
+            try:
+                await asyncio.gather(self._pump(reader, up_w, idx, False), self._pump(up_r, writer, idx, True))
+            finally:
+                for w in (writer, up_w):
+                    w.close()
+                if task is not None:
+                    self._tasks.discard(task)
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        self._servers.append(server)
+        return int(server.sockets[0].getsockname()[1])
+
+    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, idx: int, down: bool) -> None:
+        try:
+            while True:
+                data = await reader.read(65536)
+                if not data:
+                    break
+                if down:
+                    self.down[idx] += len(data)
+                else:
+                    self.up[idx] += len(data)
+                writer.write(data)
+                await writer.drain()
+        except (OSError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            with contextlib.suppress(OSError, RuntimeError):
+                writer.write_eof()
+
+    def close(self) -> None:
+        """Close every listener and connection and stop the loop thread (idempotent)."""
+        if not self.loop.is_running():
+            return
+
+        async def shutdown() -> None:
+            for s in self._servers:
+                s.close()
+            for t in list(self._tasks):
+                t.cancel()
+            await asyncio.sleep(0)
+
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(shutdown(), self.loop).result(5)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(5)
+        if not self._thread.is_alive():
+            self.loop.close()
+
+
+class BenchCluster:
+    """etcd + local API server + proxy (through a counting relay), as child processes (see module docstring)."""
+
+    def __init__(self, workdir: Path | None = None, *, proxy_resources: Sequence[str] = ("pods",)) -> None:
+        self._own_dir = workdir is None
+        self.workdir = workdir or Path(tempfile.mkdtemp(prefix="rangeshard-bench-"))
+        self.proxy_resources = list(proxy_resources)
+        self.etcd: EtcdServer | None = None
+        self.apiserver: LocalApiServerProcess | None = None
+        self.proxy: ProxyProcess | None = None
+        self.relay: CountingRelay | None = None
+        self.proxy_relay = -1
+        self.direct_relay = -1
+
+    def start(self) -> BenchCluster:
+        try:
+            self.etcd = EtcdServer(self.workdir / "etcd", fast=True, log_file=self.workdir / "etcd.log")
+            self.etcd.start()
+            self.apiserver = LocalApiServerProcess(
+                self.etcd.url, prefix="/bench", log_file=self.workdir / "apiserver.log", bookmark_interval=1.0
+            )
+            self.apiserver.start()
+            self.relay = CountingRelay()
+            self.proxy_relay = self.relay.add(self.apiserver.port)
+            self.direct_relay = self.relay.add(self.apiserver.port)
+            self.proxy = ProxyProcess(
+                self.relay.url(self.proxy_relay),
+                resources=self.proxy_resources,
+                log_file=self.workdir / "proxy.log",
+                extra_args=["--log-level", "warning"],
+            )
+            self.proxy.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    @property
+    def proxy_pid(self) -> int | None:
+        proc = self.proxy._proc if self.proxy is not None else None  # our own child process
+        return proc.pid if proc is not None else None
+
+    def stop(self) -> None:
+        """Stop every process this cluster started (reverse order; idempotent)."""
+        steps: list[Callable[[], None]] = []
+        if self.proxy is not None:
+            steps.append(self.proxy.stop)
+        if self.relay is not None:
+            steps.append(self.relay.close)
+        if self.apiserver is not None:
+            steps.append(self.apiserver.stop)
+        if self.etcd is not None:
+            steps.append(self.etcd.stop)
+        for step in steps:
+            try:
+                step()
+            except Exception:
+                log.exception("bench cluster: cleanup step failed")
+        if self._own_dir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> BenchCluster:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()

@@ -1,0 +1,386 @@
+"""Who may read through the proxy: authentication and authorization modes.
+
+Purpose
+    The proxy serves lists and watches from caches it fills with its *own*
+    upstream credentials, so without a check anybody who reaches its port
+    reads everything those credentials can read. :class:`ProxyAuth` decides,
+    per ``--auth-mode``:
+
+    ``none``
+        No check (the historical behaviour and the default: ``rangeshard up``
+        and the shipped manifests, whose managers send no credentials, rely on
+        it). Pass-through forwards the client's ``Authorization`` or, if it
+        sent none, the proxy's own credentials.
+    ``static``
+        Bearer tokens from ``--token-file`` (kube-apiserver's
+        ``--token-auth-file`` format: ``token,user,uid[,"g1,g2"]``) and the
+        local API server's fixed policy: group ``system:masters`` may do
+        anything, group ``rangeshard:readers`` may read (cached list/watch,
+        ``GET``/``HEAD`` pass-through), every other user may only read
+        discovery (``/api``, ``/apis[/G[/V]]``, ``/version``) and ``/metrics``.
+        Pass-through replaces the client's token (which the upstream does not
+        know) with the proxy's own credentials. For local use.
+    ``delegate``
+        Like kube-rbac-proxy / an aggregated API server: a cache-served list
+        or watch (and ``/metrics``) needs a bearer token that the upstream
+        accepts in a ``TokenReview`` (authentication.k8s.io/v1), and a
+        ``SubjectAccessReview`` (authorization.k8s.io/v1) must allow its
+        user the verb (``list``/``watch``) on the resource, group and
+        namespace. Both answers are cached for ``--auth-cache-ttl`` seconds in
+        bounded LRU caches. Pass-through forwards the client's
+        ``Authorization`` unchanged and never adds the proxy's own
+        credentials, so the upstream authorizes every other request itself.
+
+    Failures are Kubernetes ``Status`` objects: 401 ``Unauthorized`` (no or
+    bad token), 403 ``Forbidden`` (policy / SubjectAccessReview said no),
+    503 ``ServiceUnavailable`` (the upstream could not review).
+
+Invariants
+    * Tokens are never logged, never put in an error message, and never kept
+      in clear: caches and the static table are keyed by their SHA-256.
+    * ``/healthz`` and ``/readyz`` stay public (probes); everything else is
+      checked as described above.
+
+Concurrency model
+    One instance per app, used from the event loop only; the caches are
+    plain dicts mutated between awaits (no locks needed). Two concurrent
+    requests with the same uncached token may both review it; that is cheap
+    and harmless.
+"""
+
+from __future__ import annotations
+
+import csv
+import enum
+import hashlib
+import io
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Generic, Protocol, TypeVar
+
+from range_filter_proxy.errors import ApiError, UpstreamError
+from rangeshard.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+MASTERS = "system:masters"
+READERS = "rangeshard:readers"
+AUTHENTICATED = "system:authenticated"
+READ_VERBS = frozenset({"get", "list", "watch"})
+PUBLIC_PATHS = frozenset({"/healthz", "/readyz"})
+TOKEN_REVIEW_PATH = "/apis/authentication.k8s.io/v1/tokenreviews"  # noqa: S105 (a path, not a secret)
+SUBJECT_ACCESS_REVIEW_PATH = "/apis/authorization.k8s.io/v1/subjectaccessreviews"
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+
+class AuthMode(enum.StrEnum):
+    """``--auth-mode`` values (see module docstring)."""
+
+    NONE = "none"
+    STATIC = "static"
+    DELEGATE = "delegate"
+
+
+@dataclass(frozen=True)
+class UserInfo:
+    """An authenticated user, as a TokenReview or the token file tells it."""
+
+    username: str
+    uid: str = ""
+    groups: tuple[str, ...] = ()
+    extra: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+
+@dataclass(frozen=True)
+class Attributes:
+    """What a request does. ``resource == ""`` means a non-resource ``path``."""
+
+    verb: str
+    resource: str = ""
+    group: str = ""
+    version: str = ""
+    namespace: str = ""
+    path: str = ""
+
+
+@dataclass(frozen=True)
+class AuthSettings:
+    """The proxy's authentication configuration (``--auth-mode``, ``--token-file``, cache bounds)."""
+
+    mode: AuthMode = AuthMode.NONE
+    users: Mapping[str, UserInfo] = field(default_factory=dict, repr=False)
+    cache_ttl: float = 10.0
+    cache_size: int = 10_000
+
+
+def digest(token: str) -> str:
+    """The SHA-256 of a token: the only form in which tokens are kept."""
+    return hashlib.sha256(token.encode("utf-8", "surrogateescape")).hexdigest()
+
+
+def parse_token_file(text: str, source: str = "token file") -> dict[str, UserInfo]:
+    """Parse ``token,user,uid[,"g1,g2"]`` lines into users keyed by token digest.
+
+    ``#`` comment lines and blank lines are skipped. Raises :class:`ConfigError`
+    naming the line, never the token.
+    """
+    users: dict[str, UserInfo] = {}
+    for lineno, row in enumerate(csv.reader(io.StringIO(text)), start=1):
+        if not row or not "".join(row).strip() or row[0].lstrip().startswith("#"):
+            continue
+        if len(row) < 3:
+            raise ConfigError(f"{source}:{lineno}: want token,user,uid[,groups], got {len(row)} field(s)")
+        token, user, uid = (f.strip() for f in row[:3])
+        if not token or not user:
+            raise ConfigError(f"{source}:{lineno}: token and user must not be empty")
+        groups = [g.strip() for g in row[3].split(",") if g.strip()] if len(row) > 3 else []
+        if AUTHENTICATED not in groups:
+            groups.append(AUTHENTICATED)
+        key = digest(token)
+        if key in users:
+            raise ConfigError(f"{source}:{lineno}: duplicate token (user {user!r})")
+        users[key] = UserInfo(user, uid, tuple(groups))
+    if not users:
+        raise ConfigError(f"{source}: no tokens")
+    return users
+
+
+def load_token_file(path: str) -> dict[str, UserInfo]:
+    """Read and parse a token file (:class:`ConfigError` if unreadable or malformed)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"--token-file {path}: cannot read: {getattr(e, 'strerror', None) or e}") from e
+    return parse_token_file(text, path)
+
+
+class TtlCache(Generic[K, V]):
+    """A bounded LRU map whose entries expire ``ttl`` seconds after they were put."""
+
+    def __init__(self, ttl: float, max_entries: int) -> None:
+        self.ttl = ttl
+        self.max_entries = max(1, max_entries)
+        self._data: OrderedDict[K, tuple[float, V]] = OrderedDict()
+
+    def get(self, key: K) -> tuple[bool, V | None]:
+        """``(True, value)`` if present and fresh, else ``(False, None)``."""
+        entry = self._data.get(key)
+        if entry is None:
+            return False, None
+        expires, value = entry
+        if time.monotonic() >= expires:
+            del self._data[key]
+            return False, None
+        self._data.move_to_end(key)
+        return True, value
+
+    def put(self, key: K, value: V) -> None:
+        if self.ttl <= 0:
+            return
+        self._data[key] = (time.monotonic() + self.ttl, value)
+        self._data.move_to_end(key)
+        while len(self._data) > self.max_entries:
+            self._data.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+
+class Reviewer(Protocol):
+    """Where delegated reviews go: the upstream, with the proxy's own credentials."""
+
+    async def post_json(self, path: str, doc: dict[str, Any]) -> Any:
+        """POST ``doc`` as JSON and return the decoded answer (raises :class:`UpstreamError`)."""
+        ...
+
+
+def bearer_token(authorization: str | None) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` header value, else None."""
+    if not authorization:
+        return None
+    scheme, _, token = authorization.strip().partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
+        return None
+    return token
+
+
+def unauthorized() -> ApiError:
+    """401 Unauthorized, worded as kube-apiserver does."""
+    return ApiError(401, "Unauthorized", "Unauthorized")
+
+
+def forbidden(user: UserInfo, attrs: Attributes, reason: str = "") -> ApiError:
+    """403 Forbidden, worded as kube-apiserver does."""
+    who = f'User "{user.username}"'
+    suffix = f": {reason}" if reason else ""
+    if not attrs.resource:
+        return ApiError(403, "Forbidden", f'forbidden: {who} cannot {attrs.verb} path "{attrs.path}"{suffix}', {})
+    subject = f"{attrs.resource}.{attrs.group}" if attrs.group else attrs.resource
+    scope = f'in the namespace "{attrs.namespace}"' if attrs.namespace else "at the cluster scope"
+    message = (
+        f'{subject} is forbidden: {who} cannot {attrs.verb} resource "{attrs.resource}" '
+        f'in API group "{attrs.group}" {scope}{suffix}'
+    )
+    details: dict[str, Any] = {"kind": attrs.resource}
+    if attrs.group:
+        details["group"] = attrs.group
+    return ApiError(403, "Forbidden", message, details)
+
+
+def _is_discovery(path: str) -> bool:
+    segs = [s for s in path.split("/") if s]
+    return (
+        segs in (["version"], ["api"], ["apis"], ["metrics"])
+        or (len(segs) == 2 and segs[0] in ("api", "apis"))
+        or (len(segs) == 3 and segs[0] == "apis")
+    )
+
+
+def static_policy(user: UserInfo, attrs: Attributes) -> bool:
+    """The ``static`` mode policy (module docstring)."""
+    if MASTERS in user.groups:
+        return True
+    read = attrs.verb in READ_VERBS or attrs.verb == "head"
+    if read and READERS in user.groups:
+        return True
+    return read and not attrs.resource and _is_discovery(attrs.path)
+
+
+def _review_failed(what: str, e: UpstreamError) -> ApiError:
+    log.warning("%s failed: %s", what, e)
+    return ApiError(503, "ServiceUnavailable", f"the proxy could not verify the request: {what} failed (HTTP {e.code})")
+
+
+class ProxyAuth:
+    """Authentication and authorization of one proxy (see module docstring)."""
+
+    def __init__(self, settings: AuthSettings, reviewer: Reviewer | None = None) -> None:
+        if settings.mode is AuthMode.STATIC and not settings.users:
+            raise ConfigError("--auth-mode static needs --token-file")
+        if settings.mode is AuthMode.DELEGATE and reviewer is None:
+            raise ConfigError("--auth-mode delegate needs an HTTP upstream to send reviews to")
+        if settings.mode is not AuthMode.STATIC and settings.users:
+            raise ConfigError("--token-file is only used with --auth-mode static")
+        if settings.cache_ttl < 0 or settings.cache_size < 1:
+            raise ConfigError("--auth-cache-ttl must be >= 0 and --auth-cache-size >= 1")
+        self.settings = settings
+        self.mode = settings.mode
+        self.reviewer = reviewer
+        self._users = dict(settings.users)
+        self._authn: TtlCache[str, UserInfo | None] = TtlCache(settings.cache_ttl, settings.cache_size)
+        self._authz: TtlCache[tuple[UserInfo, Attributes], tuple[bool, str]] = TtlCache(
+            settings.cache_ttl, settings.cache_size
+        )
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode is not AuthMode.NONE
+
+    async def authenticate(self, authorization: str | None) -> UserInfo | None:
+        """The user behind an ``Authorization`` header; None in mode ``none``; else 401."""
+        if self.mode is AuthMode.NONE:
+            return None
+        token = bearer_token(authorization)
+        if token is None:
+            raise unauthorized()
+        key = digest(token)
+        if self.mode is AuthMode.STATIC:
+            user = self._users.get(key)
+        else:
+            hit, user = self._authn.get(key)
+            if not hit:
+                user = await self._token_review(token)
+                self._authn.put(key, user)
+        if user is None:
+            raise unauthorized()
+        return user
+
+    async def authorize(self, user: UserInfo | None, attrs: Attributes) -> None:
+        """Raise 403 unless ``user`` may do ``attrs`` (no-op in mode ``none``)."""
+        if self.mode is AuthMode.NONE:
+            return
+        if user is None:
+            raise unauthorized()
+        if self.mode is AuthMode.STATIC:
+            if not static_policy(user, attrs):
+                raise forbidden(user, attrs)
+            return
+        hit, answer = self._authz.get((user, attrs))
+        if not hit or answer is None:
+            answer = await self._subject_access_review(user, attrs)
+            self._authz.put((user, attrs), answer)
+        allowed, reason = answer
+        if not allowed:
+            raise forbidden(user, attrs, reason)
+
+    async def check(self, authorization: str | None, attrs: Attributes) -> UserInfo | None:
+        """Authenticate, then authorize."""
+        user = await self.authenticate(authorization)
+        await self.authorize(user, attrs)
+        return user
+
+    async def _token_review(self, token: str) -> UserInfo | None:
+        if self.reviewer is None:  # excluded by __init__
+            raise unauthorized()
+        doc = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": token}}
+        try:
+            answer = await self.reviewer.post_json(TOKEN_REVIEW_PATH, doc)
+        except UpstreamError as e:
+            raise _review_failed("TokenReview", e) from e
+        status = answer.get("status") if isinstance(answer, dict) else None
+        if not isinstance(status, dict) or status.get("authenticated") is not True:
+            return None
+        user = status.get("user")
+        if not isinstance(user, dict) or not isinstance(user.get("username"), str):
+            return None
+        groups = user.get("groups") or []
+        extra_doc = user.get("extra") or {}
+        extra: tuple[tuple[str, tuple[str, ...]], ...] = ()
+        if isinstance(extra_doc, dict):
+            extra = tuple(
+                sorted((str(k), tuple(str(x) for x in v)) for k, v in extra_doc.items() if isinstance(v, list))
+            )
+        return UserInfo(
+            username=user["username"],
+            uid=str(user.get("uid") or ""),
+            groups=tuple(str(g) for g in groups) if isinstance(groups, list) else (),
+            extra=extra,
+        )
+
+    async def _subject_access_review(self, user: UserInfo, attrs: Attributes) -> tuple[bool, str]:
+        if self.reviewer is None:  # excluded by __init__
+            return False, "no reviewer"
+        spec: dict[str, Any] = {"user": user.username, "groups": list(user.groups)}
+        if user.uid:
+            spec["uid"] = user.uid
+        if user.extra:
+            spec["extra"] = {k: list(v) for k, v in user.extra}
+        if attrs.resource:
+            spec["resourceAttributes"] = {
+                "verb": attrs.verb,
+                "group": attrs.group,
+                "version": attrs.version,
+                "resource": attrs.resource,
+                "namespace": attrs.namespace,
+            }
+        else:
+            spec["nonResourceAttributes"] = {"verb": attrs.verb, "path": attrs.path}
+        doc = {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview", "spec": spec}
+        try:
+            answer = await self.reviewer.post_json(SUBJECT_ACCESS_REVIEW_PATH, doc)
+        except UpstreamError as e:
+            raise _review_failed("SubjectAccessReview", e) from e
+        status = answer.get("status") if isinstance(answer, dict) else None
+        if not isinstance(status, dict):
+            return False, "the SubjectAccessReview answer has no status"
+        reason = status.get("reason")
+        return status.get("allowed") is True and status.get("denied") is not True, (
+            reason if isinstance(reason, str) else ""
+        )

@@ -1,0 +1,132 @@
+"""``python -m bench --quick`` runs end to end and its JSON has every section with sane values.
+
+Behaviour, not timing: the machine running CI is noisy, so nothing here
+asserts a speed. What must hold whatever the load: the proxy holds one
+upstream watch however many range watchers it serves and the direct mode one
+per watcher; every event reaches exactly one proxy watcher; the ranges of a
+LIST partition the cache; managers reconcile, join and take over; balance
+plans keep every object.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("bench") / "quick.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench", "--quick", "--json", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-5000:]}"
+    data: dict[str, Any] = json.loads(out.read_text())
+    return data
+
+
+@pytest.mark.slow
+def test_every_section_present_without_errors(result: dict[str, Any]) -> None:
+    assert "errors" not in result, result.get("errors")
+    for section in ("meta", "fanout", "fanoutRatios", "throughput", "cache", "scaleout", "balance"):
+        assert section in result, section
+    meta = result["meta"]
+    assert meta["quick"] is True
+    assert meta["machine"]["nproc"] >= 1
+    assert meta["machine"]["python"]
+
+
+@pytest.mark.slow
+def test_fanout_proxy_holds_one_upstream_watch_direct_holds_n(result: dict[str, Any]) -> None:
+    rows = result["fanout"]
+    proxy = {r["watchers"]: r for r in rows if r["mode"] == "proxy"}
+    direct = {r["watchers"]: r for r in rows if r["mode"] == "direct"}
+    assert proxy and set(proxy) == set(direct)
+    for n, p in proxy.items():
+        d = direct[n]
+        events = p["events"]
+        assert p["upstreamWatches"] == 1, p
+        assert d["upstreamWatches"] == n, d
+        # The proxy's slices partition the space: every event reaches exactly one watcher.
+        assert p["eventsReceivedTotal"] == events
+        assert p["eventsKeptTotal"] == events
+        assert len(p["eventsReceived"]) == n
+        # Direct watchers each receive everything and keep their slice.
+        assert d["eventsReceived"] == [events] * n
+        assert d["eventsKeptTotal"] == events
+        assert p["upstreamBytes"] >= events * 500
+        assert d["upstreamBytes"] > 0.5 * n * p["upstreamBytes"]
+        assert p["proxyCpuSeconds"] is not None and p["proxyCpuSeconds"] >= 0
+    for r in result["fanoutRatios"]:
+        assert r["upstreamWatchesDirectOverProxy"] == r["watchers"]
+
+
+@pytest.mark.slow
+def test_throughput_paths_deliver_every_event(result: dict[str, Any]) -> None:
+    tp = result["throughput"]
+    assert tp["bareLoop"]["eventsPerSecond"] > 0
+    assert tp["inProcess"]["delivered"] == tp["inProcess"]["events"] > 0
+    steps = tp["http"]["steps"]
+    assert steps, "no HTTP rate step ran"
+    first = steps[0]
+    assert first["events"] > 0
+    assert first["delivered"] == first["events"]
+    assert first["p50LatencyMs"] >= 0 and first["p99LatencyMs"] >= first["p50LatencyMs"]
+    assert tp["http"]["watchers"] == 16
+    assert "Upstream" in tp["http"]["path"]
+
+
+@pytest.mark.slow
+def test_cache_lists_partition_and_memory_is_measured(result: dict[str, Any]) -> None:
+    cache = result["cache"]
+    for row in cache["list"]:
+        # 16 slices of the space partition the pods: the mean slice holds exactly 1/16.
+        assert row["itemsPerList"] == row["objects"] / row["slices"]
+        assert row["p50Ms"] > 0 and row["maxMs"] >= row["p50Ms"]
+    mem = cache["memory"]
+    assert mem["bytesPerObject"] > mem["rawJsonBytes"] > 500
+    assert mem["ratioToRawJson"] > 1
+
+
+@pytest.mark.slow
+def test_scaleout_managers_reconcile_join_and_take_over(result: dict[str, Any]) -> None:
+    s = result["scaleout"]
+    counts = [w["managers"] for w in s["throughput"]]
+    assert counts == sorted(counts) and counts[0] == 1 and len(counts) >= 2
+    for w in s["throughput"]:
+        assert w["reconciles"] > 0
+        assert all(v > 0 for v in w["perManager"].values()), w
+        assert len(w["perManager"]) == w["managers"]
+    for j in s["joins"]:
+        assert j["spawnToRegisteredSeconds"] is not None and j["spawnToRegisteredSeconds"] > 0
+        assert j["registeredToActiveSeconds"] is not None and j["registeredToActiveSeconds"] >= 0
+    t = s["takeover"]
+    assert t is not None
+    assert t["recordGoneSeconds"] is not None
+    assert t["firstReconcileOfVictimKeySeconds"] is not None
+    assert t["victimKeys"] > 0
+
+
+@pytest.mark.slow
+def test_balance_plans_keep_every_object(result: dict[str, Any]) -> None:
+    rows = result["balance"]
+    assert {(r["workload"], r["instances"]) for r in rows} == {(w, n) for w in ("uniform", "skewed") for n in (3, 5, 7)}
+    for r in rows:
+        assert sum(r["countsAfterJoins"]) == r["objects"] == sum(r["countsAfterRebalance"])
+        assert len(r["countsAfterRebalance"]) == r["instances"]
+        assert r["maxOverMeanAfterRebalance"] <= r["maxOverMeanAfterJoins"]
+        if r["workload"] == "uniform":
+            assert r["maxOverMeanAfterRebalance"] <= 1.01
+        else:
+            assert r["largestLump"] > 1
