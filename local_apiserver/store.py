@@ -77,9 +77,13 @@ def parse_resource_version(value: str | None, what: str = "resourceVersion") -> 
     """``None``/"" -> None; a non-negative integer string -> int; anything else -> 400."""
     if value is None or value == "":
         return None
-    if not value.isdigit():
+    if not value.isascii() or not value.isdigit():
         raise bad_request(f"invalid {what}: {value!r} is not a valid resource version (expected a decimal integer)")
-    return int(value)
+    rv = int(value)
+    if rv > 2**63 - 1:
+        # etcd revisions are int64: a larger value can never exist (and would overflow the request).
+        raise bad_request(f"invalid {what}: {value!r} is larger than any resource version (2^63-1)")
+    return rv
 
 
 def prefix_range_end(prefix: str) -> str:

@@ -53,9 +53,11 @@ async def _take(w: Watcher, n: int, timeout: float = 5.0) -> list[dict[str, Any]
 
     async def run() -> None:
         async for chunk in stream:
-            out.append(orjson.loads(chunk))
-            if len(out) >= n:
-                return
+            # A chunk may carry several newline-terminated events (bursts are batched).
+            for line in chunk.splitlines():
+                out.append(orjson.loads(line))
+                if len(out) >= n:
+                    return
 
     try:
         await asyncio.wait_for(run(), timeout)
@@ -65,7 +67,7 @@ async def _take(w: Watcher, n: int, timeout: float = 5.0) -> list[dict[str, Any]
 
 
 async def _drain(stream: AsyncIterator[bytes]) -> list[dict[str, Any]]:
-    return [orjson.loads(c) async for c in stream]
+    return [orjson.loads(line) async for c in stream for line in c.splitlines()]
 
 
 def _names(events: list[dict[str, Any]]) -> list[tuple[str, str]]:
@@ -197,7 +199,7 @@ async def test_slow_watcher_is_cut_off_without_stalling_others() -> None:
 
     async def consume() -> None:
         async for chunk in fast.stream():
-            got.append(orjson.loads(chunk))
+            got.extend(orjson.loads(line) for line in chunk.splitlines())
 
     consumer = asyncio.create_task(consume())
     for i in range(50):
