@@ -164,6 +164,15 @@ class ProxySection(_Section):
     url: Annotated[str, AfterValidator(_proxy_url)] = Field(
         DEFAULT_PROXY, description="Base URL of the range filter proxy (`http(s)://host:port[/path]`)."
     )
+    token_file: str | None = Field(
+        None,
+        alias="tokenFile",
+        description=(
+            "File holding the bearer token sent to the proxy (e.g. a projected ServiceAccount token); "
+            "needed when the proxy runs with `--auth-mode static|delegate`. Re-read on every start, never logged."
+        ),
+    )
+    ca_cert: str | None = Field(None, alias="caCert", description="PEM CA bundle to verify an `https://` proxy URL.")
 
 
 class MetricsSection(_Section):
@@ -355,9 +364,20 @@ def _resolve_cert_paths(cfg: ManagerConfig, path: Path) -> tuple[ManagerConfig, 
         if not resolved.is_file():
             problems.append(f"{path}: etcd.{alias}: file not found: {resolved}")
         updates[field] = str(resolved)
-    if not updates:
-        return cfg, problems
-    return cfg.model_copy(update={"etcd": cfg.etcd.model_copy(update=updates)}), problems
+    proxy_updates: dict[str, str] = {}
+    for field, alias in (("token_file", "tokenFile"), ("ca_cert", "caCert")):
+        value = getattr(cfg.proxy, field)
+        if value is None:
+            continue
+        resolved = (path.parent / Path(value).expanduser()).resolve()
+        if not resolved.is_file():
+            problems.append(f"{path}: proxy.{alias}: file not found: {resolved}")
+        proxy_updates[field] = str(resolved)
+    if updates:
+        cfg = cfg.model_copy(update={"etcd": cfg.etcd.model_copy(update=updates)})
+    if proxy_updates:
+        cfg = cfg.model_copy(update={"proxy": cfg.proxy.model_copy(update=proxy_updates)})
+    return cfg, problems
 
 
 def load_config(path: str | Path) -> ManagerConfig:

@@ -25,6 +25,7 @@ import secrets
 import signal
 import socket
 import threading
+from pathlib import Path
 from typing import Any
 
 from kubernetes import client as k8s
@@ -46,12 +47,24 @@ def default_instance_prefix() -> str:
     return f"{host[:40]}-{os.getpid()}-{secrets.token_hex(2)}"
 
 
-def api_client_for(url: str, reconcile_timeout: float) -> Any:
+def api_client_for(url: str, token_file: str | None = None, ca_cert: str | None = None) -> Any:
+    """An official-client ApiClient for the proxy (bearer token and CA if configured)."""
     cfg = k8s.Configuration()
     cfg.host = url.rstrip("/")
     cfg.retries = 0
     # Enough connections for the workers plus one list/watch per informer.
     cfg.connection_pool_maxsize = 64
+    if ca_cert:
+        cfg.ssl_ca_cert = ca_cert
+    if token_file:
+        try:
+            token = Path(token_file).read_text().strip()
+        except OSError as e:
+            raise ConfigError(f"proxy.tokenFile: cannot read {token_file}: {e.strerror}") from e
+        if not token:
+            raise ConfigError(f"proxy.tokenFile: {token_file} is empty")
+        cfg.api_key = {"BearerToken": token}
+        cfg.api_key_prefix = {"BearerToken": "Bearer"}
     return k8s.ApiClient(cfg)
 
 
@@ -74,7 +87,7 @@ class ControllerManager:
         self.metrics = Metrics()
         self.audit = AuditLog(audit_path) if audit_path else None
         self.prefix = instance_prefix or config.instance_id_prefix or default_instance_prefix()
-        self.api_client = api_client_for(config.proxy.url, config.reconcile_timeout_seconds)
+        self.api_client = api_client_for(config.proxy.url, config.proxy.token_file, config.proxy.ca_cert)
         self.runtimes: list[ControllerRuntime] = []
         for name, section in config.controllers.items():
             cls = CONTROLLERS.get(name)
