@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
 
     SleepController.latency = args.latency
     SleepController.namespace = args.namespace
-    api: Any = api_client_for(args.proxy, args.reconcile_timeout)
+    api: Any = api_client_for(args.proxy)
     audit = AuditLog(args.audit)
     rt = ControllerRuntime(
         SleepController,

@@ -46,10 +46,12 @@ import gc
 import itertools
 import logging
 import random
+import sys
 import time
 from collections import deque
 from collections.abc import AsyncGenerator, Iterable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 import orjson
@@ -94,11 +96,18 @@ def parse_rv(value: Any) -> int:
     raise ValueError(f"invalid resource version {value!r}")
 
 
+_NO_LABELS: Mapping[str, str] = MappingProxyType({})
+
+
 @dataclass(slots=True, eq=False)
 class CachedObject:
-    """One object as stored: decoded, serialised once, hashes precomputed."""
+    """One object as stored: serialised once, hashes and filter fields precomputed.
 
-    obj: dict[str, Any]
+    Only the JSON bytes are kept, not the decoded dict (which cost ~9x the
+    JSON size in memory); the few fields filters need are extracted at build
+    time, and :attr:`obj` decodes on demand (field selectors, ``at_rv``).
+    """
+
     raw: bytes
     hashes: ObjectHashes
     rv: int
@@ -120,15 +129,23 @@ class CachedObject:
             obj = {"kind": info.kind, "apiVersion": info.gvr.group_version, **obj}
         labels = meta.get("labels")
         ns = meta.get("namespace")
+        name = sys.intern(str(meta.get("name") or ""))
         return cls(
-            obj,
             orjson.dumps(obj),
             ObjectHashes.of(obj),
             rv,
-            ns if isinstance(ns, str) and ns else None,
-            str(meta.get("name") or ""),
-            {str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {},
+            sys.intern(ns) if isinstance(ns, str) and ns else None,
+            name,
+            {sys.intern(str(k)): sys.intern(str(v)) for k, v in labels.items()}
+            if isinstance(labels, dict) and labels
+            else _NO_LABELS,
         )
+
+    @property
+    def obj(self) -> dict[str, Any]:
+        """The object, decoded from its bytes (a fresh dict on every access)."""
+        decoded: dict[str, Any] = orjson.loads(self.raw)
+        return decoded
 
     @property
     def key(self) -> tuple[str, str]:
@@ -137,7 +154,7 @@ class CachedObject:
 
     def at_rv(self, rv: int) -> bytes:
         """The serialisation of this object with ``metadata.resourceVersion`` set to ``rv``."""
-        obj = dict(self.obj)
+        obj = self.obj
         obj["metadata"] = {**obj["metadata"], "resourceVersion": str(rv)}
         return orjson.dumps(obj)
 
