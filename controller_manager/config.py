@@ -370,7 +370,9 @@ def _resolve_cert_paths(cfg: ManagerConfig, path: Path) -> tuple[ManagerConfig, 
         if value is None:
             continue
         resolved = (path.parent / Path(value).expanduser()).resolve()
-        if not resolved.is_file():
+        # A token file may be provided later (a projected token appears when the pod
+        # starts); the manager reports it at start-up if it is still missing.
+        if field != "token_file" and not resolved.is_file():
             problems.append(f"{path}: proxy.{alias}: file not found: {resolved}")
         proxy_updates[field] = str(resolved)
     if updates:

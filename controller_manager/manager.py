@@ -47,6 +47,43 @@ def default_instance_prefix() -> str:
     return f"{host[:40]}-{os.getpid()}-{secrets.token_hex(2)}"
 
 
+class TokenFile:
+    """A bearer token read from a file and re-read when the file changes.
+
+    Projected ServiceAccount tokens are rotated by the kubelet; the official
+    client calls this hook before each request (``refresh_api_key_hook``), so
+    a stat per request keeps the token current. The token is never logged.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = Path(path)
+        self._mtime: float | None = None
+        self.token = ""
+        self._read(initial=True)
+
+    def _read(self, initial: bool = False) -> None:
+        try:
+            stat = self.path.stat()
+            if stat.st_mtime == self._mtime:
+                return
+            token = self.path.read_text().strip()
+        except OSError as e:
+            if initial:
+                raise ConfigError(f"proxy.tokenFile: cannot read {self.path}: {e.strerror}") from e
+            log.warning("proxy.tokenFile %s unreadable (%s); keeping the previous token", self.path, e.strerror)
+            return
+        if not token:
+            if initial:
+                raise ConfigError(f"proxy.tokenFile: {self.path} is empty")
+            return
+        self._mtime = stat.st_mtime
+        self.token = token
+
+    def __call__(self, cfg: Any) -> None:
+        self._read()
+        cfg.api_key = {"BearerToken": self.token}
+
+
 def api_client_for(url: str, token_file: str | None = None, ca_cert: str | None = None) -> Any:
     """An official-client ApiClient for the proxy (bearer token and CA if configured)."""
     cfg = k8s.Configuration()
@@ -57,14 +94,10 @@ def api_client_for(url: str, token_file: str | None = None, ca_cert: str | None 
     if ca_cert:
         cfg.ssl_ca_cert = ca_cert
     if token_file:
-        try:
-            token = Path(token_file).read_text().strip()
-        except OSError as e:
-            raise ConfigError(f"proxy.tokenFile: cannot read {token_file}: {e.strerror}") from e
-        if not token:
-            raise ConfigError(f"proxy.tokenFile: {token_file} is empty")
-        cfg.api_key = {"BearerToken": token}
+        source = TokenFile(token_file)
+        cfg.api_key = {"BearerToken": source.token}
         cfg.api_key_prefix = {"BearerToken": "Bearer"}
+        cfg.refresh_api_key_hook = source  # type: ignore[assignment]  # typed as None upstream
     return k8s.ApiClient(cfg)
 
 

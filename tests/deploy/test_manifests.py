@@ -57,7 +57,10 @@ MODELS = {
 # (apiGroup, resource, verb) the proxy's ServiceAccount needs: the informers'
 # list/watch (cached), get for pass-through reads, and the built-in
 # controllers' writes (controller_manager/controllers/*.py).
-PROXY_NEEDS = {("", "pods", v) for v in ("get", "list", "watch", "create", "delete", "patch")} | {
+PROXY_NEEDS = {("", "pods", v) for v in ("get", "list", "watch")} | {
+    ("apps", r, v) for r in ("replicasets", "deployments") for v in ("get", "list", "watch")
+}
+MANAGER_NEEDS = {("", "pods", v) for v in ("get", "list", "watch", "create", "delete", "patch")} | {
     ("apps", "replicasets", "get"),
     ("apps", "replicasets", "list"),
     ("apps", "replicasets", "watch"),
@@ -201,8 +204,9 @@ def test_references_exist(rendered: tuple[str, list[dict[str, Any]]]) -> None:
         for vol in pod.get("volumes", []):
             if "configMap" in vol:
                 assert vol["configMap"]["name"] in cms, f"{w['metadata']['name']}: ConfigMap {vol} missing"
+    builtin = {"system:auth-delegator"}  # ships with every cluster
     for b in by_kind(docs, "ClusterRoleBinding"):
-        assert b["roleRef"]["name"] in roles
+        assert b["roleRef"]["name"] in roles | builtin
         for s in b["subjects"]:
             assert s["kind"] == "ServiceAccount" and s["name"] in sas and s["namespace"] == NAMESPACE, s
     pod_labels = [w["spec"]["template"]["metadata"]["labels"] for w in workloads(docs)]
@@ -301,22 +305,40 @@ def test_replicas_and_requests_per_variant() -> None:
     assert mem_mi(dev) < mem_mi(base) / 4
 
 
-def test_rbac_least_privilege(rendered: tuple[str, list[dict[str, Any]]]) -> None:
-    _, docs = rendered
-    role = one(docs, "ClusterRole", "rangeshard-proxy")
+def _granted(role: dict[str, Any]) -> set[tuple[str, str, str]]:
     granted: set[tuple[str, str, str]] = set()
     for rule in role["rules"]:
         for field in ("apiGroups", "resources", "verbs"):
             assert "*" not in rule[field], f"wildcard in {rule}"
         granted |= {(g, r, v) for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
-    assert granted == PROXY_NEEDS, f"missing {PROXY_NEEDS - granted}, extra {granted - PROXY_NEEDS}"
+    return granted
+
+
+def test_rbac_least_privilege(rendered: tuple[str, list[dict[str, Any]]]) -> None:
+    _, docs = rendered
+    proxy = _granted(one(docs, "ClusterRole", "rangeshard-proxy"))
+    assert proxy == PROXY_NEEDS, f"missing {PROXY_NEEDS - proxy}, extra {proxy - PROXY_NEEDS}"
+    manager = _granted(one(docs, "ClusterRole", "rangeshard-controller-manager"))
+    assert manager == MANAGER_NEEDS, f"missing {MANAGER_NEEDS - manager}, extra {manager - MANAGER_NEEDS}"
     bindings = by_kind(docs, "ClusterRoleBinding") + by_kind(docs, "RoleBinding")
-    bound = {s["name"] for b in bindings for s in b["subjects"]}
-    assert bound == {"rangeshard-proxy"}
+    roles_of: dict[str, set[str]] = {}
+    for b in bindings:
+        for subject in b["subjects"]:
+            roles_of.setdefault(subject["name"], set()).add(b["roleRef"]["name"])
+    assert roles_of == {
+        "rangeshard-proxy": {"rangeshard-proxy", "system:auth-delegator"},
+        "rangeshard-controller-manager": {"rangeshard-controller-manager"},
+    }
+    # The proxy delegates authorization; managers authenticate with a projected token only.
+    (proxy_c,) = containers(one(docs, "Deployment", "rangeshard-proxy"))
+    assert proxy_c["args"][proxy_c["args"].index("--auth-mode") + 1] == "delegate"
     mgr_sa = one(docs, "ServiceAccount", "rangeshard-controller-manager")
     assert mgr_sa["automountServiceAccountToken"] is False
     mgr = one(docs, "Deployment", "rangeshard-controller-manager")
-    assert mgr["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+    pod = mgr["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False
+    projected = [v for v in pod["volumes"] if "projected" in v]
+    assert projected and projected[0]["projected"]["sources"][0]["serviceAccountToken"]["path"] == "token"
 
 
 def test_dockerfile() -> None:
