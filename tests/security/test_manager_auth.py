@@ -81,8 +81,18 @@ def test_manager_reconciles_through_a_delegating_https_proxy(
     log = tmp_path / "manager.log"
     with open(log, "wb") as logf:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "rangeshard.cli.main", "--log-level", "debug", "controller-manager"]
-            + ["--config", str(config), "--instance-prefix", "authz"],
+            [
+                sys.executable,
+                "-m",
+                "rangeshard.cli.main",
+                "--log-level",
+                "debug",
+                "controller-manager",
+                "--config",
+                str(config),
+                "--instance-prefix",
+                "authz",
+            ],
             stdout=logf,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -121,8 +131,18 @@ def test_manager_without_token_is_refused(
     log = tmp_path / "manager.log"
     with open(log, "wb") as logf:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "rangeshard.cli.main", "--log-level", "info", "controller-manager"]
-            + ["--config", str(config), "--instance-prefix", "noauth"],
+            [
+                sys.executable,
+                "-m",
+                "rangeshard.cli.main",
+                "--log-level",
+                "info",
+                "controller-manager",
+                "--config",
+                str(config),
+                "--instance-prefix",
+                "noauth",
+            ],
             stdout=logf,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
