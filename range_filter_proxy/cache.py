@@ -353,6 +353,10 @@ class WatchCache:
         self._progress = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._label = info.gvr.label
+        # Per-event counters, resolved once (a labels() lookup per event is measurable).
+        self._received = metrics.events_received.labels(self._label)
+        self._delivered = metrics.events_delivered.labels(self._label)
+        self._filtered = metrics.events_filtered.labels(self._label)
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -453,7 +457,7 @@ class WatchCache:
         if event.type not in ("ADDED", "MODIFIED", "DELETED"):
             raise UpstreamError(f"{self.info.gvr}: unknown watch event type {event.type!r}")
         received = time.monotonic()
-        self.metrics.events_received.labels(self._label).inc()
+        self._received.inc()
         cur = CachedObject.build(event.object, self.info)
         prev = self.objects.get(cur.key)
         if cur.rv <= self.rv:
@@ -501,9 +505,9 @@ class WatchCache:
                 w.cut("watcher too slow")
                 self.remove_watcher(w)
         if delivered:
-            self.metrics.events_delivered.labels(self._label).inc(delivered)
+            self._delivered.inc(delivered)
         if filtered:
-            self.metrics.events_filtered.labels(self._label).inc(filtered)
+            self._filtered.inc(filtered)
 
     def _notify_progress(self) -> None:
         self._progress.set()
