@@ -130,8 +130,11 @@ class CachedObject:
         labels = meta.get("labels")
         ns = meta.get("namespace")
         name = sys.intern(str(meta.get("name") or ""))
+        # orjson's result keeps its growth buffer (~8 KiB resident for a 1 KiB pod);
+        # an exact-size copy is what we keep.
+        raw = bytes(memoryview(orjson.dumps(obj)))
         return cls(
-            orjson.dumps(obj),
+            raw,
             ObjectHashes.of(obj),
             rv,
             sys.intern(ns) if isinstance(ns, str) and ns else None,
