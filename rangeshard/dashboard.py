@@ -66,18 +66,7 @@ from fastapi import FastAPI
 from fastapi.responses import HTMLResponse, PlainTextResponse, Response, StreamingResponse
 
 from hashing import MAX_HASH
-from rangeshard.cli.common import (
-    DEFAULT_REGISTRY_PREFIX,
-    CaCertOpt,
-    CertOpt,
-    EtcdOpt,
-    KeyOpt,
-    PasswordOpt,
-    PrefixOpt,
-    UserOpt,
-    etcd_config,
-    fail,
-)
+from rangeshard.cli.common import DEFAULT_REGISTRY_PREFIX, EtcdOptions, fail, with_etcd_options
 from rangeshard.errors import ConfigError, RangeshardError
 from registry import EtcdClient, EtcdConfig, MembershipWatch, RegistryView, free_port
 from registry.models import check_name
@@ -434,19 +423,15 @@ def serve(
 # -- the command -----------------------------------------------------------------
 
 
+@with_etcd_options
 def dashboard_command(
     port: Annotated[int, typer.Option("--port", "-p", help="TCP port to serve on (0 = any free port).")] = 8090,
     host: Annotated[
         str, typer.Option("--host", help="Address to listen on (the page is read-only and has no login).")
     ] = "127.0.0.1",
     controller_type: Annotated[str | None, typer.Option("--type", "-t", help="Only this controller type.")] = None,
-    etcd: EtcdOpt = None,
-    prefix: PrefixOpt = DEFAULT_REGISTRY_PREFIX,
-    etcd_cacert: CaCertOpt = None,
-    etcd_cert: CertOpt = None,
-    etcd_key: KeyOpt = None,
-    etcd_user: UserOpt = None,
-    etcd_password: PasswordOpt = None,
+    *,
+    etcd_options: EtcdOptions,
 ) -> None:
     """Serve a live view of the hash ring in a browser (updates from etcd via server-sent events)."""
     try:
@@ -454,7 +439,8 @@ def dashboard_command(
             check_name("--type", controller_type)
         if not 0 <= port <= 65535:
             raise ConfigError(f"--port: {port} is outside 0-65535")
-        config = etcd_config(etcd, etcd_cacert, etcd_cert, etcd_key, etcd_user, etcd_password)
+        config = etcd_options.config()
+        prefix = etcd_options.prefix
     except RangeshardError as e:
         fail(e)
     if port == 0:

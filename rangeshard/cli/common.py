@@ -14,9 +14,13 @@ Concurrency model
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
 import sys
-from typing import Annotated, NoReturn
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Annotated, Any, NoReturn
 
 import typer
 
@@ -79,3 +83,56 @@ def fail(error: RangeshardError) -> NoReturn:
         raise typer.Exit(1)
     typer.echo(f"error: {error}", err=True)
     raise typer.Exit(1)
+
+
+@dataclass(frozen=True)
+class EtcdOptions:
+    """The shared etcd options of one command invocation (the password is never printed)."""
+
+    etcd: str | None
+    prefix: str
+    cacert: str | None
+    cert: str | None
+    key: str | None
+    user: str | None
+    password: str | None = field(repr=False)
+
+    def config(self) -> EtcdConfig:
+        return etcd_config(self.etcd, self.cacert, self.cert, self.key, self.user, self.password)
+
+
+# (parameter name, annotation, default, EtcdOptions field)
+_ETCD_PARAMS: list[tuple[str, Any, Any, str]] = [
+    ("etcd", EtcdOpt, None, "etcd"),
+    ("prefix", PrefixOpt, DEFAULT_PREFIX, "prefix"),
+    ("etcd_cacert", CaCertOpt, None, "cacert"),
+    ("etcd_cert", CertOpt, None, "cert"),
+    ("etcd_key", KeyOpt, None, "key"),
+    ("etcd_user", UserOpt, None, "user"),
+    ("etcd_password", PasswordOpt, None, "password"),
+]
+
+
+def with_etcd_options(fn: Callable[..., None]) -> Callable[..., None]:
+    """Give a Typer command the shared etcd options, passed to it as ``etcd_options: EtcdOptions``.
+
+    The options are declared once here instead of in every command: the
+    wrapper's signature is the command's own parameters (minus
+    ``etcd_options``) followed by ``--etcd``, ``--prefix`` and the TLS/auth
+    options, which Typer reads like any other.
+    """
+    sig = inspect.signature(fn, eval_str=True)
+    own = [p for p in sig.parameters.values() if p.name != "etcd_options"]
+    extra = [
+        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=ann, default=default)
+        for name, ann, default, _ in _ETCD_PARAMS
+    ]
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> None:
+        values = {field_name: kwargs.pop(name) for name, _, _, field_name in _ETCD_PARAMS}
+        fn(*args, etcd_options=EtcdOptions(**values), **kwargs)
+
+    wrapper.__signature__ = sig.replace(parameters=own + extra)  # type: ignore[attr-defined]
+    wrapper.__annotations__ = {p.name: p.annotation for p in own + extra} | {"return": sig.return_annotation}
+    return wrapper

@@ -35,18 +35,7 @@ from rich.console import Console
 from rich.table import Table
 
 from hashing import MAX_HASH
-from rangeshard.cli.common import (
-    DEFAULT_REGISTRY_PREFIX,
-    CaCertOpt,
-    CertOpt,
-    EtcdOpt,
-    KeyOpt,
-    PasswordOpt,
-    PrefixOpt,
-    UserOpt,
-    etcd_config,
-    fail,
-)
+from rangeshard.cli.common import EtcdOptions, fail, with_etcd_options
 from rangeshard.errors import ConfigError, RangeshardError
 from registry import EtcdClient, Registry, Snapshot
 from registry.models import check_name
@@ -59,17 +48,9 @@ ByOpt = Annotated[str, typer.Option("--by", help="workload (equal owned objects)
 TimeoutOpt = Annotated[float, typer.Option("--timeout", help="Seconds to wait for each handover.")]
 
 
-def _registry(
-    etcd: str | None,
-    prefix: str,
-    cacert: str | None,
-    cert: str | None,
-    key: str | None,
-    user: str | None,
-    password: str | None,
-) -> tuple[EtcdClient, Registry]:
-    client = EtcdClient(etcd_config(etcd, cacert, cert, key, user, password))
-    return client, Registry(client, prefix)
+def _registry(options: EtcdOptions) -> tuple[EtcdClient, Registry]:
+    client = EtcdClient(options.config())
+    return client, Registry(client, options.prefix)
 
 
 def show_data(snap: Snapshot) -> dict[str, Any]:
@@ -96,21 +77,17 @@ def show_data(snap: Snapshot) -> dict[str, Any]:
 
 
 @app.command("show")
+@with_etcd_options
 def show_command(
     controller_type: TypeOpt,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
-    etcd: EtcdOpt = None,
-    prefix: PrefixOpt = DEFAULT_REGISTRY_PREFIX,
-    etcd_cacert: CaCertOpt = None,
-    etcd_cert: CertOpt = None,
-    etcd_key: KeyOpt = None,
-    etcd_user: UserOpt = None,
-    etcd_password: PasswordOpt = None,
+    *,
+    etcd_options: EtcdOptions,
 ) -> None:
     """Ranges, workloadNum per instance and the max/mean imbalance."""
     try:
         check_name("--type", controller_type)
-        client, reg = _registry(etcd, prefix, etcd_cacert, etcd_cert, etcd_key, etcd_user, etcd_password)
+        client, reg = _registry(etcd_options)
         with client:
             data = show_data(reg.snapshot(controller_type))
     except RangeshardError as e:
@@ -145,6 +122,7 @@ def _parse_key(text: str) -> int:
 
 
 @app.command("set-key")
+@with_etcd_options
 def set_key_command(
     controller_type: TypeOpt,
     instance: Annotated[str, typer.Option("--instance", "-i", help="Instance whose key (upper bound) moves.")],
@@ -152,19 +130,14 @@ def set_key_command(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Validate and show, change nothing.")] = False,
     wait: Annotated[bool, typer.Option("--wait/--no-wait", help="Wait until the handover finished.")] = True,
     timeout: TimeoutOpt = 60.0,
-    etcd: EtcdOpt = None,
-    prefix: PrefixOpt = DEFAULT_REGISTRY_PREFIX,
-    etcd_cacert: CaCertOpt = None,
-    etcd_cert: CertOpt = None,
-    etcd_key: KeyOpt = None,
-    etcd_user: UserOpt = None,
-    etcd_password: PasswordOpt = None,
+    *,
+    etcd_options: EtcdOptions,
 ) -> None:
     """Move one boundary; the receiving instance stays locked until the giver has drained."""
     try:
         check_name("--type", controller_type)
         new_key = _parse_key(key)
-        client, reg = _registry(etcd, prefix, etcd_cacert, etcd_cert, etcd_key, etcd_user, etcd_password)
+        client, reg = _registry(etcd_options)
         with client:
             before, receiver = reg.set_key(controller_type, instance, new_key, dry_run=dry_run)
             giver = "its successor" if receiver is before else instance
@@ -204,22 +177,18 @@ def _plan_json(plan: Plan) -> dict[str, Any]:
 
 
 @app.command("plan")
+@with_etcd_options
 def plan_command(
     controller_type: TypeOpt,
     by: ByOpt = "workload",
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
-    etcd: EtcdOpt = None,
-    prefix: PrefixOpt = DEFAULT_REGISTRY_PREFIX,
-    etcd_cacert: CaCertOpt = None,
-    etcd_cert: CertOpt = None,
-    etcd_key: KeyOpt = None,
-    etcd_user: UserOpt = None,
-    etcd_password: PasswordOpt = None,
+    *,
+    etcd_options: EtcdOptions,
 ) -> None:
     """Print the moves that would balance the type and the predicted max/mean."""
     try:
         check_name("--type", controller_type)
-        client, reg = _registry(etcd, prefix, etcd_cacert, etcd_cert, etcd_key, etcd_user, etcd_password)
+        client, reg = _registry(etcd_options)
         with client:
             plan = make_plan(reg.snapshot(controller_type), by)
     except RangeshardError as e:
@@ -231,24 +200,20 @@ def plan_command(
 
 
 @app.command("apply")
+@with_etcd_options
 def apply_command(
     controller_type: TypeOpt,
     by: ByOpt = "workload",
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
     timeout: TimeoutOpt = 60.0,
-    etcd: EtcdOpt = None,
-    prefix: PrefixOpt = DEFAULT_REGISTRY_PREFIX,
-    etcd_cacert: CaCertOpt = None,
-    etcd_cert: CertOpt = None,
-    etcd_key: KeyOpt = None,
-    etcd_user: UserOpt = None,
-    etcd_password: PasswordOpt = None,
+    *,
+    etcd_options: EtcdOptions,
 ) -> None:
     """Compute the plan and apply it one boundary at a time, waiting for each handover."""
     console = Console()
     try:
         check_name("--type", controller_type)
-        client, reg = _registry(etcd, prefix, etcd_cacert, etcd_cert, etcd_key, etcd_user, etcd_password)
+        client, reg = _registry(etcd_options)
         with client:
             plan = make_plan(reg.snapshot(controller_type), by)
             _print_plan(console, plan)
@@ -268,6 +233,7 @@ def apply_command(
 
 
 @app.command("auto")
+@with_etcd_options
 def auto_command(
     controller_type: TypeOpt,
     interval: Annotated[float, typer.Option("--interval", help="Seconds between checks.")] = 30.0,
@@ -278,13 +244,8 @@ def auto_command(
     by: ByOpt = "workload",
     once: Annotated[bool, typer.Option("--once", help="Check once and exit.")] = False,
     timeout: TimeoutOpt = 60.0,
-    etcd: EtcdOpt = None,
-    prefix: PrefixOpt = DEFAULT_REGISTRY_PREFIX,
-    etcd_cacert: CaCertOpt = None,
-    etcd_cert: CertOpt = None,
-    etcd_key: KeyOpt = None,
-    etcd_user: UserOpt = None,
-    etcd_password: PasswordOpt = None,
+    *,
+    etcd_options: EtcdOptions,
 ) -> None:
     """Rebalance automatically when the imbalance exceeds a threshold (with hysteresis)."""
     console = Console()
@@ -295,7 +256,7 @@ def auto_command(
         if by not in ("workload", "range"):
             raise ConfigError(f"--by: {by!r} is not one of workload, range")
         policy = AutoPolicy(threshold, hysteresis, min_gain)
-        client, reg = _registry(etcd, prefix, etcd_cacert, etcd_cert, etcd_key, etcd_user, etcd_password)
+        client, reg = _registry(etcd_options)
     except RangeshardError as e:
         fail(e)
     stop = threading.Event()

@@ -32,18 +32,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from rangeshard.cli.common import (
-    DEFAULT_REGISTRY_PREFIX,
-    CaCertOpt,
-    CertOpt,
-    EtcdOpt,
-    KeyOpt,
-    PasswordOpt,
-    PrefixOpt,
-    UserOpt,
-    etcd_config,
-    fail,
-)
+from rangeshard.cli.common import EtcdOptions, fail, with_etcd_options
 from rangeshard.errors import RangeshardError
 from registry import EtcdClient, EtcdConfig, MembershipWatch, Registry, RegistryView, Snapshot
 from registry.models import check_name
@@ -149,28 +138,24 @@ def _filter(snapshots: dict[str, Snapshot], controller_type: str | None) -> dict
 
 
 @app.command("list")
+@with_etcd_options
 def list_command(
     controller_type: Annotated[str | None, typer.Option("--type", "-t", help="Only this controller type.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON list of instances.")] = False,
     watch: Annotated[bool, typer.Option("--watch", "-w", help="Redraw on every registry change.")] = False,
-    etcd: EtcdOpt = None,
-    prefix: PrefixOpt = DEFAULT_REGISTRY_PREFIX,
-    etcd_cacert: CaCertOpt = None,
-    etcd_cert: CertOpt = None,
-    etcd_key: KeyOpt = None,
-    etcd_user: UserOpt = None,
-    etcd_password: PasswordOpt = None,
+    *,
+    etcd_options: EtcdOptions,
 ) -> None:
     """Show instances per controller type: state, lock, range, share, workload, TTL, age."""
     try:
         if controller_type is not None:
             check_name("--type", controller_type)
-        config = etcd_config(etcd, etcd_cacert, etcd_cert, etcd_key, etcd_user, etcd_password)
+        config = etcd_options.config()
         if watch:
-            _watch(config, prefix, controller_type, as_json)
+            _watch(config, etcd_options.prefix, controller_type, as_json)
             return
         with EtcdClient(config) as client:
-            rev, snaps = Registry(client, prefix).snapshots()
+            rev, snaps = Registry(client, etcd_options.prefix).snapshots()
             snaps = _filter(snaps, controller_type)
             if as_json:
                 sys.stdout.write(orjson.dumps(rows(snaps, client), option=orjson.OPT_INDENT_2).decode() + "\n")
@@ -224,21 +209,17 @@ def _watch(config: EtcdConfig, prefix: str, controller_type: str | None, as_json
 
 
 @app.command("dump")
+@with_etcd_options
 def dump_command(
-    etcd: EtcdOpt = None,
-    prefix: PrefixOpt = DEFAULT_REGISTRY_PREFIX,
-    etcd_cacert: CaCertOpt = None,
-    etcd_cert: CertOpt = None,
-    etcd_key: KeyOpt = None,
-    etcd_user: UserOpt = None,
-    etcd_password: PasswordOpt = None,
+    *,
+    etcd_options: EtcdOptions,
 ) -> None:
     """Print every raw key and value under the registry prefix (with lease and revisions)."""
     try:
-        config = etcd_config(etcd, etcd_cacert, etcd_cert, etcd_key, etcd_user, etcd_password)
+        config = etcd_options.config()
         with EtcdClient(config) as client:
-            rev, kvs = Registry(client, prefix).raw()
-        typer.echo(f"# etcd revision {rev}, {len(kvs)} key(s) under {prefix.rstrip('/')}/")
+            rev, kvs = Registry(client, etcd_options.prefix).raw()
+        typer.echo(f"# etcd revision {rev}, {len(kvs)} key(s) under {etcd_options.prefix.rstrip('/')}/")
         for kv in kvs:
             lease = f"{kv.lease_id:x}" if kv.lease_id else "none"
             typer.echo(f"{kv.key}  (lease {lease}, mod {kv.mod_revision}, create {kv.create_revision})")
