@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import subprocess
 import sys
 import time
@@ -293,7 +294,19 @@ def http(rates: list[int], step_seconds: float, workdir: Path, objects: int = 10
             return False
 
         wait_for(ready, 30, "the feed proxy to be ready", 0.05)
-        steps, _ = asyncio.run(_http_steps(url, proc.pid, rates, step_seconds, objects))
+        # One core for the proxy (with its feed), the other(s) for the 16 clients:
+        # without pinning they compete and the numbers swing by ~1.5x between runs.
+        cpus = sorted(os.sched_getaffinity(0))
+        own = set(cpus)
+        pinned = len(cpus) >= 2
+        if pinned:
+            os.sched_setaffinity(proc.pid, {cpus[0]})
+            os.sched_setaffinity(0, set(cpus[1:]))
+        try:
+            steps, _ = asyncio.run(_http_steps(url, proc.pid, rates, step_seconds, objects))
+        finally:
+            if pinned:
+                os.sched_setaffinity(0, own)
     finally:
         if proc.poll() is None:
             proc.terminate()
@@ -305,7 +318,10 @@ def http(rates: list[int], step_seconds: float, workdir: Path, objects: int = 10
     kept = [s["offeredPerSecond"] for s in steps if s["keptUp"]]
     per_cpu = [s["eventsPerProxyCpuSecond"] for s in steps if s["eventsPerProxyCpuSecond"]]
     return {
-        "path": "real proxy app (uvicorn, HTTP, 16 watch clients) fed through its Upstream interface by bench.feed",
+        "path": (
+            "real proxy app (uvicorn, HTTP, 16 watch clients) fed through its Upstream interface"
+            " by bench.feed; proxy pinned to one core, clients to the other"
+        ),
         "watchers": WATCHERS,
         "stepSeconds": step_seconds,
         "steps": steps,
