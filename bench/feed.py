@@ -214,7 +214,13 @@ def main(argv: list[str] | None = None) -> int:
             server.should_exit = True
             await task
 
-    asyncio.run(serve())
+    # Same event loop as `rangeshard proxy` (uvicorn.run picks uvloop when installed).
+    try:
+        import uvloop  # noqa: PLC0415
+
+        uvloop.run(serve())
+    except ImportError:
+        asyncio.run(serve())
     return 0
 
 
