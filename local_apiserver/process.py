@@ -16,10 +16,8 @@ Concurrency model
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -31,6 +29,7 @@ from pathlib import Path
 import httpx
 
 from rangeshard.errors import RangeshardError
+from registry.server import terminate
 
 log = logging.getLogger(__name__)
 
@@ -154,17 +153,9 @@ class LocalApiServerProcess:
 
     def stop(self, grace: float = 10.0) -> None:
         """SIGTERM, wait up to ``grace`` seconds, then SIGKILL."""
-        proc = self.proc
-        if proc is None:
+        if self.proc is None:
             return
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(grace)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
+        terminate(self.proc, grace)
         self.proc = None
 
     def kill(self) -> None:

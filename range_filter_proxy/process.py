@@ -30,6 +30,7 @@ from typing import IO
 import httpx
 
 from range_filter_proxy.errors import ProxyError
+from registry.server import terminate
 
 
 class ProxyProcessError(ProxyError):
@@ -146,16 +147,9 @@ class ProxyProcess:
 
     def stop(self, grace: float = 10.0) -> None:
         """SIGTERM, then SIGKILL after ``grace`` seconds (idempotent)."""
-        proc = self._proc
-        if proc is None:
+        if self._proc is None:
             return
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(grace)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        terminate(self._proc, grace)
         self._cleanup()
 
     def kill(self) -> None:

