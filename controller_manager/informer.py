@@ -182,11 +182,9 @@ class Informer:
                 "resourceVersion"
             ):
                 self._emit("MODIFIED", obj)
+        # Unchanged objects are not re-emitted: when a relist follows a range change
+        # the instance resyncs every main object as soon as processing resumes.
         self.synced_epoch = epoch
-        # Every object is (re)considered after a relist, even unchanged ones:
-        # the range may have grown, or processing may resume after a pause.
-        for obj in items.values():
-            self._emit("SYNC", obj)
 
     def _emit(self, kind: str, obj: dict[str, Any]) -> None:
         try:
