@@ -182,6 +182,17 @@ def render(result: dict[str, Any], console: Console) -> None:
                         s["keptUp"],
                     ]
                     for s in tp["http"]["steps"]
+                ]
+                + [
+                    [
+                        "2000 (floor: bench.floor, write only)",
+                        "-",
+                        tp["socketFloorAt2000"]["p50LatencyMs"],
+                        tp["socketFloorAt2000"]["p99LatencyMs"],
+                        "-",
+                        "-",
+                        "-",
+                    ]
                 ],
             )
         )

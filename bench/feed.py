@@ -8,8 +8,9 @@ Purpose
     (~1.2 KiB of JSON each) and then, on request, emits ``MODIFIED`` events
     cycling over them at a given rate. Each event is assembled as the bytes of
     a watch line (with the wall-clock send time in an annotation) and decoded
-    with ``orjson`` exactly as :class:`~range_filter_proxy.upstream.HttpUpstream`
-    decodes a line off the wire; only the socket read is missing.
+    by :func:`~range_filter_proxy.upstream.decode_watch_line`, exactly as
+    :class:`~range_filter_proxy.upstream.HttpUpstream` decodes a line off the
+    wire; only the socket read and the line split are missing.
 
     Run as ``python -m bench.feed --port P --objects K`` it serves the real
     proxy app (``range_filter_proxy.create_app``) under uvicorn on loopback,
@@ -44,7 +45,7 @@ import orjson
 
 from bench.common import stored_pod
 from range_filter_proxy.resources import GVR, ResourceInfo
-from range_filter_proxy.upstream import ListResult, WatchEvent
+from range_filter_proxy.upstream import ListResult, WatchEvent, decode_watch_line
 
 log = logging.getLogger(__name__)
 
@@ -137,11 +138,11 @@ class FeedUpstream:
                     self.rv += 1
                     head, mid, tail = self.templates[self.emitted % n]
                     line = head + str(self.rv).encode() + mid + repr(time.time()).encode() + tail
-                    doc = orjson.loads(line)
+                    event = decode_watch_line(line, "feed")
                     self.emitted += 1
                     i += 1
                     burst["emitted"] = i
-                    yield WatchEvent(doc["type"], doc["object"])
+                    yield event
                 await asyncio.sleep(0)
             burst["elapsed"] = loop.time() - t0
             burst["done"] = True
@@ -192,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     import uvicorn  # noqa: PLC0415
 
     from range_filter_proxy import CacheSettings, create_app  # noqa: PLC0415
+    from range_filter_proxy.heap import HeapSettings  # noqa: PLC0415
 
     p = argparse.ArgumentParser(prog="python -m bench.feed")
     p.add_argument("--port", type=int, required=True)
@@ -202,7 +204,8 @@ def main(argv: list[str] | None = None) -> int:
 
     async def serve() -> None:
         feed = FeedUpstream(args.objects)
-        app = create_app(feed, resources=["pods"], settings=CacheSettings())
+        # The heap keeper on, as `rangeshard proxy` runs it by default.
+        app = create_app(feed, resources=["pods"], settings=CacheSettings(), heap=HeapSettings())
         config = uvicorn.Config(
             with_control(app, feed), host="127.0.0.1", port=args.port, log_level="warning", lifespan="on"
         )

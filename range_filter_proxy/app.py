@@ -33,6 +33,7 @@ Concurrency model
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import random
@@ -50,8 +51,17 @@ from starlette.background import BackgroundTask
 from hashing import SelectorSyntaxError, ShardSelector, parse_shard_selector
 from range_filter_proxy.auth import Attributes as AuthAttributes
 from range_filter_proxy.auth import AuthMode, AuthSettings, ProxyAuth
-from range_filter_proxy.cache import CachedObject, CacheManager, CacheSettings, WatchCache, WatchFilter, parse_rv
+from range_filter_proxy.cache import (
+    CachedObject,
+    CacheManager,
+    CacheSettings,
+    WatchCache,
+    Watcher,
+    WatchFilter,
+    parse_rv,
+)
 from range_filter_proxy.errors import ApiError, UpstreamError, bad_request, status_object
+from range_filter_proxy.heap import HeapKeeper, HeapSettings
 from range_filter_proxy.metrics import ProxyMetrics
 from range_filter_proxy.middleware import DEFAULT_MAX_BODY_BYTES, BodyLimit, RequestTooLarge
 from range_filter_proxy.resources import ResourceInfo, parse_collection_path, parse_resource_spec
@@ -219,6 +229,50 @@ def _list_body(
     return head[:-1] + b',"items":[' + b",".join(o.raw for o in items) + b"]}"
 
 
+class WatchResponse(Response):
+    """The chunked body of one downstream watch, written straight from :meth:`Watcher.stream`.
+
+    Starlette's ``StreamingResponse`` runs every stream in an anyio task group
+    with a disconnect listener racing the body; a watch does not need that
+    machinery per chunk. Here one named task waits for the client's
+    disconnect and cuts the watcher (which ends its stream at once, even
+    when no event is flowing), and the body loop only sends.
+    """
+
+    media_type = "application/json"
+
+    def __init__(self, watcher: Watcher) -> None:
+        self.watcher = watcher
+        self.status_code = 200
+        self.background = None
+        self.init_headers(None)
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        w = self.watcher
+
+        async def until_disconnect() -> None:
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    w.cut("client disconnected")
+                    return
+
+        listener = asyncio.create_task(until_disconnect(), name=f"watch-{w.id}:disconnect")
+        stream = w.stream()
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            async for chunk in stream:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except OSError:
+            log.debug("watch %d: client connection lost", w.id)
+        finally:
+            listener.cancel()
+            await stream.aclose()
+            with contextlib.suppress(asyncio.CancelledError):
+                await listener
+
+
 class ProxyState:
     """Everything one app owns: upstream, caches, metrics."""
 
@@ -250,7 +304,6 @@ class ProxyState:
 
     async def _list(self, cache: WatchCache, opts: ListOptions) -> Response:
         info = cache.info
-        label = info.gvr.label
         if opts.continue_token is not None or opts.match == "Exact":
             body = await self._list_upstream(cache, opts)
         else:
@@ -260,7 +313,7 @@ class ProxyState:
                 await cache.wait_not_older_than(opts.resource_version)
                 items, rv = cache.select(opts.filter), cache.rv
             body = _list_body(info, items, rv, opts)
-        self.metrics.bytes_out.labels(label).inc(len(body))
+        cache.stats.bytes_out += len(body)
         return Response(body, media_type="application/json")
 
     async def _list_upstream(self, cache: WatchCache, opts: ListOptions) -> bytes:
@@ -314,7 +367,7 @@ class ProxyState:
             initial_events_end=bool(opts.send_initial_events),
             timeout=timeout,
         )
-        return StreamingResponse(w.stream(), media_type="application/json")
+        return WatchResponse(w)
 
     # ---- pass-through ------------------------------------------------------------------------
 
@@ -403,6 +456,7 @@ def create_app(
     metrics: ProxyMetrics | None = None,
     auth: AuthSettings | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    heap: HeapSettings | None = None,
 ) -> FastAPI:
     """Build the proxy app.
 
@@ -412,7 +466,9 @@ def create_app(
     from start-up (``pods``, ``replicasets.apps``, ``deployments.v1.apps``);
     ``/readyz`` is 200 once they have synced. ``auth`` chooses who may read
     (:mod:`range_filter_proxy.auth`; default: mode ``none``);
-    ``max_body_bytes`` bounds request bodies (413 beyond).
+    ``max_body_bytes`` bounds request bodies (413 beyond). ``heap`` turns on
+    the process-wide :class:`~range_filter_proxy.heap.HeapKeeper` (only for
+    a process that runs nothing but this app, as ``rangeshard proxy`` does).
     """
     owns = False
     if isinstance(upstream, str):
@@ -437,18 +493,25 @@ def create_app(
     except ValueError as e:
         raise ConfigError(f"invalid resource list: {e}") from e
 
+    keeper = HeapKeeper(heap) if heap is not None else None
+
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         state.manager.start_configured(state.resource_specs)
+        if keeper is not None:
+            keeper.start()
         try:
             yield
         finally:
+            if keeper is not None:
+                await keeper.stop()
             await state.manager.stop()
             if state.owns_upstream and isinstance(state.upstream, HttpUpstream):
                 await state.upstream.aclose()
 
     app = FastAPI(lifespan=lifespan, openapi_url=None, docs_url=None, redoc_url=None)
     app.state.proxy = state
+    app.state.heap_keeper = keeper
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
 
     @app.exception_handler(ApiError)

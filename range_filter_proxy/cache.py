@@ -48,8 +48,9 @@ import logging
 import random
 import sys
 import time
+from bisect import bisect_left
 from collections import deque
-from collections.abc import AsyncGenerator, Iterable, Mapping
+from collections.abc import AsyncGenerator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -58,7 +59,7 @@ import orjson
 
 from hashing import ObjectHashes, ShardSelector
 from range_filter_proxy.errors import ApiError, UpstreamError, UpstreamGone, gone
-from range_filter_proxy.metrics import ProxyMetrics
+from range_filter_proxy.metrics import LATENCY_BUCKETS, ProxyMetrics
 from range_filter_proxy.resources import GVR, ResourceInfo
 from range_filter_proxy.selectors import FieldSelector, LabelSelector
 from range_filter_proxy.upstream import ListResult, Upstream, WatchEvent
@@ -116,8 +117,13 @@ class CachedObject:
     labels: Mapping[str, str]
 
     @classmethod
-    def build(cls, obj: dict[str, Any], info: ResourceInfo) -> CachedObject:
-        """Wrap an upstream object (``kind``/``apiVersion`` filled in if missing)."""
+    def build(cls, obj: dict[str, Any], info: ResourceInfo, raw: bytes | None = None) -> CachedObject:
+        """Wrap an upstream object (``kind``/``apiVersion`` filled in if missing).
+
+        ``raw`` is the object's JSON as received (:attr:`WatchEvent.raw`); it is
+        kept as is when the object needs no filling in, instead of encoding
+        ``obj`` again.
+        """
         meta = obj.get("metadata")
         if not isinstance(meta, dict):
             raise UpstreamError(f"{info.gvr}: object without metadata")
@@ -127,12 +133,14 @@ class CachedObject:
             raise UpstreamError(f"{info.gvr}: object {meta.get('name')!r}: {e}") from e
         if "kind" not in obj or "apiVersion" not in obj:
             obj = {"kind": info.kind, "apiVersion": info.gvr.group_version, **obj}
+            raw = None
         labels = meta.get("labels")
         ns = meta.get("namespace")
         name = sys.intern(str(meta.get("name") or ""))
-        # orjson's result keeps its growth buffer (~8 KiB resident for a 1 KiB pod);
-        # an exact-size copy is what we keep.
-        raw = bytes(memoryview(orjson.dumps(obj)))
+        if raw is None:
+            # orjson's result keeps its growth buffer (~8 KiB resident for a 1 KiB pod);
+            # an exact-size copy is what we keep.
+            raw = bytes(memoryview(orjson.dumps(obj)))
         return cls(
             raw,
             ObjectHashes.of(obj),
@@ -176,7 +184,21 @@ class CachedEvent:
     cur: CachedObject
     prev: CachedObject | None
     received: float
+    #: ``prev`` exists and agrees with ``cur`` on everything but field selectors look at
+    #: (namespace, labels, hashes): then a filter without field selector matches both or neither.
+    stable: bool = False
     _lines: dict[str, bytes] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, etype: str, rv: int, cur: CachedObject, prev: CachedObject | None, received: float) -> CachedEvent:
+        """An event of ``cur`` replacing ``prev``, with :attr:`stable` worked out."""
+        stable = (
+            prev is not None
+            and prev.hashes == cur.hashes
+            and prev.namespace == cur.namespace
+            and prev.labels == cur.labels
+        )
+        return cls(etype, rv, cur, prev, received, stable)
 
     def line(self, variant: str) -> bytes:
         """``ADDED``/``MODIFIED``/``DELETED`` of ``cur``, or ``DELETED_PREV`` (prev at this rv)."""
@@ -192,29 +214,54 @@ class CachedEvent:
 
 @dataclass(frozen=True, slots=True)
 class WatchFilter:
-    """What one downstream request selects: namespace, labels, fields, shard ranges."""
+    """What one downstream request selects: namespace, labels, fields, shard ranges.
+
+    :attr:`matches` is a predicate compiled once from the parts that are set
+    (the dispatcher runs it for every watcher on every event).
+    """
 
     namespace: str | None = None
     labels: LabelSelector = field(default_factory=LabelSelector)
     fields: FieldSelector = field(default_factory=FieldSelector)
     shard: ShardSelector | None = None
+    #: True if the object passes every part of the filter.
+    matches: Callable[[CachedObject], bool] = field(init=False, repr=False, compare=False)
 
-    def matches(self, o: CachedObject) -> bool:
-        """True if the object passes every part of the filter."""
-        if self.namespace is not None and o.namespace != self.namespace:
-            return False
-        if self.shard is not None and not self.shard.matches_hashes(o.hashes):
-            return False
-        if not self.labels.empty and not self.labels.matches(o.labels):
-            return False
-        return self.fields.empty or self.fields.matches(o.obj)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "matches", self._compile())
+
+    def _compile(self) -> Callable[[CachedObject], bool]:
+        ns = self.namespace
+        shard = self.shard.predicate() if self.shard is not None else None
+        labels = None if self.labels.empty else self.labels
+        fields = None if self.fields.empty else self.fields
+        if shard is not None and ns is None and labels is None and fields is None:
+            # The controller manager's case: a shard selector and nothing else.
+            def shard_only(o: CachedObject) -> bool:
+                return shard(o.hashes)
+
+            return shard_only
+
+        def full(o: CachedObject) -> bool:
+            if ns is not None and o.namespace != ns:
+                return False
+            if shard is not None and not shard(o.hashes):
+                return False
+            if labels is not None and not labels.matches(o.labels):
+                return False
+            return fields is None or fields.matches(o.obj)
+
+        return full
 
     def variant(self, ev: CachedEvent) -> str | None:
         """Which form of ``ev`` this filter's watcher gets, or ``None`` (filtered out)."""
+        matches = self.matches
         if ev.type == "DELETED":
-            return "DELETED" if self.matches(ev.cur) else None
-        cur_ok = self.matches(ev.cur)
-        prev_ok = ev.prev is not None and self.matches(ev.prev)
+            return "DELETED" if matches(ev.cur) else None
+        if ev.stable and self.fields.empty:
+            return "MODIFIED" if matches(ev.cur) else None
+        cur_ok = matches(ev.cur)
+        prev_ok = ev.prev is not None and matches(ev.prev)
         if cur_ok:
             return "MODIFIED" if prev_ok else "ADDED"
         return "DELETED_PREV" if prev_ok else None
@@ -249,12 +296,14 @@ class Watcher:
         self.close_reason = ""
         self.error_line: bytes | None = None
         self._wakeup = asyncio.Event()
+        self._max_live = cache.settings.watcher_queue_size
 
     def offer(self, line: bytes, received: float) -> bool:
         """Queue a live event; ``False`` if the queue is full (the caller cuts the watcher)."""
-        if len(self.live) >= self.cache.settings.watcher_queue_size:
+        live = self.live
+        if len(live) >= self._max_live:
             return False
-        self.live.append((line, received))
+        live.append((line, received))
         self._wakeup.set()
         return True
 
@@ -284,37 +333,52 @@ class Watcher:
         """The bytes of the watch response; unregisters the watcher when it ends.
 
         Queued live events are sent in one chunk (up to 256 lines), so a busy
-        watcher costs one write per burst instead of one per event.
+        watcher costs one write per burst instead of one per event. The
+        timeout and the next bookmark share one timer handle, re-armed only
+        when its due time changes (not on every wake-up).
         """
         cache = self.cache
-        label = cache.info.gvr.label
-        bytes_out = cache.metrics.bytes_out.labels(label)
-        latency = cache.metrics.delivery_latency.labels(label)
+        stats = cache.stats
+        buckets = stats.latency_buckets
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout if self.timeout is not None else None
         interval = cache.settings.bookmark_interval
         next_bookmark = loop.time() + interval
+        wakeup = self._wakeup
+        timer: asyncio.TimerHandle | None = None
+        timer_at: float | None = None
+
+        def on_timer() -> None:
+            nonlocal timer_at
+            timer_at = None
+            wakeup.set()
+
         try:
             if self.error_line is not None:
                 yield self.error_line
                 return
             while self.backlog:
                 chunk = self.backlog.popleft()
-                bytes_out.inc(len(chunk))
+                stats.bytes_out += len(chunk)
                 yield chunk
             if self.initial_events_end is not None and not self.closed:
                 chunk = self._bookmark(self.initial_events_end, initial_end=True)
                 yield chunk
+            live = self.live
             while True:
-                while self.live:
+                while live:
                     parts: list[bytes] = []
                     sent = time.monotonic()
-                    while self.live and len(parts) < 256:
-                        chunk, received = self.live.popleft()
-                        latency.observe(sent - received)
+                    total = 0.0
+                    while live and len(parts) < 256:
+                        chunk, received = live.popleft()
+                        delay = sent - received
+                        buckets[bisect_left(LATENCY_BUCKETS, delay)] += 1
+                        total += delay
                         parts.append(chunk)
+                    stats.latency_sum += total
                     data = parts[0] if len(parts) == 1 else b"".join(parts)
-                    bytes_out.inc(len(data))
+                    stats.bytes_out += len(data)
                     yield data
                 if self.closed:
                     return
@@ -325,17 +389,21 @@ class Watcher:
                     yield self._bookmark(max(cache.rv, self.after_rv))
                     next_bookmark = now + interval
                     continue
-                waits = [deadline - now] if deadline is not None else []
-                if self.bookmarks:
-                    waits.append(next_bookmark - now)
-                self._wakeup.clear()
-                if self.live or self.closed:
+                due = deadline
+                if self.bookmarks and (due is None or next_bookmark < due):
+                    due = next_bookmark
+                if due != timer_at:
+                    if timer is not None:
+                        timer.cancel()
+                    timer = loop.call_at(due, on_timer) if due is not None else None
+                    timer_at = due
+                wakeup.clear()
+                if live or self.closed:
                     continue
-                # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation.
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(min(waits) if waits else None):
-                        await self._wakeup.wait()
+                await wakeup.wait()
         finally:
+            if timer is not None:
+                timer.cancel()
             cache.remove_watcher(self)
 
 
@@ -354,12 +422,12 @@ class WatchCache:
         self.synced = asyncio.Event()
         self.watchers: dict[int, Watcher] = {}
         self._progress = asyncio.Event()
+        #: ``watchers``' values, rebuilt when one is added or removed (not copied per event).
+        self._dispatch_to: tuple[Watcher, ...] = ()
         self._task: asyncio.Task[None] | None = None
         self._label = info.gvr.label
-        # Per-event counters, resolved once (a labels() lookup per event is measurable).
-        self._received = metrics.events_received.labels(self._label)
-        self._delivered = metrics.events_delivered.labels(self._label)
-        self._filtered = metrics.events_filtered.labels(self._label)
+        #: Hot-path counters (plain integers; see range_filter_proxy.metrics).
+        self.stats = metrics.stats(self._label)
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -433,6 +501,7 @@ class WatchCache:
         for w in list(self.watchers.values()):
             w.close("watch cache relisted")
         self.watchers.clear()
+        self._dispatch_to = ()
         self.metrics.downstream_watches.labels(self._label).set(0)
         self.objects = objects
         self.history.clear()
@@ -460,8 +529,8 @@ class WatchCache:
         if event.type not in ("ADDED", "MODIFIED", "DELETED"):
             raise UpstreamError(f"{self.info.gvr}: unknown watch event type {event.type!r}")
         received = time.monotonic()
-        self._received.inc()
-        cur = CachedObject.build(event.object, self.info)
+        self.stats.events_received += 1
+        cur = CachedObject.build(event.object, self.info, event.raw)
         prev = self.objects.get(cur.key)
         if cur.rv <= self.rv:
             if event.type != "DELETED" or prev is None:
@@ -475,7 +544,7 @@ class WatchCache:
             self.objects.pop(cur.key, None)
         else:
             self.objects[cur.key] = cur
-        ev = CachedEvent(event.type, cur.rv, cur, prev, received)
+        ev = CachedEvent.of(event.type, cur.rv, cur, prev, received)
         self.rv = max(self.rv, cur.rv)
         self.history.append(ev)
         self._evict()
@@ -493,7 +562,7 @@ class WatchCache:
 
     def _dispatch(self, ev: CachedEvent) -> None:
         delivered = filtered = 0
-        for w in list(self.watchers.values()):
+        for w in self._dispatch_to:
             if ev.rv <= w.after_rv:
                 continue
             variant = w.filter.variant(ev)
@@ -507,10 +576,9 @@ class WatchCache:
                 self.metrics.slow_watchers_cut.labels(self._label).inc()
                 w.cut("watcher too slow")
                 self.remove_watcher(w)
-        if delivered:
-            self._delivered.inc(delivered)
-        if filtered:
-            self._filtered.inc(filtered)
+        stats = self.stats
+        stats.events_delivered += delivered
+        stats.events_filtered += filtered
 
     def _notify_progress(self) -> None:
         self._progress.set()
@@ -651,12 +719,14 @@ class WatchCache:
             timeout=timeout,
         )
         self.watchers[w.id] = w
+        self._dispatch_to = tuple(self.watchers.values())
         self.metrics.downstream_watches.labels(self._label).set(len(self.watchers))
         return w
 
     def remove_watcher(self, w: Watcher) -> None:
         """Unregister a watcher (idempotent)."""
         if self.watchers.pop(w.id, None) is not None:
+            self._dispatch_to = tuple(self.watchers.values())
             self.metrics.downstream_watches.labels(self._label).set(len(self.watchers))
 
 

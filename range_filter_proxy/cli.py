@@ -91,6 +91,18 @@ def proxy_command(
     max_request_body_bytes: Annotated[
         int, typer.Option("--max-request-body-bytes", help="Largest accepted request body (413 beyond)")
     ] = 3 * 1024 * 1024,
+    gc_freeze_interval: Annotated[
+        float,
+        typer.Option(
+            "--gc-freeze-interval",
+            help="Seconds between collect-and-freeze passes that keep garbage-collector pauses short "
+            "with large caches (0: leave the collector alone)",
+        ),
+    ] = 1.0,
+    gc_full_interval: Annotated[
+        float,
+        typer.Option("--gc-full-interval", help="Seconds between complete collections of the frozen heap"),
+    ] = 3600.0,
 ) -> None:
     """Serve the range filter proxy: shard-filtered list/watch from one shared watch per resource."""
     import uvicorn  # noqa: PLC0415  (keep `rangeshard --help` fast)
@@ -98,6 +110,7 @@ def proxy_command(
     from range_filter_proxy.app import create_app  # noqa: PLC0415
     from range_filter_proxy.auth import AuthMode, AuthSettings, load_token_file  # noqa: PLC0415
     from range_filter_proxy.cache import CacheSettings  # noqa: PLC0415
+    from range_filter_proxy.heap import HeapSettings  # noqa: PLC0415
     from range_filter_proxy.upstream import load_upstream_config  # noqa: PLC0415
 
     level = getattr(logging, log_level.upper(), None)
@@ -135,6 +148,9 @@ def proxy_command(
                 "--bookmark-interval must be > 0, --history-events >= 1, "
                 "--history-seconds and --consistent-read-timeout >= 0"
             )
+        if gc_freeze_interval < 0 or (gc_freeze_interval > 0 and gc_full_interval < gc_freeze_interval):
+            raise ConfigError("--gc-freeze-interval must be >= 0 and --gc-full-interval >= --gc-freeze-interval")
+        heap = HeapSettings(gc_freeze_interval, gc_full_interval) if gc_freeze_interval > 0 else None
         settings = CacheSettings(
             bookmark_interval=bookmark_interval,
             history_events=history_events,
@@ -148,6 +164,7 @@ def proxy_command(
             settings=settings,
             auth=auth,
             max_body_bytes=max_request_body_bytes,
+            heap=heap,
         )
     except ConfigError as e:
         for problem in e.problems:

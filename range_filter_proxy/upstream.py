@@ -61,10 +61,52 @@ class ListResult:
 
 @dataclass(slots=True)
 class WatchEvent:
-    """One decoded watch event (``ADDED``, ``MODIFIED``, ``DELETED`` or ``BOOKMARK``)."""
+    """One decoded watch event (``ADDED``, ``MODIFIED``, ``DELETED`` or ``BOOKMARK``).
+
+    ``raw`` is the object's JSON exactly as the upstream sent it, when it could
+    be cut out of the line without re-serialising (see :func:`decode_watch_line`);
+    the cache then keeps those bytes instead of encoding ``object`` again.
+    """
 
     type: str
     object: dict[str, Any]
+    raw: bytes | None = None
+
+
+#: A watch line longer than this (no newline in sight) is a broken upstream, not an object.
+MAX_WATCH_LINE_BYTES = 64 * 1024 * 1024
+
+
+def decode_watch_line(line: bytes, what: str) -> WatchEvent:
+    """Decode one line of a JSON watch stream (``what`` names the stream in errors).
+
+    ``ERROR`` events raise :class:`UpstreamGone` (410) or :class:`UpstreamError`.
+    When the line is exactly ``{"type":"T","object":<object>}`` (kube-apiserver's
+    encoding: two members, in that order, no whitespace around them) the
+    object's bytes are returned in :attr:`WatchEvent.raw`; they are a slice of
+    a line that decoded as a whole, so they are that object's valid JSON.
+    """
+    try:
+        doc = orjson.loads(line)
+    except orjson.JSONDecodeError as e:
+        raise UpstreamError(f"{what}: undecodable event: {e}") from e
+    etype = doc.get("type") if isinstance(doc, dict) else None
+    obj = doc.get("object") if isinstance(doc, dict) else None
+    if not isinstance(etype, str) or not isinstance(obj, dict):
+        raise UpstreamError(f"{what}: malformed event {line[:200]!r}")
+    if etype == "ERROR":
+        code = obj.get("code")
+        message = str(obj.get("message") or f"{what}: ERROR event")
+        if code == 410:
+            raise UpstreamGone(message, obj)
+        raise UpstreamError(message, code if isinstance(code, int) else 502, obj)
+    raw: bytes | None = None
+    if len(doc) == 2:
+        prefix = b'{"type":"' + etype.encode() + b'","object":'
+        line = line.rstrip()
+        if line.startswith(prefix) and line.endswith(b"}"):
+            raw = line[len(prefix) : -1]
+    return WatchEvent(etype, obj, raw)
 
 
 class Upstream(Protocol):
@@ -290,24 +332,29 @@ class HttpUpstream:
                     if resp.status_code == 410:
                         raise UpstreamGone(message, status)
                     raise UpstreamError(message, resp.status_code, status)
-                async for line in resp.aiter_lines():
-                    if not line.strip():
-                        continue
-                    try:
-                        doc = orjson.loads(line)
-                    except orjson.JSONDecodeError as e:
-                        raise UpstreamError(f"watch {gvr}: undecodable event: {e}") from e
-                    etype = doc.get("type") if isinstance(doc, dict) else None
-                    obj = doc.get("object") if isinstance(doc, dict) else None
-                    if not isinstance(etype, str) or not isinstance(obj, dict):
-                        raise UpstreamError(f"watch {gvr}: malformed event {line[:200]!r}")
-                    if etype == "ERROR":
-                        code = obj.get("code")
-                        message = str(obj.get("message") or f"watch {gvr}: ERROR event")
-                        if code == 410:
-                            raise UpstreamGone(message, obj)
-                        raise UpstreamError(message, code if isinstance(code, int) else 502, obj)
-                    yield WatchEvent(etype, obj)
+                what = f"watch {gvr}"
+                # Lines are split as bytes (no str decoding); a line spread over
+                # several reads is collected in ``pending``.
+                pending: list[bytes] = []
+                pending_size = 0
+                async for chunk in resp.aiter_bytes():
+                    lines = chunk.split(b"\n")
+                    if pending:
+                        pending.append(lines[0])
+                        lines[0] = b"".join(pending)
+                        pending.clear()
+                        pending_size = 0
+                    tail = lines.pop()
+                    if tail:
+                        pending.append(tail)
+                        pending_size += len(tail)
+                        if pending_size > MAX_WATCH_LINE_BYTES:
+                            raise UpstreamError(f"{what}: an event longer than {MAX_WATCH_LINE_BYTES} bytes")
+                    for line in lines:
+                        if line.strip():
+                            yield decode_watch_line(line, what)
+                if pending and b"".join(pending).strip():
+                    yield decode_watch_line(b"".join(pending), what)
         except httpx.HTTPError as e:
             raise UpstreamUnavailable(f"watch {gvr}: {e!r}") from e
 

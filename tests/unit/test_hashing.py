@@ -221,3 +221,23 @@ def test_uid_and_namespace_paths() -> None:
     assert not any(
         parse_shard_selector(range_to_selector(r, NAMESPACE_PATH)).matches(cluster_scoped) for r in (lower, upper)
     )
+
+
+_HASH_OR_NONE = st.none() | st.integers(min_value=0, max_value=(1 << 64) - 1)
+
+
+@given(
+    st.lists(st.tuples(keys_st, keys_st), min_size=1, max_size=3),
+    st.lists(st.sampled_from([UID_PATH, OWNER_PATH, NAMESPACE_PATH]), min_size=3, max_size=3),
+    st.lists(st.builds(ObjectHashes, _HASH_OR_NONE, _HASH_OR_NONE, _HASH_OR_NONE), min_size=1, max_size=8),
+)
+def test_compiled_predicate_agrees_with_matches_hashes(
+    pairs: list[tuple[int, int]], paths: list[str], objects: list[ObjectHashes]
+) -> None:
+    text = " || ".join(
+        range_to_selector(HashRange(min(a, b), max(a, b)), path) for (a, b), path in zip(pairs, paths, strict=False)
+    )
+    selector = parse_shard_selector(text)
+    predicate = selector.predicate()
+    for hashes in objects:
+        assert predicate(hashes) == selector.matches_hashes(hashes)
