@@ -164,38 +164,43 @@ def render(result: dict[str, Any], console: Console) -> None:
                         tp["httpPerCpuVsBare"],
                         "wall = highest step kept up",
                     ],
+                    [
+                        "rangeshard proxy, HTTP upstream",
+                        tp["realUpstream"]["sustainedPerSecond"],
+                        tp["realUpstream"]["eventsPerProxyCpuSecond"],
+                        tp["realUpstreamPerCpuVsBare"],
+                        "bench.upstream_server -> CLI proxy",
+                    ],
                 ],
             )
         )
-        console.print(
-            _table(
-                "Proxy over HTTP, rate steps (latency = feed send -> client receipt)",
-                ["offered/s", "achieved/s", "p50 ms", "p99 ms", "proxy cpu util", "events/cpu-s", "kept up"],
-                [
+        floor = tp["socketFloorAt2000"]
+        for key, title in (
+            ("http", "Proxy over HTTP fed via its Upstream interface, rate steps (latency = send -> client receipt)"),
+            (
+                "realUpstream",
+                "rangeshard proxy reading an HTTP upstream, rate steps (latency = send -> client receipt)",
+            ),
+        ):
+            console.print(
+                _table(
+                    title,
+                    ["offered/s", "achieved/s", "p50 ms", "p99 ms", "proxy cpu util", "events/cpu-s", "kept up"],
                     [
-                        s["offeredPerSecond"],
-                        s["achievedPerSecond"],
-                        s["p50LatencyMs"],
-                        s["p99LatencyMs"],
-                        s["proxyCpuUtilisation"],
-                        s["eventsPerProxyCpuSecond"],
-                        s["keptUp"],
+                        [
+                            s["offeredPerSecond"],
+                            s["achievedPerSecond"],
+                            s["p50LatencyMs"],
+                            s["p99LatencyMs"],
+                            s["proxyCpuUtilisation"],
+                            s["eventsPerProxyCpuSecond"],
+                            s["keptUp"],
+                        ]
+                        for s in tp[key]["steps"]
                     ]
-                    for s in tp["http"]["steps"]
-                ]
-                + [
-                    [
-                        "2000 (floor: bench.floor, write only)",
-                        "-",
-                        tp["socketFloorAt2000"]["p50LatencyMs"],
-                        tp["socketFloorAt2000"]["p99LatencyMs"],
-                        "-",
-                        "-",
-                        "-",
-                    ]
-                ],
+                    + [["2000 (floor: bench.floor)", "-", floor["p50LatencyMs"], floor["p99LatencyMs"], "-", "-", "-"]],
+                )
             )
-        )
     if "cache" in result:
         c = result["cache"]
         console.print(

@@ -1,7 +1,7 @@
 """Proxy throughput and latency: how many ~1 KiB upstream events/s the proxy absorbs with 16 range watchers.
 
 Purpose
-    Three measurements of the same event stream (``MODIFIED`` pods of ~1.2 KiB,
+    Four measurements of the same event stream (``MODIFIED`` pods of ~1.2 KiB,
     16 watchers each holding 1/16 of the hash space, so every event goes to
     exactly one watcher):
 
@@ -19,7 +19,12 @@ Purpose
       latency (feed send time to client receipt, wall clock, same host) and
       the proxy's CPU use. The *sustained* rate is the highest step that kept
       up (achieved >= 95 % of offered, all events delivered within 5 s, p99
-      latency < 0.5 s, no watcher cut off);
+      latency < 100 ms, no watcher cut off);
+    * ``realUpstream``: the same ramp through the unmodified ``rangeshard
+      proxy`` command (defaults: uvloop, heap keeper), which reads a real
+      chunked HTTP watch from :mod:`bench.upstream_server` -- the whole
+      path, socket read and line split included. The proxy gets one core,
+      the upstream server and the clients the other;
     * ``socketFloorAt2000``: the same lines at 2,000/s to the same clients
       from :mod:`bench.floor`, which only writes them: the latency this
       machine adds to anything, the floor of the proxy's latency.
@@ -60,6 +65,7 @@ from bench.feed import POD_INFO, SENT_ANNOTATION, FeedUpstream
 from hashing import UID_PATH, parse_shard_selector, range_to_selector
 from range_filter_proxy.cache import CacheSettings, WatchCache, WatchFilter
 from range_filter_proxy.metrics import ProxyMetrics
+from range_filter_proxy.process import ProxyProcess
 from range_filter_proxy.upstream import decode_watch_line
 from registry import free_port
 
@@ -207,8 +213,10 @@ async def _watch(url: str, params: dict[str, str], stats: _Client) -> None:
 
 
 async def _http_steps(
-    url: str, pid: int, rates: list[int], step_seconds: float, objects: int
+    url: str, pid: int, rates: list[int], step_seconds: float, control_url: str | None = None
 ) -> tuple[list[dict[str, Any]], str]:
+    """Ramp the offered rate through the proxy at ``url``; bursts are started at ``control_url`` (the feed)."""
+    control = control_url or url
     steps: list[dict[str, Any]] = []
     clients = [_Client() for _ in range(WATCHERS)]
     timeout = httpx.Timeout(10.0, read=600.0)
@@ -245,13 +253,13 @@ async def _http_steps(
                 cpu0 = proc_cpu_seconds(pid)
                 client_cpu0 = time.process_time()
                 t0 = time.monotonic()
-                resp = await client.post(f"{url}/bench/feed", params={"rate": str(rate), "count": str(count)})
+                resp = await client.post(f"{control}/bench/feed", params={"rate": str(rate), "count": str(count)})
                 resp.raise_for_status()
                 # The burst itself: bounded by 3x its nominal duration plus slack.
                 limit = time.monotonic() + step_seconds * 3 + 10
                 status: dict[str, Any] = {}
                 while time.monotonic() < limit:
-                    status = (await client.get(f"{url}/bench/feed")).json()
+                    status = (await client.get(f"{control}/bench/feed")).json()
                     if status.get("done"):
                         break
                     await asyncio.sleep(0.05)
@@ -292,7 +300,7 @@ async def _http_steps(
                     "deliverySeconds": round(delivered_at - t0, 3),
                 }
                 row["keptUp"] = bool(
-                    emitted == count and achieved >= 0.95 * rate and got == emitted and p99_ms < 500 and cut == 0
+                    emitted == count and achieved >= 0.95 * rate and got == emitted and p99_ms < 100 and cut == 0
                 )
                 if warm_up and row["keptUp"]:
                     continue
@@ -319,11 +327,11 @@ def _run_loop(coro: Coroutine[Any, Any, _T]) -> _T:
 
 
 @contextlib.contextmanager
-def _pinned(server_pid: int) -> Iterator[None]:
-    """One core for the server process, the other(s) for this one (the clients), restored on exit.
+def _pinned(server_pid: int, *client_side: int) -> Iterator[None]:
+    """One core for the server process, the other(s) for this one (the clients) and ``client_side``.
 
     Without pinning the server and the 16 clients compete and the numbers
-    swing by ~1.5x between runs.
+    swing by ~1.5x between runs. This process's affinity is restored on exit.
     """
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2:
@@ -331,7 +339,8 @@ def _pinned(server_pid: int) -> Iterator[None]:
         return
     own = set(cpus)
     os.sched_setaffinity(server_pid, {cpus[0]})
-    os.sched_setaffinity(0, set(cpus[1:]))
+    for pid in (0, *client_side):
+        os.sched_setaffinity(pid, set(cpus[1:]))
     try:
         yield
     finally:
@@ -376,6 +385,55 @@ def socket_floor(rate: int, seconds: float) -> dict[str, Any]:
     }
 
 
+def real_upstream(rates: list[int], step_seconds: float, workdir: Path, objects: int = 1024) -> dict[str, Any]:
+    """The unmodified ``rangeshard proxy`` process, reading a real HTTP watch from :mod:`bench.upstream_server`.
+
+    The proxy gets one core; the upstream server and the 16 clients share the other.
+    """
+    upstream = subprocess.Popen(
+        [sys.executable, "-m", "bench.upstream_server", "--objects", str(objects)],
+        stdout=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+    )
+    try:
+        line = upstream.stdout.readline() if upstream.stdout is not None else b""
+        if not line.strip().isdigit():
+            raise RuntimeError("bench.upstream_server did not start")
+        upstream_url = f"http://127.0.0.1:{int(line)}"
+        proxy = ProxyProcess(
+            upstream_url,
+            resources=["pods"],
+            log_file=workdir / "real-upstream-proxy.log",
+            extra_args=["--log-level", "warning"],
+        )
+        proxy.start(timeout=60)
+        try:
+            pid = proxy.pid
+            if pid is None:
+                raise RuntimeError("the proxy exited right after start")
+            with _pinned(pid, upstream.pid):
+                steps, _ = _run_loop(_http_steps(proxy.url, pid, rates, step_seconds, control_url=upstream_url))
+        finally:
+            proxy.stop()
+    finally:
+        if upstream.poll() is None:
+            upstream.terminate()
+        upstream.wait(10)
+    kept = [s["offeredPerSecond"] for s in steps if s["keptUp"]]
+    per_cpu = [s["eventsPerProxyCpuSecond"] for s in steps if s["eventsPerProxyCpuSecond"]]
+    return {
+        "path": (
+            "`rangeshard proxy` (python -m range_filter_proxy, defaults) reading a chunked HTTP watch from"
+            " bench.upstream_server; proxy pinned to one core, upstream and clients to the other"
+        ),
+        "watchers": WATCHERS,
+        "stepSeconds": step_seconds,
+        "steps": steps,
+        "sustainedPerSecond": max(kept) if kept else 0,
+        "eventsPerProxyCpuSecond": per_cpu[-1] if per_cpu else None,
+    }
+
+
 def http(rates: list[int], step_seconds: float, workdir: Path, objects: int = 1024) -> dict[str, Any]:
     """Ramp the feed through the real proxy over HTTP with 16 watchers (see module docstring)."""
     port = free_port()
@@ -399,7 +457,7 @@ def http(rates: list[int], step_seconds: float, workdir: Path, objects: int = 10
 
         wait_for(ready, 30, "the feed proxy to be ready", 0.05)
         with _pinned(proc.pid):
-            steps, _ = _run_loop(_http_steps(url, proc.pid, rates, step_seconds, objects))
+            steps, _ = _run_loop(_http_steps(url, proc.pid, rates, step_seconds))
     finally:
         if proc.poll() is None:
             proc.terminate()
@@ -431,21 +489,28 @@ def run(quick: bool, workdir: Path) -> dict[str, Any]:
     inproc = in_process(8_000 if quick else 50_000)
     rates = [1000, 2000, 5000] if quick else [1000, 2000, 4000, 6000, 8000, 10000, 12000, 15000, 20000]
     over_http = http(rates, 1.0 if quick else 3.0, workdir)
+    over_real = real_upstream(rates, 1.0 if quick else 3.0, workdir)
     floor = socket_floor(2000, 1.0 if quick else 3.0)
     at_2000 = next((s for s in over_http["steps"] if s["offeredPerSecond"] == 2000), None)
+    real_2000 = next((s for s in over_real["steps"] if s["offeredPerSecond"] == 2000), None)
     bare_cpu = bare["eventsPerCpuSecond"] or bare["eventsPerSecond"]
     http_cpu = over_http["eventsPerProxyCpuSecond"]
     return {
         "bareLoop": bare,
         "inProcess": inproc,
         "http": over_http,
+        "realUpstream": over_real,
         "socketFloorAt2000": floor,
         # Ratios per CPU second actually used: independent of how loaded the machine was.
         "inProcessVsBare": round((inproc["eventsPerCpuSecond"] or inproc["eventsPerSecond"]) / bare_cpu, 3),
         "httpPerCpuVsBare": round(http_cpu / bare_cpu, 3) if http_cpu else None,
+        "realUpstreamPerCpuVsBare": (
+            round(over_real["eventsPerProxyCpuSecond"] / bare_cpu, 3) if over_real["eventsPerProxyCpuSecond"] else None
+        ),
         "httpSustainedVsBare": round(over_http["sustainedPerSecond"] / bare["eventsPerSecond"], 3),
         "p99At2000Ms": at_2000["p99LatencyMs"] if at_2000 else None,
         "p50At2000Ms": at_2000["p50LatencyMs"] if at_2000 else None,
         "floorP99At2000Ms": floor["p99LatencyMs"],
+        "realUpstreamP99At2000Ms": real_2000["p99LatencyMs"] if real_2000 else None,
         "targets": {"eventsPerSecond": 10_000, "p99At2000Ms": 10.0},
     }

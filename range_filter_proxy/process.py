@@ -83,6 +83,13 @@ class ProxyProcess:
         """Base URL clients point at."""
         return f"{'https' if self.tls_cert else 'http'}://{self.host}:{self.port}"
 
+    @property
+    def pid(self) -> int | None:
+        """The process id while the proxy runs (``None`` before ``start`` and after it ended)."""
+        if self._proc is None or self._proc.poll() is not None:
+            return None
+        return self._proc.pid
+
     def start(self, timeout: float = 30.0) -> None:
         """Start the process and wait until ``/readyz`` answers 200."""
         if self._proc is not None and self._proc.poll() is None:

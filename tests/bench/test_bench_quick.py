@@ -85,6 +85,13 @@ def test_throughput_paths_deliver_every_event(result: dict[str, Any]) -> None:
     assert first["p50LatencyMs"] >= 0 and first["p99LatencyMs"] >= first["p50LatencyMs"]
     assert tp["http"]["watchers"] == 16
     assert "Upstream" in tp["http"]["path"]
+    # The CLI proxy reading a real chunked HTTP watch delivers every event too.
+    real = tp["realUpstream"]["steps"]
+    assert real and real[0]["events"] > 0 and real[0]["delivered"] == real[0]["events"]
+    # The write-only floor reaches every client with every line.
+    floor = tp["socketFloorAt2000"]
+    assert floor["delivered"] == floor["events"] > 0
+    assert floor["p99LatencyMs"] >= floor["p50LatencyMs"] >= 0
 
 
 @pytest.mark.slow
