@@ -235,6 +235,24 @@ def render(result: dict[str, Any], console: Console) -> None:
                 [[m["objects"], m["rawJsonBytes"], m["bytesPerObject"], m["ratioToRawJson"], m["target"]]],
             )
         )
+        console.print(
+            _table(
+                "Cache: garbage-collector pauses while the history fills, without / with the heap keeper",
+                ["heap keeper", "events", "history", "max pause ms", "full GCs", "max full GC ms", "total GC ms"],
+                [
+                    [
+                        g["keeper"],
+                        g["events"],
+                        g["historyEvents"],
+                        g["maxPauseMs"],
+                        g["fullCollections"],
+                        g["maxFullCollectionMs"],
+                        g["totalGcMs"],
+                    ]
+                    for g in c["gcPauses"]
+                ],
+            )
+        )
     if "scaleout" in result:
         s = result["scaleout"]
         console.print(

@@ -15,6 +15,12 @@ Purpose
       JSON, divided by the number of objects, compared with the raw JSON size.
     * ``listBreakdown``: CPU time of the parts of one LIST (sort of the whole
       store, filter, body join) and of one full garbage collection over it.
+    * ``gcPauses``: garbage-collector pauses while a cache applies events
+      until its history is full (100k events; quick 20k), without and with
+      the proxy's :class:`~range_filter_proxy.heap.HeapKeeper` (a pass every
+      4,000 events, i.e. every 2 s at 2,000 events/s; in the proxy it runs
+      every second). Measured with ``gc.callbacks``: the longest pause, the
+      number of full collections, and the total time in the collector.
 
 Invariants
     * Objects are generated once per size; every request is bounded by a timeout.
@@ -204,6 +210,57 @@ def memory_per_object(n: int) -> dict[str, Any]:
     }
 
 
+def gc_pauses(events: int, keeper: bool) -> dict[str, Any]:
+    """Collector pauses while ``events`` events fill a cache's history (see module docstring)."""
+    from bench.feed import FeedUpstream  # noqa: PLC0415
+    from range_filter_proxy.cache import CacheSettings, WatchCache  # noqa: PLC0415
+    from range_filter_proxy.heap import HeapKeeper, HeapSettings  # noqa: PLC0415
+    from range_filter_proxy.metrics import ProxyMetrics  # noqa: PLC0415
+    from range_filter_proxy.upstream import decode_watch_line  # noqa: PLC0415
+
+    pauses: list[tuple[int, float]] = []
+    started = [0.0]
+
+    def on_gc(phase: str, info: Mapping[str, Any]) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter()
+        else:
+            pauses.append((int(info["generation"]), time.perf_counter() - started[0]))
+
+    async def go() -> tuple[int, list[float]]:
+        feed = FeedUpstream(1024)
+        cache = WatchCache(POD_INFO, feed, ProxyMetrics(), CacheSettings(watcher_queue_size=1))
+        cache.replace(await feed.list(POD_INFO.gvr))
+        heap = HeapKeeper(HeapSettings())
+        passes: list[float] = []
+        rv = cache.rv
+        gc.callbacks.append(on_gc)
+        try:
+            for i in range(events):
+                rv += 1
+                head, mid, tail = feed.templates[i % len(feed.templates)]
+                cache.apply(decode_watch_line(head + str(rv).encode() + mid + b"0" + tail, "bench"))
+                if keeper and i % 4000 == 3999:
+                    passes.append(heap.run_pass())
+        finally:
+            gc.callbacks.remove(on_gc)
+            gc.unfreeze()
+        return len(cache.history), passes
+
+    history, passes = asyncio.run(go())
+    full = [p for g, p in pauses if g == 2]
+    return {
+        "keeper": keeper,
+        "events": events,
+        "historyEvents": history,
+        "maxPauseMs": round(max((p for _, p in pauses), default=0.0) * 1000, 2),
+        "fullCollections": len(full),
+        "maxFullCollectionMs": round(max(full, default=0.0) * 1000, 2),
+        "keeperPasses": len(passes),
+        "totalGcMs": round(sum(p for _, p in pauses) * 1000, 1),
+    }
+
+
 def run(quick: bool) -> dict[str, Any]:
     sizes = [10_000] if quick else [10_000, 100_000]
     lists = []
@@ -215,10 +272,13 @@ def run(quick: bool) -> dict[str, Any]:
     log.info("cache list breakdown: %s", breakdown)
     mem = memory_per_object(1_000 if quick else 10_000)
     log.info("cache memory: %s", mem)
+    pauses = [gc_pauses(20_000 if quick else 100_000, keeper) for keeper in (False, True)]
+    log.info("gc pauses: %s", pauses)
     return {
         "path": "in-process: real proxy app via httpx.ASGITransport over an in-memory Upstream (no sockets)",
         "list": lists,
         "listBreakdown": breakdown,
         "memory": mem,
+        "gcPauses": pauses,
         "targets": {"listMsAt100k": 100.0, "memoryRatio": 2.0},
     }
