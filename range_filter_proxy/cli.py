@@ -98,7 +98,7 @@ def proxy_command(
             help="Seconds between collect-and-freeze passes that keep garbage-collector pauses short "
             "with large caches (0: leave the collector alone)",
         ),
-    ] = 1.0,
+    ] = 0.25,
     gc_full_interval: Annotated[
         float,
         typer.Option("--gc-full-interval", help="Seconds between complete collections of the frozen heap"),

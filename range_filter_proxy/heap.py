@@ -51,7 +51,7 @@ log = logging.getLogger(__name__)
 class HeapSettings:
     """How often the keeper freezes survivors, and how often it reclaims everything."""
 
-    freeze_interval: float = 1.0
+    freeze_interval: float = 0.25
     full_interval: float = 3600.0
 
     def __post_init__(self) -> None:
