@@ -19,7 +19,7 @@ Purpose
       latency (feed send time to client receipt, wall clock, same host) and
       the proxy's CPU use. The *sustained* rate is the highest step that kept
       up (achieved >= 95 % of offered, all events delivered within 5 s, p99
-      latency < 100 ms, no watcher cut off);
+      latency < 50 ms, no watcher cut off);
     * ``realUpstream``: the same ramp through the unmodified ``rangeshard
       proxy`` command (defaults: uvloop, heap keeper), which reads a real
       chunked HTTP watch from :mod:`bench.upstream_server` -- the whole
@@ -300,7 +300,7 @@ async def _http_steps(
                     "deliverySeconds": round(delivered_at - t0, 3),
                 }
                 row["keptUp"] = bool(
-                    emitted == count and achieved >= 0.95 * rate and got == emitted and p99_ms < 100 and cut == 0
+                    emitted == count and achieved >= 0.95 * rate and got == emitted and p99_ms < 50 and cut == 0
                 )
                 if warm_up and row["keptUp"]:
                     continue
