@@ -16,7 +16,10 @@ Invariants
       endpoints with ``time_retry=0`` so the next call tries again at once.
     * No pyetcd or grpc exception escapes this module's public methods.
     * With username/password, the etcd auth token travels as call metadata,
-      so authentication works over plaintext as well as TLS endpoints.
+      so authentication works over plaintext as well as TLS endpoints; a
+      token etcd rejects (expired, invalidated) is replaced by
+      authenticating again, and the call is retried once
+      (:meth:`EtcdClient.call`).
 
 Concurrency model
     A gRPC channel is thread-safe; one :class:`EtcdClient` may be shared by
@@ -30,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -38,7 +42,9 @@ from urllib.parse import urlsplit
 import grpc
 import pyetcd
 import pyetcd.exceptions as etcd_exc
+from pyetcd import etcdrpc
 from pyetcd import transactions as etcd_txn
+from pyetcd.client import EtcdTokenCallCredentials
 
 from rangeshard.errors import CompareFailed, ConfigError, RegistryError, RegistryUnavailable
 
@@ -223,6 +229,9 @@ class EtcdClient:
             # every call, which is all etcd needs.
             self.raw.call_credentials = None
         self.txn = etcd_txn
+        self._auth_lock = threading.Lock()
+        #: How often etcd rejected the token and this client authenticated again.
+        self.reauthentications = 0
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
@@ -237,8 +246,9 @@ class EtcdClient:
     # -- reads -------------------------------------------------------------
     def get_prefix(self, prefix: str) -> tuple[int, list[KV]]:
         """Return ``(revision, kvs)`` for every key under ``prefix``, sorted by key."""
-        with translated(f"reading {prefix}"):
-            resp = self.raw.get_prefix_response(prefix, sort_order="ascend", sort_target="key")
+        resp = self.call(
+            f"reading {prefix}", self.raw.get_prefix_response, prefix, sort_order="ascend", sort_target="key"
+        )
         return resp.header.revision, [_kv(kv) for kv in resp.kvs]
 
     def get_range(
@@ -255,43 +265,39 @@ class EtcdClient:
         ``revision`` reads a past state (``RevisionCompacted`` surfaces as
         :class:`RegistryError` whose message says "compacted").
         """
-        with translated(f"reading {start!r}..{end!r}"):
-            resp = self.raw.get_response(
-                start,
-                range_end=end,
-                limit=limit,
-                revision=revision,
-                sort_order="ascend",
-                sort_target="key",
-                keys_only=keys_only,
-            )
+        resp = self.call(
+            f"reading {start!r}..{end!r}",
+            self.raw.get_response,
+            start,
+            range_end=end,
+            limit=limit,
+            revision=revision,
+            sort_order="ascend",
+            sort_target="key",
+            keys_only=keys_only,
+        )
         return int(resp.header.revision), [_kv(kv) for kv in resp.kvs], bool(resp.more)
 
     def get(self, key: str) -> tuple[int, KV | None]:
         """Return ``(revision, kv or None)``."""
-        with translated(f"reading {key}"):
-            resp = self.raw.get_response(key)
+        resp = self.call(f"reading {key}", self.raw.get_response, key)
         return resp.header.revision, (_kv(resp.kvs[0]) if resp.kvs else None)
 
     def revision(self) -> int:
         """The current store revision (a cheap read; also a liveness probe)."""
-        with translated("reading the revision"):
-            resp = self.raw.get_response("\0rangeshard-probe")
+        resp = self.call("reading the revision", self.raw.get_response, "\0rangeshard-probe")
         return int(resp.header.revision)
 
     # -- writes ------------------------------------------------------------
     def put(self, key: str, value: bytes | str, lease: int = 0) -> int:
-        with translated(f"writing {key}"):
-            resp = self.raw.put(key, value, lease=lease or None)
+        resp = self.call(f"writing {key}", self.raw.put, key, value, lease=lease or None)
         return int(resp.header.revision)
 
     def delete(self, key: str) -> bool:
-        with translated(f"deleting {key}"):
-            return bool(self.raw.delete(key))
+        return bool(self.call(f"deleting {key}", self.raw.delete, key))
 
     def delete_prefix(self, prefix: str) -> None:
-        with translated(f"deleting {prefix}"):
-            self.raw.delete_prefix(prefix)
+        self.call(f"deleting {prefix}", self.raw.delete_prefix, prefix)
 
     def transaction(
         self,
@@ -300,8 +306,7 @@ class EtcdClient:
         failure: list[Any] | None = None,
         what: str = "transaction",
     ) -> tuple[bool, list[Any]]:
-        with translated(what):
-            ok, responses = self.raw.transaction(compare=compare, success=success, failure=failure or [])
+        ok, responses = self.call(what, self.raw.transaction, compare=compare, success=success, failure=failure or [])
         return bool(ok), responses
 
     def guarded(self, compare: list[Any], success: list[Any], what: str) -> None:
@@ -312,36 +317,79 @@ class EtcdClient:
 
     # -- leases ------------------------------------------------------------
     def grant_lease(self, ttl: int) -> int:
-        with translated("granting a lease"):
-            lease = self.raw.lease(ttl)
+        lease = self.call("granting a lease", self.raw.lease, ttl)
         return int(lease.id)
 
     def revoke_lease(self, lease_id: int) -> None:
-        with translated(f"revoking lease {lease_id:x}"):
-            self.raw.revoke_lease(lease_id)
+        self.call(f"revoking lease {lease_id:x}", self.raw.revoke_lease, lease_id)
 
     def keepalive_once(self, lease_id: int) -> int:
         """Send one keepalive; return the TTL etcd granted (<= 0: the lease is gone)."""
-        with translated(f"renewing lease {lease_id:x}"):
-            responses = list(self.raw.refresh_lease(lease_id))
+        responses = self.call(f"renewing lease {lease_id:x}", lambda: list(self.raw.refresh_lease(lease_id)))
         if not responses:
             raise RegistryUnavailable(f"renewing lease {lease_id:x}: no response")
         return int(responses[0].TTL)
 
     def lease_ttl(self, lease_id: int) -> int:
         """Remaining TTL of a lease in seconds (-1 if it does not exist)."""
-        with translated(f"reading lease {lease_id:x}"):
-            return int(self.raw.get_lease_info(lease_id).TTL)
+        return int(self.call(f"reading lease {lease_id:x}", self.raw.get_lease_info, lease_id).TTL)
 
     # -- maintenance -------------------------------------------------------
     def compact(self, revision: int) -> None:
-        with translated(f"compacting to {revision}"):
-            self.raw.compact(revision, physical=True)
+        self.call(f"compacting to {revision}", self.raw.compact, revision, physical=True)
 
     def call(self, what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """Run any raw pyetcd call with error translation."""
+        """Run any raw pyetcd call with error translation.
+
+        When etcd rejects the auth token (expired: a simple token after
+        ``--auth-token-ttl`` of inactivity, a JWT after its lifetime, or
+        invalidated by an auth change) the client authenticates again with its
+        username and password and retries the call once; pyetcd would keep
+        sending the dead token forever.
+        """
+        try:
+            return fn(*args, **kwargs)
+        except grpc.RpcError as e:
+            if not (self.config.username and _token_rejected(e)):
+                raise translate(e, what) from e
+            first = e
+        except etcd_exc.Etcd3Exception as e:
+            raise translate(e, what) from e
+        except ValueError as e:
+            if "failed node" in str(e):
+                raise translate(e, what) from e
+            raise
+        self.reauthenticate(first)
         with translated(what):
             return fn(*args, **kwargs)
+
+    def reauthenticate(self, cause: BaseException | None = None) -> None:
+        """Get a fresh auth token for unary calls (see :meth:`call`).
+
+        pyetcd's watcher stub keeps the token it was created with: watches
+        already open keep running, and every watch loop of ours opens a new
+        watch on a fresh client (registry.watch, local_apiserver.watch).
+        """
+        with self._auth_lock:
+            log.info("etcd rejected the auth token (%s); authenticating again", _details(cause) if cause else "asked")
+            request = etcdrpc.AuthenticateRequest(name=self.config.username, password=self.config.password)
+            with translated("authenticating to etcd"):
+                resp = self.raw.authstub.Authenticate(request, self.config.timeout)
+            self.raw.metadata = (("token", resp.token),)
+            if self.raw.call_credentials is not None:
+                self.raw.call_credentials = grpc.metadata_call_credentials(EtcdTokenCallCredentials(resp.token))
+            self.reauthentications += 1
+
+
+def _details(e: BaseException) -> str:
+    details = e.details() if isinstance(e, grpc.RpcError) and hasattr(e, "details") else None
+    return str(details or type(e).__name__)
+
+
+def _token_rejected(e: grpc.RpcError) -> bool:
+    """etcd's answer to a stale token: UNAUTHENTICATED "etcdserver: invalid auth token"."""
+    code = e.code() if hasattr(e, "code") else None
+    return code == grpc.StatusCode.UNAUTHENTICATED and "auth token" in _details(e)
 
 
 def _kv(kv: Any) -> KV:

@@ -37,7 +37,7 @@ import grpc
 import pyetcd.exceptions as etcd_exc
 from pyetcd import events as etcd_events
 
-from rangeshard.errors import RangeshardError
+from rangeshard.errors import RangeshardError, RegistryUnavailable
 from registry.etcd import KV, EtcdClient, EtcdConfig, translate
 from registry.models import Snapshot
 from registry.registry import DEFAULT_PREFIX, Layout, parse_members
@@ -189,6 +189,8 @@ class MembershipWatch:
                 except queue.Empty:
                     client.revision()  # liveness probe; raises RegistryUnavailable
                     continue
+                if item is None:  # pyetcd's signal that the stream ended without an error
+                    raise RegistryUnavailable(f"watching {self.watch_prefix}: etcd ended the watch stream")
                 if isinstance(item, etcd_exc.RevisionCompactedError):
                     raise _Resync
                 if isinstance(item, BaseException):
