@@ -419,19 +419,12 @@ def real_upstream(rates: list[int], step_seconds: float, workdir: Path, objects:
         if upstream.poll() is None:
             upstream.terminate()
         upstream.wait(10)
-    kept = [s["offeredPerSecond"] for s in steps if s["keptUp"]]
-    per_cpu = [s["eventsPerProxyCpuSecond"] for s in steps if s["eventsPerProxyCpuSecond"]]
-    return {
-        "path": (
-            "`rangeshard proxy` (python -m range_filter_proxy, defaults) reading a chunked HTTP watch from"
-            " bench.upstream_server; proxy pinned to one core, upstream and clients to the other"
-        ),
-        "watchers": WATCHERS,
-        "stepSeconds": step_seconds,
-        "steps": steps,
-        "sustainedPerSecond": max(kept) if kept else 0,
-        "eventsPerProxyCpuSecond": per_cpu[-1] if per_cpu else None,
-    }
+    return _summary(
+        "`rangeshard proxy` (python -m range_filter_proxy, defaults) reading a chunked HTTP watch from"
+        " bench.upstream_server; proxy pinned to one core, upstream and clients to the other",
+        steps,
+        step_seconds,
+    )
 
 
 def http(rates: list[int], step_seconds: float, workdir: Path, objects: int = 1024) -> dict[str, Any]:
@@ -466,13 +459,20 @@ def http(rates: list[int], step_seconds: float, workdir: Path, objects: int = 10
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(5)
+    return _summary(
+        "real proxy app (uvicorn, HTTP, 16 watch clients) fed through its Upstream interface"
+        " by bench.feed; proxy pinned to one core, clients to the other",
+        steps,
+        step_seconds,
+    )
+
+
+def _summary(path: str, steps: list[dict[str, Any]], step_seconds: float) -> dict[str, Any]:
+    """The result of one rate ramp: its steps, the sustained rate and the capacity per CPU second."""
     kept = [s["offeredPerSecond"] for s in steps if s["keptUp"]]
     per_cpu = [s["eventsPerProxyCpuSecond"] for s in steps if s["eventsPerProxyCpuSecond"]]
     return {
-        "path": (
-            "real proxy app (uvicorn, HTTP, 16 watch clients) fed through its Upstream interface"
-            " by bench.feed; proxy pinned to one core, clients to the other"
-        ),
+        "path": path,
         "watchers": WATCHERS,
         "stepSeconds": step_seconds,
         "steps": steps,
@@ -484,7 +484,7 @@ def http(rates: list[int], step_seconds: float, workdir: Path, objects: int = 10
 
 
 def run(quick: bool, workdir: Path) -> dict[str, Any]:
-    """All three measurements, plus ratios to the bare loop and the report targets."""
+    """All measurements, plus ratios to the bare loop and the report targets."""
     bare = bare_loop(0.5 if quick else 3.0)
     inproc = in_process(8_000 if quick else 50_000)
     rates = [1000, 2000, 5000] if quick else [1000, 2000, 4000, 6000, 8000, 10000, 12000, 15000, 20000]
