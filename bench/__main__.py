@@ -298,8 +298,17 @@ def render(result: dict[str, Any], console: Console) -> None:
     if "balance" in result:
         console.print(
             _table(
-                "Balance: max/mean owned objects",
-                ["workload", "N", "after joins", "after greedy plan", "moves", "objects moved", "largest lump"],
+                "Balance: max/mean owned objects after joins and after `rangeshard rebalance apply --by ...`",
+                [
+                    "workload",
+                    "N",
+                    "after joins",
+                    "--by workload",
+                    "moves",
+                    "objects moved",
+                    "--by range",
+                    "largest lump",
+                ],
                 [
                     [
                         r["workload"],
@@ -308,6 +317,7 @@ def render(result: dict[str, Any], console: Console) -> None:
                         r["maxOverMeanAfterRebalance"],
                         r["boundaryMoves"],
                         r["objectsMoved"],
+                        r["maxOverMeanAfterRebalanceByRange"],
                         r["largestLump"],
                     ]
                     for r in result["balance"]

@@ -1,4 +1,4 @@
-"""Balance: owned objects per instance after N joins (halving) and after an offline greedy rebalance plan.
+"""Balance: owned objects per instance after N joins (halving) and after ``rangeshard rebalance`` plans.
 
 Purpose
     Pure computation with :mod:`hashing`, no processes. A workload is a sorted
@@ -12,17 +12,19 @@ Purpose
 
     :func:`joins` replays the registry's join rule (split the largest range;
     ties to the higher workload, then the lower start) N-1 times.
-    :func:`plan_rebalance` is the planner the rebalance CLI can use: given
-    the current boundaries (``hashKey`` of each instance, ascending) and the
-    object keys, it moves boundaries (never reorders instances) so each
-    instance owns as close to ``total / N`` objects as the lumps allow,
-    greedily from the lowest boundary up, and returns the moves.
+    :func:`plan_rebalance` asks the planner of ``rangeshard rebalance
+    plan/apply`` (:func:`registry.rebalance.make_plan`) for new boundaries,
+    given a registry snapshot in which every instance publishes the 256-bucket
+    histogram of the keys it owns, as the managers do; ``--by workload`` (the
+    default) and ``--by range`` are both measured. The owned counts after a
+    plan are then counted exactly from the keys (the plan itself only sees
+    histograms).
 
 Invariants
     * Ranges stay contiguous, ordered and cover ``[0, MAX_HASH]``; the last
       boundary is always ``MAX_HASH``.
-    * A boundary only ever falls between two distinct keys, so no object's
-      owner is ambiguous; the plan is deterministic for a given input.
+    * The plans are the rebalance command's, unchanged; they are
+      deterministic for a given input.
     * Workload generation is seeded (reproducible).
 
 Concurrency model
@@ -35,10 +37,14 @@ import bisect
 import random
 import statistics
 import uuid
-from dataclasses import dataclass
 from typing import Any
 
-from hashing import MAX_HASH, HashRange, hash_key, split_largest
+from hashing import HashRange, hash_key, split_largest
+from registry.models import InstanceRecord, Snapshot, State
+from registry.rebalance import Plan, histogram, make_plan
+
+#: The controller type of the synthetic registry snapshots.
+CONTROLLER_TYPE = "bench"
 
 
 def _uid(rnd: random.Random) -> str:
@@ -85,57 +91,33 @@ def joins(keys: list[int], n: int) -> list[int]:
     return [r.hi for r in ranges]
 
 
-@dataclass(frozen=True)
-class Move:
-    """Set instance ``index``'s upper bound (``hashKey``) from ``old`` to ``new``."""
+def snapshot(keys: list[int], uppers: list[int]) -> Snapshot:
+    """The registry as ``rangeshard rebalance`` reads it: instances with these upper bounds, each
+    publishing the 256-bucket histogram of the keys it owns (what the managers write)."""
+    items = []
+    lo = 0
+    for i, hi in enumerate(uppers):
+        rng = HashRange(lo, hi)
+        mine = keys[bisect.bisect_left(keys, lo) : bisect.bisect_right(keys, hi)]
+        counts = histogram(mine, rng)
+        record = InstanceRecord.model_validate(
+            {
+                "instanceId": f"bench-{i}",
+                "controllerType": CONTROLLER_TYPE,
+                "hashKey": hi,
+                "workloadNum": len(mine),
+                "state": State.ACTIVE,
+                "histogram": {"lo": rng.lo, "hi": rng.hi, "counts": counts},
+            }
+        )
+        items.append((record, f"/bench/{i}", 1, 1, 0))
+        lo = hi + 1
+    return Snapshot.build(CONTROLLER_TYPE, 1, items)
 
-    index: int
-    old: int
-    new: int
 
-
-def plan_rebalance(keys: list[int], uppers: list[int]) -> tuple[list[int], list[Move]]:
-    """Boundaries that equalise owned objects, and the moves from ``uppers`` to them.
-
-    ``keys`` sorted ascending; ``uppers`` ascending with ``uppers[-1] == MAX_HASH``.
-    Greedy: boundary *i* goes to the gap between distinct keys whose cumulative
-    count is nearest ``placed + remaining / instances_left``; ties keep the
-    lower count. Every instance keeps at least one key of space. A plan whose
-    largest owned count is not below the current one is dropped (no moves).
-    """
-    n = len(uppers)
-    total = len(keys)
-    new = list(uppers)
-    if n < 2 or total == 0:
-        return new, []
-    # Candidate cut positions: indices p where keys[p-1] != keys[p] (cut after p objects).
-    cuts = [p for p in range(1, total) if keys[p - 1] != keys[p]]
-    placed = 0
-    lo_key = -1
-    for i in range(n - 1):
-        remaining_instances = n - i
-        target = placed + (total - placed) / remaining_instances
-        j = bisect.bisect_left(cuts, target)
-        best: int | None = None
-        for c in (cuts[j - 1] if j > 0 else None, cuts[j] if j < len(cuts) else None):
-            if c is None or c <= placed:
-                continue
-            if best is None or abs(c - target) < abs(best - target):
-                best = c
-        if best is None:
-            # No distinct key left: keep the boundary just above the previous one.
-            hi = min(max(lo_key + 1, new[i]), MAX_HASH - (n - 1 - i))
-        else:
-            hi = keys[best - 1]
-            placed = best
-        hi = max(hi, lo_key + 1)
-        new[i] = hi
-        lo_key = hi
-    new[-1] = MAX_HASH
-    if max(owned_counts(keys, new)) >= max(owned_counts(keys, uppers)):
-        return list(uppers), []  # never propose moves that do not lower the maximum
-    moves = [Move(i, old, nw) for i, (old, nw) in enumerate(zip(uppers, new, strict=True)) if old != nw]
-    return new, moves
+def plan_rebalance(keys: list[int], uppers: list[int], by: str) -> Plan:
+    """What ``rangeshard rebalance plan/apply --by BY`` computes for this registry state."""
+    return make_plan(snapshot(keys, uppers), by)
 
 
 def moved_objects(keys: list[int], before: list[int], after: list[int]) -> int:
@@ -153,7 +135,7 @@ def _imbalance(counts: list[int]) -> float:
 
 
 def run(quick: bool) -> list[dict[str, Any]]:
-    """max/mean owned objects after joins and after the greedy plan, for N = 3, 5, 7 and both workloads."""
+    """max/mean owned objects after joins and after each rebalance plan, for N = 3, 5, 7 and both workloads."""
     objects = 20_000 if quick else 100_000
     workloads = {"uniform": uniform_keys(objects), "skewed": skewed_keys(objects)}
     rows = []
@@ -161,23 +143,25 @@ def run(quick: bool) -> list[dict[str, Any]]:
         for n in (3, 5, 7):
             after_joins = joins(keys, n)
             counts_joins = owned_counts(keys, after_joins)
-            planned, moves = plan_rebalance(keys, after_joins)
-            counts_plan = owned_counts(keys, planned)
-            rows.append(
-                {
-                    "workload": name,
-                    "instances": n,
-                    "objects": len(keys),
-                    "distinctKeys": len(set(keys)),
-                    "largestLump": _largest_lump(keys),
-                    "maxOverMeanAfterJoins": _imbalance(counts_joins),
-                    "maxOverMeanAfterRebalance": _imbalance(counts_plan),
-                    "countsAfterJoins": counts_joins,
-                    "countsAfterRebalance": counts_plan,
-                    "boundaryMoves": len(moves),
-                    "objectsMoved": moved_objects(keys, after_joins, planned),
-                }
-            )
+            row: dict[str, Any] = {
+                "workload": name,
+                "instances": n,
+                "objects": len(keys),
+                "distinctKeys": len(set(keys)),
+                "largestLump": _largest_lump(keys),
+                "maxOverMeanAfterJoins": _imbalance(counts_joins),
+                "countsAfterJoins": counts_joins,
+            }
+            for by, suffix in (("workload", ""), ("range", "ByRange")):
+                plan = plan_rebalance(keys, after_joins, by)
+                targets = list(plan.targets)
+                counts = owned_counts(keys, targets)
+                row[f"maxOverMeanAfterRebalance{suffix}"] = _imbalance(counts)
+                row[f"predictedMaxOverMean{suffix}"] = round(plan.predicted_ratio, 3)
+                row[f"countsAfterRebalance{suffix}"] = counts
+                row[f"boundaryMoves{suffix}"] = len(plan.moves)
+                row[f"objectsMoved{suffix}"] = moved_objects(keys, after_joins, targets)
+            rows.append(row)
     return rows
 
 
