@@ -6,14 +6,17 @@ Purpose
 
     * :mod:`bench.fanout` -- N range watchers through the proxy vs N direct
       watches with client-side filtering;
-    * :mod:`bench.throughput` -- events/s the proxy absorbs with 16 watchers,
-      delivery latency, against a bare decode/re-encode loop;
+    * :mod:`bench.throughput` -- events/s the proxy absorbs with 16 watchers
+      (fed through its ``Upstream`` interface by :mod:`bench.feed`, and as the
+      ``rangeshard proxy`` command reading :mod:`bench.upstream_server`),
+      delivery latency, against a bare decode/re-encode loop and the
+      write-only latency floor of :mod:`bench.floor`;
     * :mod:`bench.cache` -- LIST of a 1/16 range at 10k/100k pods, memory per
-      cached object;
+      cached object, garbage-collector pauses with and without the heap keeper;
     * :mod:`bench.scaleout` -- reconcile throughput with 1, 2, 4 managers,
       join-to-active, SIGKILL-to-takeover;
     * :mod:`bench.balance` -- owned objects per instance after joins and
-      after an offline greedy rebalance plan.
+      after the plans of ``rangeshard rebalance`` (``--by workload``/``range``).
 
 Invariants
     Benchmarks only listen on and connect to loopback; every process they
