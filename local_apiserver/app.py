@@ -50,7 +50,6 @@ from local_apiserver import resources
 from local_apiserver.auth import (
     Attributes,
     TokenAuthenticator,
-    UserInfo,
     authorize,
     forbidden_error,
     subject_access_review,
@@ -63,12 +62,12 @@ from local_apiserver.errors import (
     method_not_allowed,
     not_acceptable,
     not_found_path,
-    status_body,
+    status_object,
     success_body,
     unsupported_media_type,
 )
 from local_apiserver.gc import GarbageCollector
-from local_apiserver.middleware import DEFAULT_MAX_BODY_BYTES, Authenticate, BodyLimit
+from local_apiserver.middleware import Authenticate
 from local_apiserver.patch import json_patch, merge_patch
 from local_apiserver.resources import ResourceSpec
 from local_apiserver.selectors import (
@@ -82,6 +81,7 @@ from local_apiserver.strategic import strategic_merge
 from local_apiserver.validation import check_body_shape, check_scale_body, selector_requirements
 from local_apiserver.watch import WatchRequest, timeout_param, watch_events
 from rangeshard.errors import RangeshardError
+from rangeshard.kubeapi import DEFAULT_MAX_BODY_BYTES, BodyLimit, UserInfo
 from registry.etcd import EtcdClient, EtcdConfig
 
 log = logging.getLogger(__name__)
@@ -200,7 +200,7 @@ def json_response(body: Any, status: int = 200) -> Response:
 
 
 def status_response(e: ApiError) -> Response:
-    return json_response(e.body(), e.code)
+    return json_response(e.status(), e.code)
 
 
 async def in_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -268,12 +268,12 @@ def create_app(
     async def http_error_handler(request: Request, exc: StarletteHTTPException) -> Response:
         reasons = {404: "NotFound", 405: "MethodNotAllowed", 400: "BadRequest"}
         reason = reasons.get(exc.status_code, "BadRequest" if exc.status_code < 500 else "InternalError")
-        return json_response(status_body(exc.status_code, reason, str(exc.detail)), exc.status_code)
+        return json_response(status_object(exc.status_code, reason, str(exc.detail)), exc.status_code)
 
     @app.exception_handler(Exception)
     async def bug_handler(request: Request, exc: Exception) -> Response:
         log.error("bug while serving %s %s", request.method, request.url.path, exc_info=exc)
-        return json_response(status_body(500, "InternalError", f"internal error: {type(exc).__name__}"), 500)
+        return json_response(status_object(500, "InternalError", f"internal error: {type(exc).__name__}"), 500)
 
     @app.get("/healthz")
     @app.get("/livez")
@@ -333,7 +333,7 @@ def create_app(
             response = status_response(e)
         except Exception as e:  # a bug: answer a Status 500, log the traceback, count it
             log.error("bug while serving %s %s", request.method, request.url.path, exc_info=e)
-            response = json_response(status_body(500, "InternalError", f"internal error: {type(e).__name__}"), 500)
+            response = json_response(status_object(500, "InternalError", f"internal error: {type(e).__name__}"), 500)
         state.metrics.requests.labels(
             verb=info["verb"],
             resource=info["resource"],

@@ -34,41 +34,25 @@ Concurrency model
 
 from __future__ import annotations
 
-import csv
-import hashlib
-import io
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from local_apiserver.errors import ApiError, bad_request
-from rangeshard.errors import ConfigError
+from rangeshard.kubeapi import UserInfo, token_digest
 
 log = logging.getLogger(__name__)
 
 MASTERS = "system:masters"
 AUTH_DELEGATORS = "rangeshard:auth-delegators"
 READERS = "rangeshard:readers"
-AUTHENTICATED = "system:authenticated"
 READ_VERBS = frozenset({"get", "list", "watch"})
 REVIEW_RESOURCES = frozenset(
     {("authentication.k8s.io", "tokenreviews"), ("authorization.k8s.io", "subjectaccessreviews")}
 )
 #: Paths answered without authentication (probes), as kube-apiserver's public-info rule does.
 PUBLIC_PATHS = frozenset({"/healthz", "/livez", "/readyz"})
-
-
-@dataclass(frozen=True)
-class UserInfo:
-    """An authenticated user."""
-
-    username: str
-    uid: str
-    groups: tuple[str, ...]
-
-    def to_json(self) -> dict[str, Any]:
-        return {"username": self.username, "uid": self.uid, "groups": list(self.groups)}
 
 
 @dataclass(frozen=True)
@@ -84,47 +68,6 @@ class Attributes:
     path: str = ""
 
 
-def _digest(token: str) -> str:
-    return hashlib.sha256(token.encode("utf-8", "surrogateescape")).hexdigest()
-
-
-def parse_token_file(text: str, source: str = "token file") -> dict[str, UserInfo]:
-    """Parse ``token,user,uid[,"g1,g2"]`` lines (``#`` comments and blank lines skipped).
-
-    Returns the users keyed by the SHA-256 of their token. Raises
-    :class:`ConfigError` naming the line (never the token).
-    """
-    users: dict[str, UserInfo] = {}
-    for lineno, row in enumerate(csv.reader(io.StringIO(text)), start=1):
-        if not row or not "".join(row).strip() or row[0].lstrip().startswith("#"):
-            continue
-        if len(row) < 3:
-            raise ConfigError(f"{source}:{lineno}: want token,user,uid[,groups], got {len(row)} field(s)")
-        token, user, uid = (f.strip() for f in row[:3])
-        if not token or not user:
-            raise ConfigError(f"{source}:{lineno}: token and user must not be empty")
-        groups = [g.strip() for g in row[3].split(",") if g.strip()] if len(row) > 3 else []
-        if AUTHENTICATED not in groups:
-            groups.append(AUTHENTICATED)
-        key = _digest(token)
-        if key in users:
-            raise ConfigError(f"{source}:{lineno}: duplicate token (user {user!r})")
-        users[key] = UserInfo(user, uid, tuple(groups))
-    if not users:
-        raise ConfigError(f"{source}: no tokens")
-    return users
-
-
-def load_token_file(path: str) -> dict[str, UserInfo]:
-    """Read and parse a token file (:class:`ConfigError` if unreadable or malformed)."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"--token-file {path}: cannot read: {getattr(e, 'strerror', None) or e}") from e
-    return parse_token_file(text, path)
-
-
 class TokenAuthenticator:
     """Bearer tokens from a token file."""
 
@@ -135,7 +78,7 @@ class TokenAuthenticator:
         """The user of ``token``, or None."""
         if not token:
             return None
-        return self._users.get(_digest(token))
+        return self._users.get(token_digest(token))
 
     def authenticate_header(self, authorization: str | None) -> UserInfo | None:
         """The user of an ``Authorization`` header value (``Bearer <token>``), or None."""

@@ -80,7 +80,8 @@ def local_apiserver_command(
     import uvicorn  # noqa: PLC0415 (keep `--help` fast)
 
     from local_apiserver.app import create_app  # noqa: PLC0415
-    from local_apiserver.auth import TokenAuthenticator, load_token_file  # noqa: PLC0415
+    from local_apiserver.auth import TokenAuthenticator  # noqa: PLC0415
+    from rangeshard.kubeapi import load_token_file  # noqa: PLC0415
 
     try:
         if not 0 < port < 65536:

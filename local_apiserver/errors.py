@@ -3,14 +3,16 @@
 Purpose
     Every failure the HTTP layer answers is an :class:`ApiError` carrying the
     fields of a Kubernetes ``metav1.Status`` (code, reason, message, details);
-    the app turns it into JSON. Constructors mirror kube-apiserver's
+    the app turns it into JSON. :class:`ApiError`, :func:`status_object` and
+    :func:`bad_request` are the ones shared with the proxy
+    (:mod:`rangeshard.kubeapi`); the constructors here mirror kube-apiserver's
     ``k8s.io/apimachinery/pkg/api/errors`` so clients (kubectl, the official
     Python client) see the reasons and messages they expect.
 
 Invariants
     * ``ApiError`` is a :class:`rangeshard.errors.RangeshardError`: an expected
       failure, never a bug.
-    * ``status_body`` always returns ``kind: Status, apiVersion: v1``.
+    * ``status_object`` always returns ``kind: Status, apiVersion: v1``.
 
 Concurrency model
     Plain values; safe from any thread.
@@ -20,42 +22,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from rangeshard.errors import RangeshardError
+from rangeshard.kubeapi import ApiError, bad_request, status_object
 
-
-class ApiError(RangeshardError):
-    """An HTTP failure answered as a Kubernetes Status object."""
-
-    def __init__(
-        self,
-        code: int,
-        reason: str,
-        message: str,
-        details: dict[str, Any] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.code = code
-        self.reason = reason
-        self.message = message
-        self.details = details
-
-    def body(self) -> dict[str, Any]:
-        return status_body(self.code, self.reason, self.message, self.details)
-
-
-def status_body(code: int, reason: str, message: str, details: dict[str, Any] | None = None) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "kind": "Status",
-        "apiVersion": "v1",
-        "metadata": {},
-        "status": "Failure",
-        "message": message,
-        "reason": reason,
-        "code": code,
-    }
-    if details:
-        body["details"] = details
-    return body
+__all__ = ["ApiError", "bad_request", "status_object"]  # re-exported: the shared Status helpers
 
 
 def success_body(details: dict[str, Any]) -> dict[str, Any]:
@@ -70,10 +39,6 @@ def _details(group_resource: str, name: str | None) -> dict[str, Any]:
     if name:
         details["name"] = name
     return details
-
-
-def bad_request(message: str) -> ApiError:
-    return ApiError(400, "BadRequest", message)
 
 
 def not_found(group_resource: str, name: str) -> ApiError:

@@ -46,7 +46,7 @@ import pyetcd.exceptions as etcd_exc
 from pyetcd import etcdrpc
 
 from hashing import ShardSelector
-from local_apiserver.errors import ApiError, status_body
+from local_apiserver.errors import ApiError, status_object
 from local_apiserver.resources import ResourceSpec
 from local_apiserver.selectors import FieldSelector, LabelSelector
 from local_apiserver.store import Obj, Store, parse_resource_version
@@ -342,7 +342,7 @@ async def _stream(
     deadline = time.monotonic() + timeout
     try:
         if compacted is not None:
-            yield event_line("ERROR", status_body(410, "Expired", compacted.message))
+            yield event_line("ERROR", status_object(410, "Expired", compacted.message))
             return
         for obj in initial:
             yield event_line("ADDED", obj)
@@ -376,7 +376,7 @@ async def _stream(
             elif kind == "compacted":
                 yield event_line(
                     "ERROR",
-                    status_body(410, "Expired", f"too old resource version: {last_rev} ({payload})"),
+                    status_object(410, "Expired", f"too old resource version: {last_rev} ({payload})"),
                 )
                 return
             else:

@@ -21,7 +21,7 @@ Invariants
     * Who may read is decided by :class:`range_filter_proxy.auth.ProxyAuth`
       (``--auth-mode``) before a list/watch is served from the cache, and
       before pass-through in ``static`` mode; request bodies are bounded by
-      :class:`range_filter_proxy.middleware.BodyLimit` (413 beyond).
+      :class:`rangeshard.kubeapi.BodyLimit` (413 beyond).
 
 Concurrency model
     One event loop (uvicorn). Handlers await the cache and the upstream; the
@@ -60,14 +60,14 @@ from range_filter_proxy.cache import (
     WatchFilter,
     parse_rv,
 )
-from range_filter_proxy.errors import ApiError, UpstreamError, bad_request, status_object
+from range_filter_proxy.errors import UpstreamError
 from range_filter_proxy.heap import HeapKeeper, HeapSettings
 from range_filter_proxy.metrics import ProxyMetrics
-from range_filter_proxy.middleware import DEFAULT_MAX_BODY_BYTES, BodyLimit, RequestTooLarge
 from range_filter_proxy.resources import ResourceInfo, parse_collection_path, parse_resource_spec
 from range_filter_proxy.selectors import SelectorParseError, parse_field_selector, parse_label_selector
 from range_filter_proxy.upstream import HttpUpstream, Upstream, UpstreamConfig
 from rangeshard.errors import ConfigError
+from rangeshard.kubeapi import DEFAULT_MAX_BODY_BYTES, ApiError, BodyLimit, RequestTooLarge, bad_request, status_object
 
 log = logging.getLogger(__name__)
 

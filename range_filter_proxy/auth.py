@@ -50,10 +50,7 @@ Concurrency model
 
 from __future__ import annotations
 
-import csv
 import enum
-import hashlib
-import io
 import logging
 import time
 from collections import OrderedDict
@@ -63,12 +60,12 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from range_filter_proxy.errors import ApiError, UpstreamError
 from rangeshard.errors import ConfigError
+from rangeshard.kubeapi import UserInfo, token_digest
 
 log = logging.getLogger(__name__)
 
 MASTERS = "system:masters"
 READERS = "rangeshard:readers"
-AUTHENTICATED = "system:authenticated"
 READ_VERBS = frozenset({"get", "list", "watch"})
 PUBLIC_PATHS = frozenset({"/healthz", "/readyz"})
 TOKEN_REVIEW_PATH = "/apis/authentication.k8s.io/v1/tokenreviews"  # noqa: S105 (a path, not a secret)
@@ -84,16 +81,6 @@ class AuthMode(enum.StrEnum):
     NONE = "none"
     STATIC = "static"
     DELEGATE = "delegate"
-
-
-@dataclass(frozen=True)
-class UserInfo:
-    """An authenticated user, as a TokenReview or the token file tells it."""
-
-    username: str
-    uid: str = ""
-    groups: tuple[str, ...] = ()
-    extra: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -116,48 +103,6 @@ class AuthSettings:
     users: Mapping[str, UserInfo] = field(default_factory=dict, repr=False)
     cache_ttl: float = 10.0
     cache_size: int = 10_000
-
-
-def digest(token: str) -> str:
-    """The SHA-256 of a token: the only form in which tokens are kept."""
-    return hashlib.sha256(token.encode("utf-8", "surrogateescape")).hexdigest()
-
-
-def parse_token_file(text: str, source: str = "token file") -> dict[str, UserInfo]:
-    """Parse ``token,user,uid[,"g1,g2"]`` lines into users keyed by token digest.
-
-    ``#`` comment lines and blank lines are skipped. Raises :class:`ConfigError`
-    naming the line, never the token.
-    """
-    users: dict[str, UserInfo] = {}
-    for lineno, row in enumerate(csv.reader(io.StringIO(text)), start=1):
-        if not row or not "".join(row).strip() or row[0].lstrip().startswith("#"):
-            continue
-        if len(row) < 3:
-            raise ConfigError(f"{source}:{lineno}: want token,user,uid[,groups], got {len(row)} field(s)")
-        token, user, uid = (f.strip() for f in row[:3])
-        if not token or not user:
-            raise ConfigError(f"{source}:{lineno}: token and user must not be empty")
-        groups = [g.strip() for g in row[3].split(",") if g.strip()] if len(row) > 3 else []
-        if AUTHENTICATED not in groups:
-            groups.append(AUTHENTICATED)
-        key = digest(token)
-        if key in users:
-            raise ConfigError(f"{source}:{lineno}: duplicate token (user {user!r})")
-        users[key] = UserInfo(user, uid, tuple(groups))
-    if not users:
-        raise ConfigError(f"{source}: no tokens")
-    return users
-
-
-def load_token_file(path: str) -> dict[str, UserInfo]:
-    """Read and parse a token file (:class:`ConfigError` if unreadable or malformed)."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"--token-file {path}: cannot read: {getattr(e, 'strerror', None) or e}") from e
-    return parse_token_file(text, path)
 
 
 class TtlCache(Generic[K, V]):
@@ -290,7 +235,7 @@ class ProxyAuth:
         token = bearer_token(authorization)
         if token is None:
             raise unauthorized()
-        key = digest(token)
+        key = token_digest(token)
         if self.mode is AuthMode.STATIC:
             user = self._users.get(key)
         else:

@@ -108,10 +108,11 @@ def proxy_command(
     import uvicorn  # noqa: PLC0415  (keep `rangeshard --help` fast)
 
     from range_filter_proxy.app import create_app  # noqa: PLC0415
-    from range_filter_proxy.auth import AuthMode, AuthSettings, load_token_file  # noqa: PLC0415
+    from range_filter_proxy.auth import AuthMode, AuthSettings  # noqa: PLC0415
     from range_filter_proxy.cache import CacheSettings  # noqa: PLC0415
     from range_filter_proxy.heap import HeapSettings  # noqa: PLC0415
     from range_filter_proxy.upstream import load_upstream_config  # noqa: PLC0415
+    from rangeshard.kubeapi import load_token_file  # noqa: PLC0415
 
     level = getattr(logging, log_level.upper(), None)
     if not isinstance(level, int):

@@ -4,8 +4,10 @@ Purpose
     The proxy's own failures are subclasses of :class:`rangeshard.errors.RangeshardError`
     (the project's one error tree); foreign errors (httpx, kubernetes config
     loading, orjson) are translated where they occur with ``raise ... from e``.
-    :class:`ApiError` is what request handlers raise for a client-visible
-    failure; the HTTP layer renders it as a Kubernetes ``Status`` object.
+    :class:`ApiError` (shared with the local API server, from
+    :mod:`rangeshard.kubeapi`, re-exported here) is what request handlers
+    raise for a client-visible failure; the HTTP layer renders it as a
+    Kubernetes ``Status`` object.
 
 Invariants
     * Every :class:`ApiError` carries an HTTP code in the 4xx/5xx range and a
@@ -21,6 +23,18 @@ from __future__ import annotations
 from typing import Any
 
 from rangeshard.errors import RangeshardError
+from rangeshard.kubeapi import ApiError, bad_request, status_object
+
+__all__ = [
+    "ApiError",
+    "ProxyError",
+    "UpstreamError",
+    "UpstreamGone",
+    "UpstreamUnavailable",
+    "bad_request",
+    "gone",
+    "status_object",
+]
 
 
 class ProxyError(RangeshardError):
@@ -45,42 +59,6 @@ class UpstreamGone(UpstreamError):
 
     def __init__(self, message: str, status: dict[str, Any] | None = None) -> None:
         super().__init__(message, 410, status)
-
-
-class ApiError(ProxyError):
-    """A client-visible failure, rendered as a Kubernetes ``Status``."""
-
-    def __init__(self, code: int, reason: str, message: str, details: dict[str, Any] | None = None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.reason = reason
-        self.message = message
-        self.details = details
-
-    def status(self) -> dict[str, Any]:
-        """The ``Status`` object for this error."""
-        return status_object(self.code, self.reason, self.message, self.details)
-
-
-def status_object(code: int, reason: str, message: str, details: dict[str, Any] | None = None) -> dict[str, Any]:
-    """A Kubernetes ``meta/v1 Status`` of a failure."""
-    out: dict[str, Any] = {
-        "kind": "Status",
-        "apiVersion": "v1",
-        "metadata": {},
-        "status": "Failure",
-        "message": message,
-        "reason": reason,
-        "code": code,
-    }
-    if details:
-        out["details"] = details
-    return out
-
-
-def bad_request(message: str) -> ApiError:
-    """400 BadRequest."""
-    return ApiError(400, "BadRequest", message)
 
 
 def gone(message: str) -> ApiError:

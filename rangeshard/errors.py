@@ -13,7 +13,16 @@ The tree::
     ├── ConfigError                 bad configuration or CLI input (exit 2)
     ├── EtcdServerError             the embedded etcd server cannot start / stop
     ├── ControllerError             raised inside the controller framework
-    │   └── ReconcileTimeout        a reconcile reached its deadline (fencing or its own bound)
+    │   ├── ReconcileTimeout        a reconcile reached its deadline (fencing or its own bound)
+    │   └── Requeue                 (controller_manager.controller) reconcile again later
+    ├── ApiError                    (rangeshard.kubeapi) an HTTP failure answered as a Kubernetes Status
+    │   └── RequestTooLarge         a request body over the limit (413)
+    ├── ProxyError                  (range_filter_proxy.errors) the range filter proxy
+    │   ├── UpstreamError           the upstream API server answered with an error
+    │   │   ├── UpstreamUnavailable the upstream could not be reached
+    │   │   └── UpstreamGone        410: relist
+    │   └── ProxyProcessError       (range_filter_proxy.process) the proxy child did not start
+    ├── LocalApiServerError         (local_apiserver.process) the API server child did not start
     └── RegistryError               anything the etcd registry reports
         ├── RegistryUnavailable     etcd unreachable or too slow (retry later)
         ├── CompareFailed           a guarded transaction lost a race

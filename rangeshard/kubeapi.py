@@ -1,0 +1,212 @@
+"""Kubernetes API building blocks shared by the local API server and the range filter proxy.
+
+Purpose
+    Both HTTP servers speak the Kubernetes REST conventions; what they share
+    lives here once:
+
+    * :class:`ApiError` and :func:`status_object`: a failure answered as a
+      ``meta/v1 Status`` (code, reason, message, details);
+    * bearer-token files in kube-apiserver's ``--token-auth-file`` format
+      (CSV lines ``token,user,uid[,"group1,group2"]``): :func:`parse_token_file`,
+      :func:`load_token_file`, :class:`UserInfo`;
+    * :class:`BodyLimit`, the ASGI middleware answering ``413
+      RequestEntityTooLarge`` for a request body larger than the limit (3 MiB
+      by default, like kube-apiserver's ``MaxRequestBodyBytes``): at once
+      when ``Content-Length`` says so, otherwise as soon as a streamed body
+      crosses it (the handler reading it gets :class:`RequestTooLarge`).
+
+Invariants
+    * This module imports nothing of ours but :mod:`rangeshard.errors`
+      (import-linter contract), so both servers may use it.
+    * Tokens are never kept in clear (users are keyed by the SHA-256 of their
+      token), never logged and never part of an error message.
+    * A body is never read, buffered or forwarded past the limit.
+
+Concurrency model
+    Plain values and pure functions; the middleware is stateless per request.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from rangeshard.errors import ConfigError, RangeshardError
+
+Message = MutableMapping[str, Any]
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+# ---- Status ---------------------------------------------------------------------------------
+
+
+class ApiError(RangeshardError):
+    """A client-visible failure, answered as a Kubernetes ``Status`` (4xx/5xx ``code``, ``reason``)."""
+
+    def __init__(self, code: int, reason: str, message: str, details: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.reason = reason
+        self.message = message
+        self.details = details
+
+    def status(self) -> dict[str, Any]:
+        """The ``Status`` object for this error."""
+        return status_object(self.code, self.reason, self.message, self.details)
+
+
+def status_object(code: int, reason: str, message: str, details: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A Kubernetes ``meta/v1 Status`` of a failure (always ``kind: Status, apiVersion: v1``)."""
+    out: dict[str, Any] = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
+    if details:
+        out["details"] = details
+    return out
+
+
+def bad_request(message: str) -> ApiError:
+    """400 BadRequest."""
+    return ApiError(400, "BadRequest", message)
+
+
+# ---- token files ----------------------------------------------------------------------------
+
+#: The group every authenticated user is in.
+AUTHENTICATED = "system:authenticated"
+
+
+@dataclass(frozen=True)
+class UserInfo:
+    """An authenticated user, as a token file or a TokenReview tells it."""
+
+    username: str
+    uid: str = ""
+    groups: tuple[str, ...] = ()
+    extra: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``UserInfo`` of a ``TokenReview`` status."""
+        out: dict[str, Any] = {"username": self.username, "uid": self.uid, "groups": list(self.groups)}
+        if self.extra:
+            out["extra"] = {k: list(v) for k, v in self.extra}
+        return out
+
+
+def token_digest(token: str) -> str:
+    """The SHA-256 of a token: the only form in which tokens are kept."""
+    return hashlib.sha256(token.encode("utf-8", "surrogateescape")).hexdigest()
+
+
+def parse_token_file(text: str, source: str = "token file") -> dict[str, UserInfo]:
+    """Parse ``token,user,uid[,"g1,g2"]`` lines into users keyed by token digest.
+
+    ``#`` comment lines and blank lines are skipped; every user gets the group
+    ``system:authenticated``. Raises :class:`ConfigError` naming the line,
+    never the token.
+    """
+    users: dict[str, UserInfo] = {}
+    for lineno, row in enumerate(csv.reader(io.StringIO(text)), start=1):
+        if not row or not "".join(row).strip() or row[0].lstrip().startswith("#"):
+            continue
+        if len(row) < 3:
+            raise ConfigError(f"{source}:{lineno}: want token,user,uid[,groups], got {len(row)} field(s)")
+        token, user, uid = (f.strip() for f in row[:3])
+        if not token or not user:
+            raise ConfigError(f"{source}:{lineno}: token and user must not be empty")
+        groups = [g.strip() for g in row[3].split(",") if g.strip()] if len(row) > 3 else []
+        if AUTHENTICATED not in groups:
+            groups.append(AUTHENTICATED)
+        key = token_digest(token)
+        if key in users:
+            raise ConfigError(f"{source}:{lineno}: duplicate token (user {user!r})")
+        users[key] = UserInfo(user, uid, tuple(groups))
+    if not users:
+        raise ConfigError(f"{source}: no tokens")
+    return users
+
+
+def load_token_file(path: str) -> dict[str, UserInfo]:
+    """Read and parse a token file (:class:`ConfigError` if unreadable or malformed)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"--token-file {path}: cannot read: {getattr(e, 'strerror', None) or e}") from e
+    return parse_token_file(text, path)
+
+
+# ---- request body limit ---------------------------------------------------------------------
+
+#: kube-apiserver's limit of a request body (``MaxRequestBodyBytes``).
+DEFAULT_MAX_BODY_BYTES = 3 * 1024 * 1024
+
+
+class RequestTooLarge(ApiError):
+    """The request body is larger than the configured limit (413)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(413, "RequestEntityTooLarge", f"Request entity too large: limit is {limit}")
+
+
+async def send_status(send: Send, error: ApiError, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    """Send ``error`` as a complete JSON ``Status`` response."""
+    body = orjson.dumps(error.status())
+    await send(
+        {
+            "type": "http.response.start",
+            "status": error.code,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                *(headers or []),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+class BodyLimit:
+    """Reject request bodies larger than ``max_bytes`` with 413 (see module docstring)."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for key, value in scope.get("headers") or []:
+            if key.lower() == b"content-length":
+                text = bytes(value).decode("latin-1").strip()
+                if text.isdigit() and int(text) > self.max_bytes:
+                    await send_status(send, RequestTooLarge(self.max_bytes), [(b"connection", b"close")])
+                    return
+        seen = 0
+        limit = self.max_bytes
+
+        async def limited() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > limit:
+                    raise RequestTooLarge(limit)
+            return message
+
+        await self.app(scope, limited, send)
