@@ -29,7 +29,7 @@ from pathlib import Path
 import httpx
 
 from rangeshard.errors import RangeshardError
-from registry.server import terminate
+from registry.server import ManagedProcess
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-class LocalApiServerProcess:
+class LocalApiServerProcess(ManagedProcess):
     """One local API server child process (see module docstring)."""
 
     def __init__(
@@ -142,35 +142,6 @@ class LocalApiServerProcess:
         raise LocalApiServerError(
             f"local API server on {self.url} not ready after {timeout}s ({last}): {self.log_tail()}"
         )
-
-    @property
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    @property
-    def pid(self) -> int | None:
-        return self.proc.pid if self.proc is not None else None
-
-    def stop(self, grace: float = 10.0) -> None:
-        """SIGTERM, wait up to ``grace`` seconds, then SIGKILL."""
-        if self.proc is None:
-            return
-        terminate(self.proc, grace)
-        self.proc = None
-
-    def kill(self) -> None:
-        """SIGKILL without grace (fault injection)."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(5)
-        self.proc = None
-
-    def log_tail(self, lines: int = 20) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace").splitlines()
-        except OSError:
-            return "(no log)"
-        return " | ".join(text[-lines:])
 
     def __enter__(self) -> LocalApiServerProcess:
         return self.start()

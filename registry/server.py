@@ -14,6 +14,10 @@ Purpose
     is the matching client configuration. The defaults are unchanged: plain
     HTTP, no authentication.
 
+    :func:`terminate` and :class:`ManagedProcess` (pid, running, stop, kill,
+    log tail) are how every child process of ours is stopped: etcd here, the
+    local API server, the proxy and ``up``'s managers.
+
 Invariants
     * Binds only to the given host (127.0.0.1 by default).
     * The root password is never logged; it reaches ``etcdctl`` through its
@@ -72,6 +76,50 @@ def terminate(proc: subprocess.Popen[bytes], grace: float = 10.0) -> None:
             proc.wait(5)
 
 
+class ManagedProcess:
+    """A child process we started: ``pid``, ``running``, ``stop``, ``kill`` and the tail of its log.
+
+    Subclasses set ``proc`` when they start the process and ``log_path`` to
+    where its output goes; :meth:`stop` and :meth:`kill` are idempotent and
+    never leave a zombie.
+    """
+
+    proc: subprocess.Popen[bytes] | None
+    log_path: Path
+    #: Lines of the log quoted in error messages.
+    tail_lines = 20
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    def stop(self, grace: float = 10.0) -> None:
+        """SIGTERM, wait up to ``grace`` seconds, then SIGKILL."""
+        if self.proc is None:
+            return
+        terminate(self.proc, grace)
+        self.proc = None
+
+    def kill(self) -> None:
+        """SIGKILL without grace (fault injection)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(5)
+        self.proc = None
+
+    def log_tail(self, lines: int | None = None) -> str:
+        """The last lines of the process's log, on one line (for error messages)."""
+        try:
+            text = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return "(no log)"
+        return " | ".join(text[-(lines or self.tail_lines) :])
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A currently free TCP port on ``host``."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -109,7 +157,7 @@ class EtcdTLS:
     client_key_file: str | None = None
 
 
-class EtcdServer:
+class EtcdServer(ManagedProcess):
     """One etcd member process on loopback (see module docstring)."""
 
     def __init__(
@@ -251,32 +299,8 @@ class EtcdServer:
                 time.sleep(0.05)
         raise EtcdServerError(f"etcd on {self.url} not ready after {timeout}s ({last}): {self.log_tail()}")
 
-    @property
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    @property
-    def pid(self) -> int | None:
-        return self.proc.pid if self.proc is not None else None
-
     def stop(self, grace: float = 10.0) -> None:
         """SIGTERM, wait up to ``grace`` seconds, then SIGKILL."""
-        if self.proc is None:
-            return
-        terminate(self.proc, grace)
-        self.proc = None
-        log.info("etcd on %s stopped", self.url)
-
-    def kill(self) -> None:
-        """SIGKILL without grace (fault injection)."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(5)
-        self.proc = None
-
-    def log_tail(self, lines: int = 15) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace").splitlines()
-        except OSError:
-            return "(no log)"
-        return " | ".join(text[-lines:])
+        if self.proc is not None:
+            super().stop(grace)
+            log.info("etcd on %s stopped", self.url)
