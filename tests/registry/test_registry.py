@@ -375,3 +375,40 @@ def test_lease_keeper_reports_failure_deadline_and_loss(etcd_server_factory: Cal
             keeper.renew_once()
     finally:
         keeper.stop()
+
+
+def test_watch_rewatches_when_the_stream_ends_without_an_error(
+    etcd_config: EtcdConfig,
+    registry: Registry,
+    key_prefix: str,
+    leases: Callable[[int], int],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """pyetcd reports a stream that ended cleanly as ``None``; the watch must re-watch, not die."""
+    import registry.watch as watch_module  # noqa: PLC0415
+
+    clients: list[EtcdClient] = []
+
+    class Recorded(EtcdClient):
+        def __init__(self, config: EtcdConfig) -> None:
+            super().__init__(config)
+            clients.append(self)
+
+    monkeypatch.setattr(watch_module, "EtcdClient", Recorded)
+    views: list[RegistryView] = []
+    watch = MembershipWatch(etcd_config, views.append, controller_type=CT, prefix=key_prefix)
+    watch.start()
+    try:
+        assert watch.synced.wait(10)
+        # What pyetcd does when the server ends the stream with status OK: it calls every
+        # registered callback with None (pyetcd.watch.Watcher._run). etcd has no request
+        # that ends a stream that way on demand, so the callback is called as pyetcd would.
+        watcher = clients[-1].raw.watcher
+        wait_until(lambda: len(watcher._callbacks) == 1, 10, "the etcd watch to be created")
+        next(iter(watcher._callbacks.values()))(None)
+        wait_until(lambda: watch.restarts == 1, 10, "the watch to notice its stream ended")
+        registry.join(CT, "late", leases(30))
+        wait_until(lambda: views[-1].get(CT).get("late") is not None, 10, "a change after the re-watch")
+        assert watch.relists == 1 and len(clients) >= 2
+    finally:
+        watch.stop()
