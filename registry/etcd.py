@@ -347,20 +347,14 @@ class EtcdClient:
         username and password and retries the call once; pyetcd would keep
         sending the dead token forever.
         """
-        try:
-            return fn(*args, **kwargs)
-        except grpc.RpcError as e:
-            if not (self.config.username and _token_rejected(e)):
-                raise translate(e, what) from e
-            first = e
-        except etcd_exc.Etcd3Exception as e:
-            raise translate(e, what) from e
-        except ValueError as e:
-            if "failed node" in str(e):
-                raise translate(e, what) from e
-            raise
-        self.reauthenticate(first)
         with translated(what):
+            try:
+                return fn(*args, **kwargs)
+            except grpc.RpcError as e:
+                if not (self.config.username and _token_rejected(e)):
+                    raise
+                rejected = e
+            self.reauthenticate(rejected)
             return fn(*args, **kwargs)
 
     def reauthenticate(self, cause: BaseException | None = None) -> None:
