@@ -421,7 +421,8 @@ class WatchCache:
         self.rv = 0
         self.synced = asyncio.Event()
         self.watchers: dict[int, Watcher] = {}
-        self._progress = asyncio.Event()
+        #: Set (and dropped) when ``rv`` advances; created only while somebody waits for it.
+        self._progress: asyncio.Event | None = None
         #: ``watchers``' values, rebuilt when one is added or removed (not copied per event).
         self._dispatch_to: tuple[Watcher, ...] = ()
         self._task: asyncio.Task[None] | None = None
@@ -547,13 +548,12 @@ class WatchCache:
         ev = CachedEvent.of(event.type, cur.rv, cur, prev, received)
         self.rv = max(self.rv, cur.rv)
         self.history.append(ev)
-        self._evict()
+        self._evict(received)
         self._dispatch(ev)
         self._notify_progress()
 
-    def _evict(self) -> None:
+    def _evict(self, now: float) -> None:
         s = self.settings
-        now = time.monotonic()
         while self.history and (
             len(self.history) > s.history_hard_cap
             or (len(self.history) > s.history_events and now - self.history[0].received > s.history_seconds)
@@ -581,8 +581,9 @@ class WatchCache:
         stats.events_filtered += filtered
 
     def _notify_progress(self) -> None:
-        self._progress.set()
-        self._progress = asyncio.Event()
+        if self._progress is not None:
+            self._progress.set()
+            self._progress = None
 
     # ---- reading ----------------------------------------------------------------------------
 
@@ -605,6 +606,8 @@ class WatchCache:
             remaining = deadline - loop.time()
             if remaining <= 0:
                 return False
+            if self._progress is None:
+                self._progress = asyncio.Event()
             try:
                 await asyncio.wait_for(self._progress.wait(), timeout=remaining)
             except TimeoutError:
