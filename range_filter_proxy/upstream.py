@@ -353,8 +353,9 @@ class HttpUpstream:
                     for line in lines:
                         if line.strip():
                             yield decode_watch_line(line, what)
-                if pending and b"".join(pending).strip():
-                    yield decode_watch_line(b"".join(pending), what)
+                last = b"".join(pending)
+                if last.strip():
+                    yield decode_watch_line(last, what)
         except httpx.HTTPError as e:
             raise UpstreamUnavailable(f"watch {gvr}: {e!r}") from e
 
