@@ -48,13 +48,14 @@ import orjson
 
 from bench.common import percentile, stored_pod
 from bench.fanout import equal_ranges
-from bench.feed import POD_INFO
+from bench.feed import POD_INFO, FeedUpstream, PodsUpstream
 from hashing import UID_PATH, parse_shard_selector, range_to_selector
 from range_filter_proxy import create_app
-from range_filter_proxy.cache import CachedObject, WatchFilter
-from range_filter_proxy.errors import UpstreamError
-from range_filter_proxy.resources import GVR, ResourceInfo
-from range_filter_proxy.upstream import ListResult, WatchEvent
+from range_filter_proxy.cache import CachedObject, CacheSettings, WatchCache, WatchFilter
+from range_filter_proxy.heap import HeapKeeper, HeapSettings
+from range_filter_proxy.metrics import ProxyMetrics
+from range_filter_proxy.resources import GVR
+from range_filter_proxy.upstream import ListResult, WatchEvent, decode_watch_line
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +65,7 @@ KEEPER_EVERY = 2500
 NAMESPACES = 20
 
 
-class StaticUpstream:
+class StaticUpstream(PodsUpstream):
     """An :class:`~range_filter_proxy.upstream.Upstream` whose pods never change (watch only waits)."""
 
     def __init__(self, pods: list[dict[str, Any]], rv: int) -> None:
@@ -72,19 +73,8 @@ class StaticUpstream:
         self.rv = rv
         self._stop = asyncio.Event()
 
-    async def discover(self, group: str, version: str) -> dict[str, ResourceInfo]:
-        if group == "" and version == "v1":
-            return {"pods": POD_INFO}
-        raise UpstreamError(f"no group/version {group}/{version}", 404)
-
-    async def preferred_version(self, group: str) -> str:
-        return "v1"
-
     async def list(self, gvr: GVR, params: Mapping[str, str] | None = None) -> ListResult:
         return ListResult(self.pods, str(self.rv))
-
-    async def current_resource_version(self, gvr: GVR) -> str:
-        return str(self.rv)
 
     async def watch(self, gvr: GVR, resource_version: str) -> AsyncIterator[WatchEvent]:
         # A quiet upstream: one bookmark (so consistent reads find the cache fresh), then nothing.
@@ -214,12 +204,6 @@ def memory_per_object(n: int) -> dict[str, Any]:
 
 def gc_pauses(events: int, keeper: bool) -> dict[str, Any]:
     """Collector pauses while ``events`` events fill a cache's history (see module docstring)."""
-    from bench.feed import FeedUpstream  # noqa: PLC0415
-    from range_filter_proxy.cache import CacheSettings, WatchCache  # noqa: PLC0415
-    from range_filter_proxy.heap import HeapKeeper, HeapSettings  # noqa: PLC0415
-    from range_filter_proxy.metrics import ProxyMetrics  # noqa: PLC0415
-    from range_filter_proxy.upstream import decode_watch_line  # noqa: PLC0415
-
     pauses: list[tuple[int, float]] = []
     started = [0.0]
 
@@ -235,13 +219,10 @@ def gc_pauses(events: int, keeper: bool) -> dict[str, Any]:
         cache.replace(await feed.list(POD_INFO.gvr))
         heap = HeapKeeper(HeapSettings())
         passes: list[float] = []
-        rv = cache.rv
         gc.callbacks.append(on_gc)
         try:
             for i in range(events):
-                rv += 1
-                head, mid, tail = feed.templates[i % len(feed.templates)]
-                cache.apply(decode_watch_line(head + str(rv).encode() + mid + b"0" + tail, "bench"))
+                cache.apply(decode_watch_line(feed.next_line(), "bench"))
                 if keeper and i % KEEPER_EVERY == KEEPER_EVERY - 1:
                     passes.append(heap.run_pass())
         finally:

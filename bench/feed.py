@@ -44,6 +44,7 @@ from urllib.parse import parse_qs
 import orjson
 
 from bench.common import stored_pod
+from range_filter_proxy.errors import UpstreamError
 from range_filter_proxy.resources import GVR, ResourceInfo
 from range_filter_proxy.upstream import ListResult, WatchEvent, decode_watch_line
 
@@ -76,7 +77,48 @@ def _template(pod: dict[str, Any]) -> tuple[bytes, bytes, bytes]:
     return head + b'"', b'"' + mid + b'"', b'"' + tail
 
 
-class FeedUpstream:
+async def paced(rate: float, count: int, batch: int) -> AsyncIterator[int]:
+    """Pace ``count`` events at ``rate`` per second: at each wake-up, yield how many are due.
+
+    Sleeps until the next event is due; when behind, up to ``batch`` due events
+    go out per wake-up (as if they had arrived in one socket read); yields to
+    the event loop between wake-ups, so the emitter never starves it.
+    """
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    i = 0
+    while i < count:
+        ahead = t0 + i / rate - loop.time()
+        if ahead > 0.0005:
+            await asyncio.sleep(ahead)
+        limit = loop.time() + 0.0005
+        n = 0
+        while n < batch and i + n < count and t0 + (i + n) / rate <= limit:
+            n += 1
+        if n:
+            i += n
+            yield n
+        await asyncio.sleep(0)
+
+
+class PodsUpstream:
+    """The discovery half of an in-memory :class:`~range_filter_proxy.upstream.Upstream` of pods at ``rv``."""
+
+    rv: int
+
+    async def discover(self, group: str, version: str) -> dict[str, ResourceInfo]:
+        if group == "" and version == "v1":
+            return {"pods": POD_INFO}
+        raise UpstreamError(f"no group/version {group}/{version}", 404)
+
+    async def preferred_version(self, group: str) -> str:
+        return "v1"
+
+    async def current_resource_version(self, gvr: GVR) -> str:
+        return str(self.rv)
+
+
+class FeedUpstream(PodsUpstream):
     """In-memory :class:`~range_filter_proxy.upstream.Upstream` of pods with rate-controlled bursts."""
 
     def __init__(self, objects: int) -> None:
@@ -93,25 +135,11 @@ class FeedUpstream:
 
     # ---- Upstream protocol ----------------------------------------------------------------
 
-    async def discover(self, group: str, version: str) -> dict[str, ResourceInfo]:
-        from range_filter_proxy.errors import UpstreamError  # noqa: PLC0415
-
-        if group == "" and version == "v1":
-            return {"pods": POD_INFO}
-        raise UpstreamError(f"no group/version {group}/{version}", 404)
-
-    async def preferred_version(self, group: str) -> str:
-        return "v1"
-
     async def list(self, gvr: GVR, params: Mapping[str, str] | None = None) -> ListResult:
         return ListResult([orjson.loads(orjson.dumps(p)) for p in self.pods], str(self.rv))
 
-    async def current_resource_version(self, gvr: GVR) -> str:
-        return str(self.rv)
-
     async def watch(self, gvr: GVR, resource_version: str) -> AsyncIterator[WatchEvent]:
         loop = asyncio.get_running_loop()
-        n = len(self.templates)
         for _ in range(MAX_WAITS):
             try:
                 # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancellation.
@@ -126,26 +154,21 @@ class FeedUpstream:
             t0 = loop.time()
             burst["started"] = time.time()
             i = 0
-            while i < count:
-                due = t0 + i / rate
-                ahead = due - loop.time()
-                if ahead > 0.0005:
-                    await asyncio.sleep(ahead)
-                for _ in range(min(CHUNK, count - i)):
-                    # Only events already due go out in this chunk.
-                    if t0 + i / rate > loop.time() + 0.0005:
-                        break
-                    self.rv += 1
-                    head, mid, tail = self.templates[self.emitted % n]
-                    line = head + str(self.rv).encode() + mid + repr(time.time()).encode() + tail
-                    event = decode_watch_line(line, "feed")
-                    self.emitted += 1
+            async for due in paced(rate, count, CHUNK):
+                for _ in range(due):
+                    event = decode_watch_line(self.next_line(), "feed")
                     i += 1
                     burst["emitted"] = i
                     yield event
-                await asyncio.sleep(0)
             burst["elapsed"] = loop.time() - t0
             burst["done"] = True
+
+    def next_line(self) -> bytes:
+        """The next watch line (no newline): the next pod in turn, the next resourceVersion, sent now."""
+        self.rv += 1
+        head, mid, tail = self.templates[self.emitted % len(self.templates)]
+        self.emitted += 1
+        return head + str(self.rv).encode() + mid + repr(time.time()).encode() + tail
 
     # ---- control ----------------------------------------------------------------------------
 

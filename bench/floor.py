@@ -26,9 +26,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-import time
 
-from bench.feed import FeedUpstream
+from bench.feed import FeedUpstream, paced
 
 
 async def _serve(rate: float, count: int, watchers: int) -> None:
@@ -49,24 +48,13 @@ async def _serve(rate: float, count: int, watchers: int) -> None:
     sys.stdout.flush()
     async with asyncio.timeout(30):
         await connected.wait()
-    templates = FeedUpstream(1024).templates
-    loop = asyncio.get_running_loop()
-    t0 = loop.time()
+    feed = FeedUpstream(1024)
     i = 0
-    rv = 1000
-    while i < count:
-        ahead = t0 + i / rate - loop.time()
-        if ahead > 0.0005:
-            await asyncio.sleep(ahead)
-        for _ in range(min(48, count - i)):
-            if t0 + i / rate > loop.time() + 0.0005:
-                break
-            rv += 1
-            head, mid, tail = templates[i % len(templates)]
-            line = head + str(rv).encode() + mid + repr(time.time()).encode() + tail + b"\n"
+    async for due in paced(rate, count, 48):
+        for _ in range(due):
+            line = feed.next_line() + b"\n"
             writers[i % watchers].write(b"%x\r\n%s\r\n" % (len(line), line))
             i += 1
-        await asyncio.sleep(0)
     for w in writers:
         w.write(b"0\r\n\r\n")
         await w.drain()

@@ -78,10 +78,7 @@ _SENT_KEY = b'"' + SENT_ANNOTATION.encode() + b'":"'
 
 def _lines(objects: int) -> list[bytes]:
     feed = FeedUpstream(objects)
-    out = []
-    for i, (head, mid, tail) in enumerate(feed.templates):
-        out.append(head + str(2000 + i).encode() + mid + repr(time.time()).encode() + tail)
-    return out
+    return [feed.next_line() for _ in range(objects)]
 
 
 def bare_loop(seconds: float, objects: int = 1024) -> dict[str, Any]:
@@ -124,15 +121,11 @@ def in_process(events: int, objects: int = 1024) -> dict[str, Any]:
             )
             for r in equal_ranges(WATCHERS)
         ]
-        rv = cache.rv
-        templates = feed.templates
         delivered = 0
         t0 = time.perf_counter()
         cpu0 = time.process_time()
         for i in range(events):
-            rv += 1
-            head, mid, tail = templates[i % len(templates)]
-            cache.apply(decode_watch_line(head + str(rv).encode() + mid + repr(time.time()).encode() + tail, "feed"))
+            cache.apply(decode_watch_line(feed.next_line(), "feed"))
             if i % 256 == 255:
                 for w in watchers:
                     delivered += len(w.live)

@@ -34,13 +34,12 @@ import argparse
 import asyncio
 import contextlib
 import sys
-import time
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import orjson
 
-from bench.feed import FeedUpstream
+from bench.feed import FeedUpstream, paced
 
 _MAX_REQUESTS_PER_CONNECTION = 1_000_000
 _MAX_WAITS = 10_000
@@ -119,7 +118,6 @@ class FakeApiServer:
         self.watches += 1
         feed = self.feed
         loop = asyncio.get_running_loop()
-        n = len(feed.templates)
         try:
             for _ in range(_MAX_WAITS):
                 with contextlib.suppress(TimeoutError):
@@ -133,24 +131,12 @@ class FakeApiServer:
                 count = int(burst["count"])
                 t0 = loop.time()
                 i = 0
-                while i < count:
-                    ahead = t0 + i / rate - loop.time()
-                    if ahead > 0.0005:
-                        await asyncio.sleep(ahead)
-                    parts: list[bytes] = []
-                    while i < count and t0 + i / rate <= loop.time() + 0.0005 and len(parts) < 256:
-                        feed.rv += 1
-                        head, mid, tail = feed.templates[feed.emitted % n]
-                        parts.append(head + str(feed.rv).encode() + mid + repr(time.time()).encode() + tail + b"\n")
-                        feed.emitted += 1
-                        i += 1
-                    if parts:
-                        data = b"".join(parts)
-                        writer.write(b"%x\r\n%s\r\n" % (len(data), data))
-                        burst["emitted"] = i
-                        await writer.drain()
-                    else:
-                        await asyncio.sleep(0)
+                async for due in paced(rate, count, 256):
+                    data = b"".join(feed.next_line() + b"\n" for _ in range(due))
+                    writer.write(b"%x\r\n%s\r\n" % (len(data), data))
+                    i += due
+                    burst["emitted"] = i
+                    await writer.drain()
                 burst["elapsed"] = loop.time() - t0
                 burst["done"] = True
         finally:
