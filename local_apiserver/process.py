@@ -100,22 +100,8 @@ class LocalApiServerProcess(ManagedProcess):
         """Spawn the server and wait until ``/readyz`` answers 200."""
         if self.running:
             return self
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        logf = open(self.log_path, "ab")  # noqa: SIM115 (the child keeps it)
-        try:
-            self.proc = subprocess.Popen(
-                self.command(),
-                stdout=logf,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-                env={**os.environ, **self.env} if self.env else None,
-            )
-        except OSError as e:
-            raise LocalApiServerError(f"cannot start the local API server: {e}") from e
-        finally:
-            logf.close()
-        log.info("local API server starting on %s (pid %s)", self.url, self.proc.pid)
+        pid = self._spawn(self.command(), LocalApiServerError, "the local API server", self.env)
+        log.info("local API server starting on %s (pid %s)", self.url, pid)
         self.wait_ready(timeout)
         return self
 

@@ -89,6 +89,31 @@ class ManagedProcess:
     #: Lines of the log quoted in error messages.
     tail_lines = 20
 
+    def _spawn(
+        self, command: list[str], error: type[RangeshardError], what: str, env: dict[str, str] | None = None
+    ) -> int:
+        """Start ``command`` in its own session, output appended to ``log_path``; return its pid.
+
+        ``env`` entries are added to this process's environment; a failure to
+        start raises ``error("cannot start WHAT: ...")``.
+        """
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        logf = open(self.log_path, "ab")  # noqa: SIM115 (the child keeps its own descriptor)
+        try:
+            self.proc = subprocess.Popen(
+                command,
+                stdout=logf,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                env={**os.environ, **env} if env else None,
+            )
+        except OSError as e:
+            raise error(f"cannot start {what}: {e}") from e
+        finally:
+            logf.close()
+        return self.proc.pid
+
     @property
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -266,21 +291,8 @@ class EtcdServer(ManagedProcess):
         if self.running:
             return
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        logf = open(self.log_path, "ab")  # noqa: SIM115 (the child keeps it)
-        try:
-            self.proc = subprocess.Popen(
-                self.command(),
-                stdout=logf,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        except OSError as e:
-            raise EtcdServerError(f"cannot start etcd: {e}") from e
-        finally:
-            logf.close()
-        log.info("etcd starting on %s (data %s, pid %s)", self.url, self.data_dir, self.proc.pid)
+        pid = self._spawn(self.command(), EtcdServerError, "etcd")
+        log.info("etcd starting on %s (data %s, pid %s)", self.url, self.data_dir, pid)
         self.wait_ready(timeout)
 
     def wait_ready(self, timeout: float = 30.0) -> None:
