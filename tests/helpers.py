@@ -1,9 +1,13 @@
-"""Small test utilities shared by the suites (polling with a deadline, never bare sleeps)."""
+"""Small test utilities shared by the suites (polling with a deadline, never bare sleeps; the CLI as a child)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -21,3 +25,22 @@ def wait_until(
         time.sleep(interval)
         last = predicate()
     return last
+
+
+def run_cli(
+    args: Sequence[str], log: Path, *, new_session: bool = False, env: Mapping[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """Start ``python -m rangeshard.cli.main ARGS`` with stdout and stderr appended to ``log``.
+
+    ``new_session`` puts it in its own process group (so a test can signal
+    the group); ``env`` entries are added to this process's environment.
+    """
+    with open(log, "ab") as logf:
+        return subprocess.Popen(
+            [sys.executable, "-m", "rangeshard.cli.main", *args],
+            stdout=logf,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=new_session,
+            env={**os.environ, **env} if env else None,
+        )

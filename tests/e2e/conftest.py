@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ from controller_manager.audit import find_overlaps, read_records
 from local_apiserver.process import LocalApiServerProcess
 from range_filter_proxy.process import ProxyProcess
 from registry import EtcdClient, EtcdConfig, EtcdServer, Registry, Snapshot
+from tests.helpers import run_cli
 
 LEASE_TTL = 4
 RECONCILE_TIMEOUT = 1.0
@@ -89,27 +89,14 @@ class Cluster:
         path.write_text(yaml.safe_dump(cfg))
         audit = self.workdir / f"{name}.audit.jsonl"
         log = self.workdir / f"{name}.log"
-        with open(log, "ab") as logf:
-            proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "rangeshard.cli.main",
-                    "--log-level",
-                    "info",
-                    "controller-manager",
-                    "--config",
-                    str(path),
-                    "--audit-log",
-                    str(audit),
-                    "--instance-prefix",
-                    name,
-                ],
-                stdout=logf,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
+        proc = run_cli(
+            [
+                *("--log-level", "info", "controller-manager"),
+                *("--config", str(path), "--audit-log", str(audit), "--instance-prefix", name),
+            ],
+            log,
+            new_session=True,
+        )
         m = Manager(name, proc, path, audit, log)
         self.managers.append(m)
         return m

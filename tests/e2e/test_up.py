@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 from registry import free_port
-from tests.helpers import wait_until
+from tests.helpers import run_cli, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -27,32 +25,15 @@ def test_up_demo_kubectl_and_clean_stop(tmp_path: Path) -> None:
     ports = [free_port() for _ in range(3)]
     state = tmp_path / "state"
     out = tmp_path / "up.out"
-    with open(out, "wb") as outf:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "rangeshard.cli.main",
-                "up",
-                "--demo",
-                "--managers",
-                "2",
-                "--state-dir",
-                str(state),
-                "--config",
-                str(REPO / "config" / "local.yaml"),
-                "--etcd-port",
-                str(ports[0]),
-                "--apiserver-port",
-                str(ports[1]),
-                "--proxy-port",
-                str(ports[2]),
-            ],
-            stdout=outf,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env={**os.environ, "COLUMNS": "200"},
-        )
+    proc = run_cli(
+        [
+            *("up", "--demo", "--managers", "2", "--state-dir", str(state)),
+            *("--config", str(REPO / "config" / "local.yaml")),
+            *("--etcd-port", str(ports[0]), "--apiserver-port", str(ports[1]), "--proxy-port", str(ports[2])),
+        ],
+        out,
+        env={"COLUMNS": "200"},
+    )
     try:
         wait_until(lambda: "demo: namespace" in out.read_text(), 120, "up to be ready and create the demo")
         kubeconfig = state / "kubeconfig"

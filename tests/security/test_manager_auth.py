@@ -9,8 +9,6 @@ verifies the proxy with ``proxy.caCert``.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +18,7 @@ from kubernetes import client as k8s
 from local_apiserver.process import LocalApiServerProcess
 from range_filter_proxy.process import ProxyProcess
 from registry import EtcdServer
-from tests.helpers import wait_until
+from tests.helpers import run_cli, wait_until
 from tests.security.certs import Pki
 from tests.security.conftest import Tokens
 
@@ -79,24 +77,9 @@ def test_manager_reconciles_through_a_delegating_https_proxy(
         )
     )
     log = tmp_path / "manager.log"
-    with open(log, "wb") as logf:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "rangeshard.cli.main",
-                "--log-level",
-                "debug",
-                "controller-manager",
-                "--config",
-                str(config),
-                "--instance-prefix",
-                "authz",
-            ],
-            stdout=logf,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-        )
+    proc = run_cli(
+        ["--log-level", "debug", "controller-manager", "--config", str(config), "--instance-prefix", "authz"], log
+    )
     try:
 
         def converged() -> bool:
@@ -129,24 +112,9 @@ def test_manager_without_token_is_refused(
         )
     )
     log = tmp_path / "manager.log"
-    with open(log, "wb") as logf:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "rangeshard.cli.main",
-                "--log-level",
-                "info",
-                "controller-manager",
-                "--config",
-                str(config),
-                "--instance-prefix",
-                "noauth",
-            ],
-            stdout=logf,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-        )
+    proc = run_cli(
+        ["--log-level", "info", "controller-manager", "--config", str(config), "--instance-prefix", "noauth"], log
+    )
     try:
         wait_until(lambda: "API error 401" in log.read_text(errors="replace"), 30, "the informer's 401")
     finally:
