@@ -207,7 +207,7 @@ async def _watch(url: str, params: dict[str, str], stats: _Client) -> None:
 
 async def _http_steps(
     url: str, pid: int, rates: list[int], step_seconds: float, control_url: str | None = None
-) -> tuple[list[dict[str, Any]], str]:
+) -> list[dict[str, Any]]:
     """Ramp the offered rate through the proxy at ``url``; bursts are started at ``control_url`` (the feed)."""
     control = control_url or url
     steps: list[dict[str, Any]] = []
@@ -307,7 +307,7 @@ async def _http_steps(
             for t in tasks:
                 with contextlib.suppress(BaseException):
                     await t
-    return steps, ""
+    return steps
 
 
 def _run_loop(coro: Coroutine[Any, Any, _T]) -> _T:
@@ -340,20 +340,25 @@ def _pinned(server_pid: int, *client_side: int) -> Iterator[None]:
         os.sched_setaffinity(0, own)
 
 
+def _spawn_printing_port(args: list[str]) -> tuple[subprocess.Popen[bytes], int]:
+    """Start ``python -m ARGS``, a server of ours that prints its port on its first stdout line."""
+    proc = subprocess.Popen([sys.executable, "-m", *args], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    line = proc.stdout.readline() if proc.stdout is not None else b""
+    if not line.strip().isdigit():
+        proc.kill()
+        proc.wait(5)
+        raise RuntimeError(f"{args[0]} did not start")
+    return proc, int(line)
+
+
 def socket_floor(rate: int, seconds: float) -> dict[str, Any]:
     """Latency of the same lines to the same 16 clients from a sender that does nothing else (bench.floor)."""
     count = max(1, int(rate * seconds))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "bench.floor", "--rate", str(rate), "--count", str(count), "--watchers", str(WATCHERS)],
-        stdout=subprocess.PIPE,
-        stdin=subprocess.DEVNULL,
+    proc, port = _spawn_printing_port(
+        ["bench.floor", "--rate", str(rate), "--count", str(count), "--watchers", str(WATCHERS)]
     )
     clients = [_Client() for _ in range(WATCHERS)]
     try:
-        line = proc.stdout.readline() if proc.stdout is not None else b""
-        port = int(line) if line.strip().isdigit() else 0
-        if not port:
-            raise RuntimeError("bench.floor did not start")
 
         async def go() -> None:
             tasks = [asyncio.create_task(_watch(f"http://127.0.0.1:{port}/floor", {}, c)) for c in clients]
@@ -383,16 +388,9 @@ def real_upstream(rates: list[int], step_seconds: float, workdir: Path, objects:
 
     The proxy gets one core; the upstream server and the 16 clients share the other.
     """
-    upstream = subprocess.Popen(
-        [sys.executable, "-m", "bench.upstream_server", "--objects", str(objects)],
-        stdout=subprocess.PIPE,
-        stdin=subprocess.DEVNULL,
-    )
+    upstream, port = _spawn_printing_port(["bench.upstream_server", "--objects", str(objects)])
     try:
-        line = upstream.stdout.readline() if upstream.stdout is not None else b""
-        if not line.strip().isdigit():
-            raise RuntimeError("bench.upstream_server did not start")
-        upstream_url = f"http://127.0.0.1:{int(line)}"
+        upstream_url = f"http://127.0.0.1:{port}"
         proxy = ProxyProcess(
             upstream_url,
             resources=["pods"],
@@ -405,7 +403,7 @@ def real_upstream(rates: list[int], step_seconds: float, workdir: Path, objects:
             if pid is None:
                 raise RuntimeError("the proxy exited right after start")
             with _pinned(pid, upstream.pid):
-                steps, _ = _run_loop(_http_steps(proxy.url, pid, rates, step_seconds, control_url=upstream_url))
+                steps = _run_loop(_http_steps(proxy.url, pid, rates, step_seconds, control_url=upstream_url))
         finally:
             proxy.stop()
     finally:
@@ -443,7 +441,7 @@ def http(rates: list[int], step_seconds: float, workdir: Path, objects: int = 10
 
         wait_for(ready, 30, "the feed proxy to be ready", 0.05)
         with _pinned(proc.pid):
-            steps, _ = _run_loop(_http_steps(url, proc.pid, rates, step_seconds))
+            steps = _run_loop(_http_steps(url, proc.pid, rates, step_seconds))
     finally:
         if proc.poll() is None:
             proc.terminate()
