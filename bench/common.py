@@ -290,8 +290,7 @@ class BenchCluster:
 
     @property
     def proxy_pid(self) -> int | None:
-        proc = self.proxy._proc if self.proxy is not None else None  # our own child process
-        return proc.pid if proc is not None else None
+        return self.proxy.pid if self.proxy is not None else None
 
     def stop(self) -> None:
         """Stop every process this cluster started (reverse order; idempotent)."""

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,19 +28,13 @@ from pathlib import Path
 import httpx
 
 from rangeshard.errors import RangeshardError
-from registry.server import ManagedProcess
+from registry.server import ManagedProcess, free_port
 
 log = logging.getLogger(__name__)
 
 
 class LocalApiServerError(RangeshardError):
     """The local API server process could not be started or stopped."""
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 class LocalApiServerProcess(ManagedProcess):
@@ -100,8 +93,8 @@ class LocalApiServerProcess(ManagedProcess):
         """Spawn the server and wait until ``/readyz`` answers 200."""
         if self.running:
             return self
-        pid = self._spawn(self.command(), LocalApiServerError, "the local API server", self.env)
-        log.info("local API server starting on %s (pid %s)", self.url, pid)
+        proc = self._spawn(self.command(), LocalApiServerError, "the local API server", self.env)
+        log.info("local API server starting on %s (pid %s)", self.url, proc.pid)
         self.wait_ready(timeout)
         return self
 

@@ -18,33 +18,27 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import IO
 
 import httpx
 
 from range_filter_proxy.errors import ProxyError
-from registry.server import terminate
+from registry.server import ManagedProcess, free_port
 
 
 class ProxyProcessError(ProxyError):
     """The proxy process could not be started or did not become ready."""
 
 
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+class ProxyProcess(ManagedProcess):
+    """A proxy child process in front of ``upstream_url`` (``pid``, ``stop``, ``kill``: :class:`ManagedProcess`)."""
 
-
-class ProxyProcess:
-    """A proxy child process in front of ``upstream_url``."""
+    tail_lines = 30
 
     def __init__(
         self,
@@ -70,37 +64,27 @@ class ProxyProcess:
         self.tls_key = str(tls_key) if tls_key is not None else None
         self.env = dict(env or {})
         self.host = host
-        self.port = port or _free_port(host)
+        self.port = port or free_port(host)
         self.resources = list(resources or [])
         self.log_file = Path(log_file) if log_file is not None else None
         self.extra_args = list(extra_args)
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._log: IO[bytes] | None = None
-        self._log_path: Path | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
+        # Without log_file, start() picks a fresh temporary file.
+        self.log_path = self.log_file or Path(tempfile.gettempdir()) / "range-filter-proxy.log"
 
     @property
     def url(self) -> str:
         """Base URL clients point at."""
         return f"{'https' if self.tls_cert else 'http'}://{self.host}:{self.port}"
 
-    @property
-    def pid(self) -> int | None:
-        """The process id while the proxy runs (``None`` before ``start`` and after it ended)."""
-        if self._proc is None or self._proc.poll() is not None:
-            return None
-        return self._proc.pid
-
     def start(self, timeout: float = 30.0) -> None:
         """Start the process and wait until ``/readyz`` answers 200."""
-        if self._proc is not None and self._proc.poll() is None:
+        if self.running:
             return
-        if self.log_file is not None:
-            self._log_path = self.log_file
-        else:
+        if self.log_file is None:
             fd, name = tempfile.mkstemp(prefix="range-filter-proxy-", suffix=".log")
             os.close(fd)
-            self._log_path = Path(name)
-        self._log = self._log_path.open("ab")
+            self.log_path = Path(name)
         cmd = [sys.executable, "-m", "range_filter_proxy"]
         if self.kubeconfig is not None:
             cmd += ["--kubeconfig", self.kubeconfig]
@@ -117,57 +101,24 @@ class ProxyProcess:
         if self.resources:
             cmd += ["--resources", ",".join(self.resources)]
         cmd += self.extra_args
-        self._proc = subprocess.Popen(
-            cmd,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env={**os.environ, **self.env} if self.env else None,
-        )
+        proc = self._spawn(cmd, ProxyProcessError, "the proxy", self.env, new_session=False)
         deadline = time.monotonic() + timeout
         # A readiness probe of our own child on loopback: no data is sent, so a
         # (possibly self-signed) certificate is not verified here.
         with httpx.Client(timeout=2.0, verify=False) as client:  # noqa: S501
             while True:
-                if self._proc.poll() is not None:
-                    tail = self._tail()
-                    self._cleanup()
-                    raise ProxyProcessError(f"proxy exited with code {self._proc.returncode}:\n{tail}")
+                if proc.poll() is not None:
+                    tail = self.log_tail()
+                    self.proc = None
+                    raise ProxyProcessError(f"proxy exited with code {proc.returncode}: {tail}")
                 with contextlib.suppress(httpx.HTTPError):
                     if client.get(self.url + "/readyz").status_code == 200:
                         return
                 if time.monotonic() > deadline:
-                    tail = self._tail()
+                    tail = self.log_tail()
                     self.kill()
-                    raise ProxyProcessError(f"proxy not ready after {timeout:.0f}s:\n{tail}")
+                    raise ProxyProcessError(f"proxy not ready after {timeout:.0f}s: {tail}")
                 time.sleep(0.05)  # polling interval while waiting for readiness
-
-    def _tail(self, lines: int = 30) -> str:
-        if self._log_path is None or not self._log_path.exists():
-            return ""
-        return "\n".join(self._log_path.read_text(errors="replace").splitlines()[-lines:])
-
-    def _cleanup(self) -> None:
-        if self._log is not None:
-            self._log.close()
-            self._log = None
-
-    def stop(self, grace: float = 10.0) -> None:
-        """SIGTERM, then SIGKILL after ``grace`` seconds (idempotent)."""
-        if self._proc is None:
-            return
-        terminate(self._proc, grace)
-        self._cleanup()
-
-    def kill(self) -> None:
-        """SIGKILL now (idempotent)."""
-        proc = self._proc
-        if proc is None:
-            return
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        self._cleanup()
 
     def __enter__(self) -> ProxyProcess:
         self.start()

@@ -39,6 +39,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -90,9 +91,15 @@ class ManagedProcess:
     tail_lines = 20
 
     def _spawn(
-        self, command: list[str], error: type[RangeshardError], what: str, env: dict[str, str] | None = None
-    ) -> int:
-        """Start ``command`` in its own session, output appended to ``log_path``; return its pid.
+        self,
+        command: list[str],
+        error: type[RangeshardError],
+        what: str,
+        env: Mapping[str, str] | None = None,
+        *,
+        new_session: bool = True,
+    ) -> subprocess.Popen[bytes]:
+        """Start ``command`` (in its own session by default), output appended to ``log_path``; return it.
 
         ``env`` entries are added to this process's environment; a failure to
         start raises ``error("cannot start WHAT: ...")``.
@@ -105,14 +112,14 @@ class ManagedProcess:
                 stdout=logf,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                start_new_session=True,
+                start_new_session=new_session,
                 env={**os.environ, **env} if env else None,
             )
         except OSError as e:
             raise error(f"cannot start {what}: {e}") from e
         finally:
             logf.close()
-        return self.proc.pid
+        return self.proc
 
     @property
     def running(self) -> bool:
@@ -291,8 +298,8 @@ class EtcdServer(ManagedProcess):
         if self.running:
             return
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        pid = self._spawn(self.command(), EtcdServerError, "etcd")
-        log.info("etcd starting on %s (data %s, pid %s)", self.url, self.data_dir, pid)
+        proc = self._spawn(self.command(), EtcdServerError, "etcd")
+        log.info("etcd starting on %s (data %s, pid %s)", self.url, self.data_dir, proc.pid)
         self.wait_ready(timeout)
 
     def wait_ready(self, timeout: float = 30.0) -> None:

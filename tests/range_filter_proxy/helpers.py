@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any, ParamSpec, TypeVar
 
 import orjson
 import uvicorn
+
+from registry import free_port
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -45,12 +46,6 @@ async def eventually(predicate: Callable[[], bool | Awaitable[bool]], timeout: f
         if loop.time() > deadline:
             raise AssertionError(f"condition not met within {timeout}s: {what or predicate}")
         await asyncio.sleep(0.01)  # poll interval
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextlib.asynccontextmanager
