@@ -46,7 +46,7 @@ import httpx
 
 from local_apiserver.process import LocalApiServerProcess
 from range_filter_proxy.process import ProxyProcess
-from registry import EtcdServer
+from rangeshard.core.process import EtcdServer
 
 log = logging.getLogger(__name__)
 

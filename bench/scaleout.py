@@ -47,7 +47,8 @@ import orjson
 
 from bench.common import BenchCluster
 from bench.scaleout_manager import CONTROLLER_TYPE
-from registry import EtcdClient, EtcdConfig, Registry, State
+from rangeshard.core.etcd import EtcdClient, EtcdConfig
+from registry import Registry, State
 
 log = logging.getLogger(__name__)
 

@@ -41,7 +41,7 @@ from controller_manager.controller import Controller, ControllerRuntime, Reconci
 from controller_manager.manager import api_client_for
 from controller_manager.metrics import Metrics
 from controller_manager.resources import Resource
-from registry import EtcdConfig
+from rangeshard.core.etcd import EtcdConfig
 
 log = logging.getLogger(__name__)
 

@@ -67,7 +67,7 @@ from range_filter_proxy.cache import CacheSettings, WatchCache, WatchFilter
 from range_filter_proxy.metrics import ProxyMetrics
 from range_filter_proxy.process import ProxyProcess
 from range_filter_proxy.upstream import decode_watch_line
-from registry import free_port
+from rangeshard.core.process import free_port
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")

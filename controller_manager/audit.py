@@ -47,7 +47,7 @@ from types import TracebackType
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
-from rangeshard.errors import ConfigError
+from rangeshard.core.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

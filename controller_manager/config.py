@@ -54,7 +54,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from rangeshard.errors import ConfigError
+from rangeshard.core.errors import ConfigError
 
 KNOWN_CONTROLLERS: tuple[str, ...] = ("replicaset", "deployment")
 """Controller types a manager can run, in the order they are documented."""

@@ -15,7 +15,7 @@ Invariants
       drain sees it.
     * Each reconcile carries a deadline (its own bound and the lease fencing
       deadline, whichever is first); API calls take their timeout from it and
-      :class:`~rangeshard.errors.ReconcileTimeout` aborts the rest.
+      :class:`~rangeshard.core.errors.ReconcileTimeout` aborts the rest.
     * A key is hashed by its main object's uid (remembered after deletion so
       cleanup stays with the owner of the range).
 
@@ -44,8 +44,8 @@ from controller_manager.resources import Resource, controller_ref, object_key
 from controller_manager.sharding import ShardInstance
 from controller_manager.workqueue import WorkQueue
 from hashing import OWNER_PATH, UID_PATH, HashRange, hash_key
-from rangeshard.errors import ControllerError, ReconcileTimeout
-from registry import EtcdConfig
+from rangeshard.core.errors import ControllerError, ReconcileTimeout
+from rangeshard.core.etcd import EtcdConfig
 from registry.rebalance import histogram
 
 log = logging.getLogger(__name__)

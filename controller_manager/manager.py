@@ -35,8 +35,8 @@ from controller_manager.config import ManagerConfig
 from controller_manager.controller import ControllerRuntime
 from controller_manager.controllers import CONTROLLERS
 from controller_manager.metrics import Metrics, StatusServer
-from rangeshard.errors import ConfigError
-from registry import EtcdConfig
+from rangeshard.core.errors import ConfigError
+from rangeshard.core.etcd import EtcdConfig
 
 log = logging.getLogger(__name__)
 

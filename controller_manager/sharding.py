@@ -58,8 +58,9 @@ from dataclasses import replace
 from typing import Any
 
 from hashing import HashRange
-from rangeshard.errors import CompareFailed, NotRegistered, RangeshardError
-from registry import EtcdClient, EtcdConfig, LeaseKeeper, MembershipWatch, Registry, RegistryView, Snapshot, State
+from rangeshard.core.errors import CompareFailed, NotRegistered, RangeshardError
+from rangeshard.core.etcd import EtcdClient, EtcdConfig
+from registry import LeaseKeeper, MembershipWatch, Registry, RegistryView, Snapshot, State
 
 log = logging.getLogger(__name__)
 

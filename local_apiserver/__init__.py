@@ -21,7 +21,7 @@ Modules
     (``LocalApiServerProcess``), ``cli`` (``local_apiserver_command``).
 
 Invariants
-    Imports only ``registry``, ``hashing`` and ``rangeshard.errors`` of ours
+    Imports only ``registry``, ``hashing`` and ``rangeshard.core.errors`` of ours
     (import-linter contract).
 
 Concurrency model

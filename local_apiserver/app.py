@@ -70,19 +70,19 @@ from local_apiserver.gc import GarbageCollector
 from local_apiserver.middleware import Authenticate
 from local_apiserver.patch import json_patch, merge_patch
 from local_apiserver.resources import ResourceSpec
-from local_apiserver.selectors import (
+from local_apiserver.store import Obj, Store, check_precondition, parse_resource_version
+from local_apiserver.strategic import strategic_merge
+from local_apiserver.validation import check_body_shape, check_scale_body, selector_requirements
+from local_apiserver.watch import WatchRequest, timeout_param, watch_events
+from rangeshard.core.errors import RangeshardError
+from rangeshard.core.etcd import EtcdClient, EtcdConfig
+from rangeshard.core.kubeapi import DEFAULT_MAX_BODY_BYTES, BodyLimit, UserInfo
+from rangeshard.core.selectors import (
     FieldSelector,
     LabelSelector,
     parse_field_selector,
     parse_label_selector,
 )
-from local_apiserver.store import Obj, Store, check_precondition, parse_resource_version
-from local_apiserver.strategic import strategic_merge
-from local_apiserver.validation import check_body_shape, check_scale_body, selector_requirements
-from local_apiserver.watch import WatchRequest, timeout_param, watch_events
-from rangeshard.errors import RangeshardError
-from rangeshard.kubeapi import DEFAULT_MAX_BODY_BYTES, BodyLimit, UserInfo
-from registry.etcd import EtcdClient, EtcdConfig
 
 log = logging.getLogger(__name__)
 

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from local_apiserver.errors import ApiError, bad_request
-from rangeshard.kubeapi import UserInfo, token_digest
+from rangeshard.core.kubeapi import UserInfo, token_digest
 
 log = logging.getLogger(__name__)
 

@@ -30,8 +30,8 @@ from typing import Annotated
 
 import typer
 
-from rangeshard.errors import ConfigError, RangeshardError, RegistryUnavailable
-from registry.etcd import ENV_ENDPOINTS, EtcdClient, EtcdConfig
+from rangeshard.core.errors import ConfigError, RangeshardError, RegistryUnavailable
+from rangeshard.core.etcd import ENV_ENDPOINTS, EtcdClient, EtcdConfig
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ def local_apiserver_command(
 
     from local_apiserver.app import create_app  # noqa: PLC0415
     from local_apiserver.auth import TokenAuthenticator  # noqa: PLC0415
-    from rangeshard.kubeapi import load_token_file  # noqa: PLC0415
+    from rangeshard.core.kubeapi import load_token_file  # noqa: PLC0415
 
     try:
         if not 0 < port < 65536:

@@ -5,12 +5,12 @@ Purpose
     fields of a Kubernetes ``metav1.Status`` (code, reason, message, details);
     the app turns it into JSON. :class:`ApiError`, :func:`status_object` and
     :func:`bad_request` are the ones shared with the proxy
-    (:mod:`rangeshard.kubeapi`); the constructors here mirror kube-apiserver's
+    (:mod:`rangeshard.core.kubeapi`); the constructors here mirror kube-apiserver's
     ``k8s.io/apimachinery/pkg/api/errors`` so clients (kubectl, the official
     Python client) see the reasons and messages they expect.
 
 Invariants
-    * ``ApiError`` is a :class:`rangeshard.errors.RangeshardError`: an expected
+    * ``ApiError`` is a :class:`rangeshard.core.errors.RangeshardError`: an expected
       failure, never a bug.
     * ``status_object`` always returns ``kind: Status, apiVersion: v1``.
 
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rangeshard.kubeapi import ApiError, bad_request, status_object
+from rangeshard.core.kubeapi import ApiError, bad_request, status_object
 
 __all__ = ["ApiError", "bad_request", "status_object"]  # re-exported: the shared Status helpers
 

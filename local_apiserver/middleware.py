@@ -5,7 +5,7 @@ Purpose
     with ``401 Unauthorized`` (except the probes ``/healthz``, ``/livez``,
     ``/readyz``) and stores the user in ``scope["state"]["user"]`` for the
     handlers' authorization. The request body limit (413) is the
-    :class:`rangeshard.kubeapi.BodyLimit` the proxy uses too.
+    :class:`rangeshard.core.kubeapi.BodyLimit` the proxy uses too.
 
 Invariants
     * Tokens are never logged.
@@ -22,7 +22,7 @@ from typing import Any
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from local_apiserver.auth import PUBLIC_PATHS, TokenAuthenticator, unauthorized
-from rangeshard.kubeapi import send_status
+from rangeshard.core.kubeapi import send_status
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ Purpose
 
 Invariants
     * ``start`` returns only once ``/readyz`` answered 200, or raises
-      :class:`rangeshard.errors.RangeshardError` with the tail of the log.
+      :class:`rangeshard.core.errors.RangeshardError` with the tail of the log.
     * ``stop``/``kill`` are idempotent and only signal the process they spawned.
 
 Concurrency model
@@ -27,8 +27,8 @@ from pathlib import Path
 
 import httpx
 
-from rangeshard.errors import RangeshardError
-from registry.server import ManagedProcess, free_port
+from rangeshard.core.errors import RangeshardError
+from rangeshard.core.process import ManagedProcess, free_port
 
 log = logging.getLogger(__name__)
 

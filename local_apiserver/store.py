@@ -53,10 +53,10 @@ from local_apiserver.errors import (
     unavailable,
 )
 from local_apiserver.resources import ResourceSpec, namespaces_spec
-from local_apiserver.selectors import FieldSelector, LabelSelector
 from local_apiserver.validation import apply_defaults, check_body_shape, validate_object
-from rangeshard.errors import RegistryError, RegistryUnavailable
-from registry.etcd import KV, EtcdClient
+from rangeshard.core.errors import RegistryError, RegistryUnavailable
+from rangeshard.core.etcd import KV, EtcdClient
+from rangeshard.core.selectors import FieldSelector, LabelSelector
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from local_apiserver.errors import bad_request, invalid
 from local_apiserver.resources import ResourceSpec
-from local_apiserver.selectors import LabelSelector, Requirement, label_key_problem, label_value_problem
+from rangeshard.core.selectors import LabelSelector, Requirement, label_key_problem, label_value_problem
 
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")

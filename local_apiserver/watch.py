@@ -48,10 +48,10 @@ from pyetcd import etcdrpc
 from hashing import ShardSelector
 from local_apiserver.errors import ApiError, status_object
 from local_apiserver.resources import ResourceSpec
-from local_apiserver.selectors import FieldSelector, LabelSelector
 from local_apiserver.store import Obj, Store, parse_resource_version
-from rangeshard.errors import RegistryError
-from registry.etcd import EtcdClient, EtcdConfig, translate
+from rangeshard.core.errors import RegistryError
+from rangeshard.core.etcd import EtcdClient, EtcdConfig, translate
+from rangeshard.core.selectors import FieldSelector, LabelSelector
 
 log = logging.getLogger(__name__)
 

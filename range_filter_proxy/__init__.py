@@ -17,7 +17,7 @@ Modules
     proxy``), ``process`` (child process). See docs/security.md.
 
 Invariants
-    Imports only ``hashing``, ``registry`` and ``rangeshard.errors`` of ours
+    Imports only ``hashing``, ``registry`` and ``rangeshard.core.errors`` of ours
     (import-linter contract).
 
 Concurrency model

@@ -21,7 +21,7 @@ Invariants
     * Who may read is decided by :class:`range_filter_proxy.auth.ProxyAuth`
       (``--auth-mode``) before a list/watch is served from the cache, and
       before pass-through in ``static`` mode; request bodies are bounded by
-      :class:`rangeshard.kubeapi.BodyLimit` (413 beyond).
+      :class:`rangeshard.core.kubeapi.BodyLimit` (413 beyond).
 
 Concurrency model
     One event loop (uvicorn). Handlers await the cache and the upstream; the
@@ -64,10 +64,17 @@ from range_filter_proxy.errors import UpstreamError
 from range_filter_proxy.heap import HeapKeeper, HeapSettings
 from range_filter_proxy.metrics import ProxyMetrics
 from range_filter_proxy.resources import ResourceInfo, parse_collection_path, parse_resource_spec
-from range_filter_proxy.selectors import SelectorParseError, parse_field_selector, parse_label_selector
 from range_filter_proxy.upstream import HttpUpstream, Upstream, UpstreamConfig
-from rangeshard.errors import ConfigError
-from rangeshard.kubeapi import DEFAULT_MAX_BODY_BYTES, ApiError, BodyLimit, RequestTooLarge, bad_request, status_object
+from rangeshard.core.errors import ConfigError
+from rangeshard.core.kubeapi import (
+    DEFAULT_MAX_BODY_BYTES,
+    ApiError,
+    BodyLimit,
+    RequestTooLarge,
+    bad_request,
+    status_object,
+)
+from rangeshard.core.selectors import SelectorParseError, parse_field_selector, parse_label_selector
 
 log = logging.getLogger(__name__)
 
@@ -200,7 +207,7 @@ class ListOptions:
         except SelectorParseError as e:
             raise bad_request(str(e)) from e
         if namespace is None:
-            namespace = fields.required_value("metadata.namespace")
+            namespace = fields.value_of("metadata.namespace")
         return cls(
             watch,
             rv,

@@ -59,8 +59,8 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
 from range_filter_proxy.errors import ApiError, UpstreamError
-from rangeshard.errors import ConfigError
-from rangeshard.kubeapi import UserInfo, token_digest
+from rangeshard.core.errors import ConfigError
+from rangeshard.core.kubeapi import UserInfo, token_digest
 
 log = logging.getLogger(__name__)
 

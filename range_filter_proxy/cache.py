@@ -61,8 +61,8 @@ from hashing import ObjectHashes, ShardSelector
 from range_filter_proxy.errors import ApiError, UpstreamError, UpstreamGone, gone
 from range_filter_proxy.metrics import LATENCY_BUCKETS, ProxyMetrics
 from range_filter_proxy.resources import GVR, ResourceInfo
-from range_filter_proxy.selectors import FieldSelector, LabelSelector
 from range_filter_proxy.upstream import ListResult, Upstream, WatchEvent
+from rangeshard.core.selectors import FieldSelector, LabelSelector
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ Purpose
 
 Invariants
     * Exactly one of ``--upstream``, ``--kubeconfig`` or ``--in-cluster``;
-      anything else is a :class:`rangeshard.errors.ConfigError`, reported with
+      anything else is a :class:`rangeshard.core.errors.ConfigError`, reported with
       exit code 2.
     * Library code configures no logging handlers; only this entry point
       calls ``logging.basicConfig``.
@@ -30,7 +30,7 @@ from typing import Annotated
 
 import typer
 
-from rangeshard.errors import ConfigError
+from rangeshard.core.errors import ConfigError
 
 
 def proxy_command(
@@ -112,7 +112,7 @@ def proxy_command(
     from range_filter_proxy.cache import CacheSettings  # noqa: PLC0415
     from range_filter_proxy.heap import HeapSettings  # noqa: PLC0415
     from range_filter_proxy.upstream import load_upstream_config  # noqa: PLC0415
-    from rangeshard.kubeapi import load_token_file  # noqa: PLC0415
+    from rangeshard.core.kubeapi import load_token_file  # noqa: PLC0415
 
     level = getattr(logging, log_level.upper(), None)
     if not isinstance(level, int):

@@ -1,11 +1,11 @@
 """Errors of the range filter proxy, and their Kubernetes ``Status`` form.
 
 Purpose
-    The proxy's own failures are subclasses of :class:`rangeshard.errors.RangeshardError`
+    The proxy's own failures are subclasses of :class:`rangeshard.core.errors.RangeshardError`
     (the project's one error tree); foreign errors (httpx, kubernetes config
     loading, orjson) are translated where they occur with ``raise ... from e``.
     :class:`ApiError` (shared with the local API server, from
-    :mod:`rangeshard.kubeapi`, re-exported here) is what request handlers
+    :mod:`rangeshard.core.kubeapi`, re-exported here) is what request handlers
     raise for a client-visible failure; the HTTP layer renders it as a
     Kubernetes ``Status`` object.
 
@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from rangeshard.errors import RangeshardError
-from rangeshard.kubeapi import ApiError, bad_request, status_object
+from rangeshard.core.errors import RangeshardError
+from rangeshard.core.kubeapi import ApiError, bad_request, status_object
 
 __all__ = [
     "ApiError",

@@ -28,7 +28,7 @@ from pathlib import Path
 import httpx
 
 from range_filter_proxy.errors import ProxyError
-from registry.server import ManagedProcess, free_port
+from rangeshard.core.process import ManagedProcess, free_port
 
 
 class ProxyProcessError(ProxyError):

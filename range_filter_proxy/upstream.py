@@ -42,7 +42,7 @@ import orjson
 
 from range_filter_proxy.errors import UpstreamError, UpstreamGone, UpstreamUnavailable, bad_request
 from range_filter_proxy.resources import GVR, ResourceInfo, parse_resource_list
-from rangeshard.errors import ConfigError
+from rangeshard.core.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

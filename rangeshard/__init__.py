@@ -1,9 +1,15 @@
 """rangeshard: many instances of one Kubernetes controller, each owning a slice of a hash space.
 
-This package holds the command-line interface (:mod:`rangeshard.cli`) and the
-project's error tree (:mod:`rangeshard.errors`). The components live in the
-top-level packages ``hashing``, ``registry``, ``range_filter_proxy``,
-``controller_manager`` and ``local_apiserver``; see ``docs/architecture.md``.
+This package holds two floors of the house (see ``docs/architecture.md``):
+
+* the **top floor**: the command-line interface (:mod:`rangeshard.cli`) and
+  the dashboard (:mod:`rangeshard.dashboard`), which may import everything;
+* the **foundation** (:mod:`rangeshard.core`): errors, the etcd client,
+  child processes, Kubernetes API helpers and the selector parser, which
+  imports nothing above it.
+
+The components live in the top-level packages ``hashing``, ``registry``,
+``range_filter_proxy``, ``controller_manager`` and ``local_apiserver``.
 """
 
 __version__ = "0.1.0"

@@ -67,8 +67,10 @@ from fastapi.responses import HTMLResponse, PlainTextResponse, Response, Streami
 
 from hashing import MAX_HASH
 from rangeshard.cli.common import DEFAULT_REGISTRY_PREFIX, EtcdOptions, fail, with_etcd_options
-from rangeshard.errors import ConfigError, RangeshardError
-from registry import EtcdClient, EtcdConfig, MembershipWatch, RegistryView, free_port
+from rangeshard.core.errors import ConfigError, RangeshardError
+from rangeshard.core.etcd import EtcdClient, EtcdConfig
+from rangeshard.core.process import free_port
+from registry import MembershipWatch, RegistryView
 from registry.models import check_name
 
 log = logging.getLogger(__name__)

@@ -8,29 +8,30 @@ Purpose
     :mod:`registry.registry` for the invariants and :mod:`registry.models` for
     the handover state machine.
 
-Dependency direction
-    registry -> hashing (and rangeshard.errors). Never imports the proxy, the
-    controller manager or the local API server.
+Owns
+    The instance registry only: records (:mod:`registry.models`), the guarded
+    membership transactions (:mod:`registry.registry`), the lease keeper
+    (:mod:`registry.lease`), the membership watch (:mod:`registry.watch`) and
+    rebalance planning (:mod:`registry.rebalance`). The etcd client and the
+    etcd child process are foundation (:mod:`rangeshard.core.etcd`,
+    :mod:`rangeshard.core.process`), not registry.
+
+May import
+    ``rangeshard.core`` and ``hashing``. Never the proxy, the controller
+    manager, the local API server or the CLI (import-linter contract).
 
 Concurrency model
     Synchronous (pyetcd is a blocking gRPC client); background loops are named
     threads (:class:`LeaseKeeper`, :class:`MembershipWatch`).
 """
 
-from registry.etcd import ENV_ENDPOINTS, KV, EtcdClient, EtcdConfig
 from registry.lease import LeaseKeeper
 from registry.models import HashHistogram, InstanceRecord, Member, Snapshot, State
 from registry.registry import DEFAULT_PREFIX, Layout, Registry
-from registry.server import EtcdServer, find_etcd_binary, free_port
 from registry.watch import MembershipWatch, RegistryView
 
 __all__ = [
     "DEFAULT_PREFIX",
-    "ENV_ENDPOINTS",
-    "KV",
-    "EtcdClient",
-    "EtcdConfig",
-    "EtcdServer",
     "HashHistogram",
     "InstanceRecord",
     "Layout",
@@ -41,6 +42,4 @@ __all__ = [
     "RegistryView",
     "Snapshot",
     "State",
-    "find_etcd_binary",
-    "free_port",
 ]

@@ -32,8 +32,8 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
-from rangeshard.errors import LeaseLost, RangeshardError
-from registry.etcd import EtcdClient, EtcdConfig
+from rangeshard.core.errors import LeaseLost, RangeshardError
+from rangeshard.core.etcd import EtcdClient, EtcdConfig
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ class LeaseKeeper:
         return self.deadline - time.monotonic()
 
     def grant(self) -> int:
-        """Grant a new lease (raises :class:`~rangeshard.errors.RegistryUnavailable`)."""
+        """Grant a new lease (raises :class:`~rangeshard.core.errors.RegistryUnavailable`)."""
         sent = time.monotonic()
         self.lease_id = self.client.grant_lease(self.ttl)
         with self._lock:

@@ -39,7 +39,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from hashing import MAX_HASH, HashRange, derive_ranges
-from rangeshard.errors import ConfigError
+from rangeshard.core.errors import ConfigError
 
 NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9_.]{0,251}[a-z0-9])?$")
 

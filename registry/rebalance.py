@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from hashing import MAX_HASH, HashRange
-from rangeshard.errors import CompareFailed, ConfigError, RegistryError
+from rangeshard.core.errors import CompareFailed, ConfigError, RegistryError
 from registry.models import Member, Snapshot, State
 from registry.registry import Registry
 

@@ -25,7 +25,7 @@ Invariants
       the giving one as giver, in the same transaction that moves the key.
 
 Concurrency model
-    Stateless apart from the :class:`~registry.etcd.EtcdClient`; methods may be
+    Stateless apart from the :class:`~rangeshard.core.etcd.EtcdClient`; methods may be
     called from any thread. Retries are bounded.
 """
 
@@ -40,8 +40,8 @@ from pyetcd import transactions as txn
 from pyetcd.utils import prefix_range_end
 
 from hashing import MAX_HASH, split_largest
-from rangeshard.errors import AlreadyRegistered, CompareFailed, ConfigError, NoSplittableRange, NotRegistered
-from registry.etcd import KV, EtcdClient
+from rangeshard.core.errors import AlreadyRegistered, CompareFailed, ConfigError, NoSplittableRange, NotRegistered
+from rangeshard.core.etcd import KV, EtcdClient
 from registry.models import InstanceRecord, Member, Snapshot, State, check_name, now
 
 log = logging.getLogger(__name__)

@@ -37,8 +37,8 @@ import grpc
 import pyetcd.exceptions as etcd_exc
 from pyetcd import events as etcd_events
 
-from rangeshard.errors import RangeshardError, RegistryUnavailable
-from registry.etcd import KV, EtcdClient, EtcdConfig, translate
+from rangeshard.core.errors import RangeshardError, RegistryUnavailable
+from rangeshard.core.etcd import KV, EtcdClient, EtcdConfig, translate
 from registry.models import Snapshot
 from registry.registry import DEFAULT_PREFIX, Layout, parse_members
 

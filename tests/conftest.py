@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from registry.etcd import EtcdClient, EtcdConfig
-from registry.server import EtcdServer
+from rangeshard.core.etcd import EtcdClient, EtcdConfig
+from rangeshard.core.process import EtcdServer
 
 
 @pytest.fixture(scope="session")

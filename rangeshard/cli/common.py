@@ -2,7 +2,7 @@
 
 Purpose
     Declare each shared option once so every command spells it the same way,
-    and turn them into an :class:`~registry.etcd.EtcdConfig`.
+    and turn them into an :class:`~rangeshard.core.etcd.EtcdConfig`.
 
 Invariants
     The etcd password is read from an option or ``RANGESHARD_ETCD_PASSWORD`` and
@@ -24,8 +24,9 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
-from rangeshard.errors import ConfigError, RangeshardError, RegistryUnavailable
-from registry import DEFAULT_PREFIX, EtcdConfig
+from rangeshard.core.errors import ConfigError, RangeshardError, RegistryUnavailable
+from rangeshard.core.etcd import EtcdConfig
+from registry import DEFAULT_PREFIX
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(threadName)s] %(message)s"
 

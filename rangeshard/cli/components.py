@@ -22,7 +22,7 @@ from controller_manager.manager import ControllerManager
 from local_apiserver.cli import local_apiserver_command
 from range_filter_proxy.cli import proxy_command
 from rangeshard.cli.common import fail
-from rangeshard.errors import RangeshardError
+from rangeshard.core.errors import RangeshardError
 
 
 def controller_manager_command(

@@ -7,7 +7,7 @@ Purpose
     configures logging handlers.
 
 Invariants
-    * Expected failures (:class:`~rangeshard.errors.RangeshardError`) print one
+    * Expected failures (:class:`~rangeshard.core.errors.RangeshardError`) print one
       clear line per problem on stderr and exit 2 (bad input) or 1 (runtime,
       e.g. etcd unreachable); never a traceback.
     * Dependency direction: the CLI may import every package; none imports it.
@@ -26,7 +26,7 @@ import typer
 from hashing import hash_key
 from rangeshard import __version__
 from rangeshard.cli.common import configure_logging, fail
-from rangeshard.errors import RangeshardError
+from rangeshard.core.errors import RangeshardError
 
 app = typer.Typer(
     name="rangeshard",

@@ -36,8 +36,9 @@ from rich.table import Table
 
 from hashing import MAX_HASH
 from rangeshard.cli.common import EtcdOptions, fail, with_etcd_options
-from rangeshard.errors import ConfigError, RangeshardError
-from registry import EtcdClient, Registry, Snapshot
+from rangeshard.core.errors import ConfigError, RangeshardError
+from rangeshard.core.etcd import EtcdClient
+from registry import Registry, Snapshot
 from registry.models import check_name
 from registry.rebalance import AutoPolicy, Move, Plan, apply_plan, make_plan, max_over_mean, owned, wait_settled
 

@@ -33,8 +33,9 @@ from rich.table import Table
 from rich.text import Text
 
 from rangeshard.cli.common import EtcdOptions, fail, with_etcd_options
-from rangeshard.errors import RangeshardError
-from registry import EtcdClient, EtcdConfig, MembershipWatch, Registry, RegistryView, Snapshot
+from rangeshard.core.errors import RangeshardError
+from rangeshard.core.etcd import EtcdClient, EtcdConfig
+from registry import MembershipWatch, Registry, RegistryView, Snapshot
 from registry.models import check_name
 
 app = typer.Typer(help="Inspect the instance registry in etcd.", no_args_is_help=True)

@@ -39,9 +39,10 @@ from rich.live import Live
 from rich.text import Text
 
 from rangeshard.cli.common import fail
-from rangeshard.errors import ConfigError, RangeshardError
-from registry import EtcdClient, EtcdConfig, EtcdServer, MembershipWatch, Registry, RegistryView, free_port
-from registry.server import terminate
+from rangeshard.core.errors import ConfigError, RangeshardError
+from rangeshard.core.etcd import EtcdClient, EtcdConfig
+from rangeshard.core.process import EtcdServer, free_port, terminate
+from registry import MembershipWatch, Registry, RegistryView
 
 StateDirOpt = Annotated[Path, typer.Option("--state-dir", help="Where etcd data, logs and the kubeconfig live.")]
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from controller_manager.audit import AuditLog, AuditRecord, find_overlaps, main, now, read_records
-from rangeshard.errors import ConfigError
+from rangeshard.core.errors import ConfigError
 
 
 def rec(instance: str, start: float, end: float, key: str = "ns/a", ctype: str = "replicaset") -> AuditRecord:

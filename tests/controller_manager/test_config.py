@@ -15,7 +15,7 @@ from controller_manager.config import (
     load_config,
     with_overrides,
 )
-from rangeshard.errors import ConfigError
+from rangeshard.core.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
 MINIMAL = "controllers: {replicaset: }\n"

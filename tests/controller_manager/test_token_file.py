@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from controller_manager.manager import TokenFile, api_client_for
-from rangeshard.errors import ConfigError
+from rangeshard.core.errors import ConfigError
 
 
 def test_token_is_reread_after_rotation(tmp_path: Path) -> None:

@@ -28,7 +28,9 @@ from typer.testing import CliRunner
 
 from hashing import MAX_HASH
 from rangeshard.cli.main import app as cli_app
-from registry import EtcdClient, EtcdConfig, EtcdServer, Registry, State, free_port
+from rangeshard.core.etcd import EtcdClient, EtcdConfig
+from rangeshard.core.process import EtcdServer, free_port
+from registry import Registry, State
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.slow

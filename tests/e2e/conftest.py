@@ -24,7 +24,9 @@ from kubernetes import client as k8s
 from controller_manager.audit import find_overlaps, read_records
 from local_apiserver.process import LocalApiServerProcess
 from range_filter_proxy.process import ProxyProcess
-from registry import EtcdClient, EtcdConfig, EtcdServer, Registry, Snapshot
+from rangeshard.core.etcd import EtcdClient, EtcdConfig
+from rangeshard.core.process import EtcdServer
+from registry import Registry, Snapshot
 from tests.helpers import run_cli
 
 LEASE_TTL = 4

@@ -19,7 +19,8 @@ import pytest
 from controller_manager.audit import now as audit_now
 from controller_manager.audit import read_records
 from hashing import MAX_HASH
-from registry import EtcdServer, State
+from rangeshard.core.process import EtcdServer
+from registry import State
 from tests.e2e.conftest import LEASE_TTL, Cluster, Manager, dump_logs
 from tests.e2e.kube import (
     create_deployment,

@@ -12,7 +12,9 @@ from typing import Any
 import pytest
 
 from hashing import MAX_HASH, hash_key
-from registry import EtcdClient, EtcdServer, Registry
+from rangeshard.core.etcd import EtcdClient
+from rangeshard.core.process import EtcdServer
+from registry import Registry
 from registry.rebalance import max_over_mean
 from tests.e2e.conftest import Cluster
 from tests.e2e.kube import create_namespace, create_replicaset, replicasets, scale_replicaset

@@ -9,7 +9,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from registry import free_port
+from rangeshard.core.process import free_port
 from tests.helpers import run_cli, wait_until
 
 REPO = Path(__file__).resolve().parents[2]

@@ -23,8 +23,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from local_apiserver.process import LocalApiServerProcess
-from registry.etcd import EtcdClient, EtcdConfig
-from registry.server import EtcdServer
+from rangeshard.core.etcd import EtcdClient, EtcdConfig
+from rangeshard.core.process import EtcdServer
 
 BOOKMARK_INTERVAL = 0.3
 

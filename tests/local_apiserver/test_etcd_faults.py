@@ -15,8 +15,8 @@ from kubernetes import watch as _watch
 from kubernetes.client.exceptions import ApiException
 
 from local_apiserver.process import LocalApiServerProcess
-from registry.etcd import EtcdClient, EtcdConfig
-from registry.server import EtcdServer
+from rangeshard.core.etcd import EtcdClient, EtcdConfig
+from rangeshard.core.process import EtcdServer
 from tests.local_apiserver.conftest import metric, wait_for
 
 k: Any = _client

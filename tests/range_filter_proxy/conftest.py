@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from range_filter_proxy.process import ProxyProcess
-from registry.server import EtcdServer
+from rangeshard.core.process import EtcdServer
 
 
 @pytest.fixture(scope="module")

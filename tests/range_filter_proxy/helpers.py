@@ -11,7 +11,7 @@ from typing import Any, ParamSpec, TypeVar
 import orjson
 import uvicorn
 
-from registry import free_port
+from rangeshard.core.process import free_port
 
 P = ParamSpec("P")
 T = TypeVar("T")

@@ -16,7 +16,7 @@ from starlette.routing import Route
 
 from range_filter_proxy import create_app
 from range_filter_proxy.upstream import load_upstream_config
-from rangeshard.errors import ConfigError
+from rangeshard.core.errors import ConfigError
 from tests.range_filter_proxy.helpers import async_test, serve
 
 

@@ -11,7 +11,9 @@ import time
 import pytest
 
 from hashing import MAX_HASH, hash_key
-from registry import EtcdClient, EtcdServer, Registry, free_port
+from rangeshard.core.etcd import EtcdClient
+from rangeshard.core.process import EtcdServer, free_port
+from registry import Registry
 
 CT = "deployment"
 

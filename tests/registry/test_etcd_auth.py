@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from rangeshard.errors import RegistryError
-from registry.etcd import EtcdClient, EtcdConfig
-from registry.server import EtcdServer
+from rangeshard.core.errors import RegistryError
+from rangeshard.core.etcd import EtcdClient, EtcdConfig
+from rangeshard.core.process import EtcdServer
 
 
 def _etcdctl(etcd: EtcdServer, password: str, *args: str) -> None:

@@ -14,18 +14,10 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from hashing import MAX_HASH, HashRange
-from rangeshard.errors import AlreadyRegistered, CompareFailed, ConfigError, LeaseLost, NotRegistered
-from registry import (
-    EtcdClient,
-    EtcdConfig,
-    EtcdServer,
-    LeaseKeeper,
-    MembershipWatch,
-    Registry,
-    RegistryView,
-    Snapshot,
-    State,
-)
+from rangeshard.core.errors import AlreadyRegistered, CompareFailed, ConfigError, LeaseLost, NotRegistered
+from rangeshard.core.etcd import EtcdClient, EtcdConfig
+from rangeshard.core.process import EtcdServer
+from registry import LeaseKeeper, MembershipWatch, Registry, RegistryView, Snapshot, State
 from tests.helpers import wait_until
 from tests.relay import TcpRelay
 
@@ -120,7 +112,8 @@ def test_concurrent_joins_threads(registry: Registry, leases: Callable[[int], in
 
 JOIN_SCRIPT = """
 import sys
-from registry import EtcdClient, EtcdConfig, Registry
+from rangeshard.core.etcd import EtcdClient, EtcdConfig
+from registry import Registry
 client = EtcdClient(EtcdConfig.from_urls(sys.argv[1]))
 lease = client.grant_lease(60)
 sys.stdin.readline()  # start together

@@ -22,7 +22,7 @@ import yaml
 
 from local_apiserver.process import LocalApiServerProcess
 from range_filter_proxy.process import ProxyProcess
-from registry.server import EtcdServer
+from rangeshard.core.process import EtcdServer
 
 pytest.importorskip("cryptography")
 

@@ -19,7 +19,7 @@ import pytest
 from local_apiserver.cli import local_apiserver_command
 from local_apiserver.process import free_port
 from range_filter_proxy.cli import proxy_command
-from registry.server import EtcdServer
+from rangeshard.core.process import EtcdServer
 
 TCP_LISTEN = "0A"
 

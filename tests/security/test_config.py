@@ -10,13 +10,13 @@ import pytest
 
 from range_filter_proxy.auth import AuthMode, AuthSettings, ProxyAuth, TtlCache
 from range_filter_proxy.upstream import load_upstream_config
-from rangeshard.errors import ConfigError
-from rangeshard.kubeapi import parse_token_file
+from rangeshard.core.errors import ConfigError
+from rangeshard.core.kubeapi import parse_token_file
 from tests.security.certs import Pki
 
 
 def test_token_file_format() -> None:
-    """One parser (rangeshard.kubeapi) serves the proxy's --token-file and the local API server's."""
+    """One parser (rangeshard.core.kubeapi) serves the proxy's --token-file and the local API server's."""
     text = '# comment\n\nt1,alice,u1,"system:masters,team"\nt2,bob,u2\n'
     users = parse_token_file(text)
     assert {u.username: u.groups for u in users.values()} == {

@@ -17,8 +17,8 @@ import httpx
 import orjson
 
 from local_apiserver.process import LocalApiServerProcess
-from registry.etcd import EtcdClient, EtcdConfig
-from registry.server import EtcdServer, EtcdTLS
+from rangeshard.core.etcd import EtcdClient, EtcdConfig
+from rangeshard.core.process import EtcdServer, EtcdTLS
 from tests.security.certs import Pki
 
 

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hashing import MAX_HASH, HashRange, hash_key
-from rangeshard.errors import ConfigError
+from rangeshard.core.errors import ConfigError
 from registry.models import InstanceRecord, Snapshot, State
 from registry.rebalance import (
     AutoPolicy,

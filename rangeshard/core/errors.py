@@ -15,7 +15,7 @@ The tree::
     ├── ControllerError             raised inside the controller framework
     │   ├── ReconcileTimeout        a reconcile reached its deadline (fencing or its own bound)
     │   └── Requeue                 (controller_manager.controller) reconcile again later
-    ├── ApiError                    (rangeshard.kubeapi) an HTTP failure answered as a Kubernetes Status
+    ├── ApiError                    (rangeshard.core.kubeapi) an HTTP failure answered as a Kubernetes Status
     │   └── RequestTooLarge         a request body over the limit (413)
     ├── ProxyError                  (range_filter_proxy.errors) the range filter proxy
     │   ├── UpstreamError           the upstream API server answered with an error

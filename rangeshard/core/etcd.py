@@ -7,7 +7,7 @@ Purpose
     * parses endpoints from ``--etcd URL[,URL...]`` or ``RANGESHARD_ETCD``,
     * supports TLS (CA, client cert/key) and username/password,
     * puts a deadline on every unary call,
-    * and translates gRPC/pyetcd errors into :mod:`rangeshard.errors`
+    * and translates gRPC/pyetcd errors into :mod:`rangeshard.core.errors`
       (``raise RegistryUnavailable(...) from e``).
 
 Invariants
@@ -46,7 +46,7 @@ from pyetcd import etcdrpc
 from pyetcd import transactions as etcd_txn
 from pyetcd.client import EtcdTokenCallCredentials
 
-from rangeshard.errors import CompareFailed, ConfigError, RegistryError, RegistryUnavailable
+from rangeshard.core.errors import CompareFailed, ConfigError, RegistryError, RegistryUnavailable
 
 log = logging.getLogger(__name__)
 

@@ -43,8 +43,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from rangeshard.errors import EtcdServerError, RangeshardError
-from registry.etcd import EtcdClient, EtcdConfig
+from rangeshard.core.errors import EtcdServerError, RangeshardError
+from rangeshard.core.etcd import EtcdClient, EtcdConfig
 
 log = logging.getLogger(__name__)
 

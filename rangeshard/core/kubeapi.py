@@ -16,7 +16,7 @@ Purpose
       crosses it (the handler reading it gets :class:`RequestTooLarge`).
 
 Invariants
-    * This module imports nothing of ours but :mod:`rangeshard.errors`
+    * This module imports nothing of ours but :mod:`rangeshard.core.errors`
       (import-linter contract), so both servers may use it.
     * Tokens are never kept in clear (users are keyed by the SHA-256 of their
       token), never logged and never part of an error message.
@@ -37,7 +37,7 @@ from typing import Any
 
 import orjson
 
-from rangeshard.errors import ConfigError, RangeshardError
+from rangeshard.core.errors import ConfigError, RangeshardError
 
 Message = MutableMapping[str, Any]
 Scope = MutableMapping[str, Any]
