@@ -51,7 +51,8 @@ from bench.fanout import equal_ranges
 from bench.feed import POD_INFO, FeedUpstream, PodsUpstream
 from hashing import UID_PATH, parse_shard_selector, range_to_selector
 from range_filter_proxy import create_app
-from range_filter_proxy.cache import CachedObject, CacheSettings, WatchCache, WatchFilter
+from range_filter_proxy.cache import WatchCache
+from range_filter_proxy.cached import CachedObject, CacheSettings, WatchFilter
 from range_filter_proxy.heap import HeapKeeper, HeapSettings
 from range_filter_proxy.metrics import ProxyMetrics
 from range_filter_proxy.resources import GVR

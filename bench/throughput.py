@@ -63,7 +63,8 @@ from bench.common import metric_value, percentile, proc_cpu_seconds, wait_for
 from bench.fanout import equal_ranges
 from bench.feed import POD_INFO, SENT_ANNOTATION, FeedUpstream
 from hashing import UID_PATH, parse_shard_selector, range_to_selector
-from range_filter_proxy.cache import CacheSettings, WatchCache, WatchFilter
+from range_filter_proxy.cache import WatchCache
+from range_filter_proxy.cached import CacheSettings, WatchFilter
 from range_filter_proxy.metrics import ProxyMetrics
 from range_filter_proxy.process import ProxyProcess
 from range_filter_proxy.upstream import decode_watch_line

@@ -15,9 +15,10 @@ Purpose
     * :mod:`controller_manager.audit` - the reconcile audit log and overlap checker
     * :mod:`controller_manager.manager` - the process
 
-Dependency direction
-    controller_manager -> registry -> hashing; never imports the proxy or the
-    local API server (it talks to the proxy over HTTP).
+May import
+    ``registry``, ``rangeshard.core`` (foundation) and ``hashing``. Never the
+    proxy or the local API server (it talks to the proxy over HTTP), nor the
+    CLI (import-linter contracts).
 
 Concurrency model
     Threads, like client-go: informer threads, N workers per controller, a

@@ -10,7 +10,8 @@ Invariants
       int64 range ``[lo, hi]`` is exactly the uint64 range ``[2*lo, 2*hi + 2)``.
     * A :class:`HashRange` is never empty: ``0 <= lo <= hi <= MAX_HASH``.
     * This package does no I/O and imports nothing else of ours (enforced by
-      import-linter), so every other package may depend on it.
+      import-linter), so every other package may depend on it: it is the
+      lowest floor, below the foundation :mod:`rangeshard.core`.
 
 Concurrency model
     Everything here is immutable or a pure function; safe from any thread or

@@ -12,17 +12,23 @@ Purpose
 
 Modules
     ``resources`` (the resource table), ``errors`` (``ApiError`` and ``Status``
-    bodies), ``selectors`` (label/field selectors), ``validation``,
-    ``patch`` (merge and JSON patch), ``strategic`` (strategic merge patch),
-    ``store`` (the etcd storage, synchronous), ``watch`` (etcd watch -> asyncio bridge), ``gc`` (cascading deletion),
+    bodies), ``validation``, ``patch`` (merge and JSON patch), ``strategic``
+    (strategic merge patch), ``store`` (the etcd storage, synchronous),
+    ``watch`` (etcd watch -> asyncio bridge), ``gc`` (cascading deletion),
     ``auth`` (``--token-file``, the fixed policy, TokenReview and
     SubjectAccessReview), ``middleware`` (body limit, authentication),
-    ``app`` (FastAPI routes, ``create_app``), ``process``
-    (``LocalApiServerProcess``), ``cli`` (``local_apiserver_command``).
+    ``app`` (``create_app``: the application, health, discovery roots),
+    ``routing`` (paths, discovery documents, query parameters, bodies),
+    ``handlers`` (one handler per verb), ``state`` (what routes share,
+    response helpers), ``process`` (``LocalApiServerProcess``), ``cli``
+    (``local_apiserver_command``). Label/field selectors come from
+    :mod:`rangeshard.core.selectors`.
 
-Invariants
-    Imports only ``registry``, ``hashing`` and ``rangeshard.core.errors`` of ours
-    (import-linter contract).
+May import
+    ``rangeshard.core`` (foundation: errors, the etcd client, child
+    processes, Kubernetes API helpers, selectors) and ``hashing``. Never
+    ``registry`` (it stores Kubernetes objects, not instances), the proxy,
+    the controller manager or the CLI (import-linter contracts).
 
 Concurrency model
     See each module; the HTTP layer is asyncio, etcd calls run in threads.

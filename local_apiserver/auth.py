@@ -36,11 +36,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from local_apiserver.errors import ApiError, bad_request
-from rangeshard.core.kubeapi import UserInfo, token_digest
+from rangeshard.core.kubeapi import Attributes, UserInfo, token_digest
 
 log = logging.getLogger(__name__)
 
@@ -53,19 +52,6 @@ REVIEW_RESOURCES = frozenset(
 )
 #: Paths answered without authentication (probes), as kube-apiserver's public-info rule does.
 PUBLIC_PATHS = frozenset({"/healthz", "/livez", "/readyz"})
-
-
-@dataclass(frozen=True)
-class Attributes:
-    """What a request does, as an authorizer sees it (``resource == ""``: a non-resource path)."""
-
-    verb: str
-    resource: str = ""
-    group: str = ""
-    namespace: str = ""
-    name: str = ""
-    subresource: str = ""
-    path: str = ""
 
 
 class TokenAuthenticator:

@@ -9,22 +9,25 @@ Purpose
 
 Modules
     ``app`` (FastAPI: routing, list/watch handlers, pass-through), ``cache``
-    (shared watch caches, history, watchers), ``upstream`` (our ``Upstream``
-    interface and its httpx implementation), ``selectors`` (label/field
-    selectors), ``resources`` (GVRs, discovery, paths), ``auth``
-    (``--auth-mode none|static|delegate``: who may read), ``middleware``
-    (request body limit), ``metrics``, ``errors``, ``cli`` (``rangeshard
-    proxy``), ``process`` (child process). See docs/security.md.
+    (the shared watch caches: store, history, dispatch; ``CacheManager``),
+    ``cached`` (cached objects and events, watch filters, settings),
+    ``watcher`` (one downstream watch and its bounded queue), ``upstream``
+    (our ``Upstream`` interface and its HTTP implementation), ``resources``
+    (GVRs, discovery, paths), ``auth`` (``--auth-mode none|static|delegate``:
+    who may read), ``heap`` (the heap keeper), ``metrics``, ``errors``, ``cli``
+    (``rangeshard proxy``), ``process`` (child process). Label/field selectors
+    come from :mod:`rangeshard.core.selectors`. See docs/security.md.
 
-Invariants
-    Imports only ``hashing``, ``registry`` and ``rangeshard.core.errors`` of ours
-    (import-linter contract).
+May import
+    ``rangeshard.core`` (foundation), ``registry`` and ``hashing``. Never the
+    controller manager, the local API server or the CLI (import-linter
+    contracts).
 
 Concurrency model
     asyncio, one event loop per proxy; see each module.
 """
 
 from range_filter_proxy.app import create_app
-from range_filter_proxy.cache import CacheSettings
+from range_filter_proxy.cached import CacheSettings
 
 __all__ = ["CacheSettings", "create_app"]

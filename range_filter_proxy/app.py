@@ -49,22 +49,15 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.background import BackgroundTask
 
 from hashing import SelectorSyntaxError, ShardSelector, parse_shard_selector
-from range_filter_proxy.auth import Attributes as AuthAttributes
 from range_filter_proxy.auth import AuthMode, AuthSettings, ProxyAuth
-from range_filter_proxy.cache import (
-    CachedObject,
-    CacheManager,
-    CacheSettings,
-    WatchCache,
-    Watcher,
-    WatchFilter,
-    parse_rv,
-)
+from range_filter_proxy.cache import CacheManager, WatchCache
+from range_filter_proxy.cached import CachedObject, CacheSettings, WatchFilter, parse_rv
 from range_filter_proxy.errors import UpstreamError
 from range_filter_proxy.heap import HeapKeeper, HeapSettings
 from range_filter_proxy.metrics import ProxyMetrics
 from range_filter_proxy.resources import ResourceInfo, parse_collection_path, parse_resource_spec
 from range_filter_proxy.upstream import HttpUpstream, Upstream, UpstreamConfig
+from range_filter_proxy.watcher import Watcher
 from rangeshard.core.errors import ConfigError
 from rangeshard.core.kubeapi import (
     DEFAULT_MAX_BODY_BYTES,
@@ -74,6 +67,7 @@ from rangeshard.core.kubeapi import (
     bad_request,
     status_object,
 )
+from rangeshard.core.kubeapi import Attributes as AuthAttributes
 from rangeshard.core.selectors import SelectorParseError, parse_field_selector, parse_label_selector
 
 log = logging.getLogger(__name__)

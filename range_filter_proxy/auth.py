@@ -60,7 +60,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from range_filter_proxy.errors import ApiError, UpstreamError
 from rangeshard.core.errors import ConfigError
-from rangeshard.core.kubeapi import UserInfo, token_digest
+from rangeshard.core.kubeapi import Attributes, UserInfo, token_digest
 
 log = logging.getLogger(__name__)
 
@@ -81,18 +81,6 @@ class AuthMode(enum.StrEnum):
     NONE = "none"
     STATIC = "static"
     DELEGATE = "delegate"
-
-
-@dataclass(frozen=True)
-class Attributes:
-    """What a request does. ``resource == ""`` means a non-resource ``path``."""
-
-    verb: str
-    resource: str = ""
-    group: str = ""
-    version: str = ""
-    namespace: str = ""
-    path: str = ""
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,9 @@ Purpose
     filter -- are answered from it, so the upstream sees one watch per
     resource however many controller instances run. :class:`CacheManager`
     starts caches on first use (or eagerly for configured resources) and
-    resolves resources through discovery.
+    resolves resources through discovery. The values it stores are in
+    :mod:`range_filter_proxy.cached`, one downstream watch is a
+    :class:`~range_filter_proxy.watcher.Watcher`.
 
 Semantics (those of kube-apiserver's cacher, see docs/proxy.md)
     * The history holds every event after ``history_start_rv``; a watch from
@@ -43,368 +45,29 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import itertools
 import logging
 import random
-import sys
 import time
-from bisect import bisect_left
 from collections import deque
-from collections.abc import AsyncGenerator, Callable, Iterable, Mapping
-from dataclasses import dataclass, field
-from types import MappingProxyType
-from typing import Any
+from collections.abc import Iterable
 
 import orjson
 
-from hashing import ObjectHashes, ShardSelector
+from range_filter_proxy.cached import (
+    CachedEvent,
+    CachedObject,
+    CacheSettings,
+    WatchFilter,
+    event_line,
+    parse_rv,
+)
 from range_filter_proxy.errors import ApiError, UpstreamError, UpstreamGone, gone
-from range_filter_proxy.metrics import LATENCY_BUCKETS, ProxyMetrics
+from range_filter_proxy.metrics import ProxyMetrics
 from range_filter_proxy.resources import GVR, ResourceInfo
 from range_filter_proxy.upstream import ListResult, Upstream, WatchEvent
-from rangeshard.core.selectors import FieldSelector, LabelSelector
+from range_filter_proxy.watcher import Watcher
 
 log = logging.getLogger(__name__)
-
-INITIAL_EVENTS_END = "k8s.io/initial-events-end"
-
-
-@dataclass(slots=True)
-class CacheSettings:
-    """Tunables of every watch cache (defaults are production values)."""
-
-    history_events: int = 10_000
-    history_seconds: float = 300.0
-    history_hard_cap: int = 100_000
-    bookmark_interval: float = 10.0
-    watcher_queue_size: int = 1_000
-    #: How long a consistent read waits for the cache before listing upstream instead.
-    consistent_read_timeout: float = 0.5
-    #: How long a read "not older than N" waits for the cache to reach N (then 504).
-    rv_wait_timeout: float = 3.0
-    #: How long a request waits for a cache's first sync (then 503).
-    sync_timeout: float = 10.0
-    relist_backoff_initial: float = 0.2
-    relist_backoff_max: float = 10.0
-
-
-def parse_rv(value: Any) -> int:
-    """Parse a resourceVersion; ``ValueError`` if it is not a non-negative integer."""
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value
-    if isinstance(value, str) and value.isdigit() and len(value) < 40:
-        return int(value)
-    raise ValueError(f"invalid resource version {value!r}")
-
-
-_NO_LABELS: Mapping[str, str] = MappingProxyType({})
-
-
-@dataclass(slots=True, eq=False)
-class CachedObject:
-    """One object as stored: serialised once, hashes and filter fields precomputed.
-
-    Only the JSON bytes are kept, not the decoded dict (which cost ~9x the
-    JSON size in memory); the few fields filters need are extracted at build
-    time, and :attr:`obj` decodes on demand (field selectors, ``at_rv``).
-    """
-
-    raw: bytes
-    hashes: ObjectHashes
-    rv: int
-    namespace: str | None
-    name: str
-    labels: Mapping[str, str]
-
-    @classmethod
-    def build(cls, obj: dict[str, Any], info: ResourceInfo, raw: bytes | None = None) -> CachedObject:
-        """Wrap an upstream object (``kind``/``apiVersion`` filled in if missing).
-
-        ``raw`` is the object's JSON as received (:attr:`WatchEvent.raw`); it is
-        kept as is when the object needs no filling in, instead of encoding
-        ``obj`` again.
-        """
-        meta = obj.get("metadata")
-        if not isinstance(meta, dict):
-            raise UpstreamError(f"{info.gvr}: object without metadata")
-        try:
-            rv = parse_rv(meta.get("resourceVersion"))
-        except ValueError as e:
-            raise UpstreamError(f"{info.gvr}: object {meta.get('name')!r}: {e}") from e
-        if "kind" not in obj or "apiVersion" not in obj:
-            obj = {"kind": info.kind, "apiVersion": info.gvr.group_version, **obj}
-            raw = None
-        labels = meta.get("labels")
-        ns = meta.get("namespace")
-        name = sys.intern(str(meta.get("name") or ""))
-        if raw is None:
-            # orjson's result keeps its growth buffer (~8 KiB resident for a 1 KiB pod);
-            # an exact-size copy is what we keep.
-            raw = bytes(memoryview(orjson.dumps(obj)))
-        return cls(
-            raw,
-            ObjectHashes.of(obj),
-            rv,
-            sys.intern(ns) if isinstance(ns, str) and ns else None,
-            name,
-            {sys.intern(str(k)): sys.intern(str(v)) for k, v in labels.items()}
-            if isinstance(labels, dict) and labels
-            else _NO_LABELS,
-        )
-
-    @property
-    def obj(self) -> dict[str, Any]:
-        """The object, decoded from its bytes (a fresh dict on every access)."""
-        decoded: dict[str, Any] = orjson.loads(self.raw)
-        return decoded
-
-    @property
-    def key(self) -> tuple[str, str]:
-        """``(namespace, name)``; the namespace is ``""`` for cluster-scoped objects."""
-        return (self.namespace or "", self.name)
-
-    def at_rv(self, rv: int) -> bytes:
-        """The serialisation of this object with ``metadata.resourceVersion`` set to ``rv``."""
-        obj = self.obj
-        obj["metadata"] = {**obj["metadata"], "resourceVersion": str(rv)}
-        return orjson.dumps(obj)
-
-
-def event_line(etype: str, raw_object: bytes) -> bytes:
-    """One line of a JSON watch stream."""
-    return b'{"type":"' + etype.encode() + b'","object":' + raw_object + b"}\n"
-
-
-@dataclass(slots=True, eq=False)
-class CachedEvent:
-    """One event of the history; serialisations are computed lazily and shared."""
-
-    type: str
-    rv: int
-    cur: CachedObject
-    prev: CachedObject | None
-    received: float
-    #: ``prev`` exists and agrees with ``cur`` on everything but field selectors look at
-    #: (namespace, labels, hashes): then a filter without field selector matches both or neither.
-    stable: bool = False
-    _lines: dict[str, bytes] = field(default_factory=dict)
-
-    @classmethod
-    def of(cls, etype: str, rv: int, cur: CachedObject, prev: CachedObject | None, received: float) -> CachedEvent:
-        """An event of ``cur`` replacing ``prev``, with :attr:`stable` worked out."""
-        stable = (
-            prev is not None
-            and prev.hashes == cur.hashes
-            and prev.namespace == cur.namespace
-            and prev.labels == cur.labels
-        )
-        return cls(etype, rv, cur, prev, received, stable)
-
-    def line(self, variant: str) -> bytes:
-        """``ADDED``/``MODIFIED``/``DELETED`` of ``cur``, or ``DELETED_PREV`` (prev at this rv)."""
-        cached = self._lines.get(variant)
-        if cached is None:
-            if variant == "DELETED_PREV" and self.prev is not None:
-                cached = event_line("DELETED", self.prev.at_rv(self.rv))
-            else:
-                cached = event_line(variant, self.cur.raw)
-            self._lines[variant] = cached
-        return cached
-
-
-@dataclass(frozen=True, slots=True)
-class WatchFilter:
-    """What one downstream request selects: namespace, labels, fields, shard ranges.
-
-    :attr:`matches` is a predicate compiled once from the parts that are set
-    (the dispatcher runs it for every watcher on every event).
-    """
-
-    namespace: str | None = None
-    labels: LabelSelector = field(default_factory=LabelSelector)
-    fields: FieldSelector = field(default_factory=FieldSelector)
-    shard: ShardSelector | None = None
-    #: True if the object passes every part of the filter.
-    matches: Callable[[CachedObject], bool] = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "matches", self._compile())
-
-    def _compile(self) -> Callable[[CachedObject], bool]:
-        ns = self.namespace
-        shard = self.shard.predicate() if self.shard is not None else None
-        labels = None if self.labels.empty else self.labels
-        fields = None if self.fields.empty else self.fields
-        if shard is not None and ns is None and labels is None and fields is None:
-            # The controller manager's case: a shard selector and nothing else.
-            def shard_only(o: CachedObject) -> bool:
-                return shard(o.hashes)
-
-            return shard_only
-
-        def full(o: CachedObject) -> bool:
-            if ns is not None and o.namespace != ns:
-                return False
-            if shard is not None and not shard(o.hashes):
-                return False
-            if labels is not None and not labels.matches(o.labels):
-                return False
-            return fields is None or fields.matches(o.obj)
-
-        return full
-
-    def variant(self, ev: CachedEvent) -> str | None:
-        """Which form of ``ev`` this filter's watcher gets, or ``None`` (filtered out)."""
-        matches = self.matches
-        if ev.type == "DELETED":
-            return "DELETED" if matches(ev.cur) else None
-        if ev.stable and self.fields.empty:
-            return "MODIFIED" if matches(ev.cur) else None
-        cur_ok = matches(ev.cur)
-        prev_ok = ev.prev is not None and matches(ev.prev)
-        if cur_ok:
-            return "MODIFIED" if prev_ok else "ADDED"
-        return "DELETED_PREV" if prev_ok else None
-
-
-class Watcher:
-    """One downstream watch: a replayed backlog, then a bounded live queue."""
-
-    _ids = itertools.count(1)
-
-    def __init__(
-        self,
-        cache: WatchCache,
-        filt: WatchFilter,
-        after_rv: int,
-        backlog: list[bytes],
-        *,
-        bookmarks: bool,
-        initial_events_end: int | None,
-        timeout: float | None,
-    ) -> None:
-        self.id = next(self._ids)
-        self.cache = cache
-        self.filter = filt
-        self.after_rv = after_rv
-        self.backlog: deque[bytes] = deque(backlog)
-        self.live: deque[tuple[bytes, float]] = deque()
-        self.bookmarks = bookmarks
-        self.initial_events_end = initial_events_end
-        self.timeout = timeout
-        self.closed = False
-        self.close_reason = ""
-        self.error_line: bytes | None = None
-        self._wakeup = asyncio.Event()
-        self._max_live = cache.settings.watcher_queue_size
-
-    def offer(self, line: bytes, received: float) -> bool:
-        """Queue a live event; ``False`` if the queue is full (the caller cuts the watcher)."""
-        live = self.live
-        if len(live) >= self._max_live:
-            return False
-        live.append((line, received))
-        self._wakeup.set()
-        return True
-
-    def close(self, reason: str) -> None:
-        """End the stream after what is queued (idempotent)."""
-        if not self.closed:
-            self.closed = True
-            self.close_reason = reason
-            self._wakeup.set()
-
-    def cut(self, reason: str) -> None:
-        """Drop everything queued and end the stream (the client resumes from its last RV)."""
-        self.live.clear()
-        self.backlog.clear()
-        self.close(reason)
-
-    def _bookmark(self, rv: int, initial_end: bool = False) -> bytes:
-        meta: dict[str, Any] = {"resourceVersion": str(rv)}
-        if initial_end:
-            meta["annotations"] = {INITIAL_EVENTS_END: "true"}
-        info = self.cache.info
-        return event_line(
-            "BOOKMARK", orjson.dumps({"kind": info.kind, "apiVersion": info.gvr.group_version, "metadata": meta})
-        )
-
-    async def stream(self) -> AsyncGenerator[bytes, None]:
-        """The bytes of the watch response; unregisters the watcher when it ends.
-
-        Queued live events are sent in one chunk (up to 256 lines), so a busy
-        watcher costs one write per burst instead of one per event. The
-        timeout and the next bookmark share one timer handle, re-armed only
-        when its due time changes (not on every wake-up).
-        """
-        cache = self.cache
-        stats = cache.stats
-        buckets = stats.latency_buckets
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.timeout if self.timeout is not None else None
-        interval = cache.settings.bookmark_interval
-        next_bookmark = loop.time() + interval
-        wakeup = self._wakeup
-        timer: asyncio.TimerHandle | None = None
-        timer_at: float | None = None
-
-        def on_timer() -> None:
-            nonlocal timer_at
-            timer_at = None
-            wakeup.set()
-
-        try:
-            if self.error_line is not None:
-                yield self.error_line
-                return
-            while self.backlog:
-                chunk = self.backlog.popleft()
-                stats.bytes_out += len(chunk)
-                yield chunk
-            if self.initial_events_end is not None and not self.closed:
-                chunk = self._bookmark(self.initial_events_end, initial_end=True)
-                yield chunk
-            live = self.live
-            while True:
-                while live:
-                    parts: list[bytes] = []
-                    sent = time.monotonic()
-                    total = 0.0
-                    while live and len(parts) < 256:
-                        chunk, received = live.popleft()
-                        delay = sent - received
-                        buckets[bisect_left(LATENCY_BUCKETS, delay)] += 1
-                        total += delay
-                        parts.append(chunk)
-                    stats.latency_sum += total
-                    data = parts[0] if len(parts) == 1 else b"".join(parts)
-                    stats.bytes_out += len(data)
-                    yield data
-                if self.closed:
-                    return
-                now = loop.time()
-                if deadline is not None and now >= deadline:
-                    return
-                if self.bookmarks and now >= next_bookmark:
-                    yield self._bookmark(max(cache.rv, self.after_rv))
-                    next_bookmark = now + interval
-                    continue
-                due = deadline
-                if self.bookmarks and (due is None or next_bookmark < due):
-                    due = next_bookmark
-                if due != timer_at:
-                    if timer is not None:
-                        timer.cancel()
-                    timer = loop.call_at(due, on_timer) if due is not None else None
-                    timer_at = due
-                wakeup.clear()
-                if live or self.closed:
-                    continue
-                await wakeup.wait()
-        finally:
-            if timer is not None:
-                timer.cancel()
-            cache.remove_watcher(self)
 
 
 class WatchCache:

@@ -109,7 +109,7 @@ def proxy_command(
 
     from range_filter_proxy.app import create_app  # noqa: PLC0415
     from range_filter_proxy.auth import AuthMode, AuthSettings  # noqa: PLC0415
-    from range_filter_proxy.cache import CacheSettings  # noqa: PLC0415
+    from range_filter_proxy.cached import CacheSettings  # noqa: PLC0415
     from range_filter_proxy.heap import HeapSettings  # noqa: PLC0415
     from range_filter_proxy.upstream import load_upstream_config  # noqa: PLC0415
     from rangeshard.core.kubeapi import load_token_file  # noqa: PLC0415

@@ -91,6 +91,24 @@ AUTHENTICATED = "system:authenticated"
 
 
 @dataclass(frozen=True)
+class Attributes:
+    """What a request does, as an authorizer sees it (``resource == ""``: a non-resource ``path``).
+
+    The fields of a SubjectAccessReview's ``resourceAttributes`` (or
+    ``nonResourceAttributes`` for ``path``); both servers' authorizers use it.
+    """
+
+    verb: str
+    resource: str = ""
+    group: str = ""
+    version: str = ""
+    namespace: str = ""
+    name: str = ""
+    subresource: str = ""
+    path: str = ""
+
+
+@dataclass(frozen=True)
 class UserInfo:
     """An authenticated user, as a token file or a TokenReview tells it."""
 

@@ -9,9 +9,11 @@ from typing import Any
 import orjson
 
 from hashing import MAX_HASH, OWNER_PATH, UID_PATH, HashRange, fnv1a_64, parse_shard_selector, range_to_selector
-from range_filter_proxy.cache import INITIAL_EVENTS_END, CacheManager, CacheSettings, WatchCache, Watcher, WatchFilter
+from range_filter_proxy.cache import CacheManager, WatchCache
+from range_filter_proxy.cached import INITIAL_EVENTS_END, CacheSettings, WatchFilter
 from range_filter_proxy.errors import UpstreamUnavailable
 from range_filter_proxy.metrics import ProxyMetrics
+from range_filter_proxy.watcher import Watcher
 from rangeshard.core.selectors import parse_field_selector, parse_label_selector
 from tests.range_filter_proxy.fakes import INFOS, PODS, REPLICASETS, FakeUpstream
 from tests.range_filter_proxy.helpers import async_test, eventually

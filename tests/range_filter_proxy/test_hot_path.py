@@ -24,7 +24,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hashing import NAMESPACE_PATH, OWNER_PATH, UID_PATH, HashRange, parse_shard_selector, range_to_selector
-from range_filter_proxy.cache import CachedEvent, CachedObject, CacheSettings, WatchCache, WatchFilter
+from range_filter_proxy.cache import WatchCache
+from range_filter_proxy.cached import CachedEvent, CachedObject, CacheSettings, WatchFilter
 from range_filter_proxy.errors import UpstreamError, UpstreamGone
 from range_filter_proxy.heap import HeapKeeper, HeapSettings
 from range_filter_proxy.metrics import ProxyMetrics

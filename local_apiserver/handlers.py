@@ -1,0 +1,393 @@
+"""The verb handlers of the local API server: get, list, watch, create, update, patch, delete.
+
+Purpose
+    ``dispatch`` routes one resource request (already past the middleware)
+    to its verb: it authorizes, checks ``Accept``, and calls the store. Also
+    the ``scale`` subresource view, ``DeleteOptions`` handling and the
+    TokenReview/SubjectAccessReview endpoints (``review``).
+
+Invariants
+    * The verb recorded in ``info`` (for metrics) is the one kube-apiserver
+      would derive (``list``/``watch``/``deletecollection`` included).
+    * Updates go through ``Store.guaranteed_update``: a stale
+      ``resourceVersion`` is a 409, never a lost write.
+
+Concurrency model
+    Coroutines on the server's event loop; storage calls run in worker
+    threads (:func:`local_apiserver.state.in_thread`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any, Literal
+
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from local_apiserver.auth import (
+    authorize,
+    forbidden_error,
+    subject_access_review,
+    token_review,
+    unauthorized,
+)
+from local_apiserver.errors import (
+    ApiError,
+    bad_request,
+    method_not_allowed,
+    not_found_path,
+    success_body,
+    unsupported_media_type,
+)
+from local_apiserver.patch import json_patch, merge_patch
+from local_apiserver.resources import ResourceSpec
+from local_apiserver.routing import (
+    JSON_PATCH,
+    MERGE_PATCH,
+    NOT_FOUND,
+    PROTOBUF,
+    STRATEGIC_PATCH,
+    Target,
+    bool_param,
+    check_accept,
+    int_param,
+    parse_target,
+    query_selectors,
+    read_body,
+    shard_param,
+)
+from local_apiserver.state import State, in_thread, json_response
+from local_apiserver.store import Obj, Store, check_precondition, parse_resource_version
+from local_apiserver.strategic import strategic_merge
+from local_apiserver.validation import check_body_shape, check_scale_body, selector_requirements
+from local_apiserver.watch import WatchRequest, timeout_param, watch_events
+from rangeshard.core.kubeapi import Attributes, UserInfo
+
+log = logging.getLogger(__name__)
+
+
+class DeleteOptions(BaseModel):
+    """The fields of ``meta/v1 DeleteOptions`` this server honours (others are ignored)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    kind: str | None = None
+    apiVersion: str | None = None  # noqa: N815 (Kubernetes field name)
+    propagationPolicy: Literal["Background", "Foreground", "Orphan"] | None = None  # noqa: N815
+    orphanDependents: bool | None = None  # noqa: N815
+    gracePeriodSeconds: int | None = None  # noqa: N815
+    preconditions: dict[str, str | None] | None = None
+    dryRun: list[str] | None = None  # noqa: N815
+
+
+async def dispatch(state: State, request: Request, path: str, info: dict[str, str]) -> Response:
+    target = parse_target(path)
+    method = request.method
+    if isinstance(target, dict):
+        if method != "GET":
+            raise method_not_allowed(f"{method} is not allowed on discovery documents")
+        return json_response(target)
+    spec = target.spec
+    info["resource"] = spec.resource
+    info["subresource"] = target.subresource
+    if spec.namespaced and target.namespace is None and target.name is not None:
+        raise not_found_path(f"{NOT_FOUND} ({spec.resource} are namespaced: use /namespaces/<ns>/{spec.resource})")
+    if request.query_params.get("dryRun"):
+        raise bad_request("dryRun is not supported by the local API server")
+    _authorize(state, request, _attributes(request, target))
+    check_accept(request)
+    store = state.require_store()
+    ns = target.namespace
+
+    if target.watch_path or (method == "GET" and target.name is None and bool_param(request, "watch")):
+        if method != "GET" or target.subresource:
+            raise method_not_allowed("watch is only allowed with GET on a collection or object")
+        info["verb"] = "watch"
+        return await _watch(state, store, request, target)
+
+    if method == "GET":
+        if target.name is None:
+            info["verb"] = "list"
+            return await _list(store, request, target)
+        info["verb"] = "get"
+        obj = await in_thread(store.get, spec, ns, target.name)
+        return json_response(to_scale(spec, obj) if target.subresource == "scale" else obj)
+
+    if method == "POST":
+        info["verb"] = "create"
+        if target.name is not None:
+            raise method_not_allowed(f"POST is not allowed on a single {spec.kind} (use PUT or PATCH)")
+        if spec.namespaced and ns is None:
+            raise method_not_allowed(f"create {spec.resource} under /namespaces/<namespace>/{spec.resource}")
+        _, body = await read_body(request, ("application/json", "application/yaml", "application/x-yaml"))
+        created = await in_thread(store.create, spec, ns, body)
+        return json_response(created, 201)
+
+    if target.name is None:
+        if method == "DELETE":
+            info["verb"] = "deletecollection"
+            raise method_not_allowed(
+                "deletecollection is not supported by the local API server; delete objects one by one"
+            )
+        raise method_not_allowed(f"{method} is not allowed on a collection")
+    name = target.name
+
+    if method == "PUT":
+        info["verb"] = "update"
+        _, body = await read_body(request, ("application/json", "application/yaml", "application/x-yaml"))
+        if target.subresource == "scale":
+            return json_response(await in_thread(_update_scale, store, spec, ns, name, body, None))
+        updated = await in_thread(store.update, spec, ns, name, body, subresource=target.subresource)
+        return json_response(updated)
+
+    if method == "PATCH":
+        info["verb"] = "patch"
+        media, patch = await read_body(request, (MERGE_PATCH, JSON_PATCH, STRATEGIC_PATCH))
+        if media in (MERGE_PATCH, STRATEGIC_PATCH) and not isinstance(patch, dict):
+            raise bad_request("a merge patch must be a JSON object")
+        schema = "scale" if target.subresource == "scale" else spec.resource
+
+        def apply(doc: Obj) -> Any:
+            if media == JSON_PATCH:
+                return json_patch(doc, patch)
+            if media == STRATEGIC_PATCH:
+                return strategic_merge(doc, patch, schema)
+            return merge_patch(doc, patch)
+
+        if target.subresource == "scale":
+            return json_response(await in_thread(_update_scale, store, spec, ns, name, None, apply))
+        return json_response(await in_thread(_patch, store, spec, ns, name, apply, target.subresource))
+
+    if method == "DELETE":
+        info["verb"] = "delete"
+        if target.subresource:
+            raise method_not_allowed(f"DELETE is not allowed on {spec.resource}/{target.subresource}")
+        return await _delete(store, request, spec, ns, name)
+
+    raise method_not_allowed(f"{method} is not supported")
+
+
+def _attributes(request: Request, target: Target) -> Attributes:
+    """The authorization attributes of a resource request (verb as kube-apiserver derives it)."""
+    method = request.method
+    watch = request.query_params.get("watch", "").lower() in ("true", "1")
+    if target.watch_path or (method == "GET" and target.name is None and watch):
+        verb = "watch"
+    elif method in ("GET", "HEAD"):
+        verb = "get" if target.name is not None else "list"
+    elif method == "DELETE" and target.name is None:
+        verb = "deletecollection"
+    else:
+        verb = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}.get(method, method.lower())
+    spec = target.spec
+    return Attributes(
+        verb=verb,
+        resource=spec.resource,
+        group=spec.group,
+        namespace=target.namespace or "",
+        name=target.name or "",
+        subresource=target.subresource,
+    )
+
+
+def _authorize(state: State, request: Request, attrs: Attributes) -> None:
+    """403 unless the built-in policy allows the authenticated user (no-op without a token file)."""
+    if state.authenticator is None:
+        return
+    user = request.scope.get("state", {}).get("user")
+    if not isinstance(user, UserInfo):
+        raise unauthorized()
+    allowed, _ = authorize(user, attrs)
+    if not allowed:
+        log.info("forbidden: user %r cannot %s %s", user.username, attrs.verb, attrs.resource or attrs.path)
+        raise forbidden_error(user, attrs)
+
+
+async def review(state: State, request: Request, path: str, info: dict[str, str]) -> Response:
+    """``POST`` of a TokenReview or SubjectAccessReview."""
+    group, _, rest = path.removeprefix("apis/").partition("/")
+    resource = rest.rpartition("/")[2]
+    info["resource"] = resource
+    info["verb"] = "create"
+    if request.method != "POST":
+        raise method_not_allowed(f"{request.method} is not allowed on {resource}: only create (POST)")
+    _authorize(state, request, Attributes(verb="create", resource=resource, group=group))
+    _, body = await read_body(request, ("application/json", "application/yaml", "application/x-yaml"))
+    if resource == "tokenreviews":
+        return json_response(token_review(state.authenticator, body), 201)
+    return json_response(subject_access_review(body), 201)
+
+
+async def _list(store: Store, request: Request, target: Target) -> Response:
+    spec = target.spec
+    labels, fields = query_selectors(request, spec, None)
+    shard = shard_param(request)
+    limit = int_param(request, "limit")
+    result = await in_thread(
+        store.list_page,
+        spec,
+        target.namespace,
+        labels,
+        fields,
+        limit=limit,
+        continue_token=request.query_params.get("continue") or None,
+        resource_version=request.query_params.get("resourceVersion"),
+        resource_version_match=request.query_params.get("resourceVersionMatch"),
+        shard=shard,
+    )
+    meta: dict[str, Any] = {"resourceVersion": str(result.revision)}
+    if result.continue_token:
+        meta["continue"] = result.continue_token
+    if shard is not None:
+        meta["shardInfo"] = {"selector": str(shard)}
+    return json_response(
+        {"kind": spec.list_kind, "apiVersion": spec.api_version, "metadata": meta, "items": result.items}
+    )
+
+
+async def _watch(state: State, store: Store, request: Request, target: Target) -> Response:
+    spec = target.spec
+    labels, fields = query_selectors(request, spec, target.name)
+    req = WatchRequest(
+        spec=spec,
+        namespace=target.namespace,
+        labels=labels,
+        fields=fields,
+        resource_version=request.query_params.get("resourceVersion"),
+        allow_bookmarks=bool_param(request, "allowWatchBookmarks"),
+        timeout_seconds=timeout_param(request.query_params.get("timeoutSeconds")),
+        send_initial_events=bool_param(request, "sendInitialEvents"),
+        shard=shard_param(request),
+    )
+    gauge = state.metrics.watches.labels(resource=spec.resource)
+    stream = await watch_events(
+        store,
+        state.config,
+        req,
+        bookmark_interval=state.bookmark_interval,
+        on_open=gauge.inc,
+        on_close=gauge.dec,
+    )
+    return StreamingResponse(stream, media_type="application/json", headers={"Cache-Control": "no-cache"})
+
+
+def _patch(
+    store: Store, spec: ResourceSpec, ns: str | None, name: str, apply: Callable[[Obj], Any], subresource: str
+) -> Obj:
+    def mutate(current: Obj) -> Obj:
+        patched = apply(current)
+        check_body_shape(spec, patched)
+        meta = patched.get("metadata") or {}
+        for immutable in ("name", "uid"):
+            if meta.get(immutable) != current["metadata"].get(immutable):
+                raise ApiError(
+                    422,
+                    "Invalid",
+                    f'{spec.kind} "{name}" is invalid: metadata.{immutable}: Invalid value: field is immutable',
+                )
+        rv = meta.get("resourceVersion")
+        if rv is not None:
+            check_precondition(spec, name, current, parse_resource_version(str(rv), "metadata.resourceVersion"))
+        return store.merge_update(spec, current, patched, subresource)
+
+    return store.guaranteed_update(spec, ns, name, mutate)
+
+
+def to_scale(spec: ResourceSpec, obj: Obj) -> Obj:
+    """The autoscaling/v1 Scale view of a replicaset or deployment."""
+    meta = obj["metadata"]
+    raw_spec, raw_status = obj.get("spec"), obj.get("status")
+    body_spec: dict[str, Any] = raw_spec if isinstance(raw_spec, dict) else {}
+    status: dict[str, Any] = raw_status if isinstance(raw_status, dict) else {}
+    reqs, _ = selector_requirements(body_spec.get("selector"))
+    parts = []
+    for r in reqs:
+        if r.op == "=":
+            parts.append(f"{r.key}={r.values[0]}")
+        elif r.op in ("in", "notin"):
+            parts.append(f"{r.key} {r.op} ({','.join(r.values)})")
+        else:
+            parts.append(r.key if r.op == "exists" else f"!{r.key}")
+    replicas = body_spec.get("replicas")
+    current = status.get("replicas")
+    return {
+        "kind": "Scale",
+        "apiVersion": "autoscaling/v1",
+        "metadata": {
+            k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp") if k in meta
+        },
+        "spec": {"replicas": replicas if isinstance(replicas, int) else 0},
+        "status": {"replicas": current if isinstance(current, int) else 0, "selector": ",".join(parts)},
+    }
+
+
+def _update_scale(
+    store: Store,
+    spec: ResourceSpec,
+    ns: str | None,
+    name: str,
+    body: Any,
+    apply: Callable[[Obj], Any] | None,
+) -> Obj:
+    def mutate(current: Obj) -> Obj:
+        scale = to_scale(spec, current)
+        new_scale = apply(scale) if apply is not None else body
+        replicas = check_scale_body(new_scale)
+        meta = new_scale.get("metadata") or {}
+        if meta.get("name") not in (None, name):
+            raise bad_request(
+                f"the name of the object ({meta.get('name')}) does not match the name on the URL ({name})"
+            )
+        rv = meta.get("resourceVersion")
+        if rv is not None and rv != "":
+            check_precondition(spec, name, current, parse_resource_version(str(rv), "metadata.resourceVersion"))
+        desired = dict(current)
+        desired["spec"] = dict(current.get("spec") or {})
+        desired["spec"]["replicas"] = replicas
+        return store.merge_update(spec, current, desired, "")
+
+    return to_scale(spec, store.guaranteed_update(spec, ns, name, mutate))
+
+
+async def _delete(store: Store, request: Request, spec: ResourceSpec, ns: str | None, name: str) -> Response:
+    options = DeleteOptions()
+    raw = await request.body()
+    if raw.strip():
+        media = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
+        if media.startswith(PROTOBUF):
+            raise unsupported_media_type("the local API server does not decode protobuf DeleteOptions; send JSON")
+        try:
+            options = DeleteOptions.model_validate_json(raw)
+        except ValidationError as e:
+            problems = "; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors())
+            raise bad_request(f"invalid DeleteOptions: {problems}") from e
+    if options.dryRun:
+        raise bad_request("dryRun is not supported by the local API server")
+    policy = request.query_params.get("propagationPolicy") or options.propagationPolicy
+    if policy is None and options.orphanDependents is not None:
+        policy = "Orphan" if options.orphanDependents else "Background"
+    policy = policy or "Background"
+    if policy not in ("Background", "Foreground", "Orphan"):
+        raise ApiError(
+            422, "Invalid", f"propagationPolicy: Unsupported value: {policy!r}: Background, Foreground, Orphan"
+        )
+    pre = options.preconditions or {}
+    pre_rv = parse_resource_version(pre.get("resourceVersion"), "preconditions.resourceVersion")
+    obj, gone_now = await in_thread(
+        store.delete,
+        spec,
+        ns,
+        name,
+        precondition_uid=pre.get("uid") or None,
+        precondition_rv=pre_rv,
+        propagation=policy,
+    )
+    if not gone_now or spec.return_deleted_object:
+        return json_response(obj)
+    details: dict[str, Any] = {"name": name, "kind": spec.resource, "uid": obj["metadata"].get("uid")}
+    if spec.group:
+        details["group"] = spec.group
+    return json_response(success_body(details))

@@ -1,0 +1,280 @@
+"""Request parsing of the local API server: paths, discovery documents, parameters, bodies.
+
+Purpose
+    ``parse_target`` maps a URL path to a resource :class:`Target` or to a
+    discovery document (``/api``, ``/apis``, ``/apis/<group>[/<version>]``);
+    the ``*_param`` helpers and ``selectors``/``shard_param`` parse query
+    parameters; ``read_body`` decodes JSON/YAML bodies; ``check_accept``
+    refuses media types the server does not produce.
+
+Invariants
+    * Anything that does not parse is an ``ApiError`` (400/404/406/415) naming
+      the problem; nothing here touches storage.
+    * Protobuf bodies are refused with 415 before any decoding.
+
+Concurrency model
+    Pure functions over the request (``read_body`` awaits the body).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import yaml
+from fastapi import Request
+
+from hashing import SelectorSyntaxError, ShardSelector, parse_shard_selector
+from local_apiserver import resources
+from local_apiserver.errors import bad_request, not_acceptable, not_found_path, unsupported_media_type
+from local_apiserver.resources import ResourceSpec
+from rangeshard.core.selectors import FieldSelector, LabelSelector, parse_field_selector, parse_label_selector
+
+KUBE_VERSION = {
+    "major": "1",
+    "minor": "32",
+    "gitVersion": "v1.32.0-rangeshard-local",
+    "gitCommit": "0000000000000000000000000000000000000000",
+    "gitTreeState": "clean",
+    "buildDate": "2026-01-01T00:00:00Z",
+    "goVersion": "n/a (rangeshard local_apiserver, Python)",
+    "compiler": "cpython",
+    "platform": "linux/amd64",
+}
+
+PROTOBUF = "application/vnd.kubernetes.protobuf"
+MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
+STRATEGIC_PATCH = "application/strategic-merge-patch+json"
+APPLY_PATCH = "application/apply-patch+yaml"
+TOKEN_REVIEWS = "apis/authentication.k8s.io/v1/tokenreviews"  # noqa: S105 (a path, not a secret)
+SUBJECT_ACCESS_REVIEWS = "apis/authorization.k8s.io/v1/subjectaccessreviews"
+#: API groups served only for their review resources (create only).
+REVIEW_GROUPS = {
+    "authentication.k8s.io": ("tokenreviews", "TokenReview"),
+    "authorization.k8s.io": ("subjectaccessreviews", "SubjectAccessReview"),
+}
+
+
+@dataclass(frozen=True)
+class Target:
+    """A parsed resource path."""
+
+    spec: ResourceSpec
+    namespace: str | None
+    name: str | None
+    subresource: str
+    watch_path: bool
+
+
+def named_groups() -> list[tuple[str, list[str]]]:
+    return [(g, v) for g, v in resources.groups().items() if g] + [(g, ["v1"]) for g in REVIEW_GROUPS]
+
+
+def _review_resource_list(group: str) -> dict[str, Any]:
+    resource, kind = REVIEW_GROUPS[group]
+    return {
+        "kind": "APIResourceList",
+        "apiVersion": "v1",
+        "groupVersion": f"{group}/v1",
+        "resources": [{"name": resource, "singularName": "", "namespaced": False, "kind": kind, "verbs": ["create"]}],
+    }
+
+
+def group_document(name: str, versions: list[str]) -> dict[str, Any]:
+    return {
+        "name": name,
+        "versions": [{"groupVersion": f"{name}/{v}", "version": v} for v in versions],
+        "preferredVersion": {"groupVersion": f"{name}/{versions[0]}", "version": versions[0]},
+    }
+
+
+def _resource_list(group: str, version: str) -> dict[str, Any]:
+    out: list[dict[str, Any]] = []
+    for spec in resources.by_group_version(group, version):
+        entry: dict[str, Any] = {
+            "name": spec.resource,
+            "singularName": spec.singular,
+            "namespaced": spec.namespaced,
+            "kind": spec.kind,
+            "verbs": list(resources.VERBS),
+        }
+        if spec.short_names:
+            entry["shortNames"] = list(spec.short_names)
+        if spec.categories:
+            entry["categories"] = list(spec.categories)
+        out.append(entry)
+        if spec.status:
+            out.append(
+                {
+                    "name": f"{spec.resource}/status",
+                    "singularName": "",
+                    "namespaced": spec.namespaced,
+                    "kind": spec.kind,
+                    "verbs": ["get", "patch", "update"],
+                }
+            )
+        if spec.scale:
+            out.append(
+                {
+                    "name": f"{spec.resource}/scale",
+                    "singularName": "",
+                    "namespaced": spec.namespaced,
+                    "group": "autoscaling",
+                    "version": "v1",
+                    "kind": "Scale",
+                    "verbs": ["get", "patch", "update"],
+                }
+            )
+    gv = f"{group}/{version}" if group else version
+    return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": out}
+
+
+NOT_FOUND = "the server could not find the requested resource"
+
+
+def parse_target(path: str) -> Target | dict[str, Any]:
+    """A resource target, or a discovery document; 404 ``ApiError`` for anything else."""
+    segs = [s for s in path.strip("/").split("/")]
+    if not segs or segs == [""]:
+        raise not_found_path(NOT_FOUND)
+    if segs == ["api"]:
+        return {"kind": "APIVersions", "versions": ["v1"]}
+    if segs == ["apis"]:
+        return {"kind": "APIGroupList", "apiVersion": "v1", "groups": [group_document(g, v) for g, v in named_groups()]}
+    if segs[0] == "api":
+        if len(segs) < 2 or segs[1] not in resources.groups().get("", []):
+            raise not_found_path(NOT_FOUND)
+        group, version, rest = "", segs[1], segs[2:]
+    elif segs[0] == "apis":
+        if len(segs) >= 2 and segs[1] in REVIEW_GROUPS:
+            if len(segs) == 2:
+                return group_document(segs[1], ["v1"]) | {"kind": "APIGroup", "apiVersion": "v1"}
+            if len(segs) == 3 and segs[2] == "v1":
+                return _review_resource_list(segs[1])
+            raise not_found_path(NOT_FOUND)
+        if len(segs) < 2 or segs[1] not in resources.groups() or not segs[1]:
+            raise not_found_path(NOT_FOUND)
+        if len(segs) == 2:
+            return group_document(segs[1], resources.groups()[segs[1]]) | {"kind": "APIGroup", "apiVersion": "v1"}
+        if segs[2] not in resources.groups()[segs[1]]:
+            raise not_found_path(NOT_FOUND)
+        group, version, rest = segs[1], segs[2], segs[3:]
+    else:
+        raise not_found_path(NOT_FOUND)
+    if not rest:
+        return _resource_list(group, version)
+    watch_path = False
+    if rest[0] == "watch":
+        watch_path = True
+        rest = rest[1:]
+    namespace: str | None = None
+    if len(rest) >= 3 and rest[0] == "namespaces":
+        inner = resources.lookup(group, version, rest[2])
+        if inner is not None and inner.namespaced:
+            namespace = rest[1]
+            rest = rest[2:]
+    if not rest or len(rest) > 3 or any(not s for s in rest):
+        raise not_found_path(NOT_FOUND)
+    spec = resources.lookup(group, version, rest[0])
+    if spec is None:
+        raise not_found_path(f"{NOT_FOUND} (no resource {rest[0]!r} in {group or 'core'}/{version})")
+    name = rest[1] if len(rest) > 1 else None
+    sub = rest[2] if len(rest) > 2 else ""
+    if sub and not ((sub == "status" and spec.status) or (sub == "scale" and spec.scale)):
+        raise not_found_path(f"{NOT_FOUND} (no subresource {sub!r} of {spec.resource})")
+    return Target(spec, namespace, name, sub, watch_path)
+
+
+def check_accept(request: Request) -> None:
+    accept = request.headers.get("accept")
+    if not accept:
+        return
+    for item in accept.split(","):
+        parts = [p.strip() for p in item.split(";")]
+        media = parts[0].lower()
+        params = {k.strip().lower(): v.strip() for k, _, v in (p.partition("=") for p in parts[1:])}
+        if media in ("application/json", "*/*", "application/*") and "as" not in params:
+            return
+    raise not_acceptable(
+        f"only application/json is supported by the local API server (Accept: {accept}); "
+        "tables and protobuf are not served"
+    )
+
+
+async def read_body(request: Request, allowed: tuple[str, ...]) -> tuple[str, Any]:
+    """The decoded request body and its media type; 415/400 on unsupported or malformed input."""
+    content_type = request.headers.get("content-type", "application/json")
+    media = content_type.split(";")[0].strip().lower()
+    if media.startswith(PROTOBUF):
+        raise unsupported_media_type(
+            f"the local API server does not decode protobuf ({content_type}); "
+            "kubectl generator commands (create namespace/deployment, run) send protobuf: "
+            "write the object as YAML/JSON and use `kubectl create -f FILE` instead"
+        )
+    if media == APPLY_PATCH:
+        raise unsupported_media_type("server-side apply is not supported by the local API server; use kubectl apply")
+    if media not in allowed:
+        raise unsupported_media_type(f"unsupported media type {content_type!r}; supported: {', '.join(allowed)}")
+    raw = await request.body()
+    if not raw.strip():
+        raise bad_request("the request body is empty; expected a JSON object")
+    try:
+        if media in ("application/yaml", "application/x-yaml"):
+            doc = yaml.safe_load(raw)
+        else:
+            return media, orjson.loads(raw)
+    except (orjson.JSONDecodeError, yaml.YAMLError, UnicodeDecodeError) as e:
+        raise bad_request(f"couldn't decode the request body as {media}: {e}") from e
+    try:
+        # YAML can hold what JSON cannot (lone surrogates, binary, sets, non-string keys): refuse it here.
+        return media, orjson.loads(orjson.dumps(doc))
+    except (TypeError, orjson.JSONDecodeError) as e:
+        raise bad_request(f"the {media} body is not representable as JSON: {e}") from e
+
+
+def int_param(request: Request, name: str) -> int | None:
+    value = request.query_params.get(name)
+    if value is None or value == "":
+        return None
+    try:
+        number = int(value)
+    except ValueError as e:
+        raise bad_request(f"invalid {name} {value!r}: expected a non-negative integer") from e
+    if number < 0:
+        raise bad_request(f"invalid {name} {value!r}: must be non-negative")
+    return number
+
+
+def bool_param(request: Request, name: str) -> bool:
+    value = request.query_params.get(name)
+    if value is None or value == "":
+        return False
+    if value.lower() in ("true", "1"):
+        return True
+    if value.lower() in ("false", "0"):
+        return False
+    raise bad_request(f"invalid {name} {value!r}: expected true or false")
+
+
+def query_selectors(request: Request, spec: ResourceSpec, name: str | None) -> tuple[LabelSelector, FieldSelector]:
+    labels = parse_label_selector(request.query_params.get("labelSelector"))
+    allowed = ("metadata.name", "metadata.namespace", *spec.extra_fields)
+    fields = parse_field_selector(request.query_params.get("fieldSelector"), allowed, spec.kind)
+    if name is not None:
+        fields = FieldSelector(
+            (*fields.requirements, *parse_field_selector(f"metadata.name={name}", allowed, spec.kind).requirements)
+        )
+    return labels, fields
+
+
+def shard_param(request: Request) -> ShardSelector | None:
+    """The ``shardSelector`` (KEP-5866) of a list/watch, or None; 400 if malformed."""
+    text = request.query_params.get("shardSelector")
+    if text is None or text == "":
+        return None
+    try:
+        return parse_shard_selector(text)
+    except SelectorSyntaxError as e:
+        raise bad_request(f"invalid shardSelector: {e}") from e

@@ -1,0 +1,106 @@
+"""Shared state of the local API server's routes, and the response helpers.
+
+Purpose
+    :class:`State` holds what every route shares (etcd configuration, the
+    store, the garbage collector, the authenticator, per-app metrics);
+    :class:`Metrics` is a per-app Prometheus registry so several apps can
+    live in one process. ``json_response``/``status_response`` build the
+    JSON answers; ``in_thread`` runs a blocking storage call off the loop.
+
+Invariants
+    * ``require_store`` answers 503 until etcd was reached and the default
+      namespaces exist; nothing is served from a half-initialised store.
+
+Concurrency model
+    Created once per app in its lifespan; ``connect`` is guarded by a lock
+    because readiness probes and the lifespan may race to connect.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import anyio
+import orjson
+from fastapi.responses import Response
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from local_apiserver import resources
+from local_apiserver.auth import TokenAuthenticator
+from local_apiserver.errors import ApiError
+from local_apiserver.gc import GarbageCollector
+from local_apiserver.store import Store
+from rangeshard.core.etcd import EtcdClient, EtcdConfig
+
+T = TypeVar("T")
+
+
+class Metrics:
+    """Per-app Prometheus registry (so several apps can live in one process)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "local_apiserver_requests",
+            "API requests by verb, resource, subresource and HTTP code",
+            ["verb", "resource", "subresource", "code"],
+            registry=self.registry,
+        )
+        self.watches = Gauge(
+            "local_apiserver_watches", "Open watches per resource", ["resource"], registry=self.registry
+        )
+        for spec in resources.RESOURCES:
+            self.watches.labels(resource=spec.resource).set(0)
+
+
+class State:
+    """Everything the routes share; created in the lifespan."""
+
+    def __init__(
+        self,
+        config: EtcdConfig,
+        prefix: str | None,
+        bookmark_interval: float,
+        authenticator: TokenAuthenticator | None = None,
+    ) -> None:
+        self.config = config
+        self.authenticator = authenticator
+        self.prefix = prefix
+        self.bookmark_interval = bookmark_interval
+        self.metrics = Metrics()
+        self.client: EtcdClient | None = None
+        self.store: Store | None = None
+        self.gc: GarbageCollector | None = None
+        self.bootstrapped = False
+        self._connect_lock = threading.Lock()
+
+    def connect(self) -> Store:
+        """The store, connecting first if needed (with etcd authentication this talks to etcd)."""
+        with self._connect_lock:
+            if self.store is None:
+                client = EtcdClient(self.config)
+                self.client = client
+                self.store = Store(client, self.prefix)
+                self.gc = GarbageCollector(self.store)
+                self.gc.start()
+            return self.store
+
+    def require_store(self) -> Store:
+        if self.store is None or not self.bootstrapped:
+            raise ApiError(503, "ServiceUnavailable", "the local API server is starting (etcd not reached yet)")
+        return self.store
+
+
+def json_response(body: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(body), status_code=status, media_type="application/json")
+
+
+def status_response(e: ApiError) -> Response:
+    return json_response(e.status(), e.code)
+
+
+async def in_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    return await anyio.to_thread.run_sync(functools.partial(fn, *args, **kwargs))

@@ -1,0 +1,235 @@
+"""The values of the shared watch cache: cached objects, cached events, watch filters, settings.
+
+Purpose
+    :class:`CachedObject` is one object as the cache stores it (its JSON bytes
+    once, its shard hashes and filter fields precomputed); :class:`CachedEvent`
+    one event of the history, serialised at most once per variant;
+    :class:`WatchFilter` one downstream watch's namespace/label/field/shard
+    filter, compiled to a predicate; :class:`CacheSettings` the tunables.
+
+Invariants
+    * A cached object is immutable once built; ``MODIFIED`` events keep the
+      previous object so a watcher can be told ``DELETED`` when an object
+      leaves its filter.
+
+Concurrency model
+    Plain values, used from the proxy's single event loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+import orjson
+
+from hashing import ObjectHashes, ShardSelector
+from range_filter_proxy.errors import UpstreamError
+from range_filter_proxy.resources import ResourceInfo
+from rangeshard.core.selectors import FieldSelector, LabelSelector
+
+log = logging.getLogger(__name__)
+
+INITIAL_EVENTS_END = "k8s.io/initial-events-end"
+
+
+@dataclass(slots=True)
+class CacheSettings:
+    """Tunables of every watch cache (defaults are production values)."""
+
+    history_events: int = 10_000
+    history_seconds: float = 300.0
+    history_hard_cap: int = 100_000
+    bookmark_interval: float = 10.0
+    watcher_queue_size: int = 1_000
+    #: How long a consistent read waits for the cache before listing upstream instead.
+    consistent_read_timeout: float = 0.5
+    #: How long a read "not older than N" waits for the cache to reach N (then 504).
+    rv_wait_timeout: float = 3.0
+    #: How long a request waits for a cache's first sync (then 503).
+    sync_timeout: float = 10.0
+    relist_backoff_initial: float = 0.2
+    relist_backoff_max: float = 10.0
+
+
+def parse_rv(value: Any) -> int:
+    """Parse a resourceVersion; ``ValueError`` if it is not a non-negative integer."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    if isinstance(value, str) and value.isdigit() and len(value) < 40:
+        return int(value)
+    raise ValueError(f"invalid resource version {value!r}")
+
+
+_NO_LABELS: Mapping[str, str] = MappingProxyType({})
+
+
+@dataclass(slots=True, eq=False)
+class CachedObject:
+    """One object as stored: serialised once, hashes and filter fields precomputed.
+
+    Only the JSON bytes are kept, not the decoded dict (which cost ~9x the
+    JSON size in memory); the few fields filters need are extracted at build
+    time, and :attr:`obj` decodes on demand (field selectors, ``at_rv``).
+    """
+
+    raw: bytes
+    hashes: ObjectHashes
+    rv: int
+    namespace: str | None
+    name: str
+    labels: Mapping[str, str]
+
+    @classmethod
+    def build(cls, obj: dict[str, Any], info: ResourceInfo, raw: bytes | None = None) -> CachedObject:
+        """Wrap an upstream object (``kind``/``apiVersion`` filled in if missing).
+
+        ``raw`` is the object's JSON as received (:attr:`WatchEvent.raw`); it is
+        kept as is when the object needs no filling in, instead of encoding
+        ``obj`` again.
+        """
+        meta = obj.get("metadata")
+        if not isinstance(meta, dict):
+            raise UpstreamError(f"{info.gvr}: object without metadata")
+        try:
+            rv = parse_rv(meta.get("resourceVersion"))
+        except ValueError as e:
+            raise UpstreamError(f"{info.gvr}: object {meta.get('name')!r}: {e}") from e
+        if "kind" not in obj or "apiVersion" not in obj:
+            obj = {"kind": info.kind, "apiVersion": info.gvr.group_version, **obj}
+            raw = None
+        labels = meta.get("labels")
+        ns = meta.get("namespace")
+        name = sys.intern(str(meta.get("name") or ""))
+        if raw is None:
+            # orjson's result keeps its growth buffer (~8 KiB resident for a 1 KiB pod);
+            # an exact-size copy is what we keep.
+            raw = bytes(memoryview(orjson.dumps(obj)))
+        return cls(
+            raw,
+            ObjectHashes.of(obj),
+            rv,
+            sys.intern(ns) if isinstance(ns, str) and ns else None,
+            name,
+            {sys.intern(str(k)): sys.intern(str(v)) for k, v in labels.items()}
+            if isinstance(labels, dict) and labels
+            else _NO_LABELS,
+        )
+
+    @property
+    def obj(self) -> dict[str, Any]:
+        """The object, decoded from its bytes (a fresh dict on every access)."""
+        decoded: dict[str, Any] = orjson.loads(self.raw)
+        return decoded
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """``(namespace, name)``; the namespace is ``""`` for cluster-scoped objects."""
+        return (self.namespace or "", self.name)
+
+    def at_rv(self, rv: int) -> bytes:
+        """The serialisation of this object with ``metadata.resourceVersion`` set to ``rv``."""
+        obj = self.obj
+        obj["metadata"] = {**obj["metadata"], "resourceVersion": str(rv)}
+        return orjson.dumps(obj)
+
+
+def event_line(etype: str, raw_object: bytes) -> bytes:
+    """One line of a JSON watch stream."""
+    return b'{"type":"' + etype.encode() + b'","object":' + raw_object + b"}\n"
+
+
+@dataclass(slots=True, eq=False)
+class CachedEvent:
+    """One event of the history; serialisations are computed lazily and shared."""
+
+    type: str
+    rv: int
+    cur: CachedObject
+    prev: CachedObject | None
+    received: float
+    #: ``prev`` exists and agrees with ``cur`` on everything but field selectors look at
+    #: (namespace, labels, hashes): then a filter without field selector matches both or neither.
+    stable: bool = False
+    _lines: dict[str, bytes] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, etype: str, rv: int, cur: CachedObject, prev: CachedObject | None, received: float) -> CachedEvent:
+        """An event of ``cur`` replacing ``prev``, with :attr:`stable` worked out."""
+        stable = (
+            prev is not None
+            and prev.hashes == cur.hashes
+            and prev.namespace == cur.namespace
+            and prev.labels == cur.labels
+        )
+        return cls(etype, rv, cur, prev, received, stable)
+
+    def line(self, variant: str) -> bytes:
+        """``ADDED``/``MODIFIED``/``DELETED`` of ``cur``, or ``DELETED_PREV`` (prev at this rv)."""
+        cached = self._lines.get(variant)
+        if cached is None:
+            if variant == "DELETED_PREV" and self.prev is not None:
+                cached = event_line("DELETED", self.prev.at_rv(self.rv))
+            else:
+                cached = event_line(variant, self.cur.raw)
+            self._lines[variant] = cached
+        return cached
+
+
+@dataclass(frozen=True, slots=True)
+class WatchFilter:
+    """What one downstream request selects: namespace, labels, fields, shard ranges.
+
+    :attr:`matches` is a predicate compiled once from the parts that are set
+    (the dispatcher runs it for every watcher on every event).
+    """
+
+    namespace: str | None = None
+    labels: LabelSelector = field(default_factory=LabelSelector)
+    fields: FieldSelector = field(default_factory=FieldSelector)
+    shard: ShardSelector | None = None
+    #: True if the object passes every part of the filter.
+    matches: Callable[[CachedObject], bool] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "matches", self._compile())
+
+    def _compile(self) -> Callable[[CachedObject], bool]:
+        ns = self.namespace
+        shard = self.shard.predicate() if self.shard is not None else None
+        labels = None if self.labels.empty else self.labels
+        fields = None if self.fields.empty else self.fields
+        if shard is not None and ns is None and labels is None and fields is None:
+            # The controller manager's case: a shard selector and nothing else.
+            def shard_only(o: CachedObject) -> bool:
+                return shard(o.hashes)
+
+            return shard_only
+
+        def full(o: CachedObject) -> bool:
+            if ns is not None and o.namespace != ns:
+                return False
+            if shard is not None and not shard(o.hashes):
+                return False
+            if labels is not None and not labels.matches(o.labels):
+                return False
+            return fields is None or fields.matches(o.obj)
+
+        return full
+
+    def variant(self, ev: CachedEvent) -> str | None:
+        """Which form of ``ev`` this filter's watcher gets, or ``None`` (filtered out)."""
+        matches = self.matches
+        if ev.type == "DELETED":
+            return "DELETED" if matches(ev.cur) else None
+        if ev.stable and self.fields.empty:
+            return "MODIFIED" if matches(ev.cur) else None
+        cur_ok = matches(ev.cur)
+        prev_ok = ev.prev is not None and matches(ev.prev)
+        if cur_ok:
+            return "MODIFIED" if prev_ok else "ADDED"
+        return "DELETED_PREV" if prev_ok else None
