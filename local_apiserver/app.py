@@ -20,6 +20,9 @@ Invariants
     * ``local_apiserver_requests_total{verb,resource,subresource,code}`` counts
       every API request; ``local_apiserver_watches{resource}`` is the number of
       open watches.
+    * With an audit log (``audit_log``, :mod:`local_apiserver.audit`) every
+      request that reaches the API route (resources, reviews, discovery) is
+      written as one ``audit.k8s.io/v1`` event at stage ``ResponseComplete``.
 
 Concurrency model
     asyncio (uvicorn). Storage calls are synchronous and run in worker threads
@@ -34,6 +37,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 
 import anyio
 from fastapi import FastAPI, Request
@@ -41,6 +45,7 @@ from fastapi.responses import PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from local_apiserver.audit import AuditLog, RequestFacts
 from local_apiserver.auth import TokenAuthenticator
 from local_apiserver.errors import ApiError, status_object
 from local_apiserver.handlers import dispatch, review
@@ -62,6 +67,7 @@ def create_app(
     startup_timeout: float = 30.0,
     authenticator: TokenAuthenticator | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    audit_log: AuditLog | None = None,
 ) -> FastAPI:
     """Build the local API server application (see module docstring).
 
@@ -70,7 +76,8 @@ def create_app(
     between watch bookmarks when a client allows them; ``authenticator`` (from
     ``--token-file``) turns on authentication and the built-in authorization
     policy (:mod:`local_apiserver.auth`); ``max_body_bytes`` bounds request
-    bodies (413 beyond).
+    bodies (413 beyond); ``audit_log`` (from ``--audit-log-path``) receives
+    one audit event per API request and is closed at shutdown.
     """
     config = etcd if isinstance(etcd, EtcdConfig) else EtcdConfig.from_urls(etcd)
     state = State(config, prefix, bookmark_interval, authenticator)
@@ -98,6 +105,8 @@ def create_app(
                 await in_thread(gc.stop)
             if state.client is not None:
                 state.client.close()
+            if audit_log is not None:
+                audit_log.close()
 
     app = FastAPI(
         title="rangeshard local API server", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
@@ -170,6 +179,7 @@ def create_app(
 
     @app.api_route("/{path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"])
     async def api(request: Request, path: str) -> Response:
+        received = datetime.now(UTC)
         info = {"verb": request.method.lower(), "resource": "", "subresource": ""}
         try:
             if path.strip("/") in (TOKEN_REVIEWS, SUBJECT_ACCESS_REVIEWS):
@@ -187,6 +197,8 @@ def create_app(
             subresource=info["subresource"],
             code=str(response.status_code),
         ).inc()
+        if audit_log is not None:
+            response = await audit_log.record(request, RequestFacts.from_info(info), response, received)
         return response
 
     return app

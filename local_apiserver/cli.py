@@ -10,7 +10,8 @@ Purpose
     (``--etcd-cacert/--etcd-cert/--etcd-key/--etcd-user/--etcd-password``,
     the password also from ``RANGESHARD_ETCD_PASSWORD``); ``--token-file``
     turns on bearer-token authentication and the built-in authorization policy
-    (docs/security.md).
+    (docs/security.md); ``--audit-log-path``/``--audit-level`` write an
+    ``audit.k8s.io/v1`` audit log (:mod:`local_apiserver.audit`).
 
 Invariants
     * Bad options exit with code 2 and a one-line message (``ConfigError``),
@@ -75,11 +76,23 @@ def local_apiserver_command(
     max_request_body_bytes: Annotated[
         int, typer.Option("--max-request-body-bytes", help="Largest accepted request body (413 beyond).")
     ] = 3 * 1024 * 1024,
+    audit_log_path: Annotated[
+        str | None,
+        typer.Option(
+            "--audit-log-path",
+            help="Append one audit.k8s.io/v1 Event per request (JSON line, stage ResponseComplete) to this file.",
+        ),
+    ] = None,
+    audit_level: Annotated[
+        str,
+        typer.Option("--audit-level", help="Metadata, Request (plus requestObject) or RequestResponse (plus both)."),
+    ] = "Metadata",
 ) -> None:
     """Serve a small Kubernetes-compatible API stored in etcd."""
     import uvicorn  # noqa: PLC0415 (keep `--help` fast)
 
     from local_apiserver.app import create_app  # noqa: PLC0415
+    from local_apiserver.audit import AuditLevel, AuditLog  # noqa: PLC0415
     from local_apiserver.auth import TokenAuthenticator  # noqa: PLC0415
     from rangeshard.core.kubeapi import load_token_file  # noqa: PLC0415
 
@@ -111,6 +124,8 @@ def local_apiserver_command(
             password=etcd_password,
         )
         authenticator = TokenAuthenticator(load_token_file(token_file)) if token_file is not None else None
+        level = AuditLevel.parse(audit_level)
+        audit_log = AuditLog(audit_log_path, level) if audit_log_path else None
     except ConfigError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from e
@@ -130,6 +145,7 @@ def local_apiserver_command(
         bookmark_interval=bookmark_interval,
         authenticator=authenticator,
         max_body_bytes=max_request_body_bytes,
+        audit_log=audit_log,
     )
     uvicorn.run(
         app,

@@ -93,6 +93,10 @@ async def dispatch(state: State, request: Request, path: str, info: dict[str, st
     spec = target.spec
     info["resource"] = spec.resource
     info["subresource"] = target.subresource
+    info["namespace"] = target.namespace or ""
+    info["name"] = target.name or ""
+    info["group"] = spec.group
+    info["version"] = spec.version
     if spec.namespaced and target.namespace is None and target.name is not None:
         raise not_found_path(f"{NOT_FOUND} ({spec.resource} are namespaced: use /namespaces/<ns>/{spec.resource})")
     if request.query_params.get("dryRun"):
