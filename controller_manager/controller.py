@@ -27,6 +27,7 @@ Concurrency model
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -38,6 +39,7 @@ from kubernetes.client.exceptions import ApiException
 
 from controller_manager.audit import AuditLog
 from controller_manager.audit import now as audit_now
+from controller_manager.fencing import FencedApiClient, WriteFenced
 from controller_manager.informer import Informer
 from controller_manager.metrics import Metrics
 from controller_manager.resources import Resource, controller_ref, object_key
@@ -46,6 +48,7 @@ from controller_manager.workqueue import WorkQueue
 from hashing import OWNER_PATH, UID_PATH, HashRange, hash_key
 from rangeshard.core.errors import ControllerError, ReconcileTimeout
 from rangeshard.core.etcd import EtcdConfig
+from rangeshard.core.ownertoken import OwnerToken
 from registry.rebalance import histogram
 
 log = logging.getLogger(__name__)
@@ -174,6 +177,7 @@ class ControllerRuntime:
         self.queue: WorkQueue[str] = WorkQueue(self.name)
         self._uids: dict[str, str] = {}
         self._uids_lock = threading.Lock()
+        self._fenced_tokens: set[OwnerToken | None] = set()  # one log line per fenced epoch
         self.controller = controller_cls(self)
         self.shard = ShardInstance(
             etcd_config=etcd_config,
@@ -187,6 +191,7 @@ class ControllerRuntime:
             on_allowed=self._resync_now,
             workload=self._workload,
             on_state=lambda s: metrics.set_state(self.name, instance_id, s),
+            on_token=api_client.set_token if isinstance(api_client, FencedApiClient) else None,
             host=host,
             pid=pid,
         )
@@ -334,9 +339,26 @@ class ControllerRuntime:
         start = audit_now()
         t0 = time.monotonic()
         result = "ok"
+        declare = (
+            self.api_client.reconciling(key_hash)
+            if isinstance(self.api_client, FencedApiClient)
+            else contextlib.nullcontext()
+        )
         try:
-            self.controller.reconcile(key, ctx)
+            with declare:
+                self.controller.reconcile(key, ctx)
             self.queue.forget(key)
+        except WriteFenced as e:
+            # Loss of ownership: drop the key (no retry; the owner has it, or a relist brings it back).
+            result = "fenced"
+            self.queue.forget(key)
+            self.metrics.fenced_writes.labels(self.name, e.reason).inc()
+            if self.shard.write_fenced(e.token, stale_epoch=e.reason == "StaleEpoch"):
+                with self._uids_lock:
+                    first = e.token not in self._fenced_tokens
+                    self._fenced_tokens.add(e.token)
+                if first:
+                    log.warning("%s: %s (key %s dropped)", self.name, e, key)
         except Requeue as r:
             result = "requeue"
             if r.after is not None:

@@ -34,6 +34,7 @@ from controller_manager.audit import AuditLog
 from controller_manager.config import ManagerConfig
 from controller_manager.controller import ControllerRuntime
 from controller_manager.controllers import CONTROLLERS
+from controller_manager.fencing import FencedApiClient
 from controller_manager.metrics import Metrics, StatusServer
 from rangeshard.core.errors import ConfigError
 from rangeshard.core.etcd import EtcdConfig
@@ -98,7 +99,7 @@ def api_client_for(url: str, token_file: str | None = None, ca_cert: str | None 
         cfg.api_key = {"BearerToken": source.token}
         cfg.api_key_prefix = {"BearerToken": "Bearer"}
         cfg.refresh_api_key_hook = source  # type: ignore[assignment]  # typed as None upstream
-    return k8s.ApiClient(cfg)
+    return FencedApiClient(cfg)
 
 
 class ControllerManager:
@@ -120,16 +121,19 @@ class ControllerManager:
         self.metrics = Metrics()
         self.audit = AuditLog(audit_path) if audit_path else None
         self.prefix = instance_prefix or config.instance_id_prefix or default_instance_prefix()
-        self.api_client = api_client_for(config.proxy.url, config.proxy.token_file, config.proxy.ca_cert)
+        self.api_clients: list[Any] = []
         self.runtimes: list[ControllerRuntime] = []
         for name, section in config.controllers.items():
             cls = CONTROLLERS.get(name)
             if cls is None:
                 raise ConfigError(f"controllers.{name}: unknown controller (known: {', '.join(sorted(CONTROLLERS))})")
+            # One client per instance: its User-Agent is that instance's owner token.
+            api_client = api_client_for(config.proxy.url, config.proxy.token_file, config.proxy.ca_cert)
+            self.api_clients.append(api_client)
             self.runtimes.append(
                 ControllerRuntime(
                     cls,
-                    api_client=self.api_client,
+                    api_client=api_client,
                     etcd_config=self.etcd_config,
                     registry_prefix=config.registry_prefix,
                     instance_id=f"{self.prefix}-{name}",
@@ -172,7 +176,8 @@ class ControllerManager:
             self.status.stop()
         if self.audit is not None:
             self.audit.close()
-        self.api_client.close()
+        for api_client in self.api_clients:
+            api_client.close()
         log.info("controller manager %s stopped", self.prefix)
 
     def run_until_signal(self) -> None:

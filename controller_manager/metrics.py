@@ -59,6 +59,12 @@ class Metrics:
             ["controller"],
             registry=r,
         )
+        self.fenced_writes = Counter(
+            "rangeshard_fenced_writes_total",
+            "Writes the proxy refused because this instance no longer owned the key (the key was dropped)",
+            ["controller", "reason"],
+            registry=r,
+        )
         self.queue_depth = Gauge("rangeshard_workqueue_depth", "Queued keys", ["controller"], registry=r)
         self.workload = Gauge("rangeshard_workload_objects", "Main objects in range", ["controller"], registry=r)
 

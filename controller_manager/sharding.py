@@ -28,6 +28,14 @@ The invariant
        the informers relist; processing resumes only when all informers are
        synced at the current epoch, so a reconcile never acts on a cache that
        predates the previous owner's last writes.
+    5. **Owner token.** Every request carries :attr:`token`
+       (:class:`~rangeshard.core.ownertoken.OwnerToken`, published through
+       ``on_token``): lease id plus the registry revision of the view in
+       which the current range and lock state were first seen (the join
+       revision after a join). A proxy with write fencing refuses writes
+       whose token is no longer current, which closes what timing cannot:
+       a process paused past its lease (docs/reliability.md). A fenced
+       answer for a stale epoch asks for a fresh epoch (:meth:`write_fenced`).
 
 State machine (``state`` is published in the registry record)::
 
@@ -60,6 +68,7 @@ from typing import Any
 from hashing import HashRange
 from rangeshard.core.errors import CompareFailed, NotRegistered, RangeshardError
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
+from rangeshard.core.ownertoken import OwnerToken
 from registry import LeaseKeeper, MembershipWatch, Registry, RegistryView, Snapshot, State
 
 log = logging.getLogger(__name__)
@@ -84,6 +93,7 @@ class ShardInstance:
         on_allowed: Callable[[], None],
         workload: Callable[[HashRange], tuple[int, dict[str, Any] | None]],
         on_state: Callable[[str], None] | None = None,
+        on_token: Callable[[OwnerToken], None] | None = None,
         host: str | None = None,
         pid: int | None = None,
         tick: float = 0.1,
@@ -99,6 +109,7 @@ class ShardInstance:
         self.on_allowed = on_allowed
         self.workload = workload
         self.on_state = on_state
+        self.on_token = on_token
         self.host = host
         self.pid = pid
         self.tick = tick
@@ -117,6 +128,7 @@ class ShardInstance:
         self.epoch = 0
         self.inflight: dict[str, int] = {}
         self.leaving = False
+        self.token: OwnerToken | None = None
         # Owned by the state-machine thread:
         self.state: str = State.INIT.value
         self.locked = False
@@ -127,7 +139,14 @@ class ShardInstance:
         self.next_heartbeat = 0.0
         self.retry_heartbeat_at = 0.0
         self.joined = threading.Event()
-        self.counters = {"fences": 0, "rejoins": 0, "unlocks": 0, "self_unlocks": 0, "epochs": 0}
+        self.counters = {
+            "fences": 0,
+            "rejoins": 0,
+            "unlocks": 0,
+            "self_unlocks": 0,
+            "epochs": 0,
+            "epoch_refreshes": 0,
+        }
 
     # -- called by workers ---------------------------------------------------
     def try_begin(self, key: str, key_hash: int) -> float | None:
@@ -150,6 +169,21 @@ class ShardInstance:
             self.inflight.pop(key, None)
             self._cond.notify_all()
         self._events.put("end")
+
+    def write_fenced(self, token: OwnerToken | None, stale_epoch: bool) -> bool:
+        """A write made with ``token`` was fenced by the proxy; True the first time for this token.
+
+        For a stale epoch of our current lease (the proxy saw a registry change
+        our views folded away, e.g. a range that changed and changed back) the
+        state machine takes a fresh epoch: relist, then a new token.
+        """
+        with self._cond:
+            current = self.token
+        if token is None or token != current:
+            return False
+        if stale_epoch:
+            self._events.put(("refresh-epoch", token))
+        return True
 
     def informer_range(self) -> tuple[int, HashRange | None]:
         """``(epoch, range)`` the informers should list (the range is ours even while locked)."""
@@ -204,6 +238,8 @@ class ShardInstance:
                     ev = None
                 if isinstance(ev, RegistryView):
                     self.snapshot = ev.get(self.controller_type)
+                elif isinstance(ev, tuple) and ev[0] == "refresh-epoch":
+                    self._refresh_epoch(ev[1])
                 if self._stop.is_set():
                     break
                 try:
@@ -240,6 +276,7 @@ class ShardInstance:
         keeper.start()
         self.keeper = keeper
         self.join_revision = member.mod_revision
+        self._set_token(member.mod_revision)
         self.locked = member.record.is_locked
         self._set_state(member.record.state.value)
         with self._cond:
@@ -268,6 +305,32 @@ class ShardInstance:
             self.state = state
             if self.on_state is not None:
                 self.on_state(state)
+
+    def _set_token(self, epoch: int) -> None:
+        keeper = self.keeper
+        if keeper is None:
+            return
+        token = OwnerToken(self.controller_type, self.instance_id, keeper.lease_id, epoch)
+        with self._cond:
+            if self.token == token:
+                return
+            self.token = token
+        log.info("%s: owner token %s", self.name, token)
+        if self.on_token is not None:
+            self.on_token(token)
+
+    def _refresh_epoch(self, token: OwnerToken) -> None:
+        snap = self.snapshot
+        with self._cond:
+            current = self.token
+        if snap is None or token != current or snap.revision <= token.epoch:
+            return
+        log.info(
+            "%s: the proxy fenced epoch %s as stale: new epoch at revision %s", self.name, token.epoch, snap.revision
+        )
+        self.counters["epoch_refreshes"] += 1
+        self._set_token(snap.revision)
+        self._new_epoch()
 
     def _fence(self, why: str) -> None:
         with self._cond:
@@ -317,6 +380,7 @@ class ShardInstance:
             with self._cond:
                 self.range = rng
             self.locked = locked
+            self._set_token(snap.revision)
             self._new_epoch()
         if locked:
             self._set_state(State.LOCKED.value)

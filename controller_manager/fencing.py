@@ -1,0 +1,115 @@
+"""The manager's side of write fencing: owner token and shard hash on requests, fenced answers as lost ownership.
+
+Purpose
+    :class:`FencedApiClient` is the official client's ``ApiClient`` with two
+    additions:
+
+    * its User-Agent is the instance's owner token (set by
+      :meth:`set_token` whenever the token changes), and while a worker
+      reconciles a key, every request of that thread declares the key's
+      shard hash in ``X-Rangeshard-Shard-Hash`` (:meth:`reconciling`);
+    * a ``409`` whose Status says the write was fenced
+      (:func:`rangeshard.core.ownertoken.fence_reason`; an ordinary
+      optimistic-concurrency conflict has no such details) raises
+      :class:`WriteFenced`, which no controller catches (it is not an
+      ``ApiException``): the reconcile stops at its first fenced write, and
+      the runtime drops the key (docs/reliability.md).
+
+Invariants
+    * One client per controller instance: the token in the User-Agent is
+      that instance's.
+    * The shard hash header is per thread (a worker runs one reconcile at a
+      time), never shared between workers.
+
+Concurrency model
+    Thread-safe: the token is one dict assignment; the shard hash lives in a
+    ``threading.local``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import orjson
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
+
+from rangeshard.core.errors import ControllerError
+from rangeshard.core.ownertoken import (
+    SHARD_HASH_HEADER,
+    OwnerToken,
+    fence_reason,
+    format_shard_hash,
+    plain_user_agent,
+)
+
+
+class WriteFenced(ControllerError):
+    """The proxy refused a write of ours: the token is no longer the current owner of the key."""
+
+    def __init__(self, token: OwnerToken | None, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.token = token
+        self.reason = reason
+
+
+class FencedApiClient(k8s.ApiClient):  # type: ignore[misc,unused-ignore]
+    """``ApiClient`` carrying an owner token and the current shard hash (see module docstring)."""
+
+    def __init__(self, configuration: Any = None) -> None:
+        super().__init__(configuration)
+        self.user_agent = plain_user_agent()
+        self.token: OwnerToken | None = None
+        self._local = threading.local()
+
+    def set_token(self, token: OwnerToken) -> None:
+        self.token = token
+        self.user_agent = token.user_agent()
+
+    @contextlib.contextmanager
+    def reconciling(self, shard_hash: int) -> Iterator[None]:
+        """Declare ``shard_hash`` on every request of this thread inside the block."""
+        self._local.shard_hash = format_shard_hash(shard_hash)
+        try:
+            yield
+        finally:
+            self._local.shard_hash = None
+
+    def call_api(
+        self,
+        method: str,
+        url: str,
+        header_params: dict[str, str] | None = None,
+        body: Any = None,
+        post_params: Any = None,
+        _request_timeout: Any = None,
+    ) -> Any:
+        token = self.token
+        shard_hash = getattr(self._local, "shard_hash", None)
+        if shard_hash is not None and method not in ("GET", "HEAD", "OPTIONS"):
+            header_params = {**(header_params or {}), SHARD_HASH_HEADER: shard_hash}
+        try:
+            response = super().call_api(method, url, header_params, body, post_params, _request_timeout)
+        except ApiException as e:
+            if e.status == 409:
+                _raise_if_fenced(token, e.body)
+            raise
+        if getattr(response, "status", None) == 409:
+            response.read()  # type: ignore[no-untyped-call]
+            _raise_if_fenced(token, response.data)
+        return response
+
+
+def _raise_if_fenced(token: OwnerToken | None, body: Any) -> None:
+    if not body:
+        return
+    try:
+        status = orjson.loads(body)
+    except (orjson.JSONDecodeError, TypeError):
+        return
+    reason = fence_reason(status)
+    if reason is not None:
+        raise WriteFenced(token, reason, str(status.get("message") or "write fenced"))
