@@ -18,6 +18,11 @@ Invariants
       have protobuf removed from their ``Accept`` header for the same reason.
     * List responses carry ``metadata.shardInfo.selector`` when a shard
       selector was applied.
+    * With write fencing on (``fence``, ``--etcd``), a write carrying an owner
+      token is forwarded only if :class:`range_filter_proxy.fencing.WriteFence`
+      lets it pass; else ``409`` (``fenced_status``), counted in
+      ``range_filter_proxy_fenced_writes_total{reason}``. Writes without a
+      token pass unchanged.
     * Who may read is decided by :class:`range_filter_proxy.auth.ProxyAuth`
       (``--auth-mode``) before a list/watch is served from the cache, and
       before pass-through in ``static`` mode; request bodies are bounded by
@@ -53,6 +58,7 @@ from range_filter_proxy.auth import AuthMode, AuthSettings, ProxyAuth
 from range_filter_proxy.cache import CacheManager, WatchCache
 from range_filter_proxy.cached import CachedObject, CacheSettings, WatchFilter, parse_rv
 from range_filter_proxy.errors import UpstreamError
+from range_filter_proxy.fencing import FenceSettings, WriteFence, parse_object_path, shard_hash_of
 from range_filter_proxy.heap import HeapKeeper, HeapSettings
 from range_filter_proxy.metrics import ProxyMetrics
 from range_filter_proxy.resources import ResourceInfo, parse_collection_path, parse_resource_spec
@@ -68,6 +74,13 @@ from rangeshard.core.kubeapi import (
     status_object,
 )
 from rangeshard.core.kubeapi import Attributes as AuthAttributes
+from rangeshard.core.ownertoken import (
+    FENCED_HEADER,
+    SHARD_HASH_HEADER,
+    OwnerToken,
+    fenced_status,
+    parse_shard_hash,
+)
 from rangeshard.core.selectors import SelectorParseError, parse_field_selector, parse_label_selector
 
 log = logging.getLogger(__name__)
@@ -98,6 +111,7 @@ _PASSTHROUGH_VERBS = {
     "DELETE": "delete",
 }
 _ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+_WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 
 def _json_response(code: int, doc: dict[str, Any]) -> Response:
@@ -286,8 +300,10 @@ class ProxyState:
         resources: Sequence[str],
         metrics: ProxyMetrics,
         auth: ProxyAuth,
+        fence: WriteFence | None = None,
     ) -> None:
         self.upstream = upstream
+        self.fence = fence
         self.auth = auth
         self.owns_upstream = owns_upstream
         self.metrics = metrics
@@ -370,12 +386,49 @@ class ProxyState:
         )
         return WatchResponse(w)
 
+    # ---- write fencing ---------------------------------------------------------------------
+
+    async def fence_write(self, request: Request, fence: WriteFence) -> Response | None:
+        """The 409 of a fenced write with an owner token, or ``None`` to pass it through."""
+        token = OwnerToken.parse(request.headers.get("user-agent"))
+        if token is None:
+            return None
+        self.metrics.fencing_checks.inc()
+        body: Any = None
+        if request.method in ("POST", "PUT"):
+            raw = await request.body()  # kept by Starlette: request.stream() replays it upstream
+            with contextlib.suppress(orjson.JSONDecodeError):
+                body = orjson.loads(raw) if raw else None
+        cached: Any = None
+        target = parse_object_path(request.url.path)
+        if target is not None:
+            for gvr, cache in list(self.manager.caches.items()):
+                if (gvr.group, gvr.version, gvr.resource) == (target.group, target.version, target.resource):
+                    hit = cache.objects.get((target.namespace, target.name))
+                    cached = hit.obj if hit is not None else None
+                    break
+        declared = parse_shard_hash(request.headers.get(SHARD_HASH_HEADER))
+        shard_hash, verdict = shard_hash_of(declared, body, cached)
+        if verdict is None:
+            verdict = await fence.check(token, shard_hash)
+        if verdict is None:
+            return None
+        self.metrics.fenced_writes.labels(verdict.reason).inc()
+        log.info("fenced %s %s of %s: %s", request.method, request.url.path, token, verdict.why)
+        response = _json_response(409, fenced_status(token, verdict.reason, verdict.why))
+        response.headers[FENCED_HEADER] = verdict.reason
+        return response
+
     # ---- pass-through ------------------------------------------------------------------------
 
     async def passthrough(self, request: Request) -> Response:
         forward = getattr(self.upstream, "forward", None)
         if forward is None:
             raise ApiError(404, "NotFound", f"the proxy cannot pass {request.method} {request.url.path} through")
+        if self.fence is not None and request.method in _WRITE_METHODS:
+            fenced = await self.fence_write(request, self.fence)
+            if fenced is not None:
+                return fenced
         self.metrics.passthrough_requests.labels(request.method).inc()
         headers: list[tuple[str, str]] = []
         for key, value in request.headers.items():
@@ -458,6 +511,7 @@ def create_app(
     auth: AuthSettings | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     heap: HeapSettings | None = None,
+    fencing: FenceSettings | None = None,
 ) -> FastAPI:
     """Build the proxy app.
 
@@ -470,6 +524,8 @@ def create_app(
     ``max_body_bytes`` bounds request bodies (413 beyond). ``heap`` turns on
     the process-wide :class:`~range_filter_proxy.heap.HeapKeeper` (only for
     a process that runs nothing but this app, as ``rangeshard proxy`` does).
+    ``fencing`` turns on write fencing against the registry in etcd
+    (:mod:`range_filter_proxy.fencing`).
     """
     owns = False
     if isinstance(upstream, str):
@@ -482,14 +538,17 @@ def create_app(
     proxy_auth = ProxyAuth(auth_settings, reviewer)
     if max_body_bytes < 1:
         raise ConfigError("--max-request-body-bytes must be positive")
+    metrics = metrics or ProxyMetrics()
+    fence = WriteFence(fencing, on_read=metrics.fencing_reads.inc) if fencing is not None else None
     try:
         state = ProxyState(
             upstream,
             owns_upstream=owns,
             settings=settings or CacheSettings(),
             resources=resources,
-            metrics=metrics or ProxyMetrics(),
+            metrics=metrics,
             auth=proxy_auth,
+            fence=fence,
         )
     except ValueError as e:
         raise ConfigError(f"invalid resource list: {e}") from e
@@ -501,9 +560,13 @@ def create_app(
         state.manager.start_configured(state.resource_specs)
         if keeper is not None:
             keeper.start()
+        if fence is not None:
+            await fence.start()
         try:
             yield
         finally:
+            if fence is not None:
+                await fence.stop()
             if keeper is not None:
                 await keeper.stop()
             await state.manager.stop()
@@ -535,6 +598,8 @@ def create_app(
     @app.get("/readyz")
     async def readyz() -> Response:
         ok, missing = state.manager.ready()
+        if fence is not None and not fence.tracker.observed.is_set():
+            ok, missing = False, [*missing, "write fencing: registry not listed yet"]
         if ok:
             return PlainTextResponse("ok")
         return PlainTextResponse("not ready: " + "; ".join(missing), status_code=503)

@@ -131,6 +131,20 @@ class ProxyMetrics:
         self.passthrough_requests = Counter(
             f"{_PREFIX}_passthrough_requests", "Requests passed through to the upstream", ["method"], registry=r
         )
+        self.fenced_writes = Counter(
+            f"{_PREFIX}_fenced_writes",
+            "Writes with an owner token refused with 409 (write fencing), by reason",
+            ["reason"],
+            registry=r,
+        )
+        self.fencing_checks = Counter(
+            f"{_PREFIX}_fencing_checks", "Writes with an owner token checked by write fencing", registry=r
+        )
+        self.fencing_reads = Counter(
+            f"{_PREFIX}_fencing_registry_reads",
+            "Linearizable registry reads of write fencing (one per batch of concurrent writes)",
+            registry=r,
+        )
 
     def stats(self, resource: str) -> ResourceStats:
         """The hot-path counters of ``resource`` (created on first use)."""

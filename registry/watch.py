@@ -17,6 +17,10 @@ Invariants
       a watch response (one transaction) are applied before delivering.
     * Views are delivered in revision order, never twice for the same revision
       except right after a reconnect (``view.reconnected`` is then true).
+    * ``on_revision(revision, kvs, relisted)``, if given, sees the registry
+      after *every* revision, even when etcd batches several revisions in
+      one watch response (the fencing epochs of :mod:`registry.epochs` need
+      each change at its own revision); ``relisted`` marks a fresh list.
 
 Concurrency model
     One named daemon thread per watch (``membership-watch-<name>``); pyetcd's
@@ -29,7 +33,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -75,6 +79,7 @@ class MembershipWatch:
         name: str | None = None,
         probe_interval: float = 2.0,
         retry_interval: float = 0.5,
+        on_revision: Callable[[int, Mapping[str, KV], bool], None] | None = None,
     ) -> None:
         self.config = replace(config, timeout=min(config.timeout, max(probe_interval, 0.5)))
         self.callback = callback
@@ -84,6 +89,7 @@ class MembershipWatch:
         self.name = name or (controller_type or "all")
         self.probe_interval = probe_interval
         self.retry_interval = retry_interval
+        self.on_revision = on_revision
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._kvs: dict[str, KV] = {}
@@ -124,9 +130,23 @@ class MembershipWatch:
         self._kvs = {kv.key: kv for kv in kvs}
         self._revision = rev
         self.relists += 1
+        self._revision_applied(rev, relisted=True)
+
+    def _revision_applied(self, revision: int, relisted: bool = False) -> None:
+        if self.on_revision is None:
+            return
+        try:
+            self.on_revision(revision, self._kvs, relisted)
+        except Exception:
+            log.exception("membership watch %s: on_revision failed", self.name)
 
     def _apply(self, response: Any) -> None:
+        current: int | None = None
         for ev in response.events:
+            rev = int(ev.mod_revision)
+            if current is not None and rev != current:
+                self._revision_applied(current)
+            current = rev
             key = ev.key.decode("utf-8", "replace")
             if isinstance(ev, etcd_events.DeleteEvent):
                 self._kvs.pop(key, None)
@@ -139,6 +159,8 @@ class MembershipWatch:
                     version=int(ev.version),
                     lease_id=int(ev.lease),
                 )
+        if current is not None:
+            self._revision_applied(current)
         self._revision = max(self._revision, int(response.header.revision))
 
     def _run(self) -> None:

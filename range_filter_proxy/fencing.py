@@ -1,0 +1,290 @@
+"""Write fencing: a write carrying an owner token is forwarded only while its writer still owns the object.
+
+Purpose
+    A controller manager's requests carry an owner token in their User-Agent
+    (:class:`rangeshard.core.ownertoken.OwnerToken`: instance, lease, epoch).
+    :class:`WriteFence` decides, for one mutating request with a token,
+    whether it may pass: the instance must still be registered with that
+    lease, be unlocked, be in the same ownership period (``token.epoch`` not
+    older than the period's epoch, :mod:`registry.epochs`) and, when the
+    write's shard hash is known, own it. Otherwise the proxy answers ``409
+    Conflict`` with :func:`rangeshard.core.ownertoken.fenced_status`.
+
+    The registry view: a :class:`registry.watch.MembershipWatch` feeds an
+    :class:`registry.epochs.EpochTracker` with every revision. A decision
+    rests on a view at least as new as etcd's revision when the write
+    arrived: each write waits for one linearizable read of the registry
+    that *started after it arrived* (:class:`BatchedRead`: writes arriving
+    while a read is running share the next one), then for the tracker to
+    cover what that read saw (:meth:`EpochTracker.covers`). No other
+    per-write wait.
+
+    How a write's shard hash is found (:func:`shard_hash_of`): the writer
+    may declare it (``X-Rangeshard-Shard-Hash``, the hash of the key it
+    reconciles; managers always do); a declaration must match the object
+    (its own uid or its controller owner's uid, in the body or in the
+    proxy's cache), else the write is fenced (``ShardHashMismatch``).
+    Without a declaration the hash is the informers': the controller
+    ownerReference uid, else the object's own uid, from the request body,
+    else from the cached object (deletes and patches). A write whose hash
+    cannot be found (a create without owner, an uncached object) is
+    checked for lease, lock and epoch only.
+
+Invariants
+    * A write without an owner token is never touched (it passes as before).
+    * Fencing never guesses: etcd unreachable, or the view not caught up
+      within ``catch_up_timeout``, answers ``503`` (the write is not
+      forwarded), never an unchecked pass.
+
+Concurrency model
+    The decision runs on the proxy's event loop; the etcd read runs in a
+    worker thread (one at a time); the membership watch has its own thread
+    and wakes waiting writes through ``loop.call_soon_threadsafe``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from hashing import hash_key
+from rangeshard.core.errors import RangeshardError
+from rangeshard.core.etcd import KV, EtcdClient, EtcdConfig
+from rangeshard.core.kubeapi import ApiError
+from rangeshard.core.ownertoken import OwnerToken
+from registry import DEFAULT_PREFIX, Layout, MembershipWatch
+from registry.epochs import EpochTracker, Ownership
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class FenceSettings:
+    """Write fencing configuration (``rangeshard proxy --etcd ... --registry-prefix ...``)."""
+
+    etcd: EtcdConfig = field(repr=False)
+    prefix: str = DEFAULT_PREFIX
+    catch_up_timeout: float = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """Why a write was fenced: a ``reason`` (see ``FENCE_REASONS``) and a sentence."""
+
+    reason: str
+    why: str
+
+
+def decide(token: OwnerToken, owner: Ownership | None, shard_hash: int | None) -> Verdict | None:
+    """The fencing decision on one registry view: ``None`` lets the write pass."""
+    if owner is None:
+        return Verdict("NotRegistered", f"{token.owner} has no registry record (its lease expired or it left)")
+    if owner.lease_id != token.lease_id:
+        return Verdict(
+            "LeaseMismatch", f"{token.owner} now holds lease {owner.lease_id:x}, not {token.lease_id:x} (it rejoined)"
+        )
+    if owner.locked:
+        return Verdict("Locked", f"{token.owner} is locked (a handover to it is not finished)")
+    if token.epoch < owner.epoch:
+        return Verdict(
+            "StaleEpoch",
+            f"epoch {token.epoch} is over: the current ownership period of {token.owner} began at revision "
+            f"{owner.epoch}",
+        )
+    if shard_hash is not None and (owner.range is None or not owner.range.contains(shard_hash)):
+        return Verdict("OutOfRange", f"shard hash {shard_hash:#x} is outside the range {owner.range} of {token.owner}")
+    return None
+
+
+def _hashes(obj: Any) -> tuple[int | None, int | None]:
+    """``(controller owner uid hash, own uid hash)`` of a decoded object."""
+    if not isinstance(obj, Mapping):
+        return None, None
+    meta = obj.get("metadata")
+    if not isinstance(meta, Mapping):
+        return None, None
+    owner: int | None = None
+    for ref in meta.get("ownerReferences") or []:
+        if isinstance(ref, Mapping) and ref.get("controller") is True and isinstance(ref.get("uid"), str):
+            owner = hash_key(ref["uid"])
+            break
+    uid = meta.get("uid")
+    return owner, hash_key(uid) if isinstance(uid, str) and uid else None
+
+
+def shard_hash_of(declared: int | None, body: Any, cached: Any) -> tuple[int | None, Verdict | None]:
+    """The shard hash of a write (see module docstring), or a ``ShardHashMismatch`` verdict."""
+    body_owner, body_uid = _hashes(body)
+    cached_owner, cached_uid = _hashes(cached)
+    candidates = [h for h in (body_owner, body_uid, cached_owner, cached_uid) if h is not None]
+    if declared is not None:
+        if candidates and declared not in candidates:
+            return None, Verdict(
+                "ShardHashMismatch",
+                f"declared shard hash {declared:#x} is neither the object's uid hash nor its controller's",
+            )
+        return declared, None
+    for h in (body_owner, body_uid, cached_owner, cached_uid):
+        if h is not None:
+            return h, None
+    return None, None
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectPath:
+    """A parsed object path (``.../namespaces/<ns>/<resource>/<name>[/<subresource>]``)."""
+
+    group: str
+    version: str
+    resource: str
+    namespace: str
+    name: str
+
+
+def parse_object_path(path: str) -> ObjectPath | None:
+    """Classify ``path`` as one object (or one of its subresources) of some resource, or ``None``."""
+    parts = [p for p in path.split("/") if p]
+    if len(parts) >= 2 and parts[0] == "api":
+        group, version, rest = "", parts[1], parts[2:]
+    elif len(parts) >= 3 and parts[0] == "apis":
+        group, version, rest = parts[1], parts[2], parts[3:]
+    else:
+        return None
+    namespace = ""
+    if len(rest) >= 4 and rest[0] == "namespaces":
+        namespace, rest = rest[1], rest[2:]
+    if len(rest) in (2, 3):
+        return ObjectPath(group, version, rest[0], namespace, rest[1])
+    return None
+
+
+class BatchedRead(Generic[T]):
+    """One read shared by every caller that arrived before it started (see module docstring).
+
+    A caller never gets the result of a read that started before it called:
+    callers arriving while a read runs wait for the next one, which starts as
+    soon as the running one ends and serves all of them.
+    """
+
+    def __init__(self, read: Callable[[], Awaitable[T]]) -> None:
+        self._read = read
+        self._next: asyncio.Future[T] | None = None
+        self._running = False
+        self.reads = 0
+
+    async def get(self) -> T:
+        if self._next is None:
+            self._next = asyncio.get_running_loop().create_future()
+            if not self._running:
+                self._running = True
+                asyncio.get_running_loop().create_task(self._loop(), name="fencing-read")
+        return await asyncio.shield(self._next)
+
+    async def _loop(self) -> None:
+        try:
+            while self._next is not None:
+                fut, self._next = self._next, None
+                self.reads += 1
+                try:
+                    result = await self._read()
+                except BaseException as e:  # every waiter of this batch sees the failure
+                    if not fut.done():
+                        fut.set_exception(e)
+                    if isinstance(e, asyncio.CancelledError):
+                        raise
+                else:
+                    if not fut.done():
+                        fut.set_result(result)
+        finally:
+            self._running = False
+
+
+class WriteFence:
+    """Registry view + batched linearizable reads + the decision (see module docstring)."""
+
+    def __init__(self, settings: FenceSettings, on_read: Callable[[], None] | None = None) -> None:
+        self.settings = settings
+        self.layout = Layout(settings.prefix)
+        self.tracker = EpochTracker(settings.prefix)
+        self.on_read = on_read
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._changed: asyncio.Event | None = None
+        self._client: EtcdClient | None = None
+        self.watch = MembershipWatch(
+            settings.etcd,
+            lambda _view: None,
+            prefix=settings.prefix,
+            name="proxy-fencing",
+            on_revision=self._observe,
+        )
+        self.reads: BatchedRead[tuple[int, dict[str, KV]]] = BatchedRead(self._read_registry)
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._changed = asyncio.Event()
+        self.watch.start()
+
+    async def stop(self) -> None:
+        await asyncio.to_thread(self.watch.stop)
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    # -- the registry view ------------------------------------------------------------
+    def _observe(self, revision: int, kvs: Mapping[str, KV], relisted: bool) -> None:
+        self.tracker.observe(revision, kvs, relisted)
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._wake)
+
+    def _wake(self) -> None:
+        changed = self._changed
+        self._changed = asyncio.Event()
+        if changed is not None:
+            changed.set()
+
+    async def _read_registry(self) -> tuple[int, dict[str, KV]]:
+        def read() -> tuple[int, dict[str, KV]]:
+            if self._client is None:
+                self._client = EtcdClient(self.settings.etcd)
+            rev, kvs = self._client.get_prefix(self.layout.controllers)
+            return rev, {kv.key: kv for kv in kvs}
+
+        if self.on_read is not None:
+            self.on_read()
+        return await asyncio.to_thread(read)
+
+    async def fresh_view(self) -> int:
+        """Wait until the tracked view is at least as new as etcd when this was called; its read revision."""
+        try:
+            revision, kvs = await self.reads.get()
+        except RangeshardError as e:
+            raise ApiError(503, "ServiceUnavailable", f"write fencing: cannot read the registry: {e}") from e
+        deadline = time.monotonic() + self.settings.catch_up_timeout
+        while True:
+            changed = self._changed
+            if self.tracker.covers(revision, kvs):
+                return revision
+            left = deadline - time.monotonic()
+            if changed is None or left <= 0:
+                raise ApiError(
+                    503,
+                    "ServiceUnavailable",
+                    f"write fencing: the registry view did not reach revision {revision} within "
+                    f"{self.settings.catch_up_timeout:g}s; retry",
+                )
+            try:
+                await asyncio.wait_for(changed.wait(), left)
+            except TimeoutError:
+                continue
+
+    async def check(self, token: OwnerToken, shard_hash: int | None) -> Verdict | None:
+        """Fence or pass one write (``None``: pass); 503 ``ApiError`` when it cannot be decided."""
+        await self.fresh_view()
+        return decide(token, self.tracker.get(token.controller_type, token.instance_id), shard_hash)
