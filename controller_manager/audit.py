@@ -9,6 +9,15 @@ Purpose
     ``python -m controller_manager.audit FILE...`` runs the check from a shell
     (exit 0: no overlap, 1: overlaps, 2: unreadable or malformed input).
 
+    ``--apiserver-audit FILE`` (repeatable) adds the write-level check
+    (:mod:`controller_manager.write_audit`): from the API server's own audit
+    log, no shard key is written by a stale owner token (exit 1 if one is).
+    Of the two, the write-level check is the one that states the invariant
+    as the cluster sees it (what landed in the API server, independent of
+    the managers' records); the reconcile-level check is the managers' own
+    account and remains useful to see *when* work overlapped
+    (docs/reliability.md).
+
 Invariants
     * One record is one JSON line (camelCase keys), written with a single
       ``os.write`` on an ``O_APPEND`` file descriptor, so records of many
@@ -226,11 +235,37 @@ def main(argv: list[str] | None = None) -> int:
         description="Check reconcile audit logs: no two instances of one controller type "
         "may reconcile the same key at the same time.",
     )
-    parser.add_argument("files", nargs="+", metavar="FILE", help="audit log files (JSON lines)")
+    parser.add_argument("files", nargs="*", metavar="FILE", help="reconcile audit log files (JSON lines)")
+    parser.add_argument(
+        "--apiserver-audit",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="an API server audit log (audit.k8s.io/v1 events, JSON lines): check that no shard key is written "
+        "by a stale owner token (repeatable)",
+    )
     try:
         args = parser.parse_args(argv)
     except SystemExit as e:  # --help (0) or a usage error (2)
         return e.code if isinstance(e.code, int) else 2
+    if not args.files and not args.apiserver_audit:
+        print("error: give reconcile audit FILEs and/or --apiserver-audit FILE", file=sys.stderr)
+        return 2
+    from controller_manager import write_audit  # noqa: PLC0415 (it imports the controllers, which import us)
+
+    stale = 0
+    if args.apiserver_audit:
+        try:
+            events, skipped = write_audit.read_events(args.apiserver_audit)
+        except ConfigError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        report = write_audit.check(events)
+        report.skipped_lines = skipped
+        write_audit.print_report(report, sys.stdout)
+        stale = len(report.stale)
+        if not args.files:
+            return 1 if stale else 0
     try:
         records = read_records(args.files)
     except ConfigError as e:
@@ -251,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{len(records)} records, {len(keys)} keys, {len(instances)} instances, "
         f"{len(types)} controller types: {len(overlaps)} overlap(s)"
     )
-    return 1 if overlaps else 0
+    return 1 if overlaps or stale else 0
 
 
 if __name__ == "__main__":
