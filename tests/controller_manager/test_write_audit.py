@@ -1,0 +1,75 @@
+"""The write-level audit check over API server audit events (python -m controller_manager.audit --apiserver-audit)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from controller_manager.audit import main
+from controller_manager.write_audit import check
+from rangeshard.core.ownertoken import OwnerToken
+
+A = OwnerToken("replicaset", "m1-replicaset", 0x10, 5)
+A_LATER = OwnerToken("replicaset", "m1-replicaset", 0x10, 9)
+B = OwnerToken("replicaset", "m2-replicaset", 0x20, 7)
+D = OwnerToken("deployment", "m2-deployment", 0x21, 7)
+
+
+def _event(token: OwnerToken | None, verb: str, resource: str, name: str, uid: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "kind": "Event",
+        "apiVersion": "audit.k8s.io/v1",
+        "level": "RequestResponse",
+        "auditID": f"id-{name}-{verb}",
+        "stage": "ResponseComplete",
+        "verb": verb,
+        "userAgent": token.user_agent() if token else "kubectl/v1.32.0",
+        "objectRef": {"resource": resource, "namespace": "ns", "name": name, "uid": uid, "apiGroup": ""},
+        "responseStatus": {"code": extra.pop("code", 200)},
+        "stageTimestamp": "2026-01-01T00:00:00.000000Z",
+        **extra,
+    }
+
+
+def _pod(name: str, uid: str, owner_uid: str) -> dict[str, Any]:
+    return {"metadata": {"name": name, "uid": uid, "ownerReferences": [{"uid": owner_uid, "controller": True}]}}
+
+
+def test_a_token_writing_again_after_another_is_a_stale_owner(tmp_path: Path) -> None:
+    events = [
+        _event(A, "create", "pods", "p1", "p1", code=201, responseObject=_pod("p1", "p1", "rs-1")),
+        _event(B, "create", "pods", "p2", "p2", code=201, responseObject=_pod("p2", "p2", "rs-1")),
+        _event(A, "delete", "pods", "p1", "p1"),  # the DeleteOptions body names no owner: known from the create
+    ]
+    report = check(events)
+    assert report.writes == 3 and len(report.stale) == 1
+    stale = report.stale[0]
+    assert stale.shard_key == "rs-1" and stale.write.token == A and stale.between.token == B
+    log = tmp_path / "audit.jsonl"
+    log.write_text("".join(json.dumps(e) + "\n" for e in events) + '{"kind": "Ev')  # a torn last line
+    assert main(["--apiserver-audit", str(log)]) == 1
+
+
+def test_handovers_failures_and_other_clients_are_not_stale(tmp_path: Path) -> None:
+    events = [
+        _event(A, "create", "pods", "p1", "p1", code=201, responseObject=_pod("p1", "p1", "rs-1")),
+        _event(A_LATER, "update", "replicasets", "rs-1", "rs-1"),  # a new period of the same instance
+        _event(B, "delete", "pods", "p1", "p1"),  # handed over to B
+        _event(A, "create", "pods", "p3", "p3", code=409, requestObject=_pod("p3", "", "rs-1")),  # fenced: no write
+        _event(None, "patch", "pods", "p2", "p2"),  # kubectl
+        # The deployment type shards replicasets by their owner: a different type, a different key space.
+        _event(D, "update", "replicasets", "rs-1", "rs-1", requestObject=_pod("rs-1", "rs-1", "dep-1")),
+        _event(A, "update", "replicasets", "rs-2", "rs-2"),  # another key
+    ]
+    report = check(events)
+    assert report.stale == []
+    assert report.writes == 5
+    log = tmp_path / "audit.jsonl"
+    log.write_text("".join(json.dumps(e) + "\n" for e in events))
+    assert main(["--apiserver-audit", str(log)]) == 0
+
+
+def test_unreadable_file_exits_2(tmp_path: Path) -> None:
+    assert main(["--apiserver-audit", str(tmp_path / "missing.jsonl")]) == 2
+    assert main([]) == 2
