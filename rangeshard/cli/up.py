@@ -7,7 +7,11 @@ Purpose
     API server, the range filter proxy and N controller managers (config from
     ``config/local.yaml`` with the endpoints filled in), writes
     ``DIR/kubeconfig`` for kubectl, optionally creates demo deployments, and
-    shows the live registry until Ctrl-C/SIGTERM.
+    shows the live registry until Ctrl-C/SIGTERM. Write fencing is on (the
+    proxy watches the registry, ``--etcd``) and the API server writes its
+    audit log to ``DIR/apiserver-audit.jsonl`` (level ``RequestResponse``),
+    so ``python -m controller_manager.audit --apiserver-audit
+    DIR/apiserver-audit.jsonl`` checks the write-level invariant.
 
 Invariants
     * Every child is stopped on exit, also after errors: managers get SIGTERM
@@ -38,7 +42,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.text import Text
 
-from rangeshard.cli.common import fail
+from rangeshard.cli.common import DEFAULT_REGISTRY_PREFIX, fail
 from rangeshard.core.errors import ConfigError, RangeshardError
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
 from rangeshard.core.process import EtcdServer, free_port, terminate
@@ -159,6 +163,15 @@ class Supervisor:
         self._stops.clear()
 
 
+def _registry_prefix(config: Path) -> str:
+    """The managers' registry prefix (the proxy fences writes against it)."""
+    if config.is_file():
+        loaded = yaml.safe_load(config.read_text())
+        if isinstance(loaded, dict) and isinstance(loaded.get("registryPrefix"), str):
+            return str(loaded["registryPrefix"])
+    return str(DEFAULT_MANAGER_CONFIG.get("registryPrefix", DEFAULT_REGISTRY_PREFIX))
+
+
 def _stopper(proc: subprocess.Popen[bytes]) -> Callable[[], None]:
     # A graceful leave drains within reconcileTimeoutSeconds; 20 s is generous.
     return lambda: terminate(proc, 20)
@@ -202,7 +215,14 @@ def up_command(
         sup.add("etcd", etcd.stop)
         # Frequent bookmarks let the proxy's consistent reads catch up without an upstream list.
         api = LocalApiServerProcess(
-            etcd.url, port=ports[1], log_file=state_dir / "apiserver.log", bookmark_interval=1.0
+            etcd.url,
+            port=ports[1],
+            log_file=state_dir / "apiserver.log",
+            bookmark_interval=1.0,
+            extra_args=[
+                *("--audit-log-path", str(state_dir / "apiserver-audit.jsonl")),
+                *("--audit-level", "RequestResponse"),
+            ],
         )
         api.start()
         sup.add("local API server", api.stop)
@@ -211,6 +231,8 @@ def up_command(
             port=ports[2],
             resources=["pods", "replicasets.apps", "deployments.apps"],
             log_file=state_dir / "proxy.log",
+            # Write fencing: the proxy watches the managers' registry.
+            extra_args=["--etcd", etcd.url, "--registry-prefix", _registry_prefix(config)],
         )
         proxy.start()
         sup.add("proxy", proxy.stop)
@@ -241,7 +263,8 @@ def up_command(
         console.print(f"[bold]rangeshard up[/bold]: state in {state_dir.resolve()}")
         console.print(f"  etcd            {etcd.url}")
         console.print(f"  local API       {api.url}   kubectl --kubeconfig {kubeconfig} get pods -A")
-        console.print(f"  proxy           {proxy.url}")
+        console.print(f"  proxy           {proxy.url}   (write fencing on)")
+        console.print(f"  API audit log   {state_dir / 'apiserver-audit.jsonl'}")
         console.print(f"  managers        {managers} (logs {state_dir}/manager-*.log, config {cfg_path})")
         console.print(f"  registry        RANGESHARD_ETCD={etcd.url} rangeshard registry list --watch")
         console.print("Ctrl-C stops everything; etcd data stays in the state directory.")

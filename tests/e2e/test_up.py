@@ -9,6 +9,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import httpx
+
 from rangeshard.core.process import free_port
 from tests.helpers import run_cli, wait_until
 
@@ -52,6 +54,13 @@ def test_up_demo_kubectl_and_clean_stop(tmp_path: Path) -> None:
 
         wait_until(lambda: demo_pods() == 10, 60, "the demo deployments' 10 pods")
         assert all(port_open(p) for p in ports)
+        # Write fencing is on and the API server's audit log attributes the managers' writes.
+        events = [json.loads(x) for x in (state / "apiserver-audit.jsonl").read_text().splitlines() if x.endswith("}")]
+        agents = {e["userAgent"] for e in events if e["verb"] == "create" and e["responseStatus"]["code"] == 201}
+        assert any(a.startswith("rangeshard-controller-manager/") and "; epoch " in a for a in agents), agents
+        metrics = httpx.get(f"http://127.0.0.1:{ports[2]}/metrics", timeout=10).text
+        checks = [line for line in metrics.splitlines() if line.startswith("range_filter_proxy_fencing_checks_total")]
+        assert checks and float(checks[0].split()[-1]) > 0, metrics[-2000:]
     finally:
         proc.send_signal(signal.SIGINT)
         code = proc.wait(60)
