@@ -265,6 +265,19 @@ def test_proxy_runs_in_cluster(rendered: tuple[str, list[dict[str, Any]]]) -> No
     assert args[args.index("--port") + 1] == "8001"
 
 
+def test_proxy_fences_writes_against_the_managers_registry(rendered: tuple[str, list[dict[str, Any]]]) -> None:
+    _, docs = rendered
+    proxy = one(docs, "Deployment", "rangeshard-proxy")
+    (c,) = containers(proxy)
+    args = c["args"]
+    (cm,) = [d for d in by_kind(docs, "ConfigMap") if "manager.yaml" in (d.get("data") or {})]
+    cfg = yaml.safe_load(cm["data"]["manager.yaml"])
+    assert args[args.index("--etcd") + 1].split(",") == cfg["etcd"]["endpoints"]
+    assert args[args.index("--registry-prefix") + 1] == cfg["registryPrefix"]
+    # etcd's NetworkPolicy admits the proxy.
+    assert proxy["spec"]["template"]["metadata"]["labels"].get("rangeshard.io/etcd-client") == "true"
+
+
 def test_etcd_members(rendered: tuple[str, list[dict[str, Any]]]) -> None:
     name, docs = rendered
     want = 3 if name == "base" else 1
