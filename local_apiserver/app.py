@@ -45,7 +45,7 @@ from fastapi.responses import PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from local_apiserver.audit import AuditLog, RequestFacts
+from local_apiserver.audit import AuditLog, facts_from_info
 from local_apiserver.auth import TokenAuthenticator
 from local_apiserver.errors import ApiError, status_object
 from local_apiserver.handlers import dispatch, review
@@ -198,7 +198,7 @@ def create_app(
             code=str(response.status_code),
         ).inc()
         if audit_log is not None:
-            response = await audit_log.record(request, RequestFacts.from_info(info), response, received)
+            response = await audit_log.record(request, facts_from_info(info), response, received)
         return response
 
     return app

@@ -40,7 +40,6 @@ import os
 import threading
 import uuid
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
@@ -50,7 +49,7 @@ from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
 from rangeshard.core.errors import ConfigError
-from rangeshard.core.kubeapi import UserInfo
+from rangeshard.core.kubeapi import Attributes, UserInfo
 
 API_VERSION = "audit.k8s.io/v1"
 STAGE = "ResponseComplete"
@@ -76,29 +75,17 @@ def timestamp(t: datetime) -> str:
     return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-@dataclass(frozen=True)
-class RequestFacts:
-    """What the request handler learnt about one request (filled while it was served)."""
-
-    verb: str
-    resource: str = ""
-    subresource: str = ""
-    namespace: str = ""
-    name: str = ""
-    group: str = ""
-    version: str = ""
-
-    @classmethod
-    def from_info(cls, info: Mapping[str, str]) -> RequestFacts:
-        return cls(
-            verb=info.get("verb", ""),
-            resource=info.get("resource", ""),
-            subresource=info.get("subresource", ""),
-            namespace=info.get("namespace", ""),
-            name=info.get("name", ""),
-            group=info.get("group", ""),
-            version=info.get("version", ""),
-        )
+def facts_from_info(info: Mapping[str, str]) -> Attributes:
+    """The request's verb and object, as the request handler recorded them in ``info``."""
+    return Attributes(
+        verb=info.get("verb", ""),
+        resource=info.get("resource", ""),
+        subresource=info.get("subresource", ""),
+        namespace=info.get("namespace", ""),
+        name=info.get("name", ""),
+        group=info.get("group", ""),
+        version=info.get("version", ""),
+    )
 
 
 class AuditLog:
@@ -132,7 +119,7 @@ class AuditLog:
                 self._fd = None
 
     # -- building events -----------------------------------------------------------
-    async def record(self, request: Request, facts: RequestFacts, response: Response, received: datetime) -> Response:
+    async def record(self, request: Request, facts: Attributes, response: Response, received: datetime) -> Response:
         """Write the event of one answered request (for a stream: when it ends); returns the response to send."""
         request_object = await self._request_object(request, facts)
         if isinstance(response, StreamingResponse):
@@ -151,7 +138,7 @@ class AuditLog:
         self.write(self.event(request, facts, response.status_code, received, request_object, response_object))
         return response
 
-    async def _request_object(self, request: Request, facts: RequestFacts) -> Any:
+    async def _request_object(self, request: Request, facts: Attributes) -> Any:
         if self.level is AuditLevel.METADATA or request.method in ("GET", "HEAD", "OPTIONS"):
             return None
         if facts.resource == "tokenreviews":
@@ -165,7 +152,7 @@ class AuditLog:
     def event(
         self,
         request: Request,
-        facts: RequestFacts,
+        facts: Attributes,
         code: int,
         received: datetime,
         request_object: Any,
@@ -224,7 +211,7 @@ def _response_status(code: int, response_object: Any) -> dict[str, Any]:
     return status
 
 
-def _object_ref(facts: RequestFacts, answered: Any, sent: Any) -> dict[str, Any]:
+def _object_ref(facts: Attributes, answered: Any, sent: Any) -> dict[str, Any]:
     ref: dict[str, Any] = {"resource": facts.resource}
     if facts.namespace:
         ref["namespace"] = facts.namespace

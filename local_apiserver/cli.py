@@ -32,7 +32,8 @@ from typing import Annotated
 import typer
 
 from rangeshard.core.errors import ConfigError, RangeshardError, RegistryUnavailable
-from rangeshard.core.etcd import ENV_ENDPOINTS, EtcdClient, EtcdConfig
+from rangeshard.core.etcd import ENV_ENDPOINTS, EtcdClient
+from rangeshard.core.etcd_options import CaCertOpt, CertOpt, KeyOpt, PasswordOpt, UserOpt, config_from_options
 
 log = logging.getLogger(__name__)
 
@@ -55,16 +56,11 @@ def local_apiserver_command(
         float, typer.Option("--bookmark-interval", help="seconds between watch bookmarks (when allowed)")
     ] = 60.0,
     log_level: Annotated[str, typer.Option("--log-level", help="debug, info, warning, error")] = "info",
-    etcd_cacert: Annotated[str | None, typer.Option("--etcd-cacert", help="CA bundle for etcd TLS.")] = None,
-    etcd_cert: Annotated[str | None, typer.Option("--etcd-cert", help="Client certificate for etcd TLS.")] = None,
-    etcd_key: Annotated[str | None, typer.Option("--etcd-key", help="Client key for etcd TLS.")] = None,
-    etcd_user: Annotated[
-        str | None, typer.Option("--etcd-user", envvar="RANGESHARD_ETCD_USER", help="etcd username.")
-    ] = None,
-    etcd_password: Annotated[
-        str | None,
-        typer.Option("--etcd-password", envvar="RANGESHARD_ETCD_PASSWORD", help="etcd password.", show_default=False),
-    ] = None,
+    etcd_cacert: CaCertOpt = None,
+    etcd_cert: CertOpt = None,
+    etcd_key: KeyOpt = None,
+    etcd_user: UserOpt = None,
+    etcd_password: PasswordOpt = None,
     token_file: Annotated[
         str | None,
         typer.Option(
@@ -112,17 +108,7 @@ def local_apiserver_command(
             raise ConfigError(f"--log-level must be debug, info, warning or error, got {log_level!r}")
         if max_request_body_bytes < 1024:
             raise ConfigError("--max-request-body-bytes must be at least 1024")
-        for path in (etcd_cacert, etcd_cert, etcd_key):
-            if path is not None and not os.path.isfile(path):
-                raise ConfigError(f"etcd TLS file {path} does not exist")
-        config = EtcdConfig.from_urls(
-            etcd,
-            ca_cert=etcd_cacert,
-            cert_file=etcd_cert,
-            key_file=etcd_key,
-            username=etcd_user,
-            password=etcd_password,
-        )
+        config = config_from_options(etcd, etcd_cacert, etcd_cert, etcd_key, etcd_user, etcd_password)
         authenticator = TokenAuthenticator(load_token_file(token_file)) if token_file is not None else None
         level = AuditLevel.parse(audit_level)
         audit_log = AuditLog(audit_log_path, level) if audit_log_path else None

@@ -58,10 +58,10 @@ from range_filter_proxy.auth import AuthMode, AuthSettings, ProxyAuth
 from range_filter_proxy.cache import CacheManager, WatchCache
 from range_filter_proxy.cached import CachedObject, CacheSettings, WatchFilter, parse_rv
 from range_filter_proxy.errors import UpstreamError
-from range_filter_proxy.fencing import FenceSettings, WriteFence, parse_object_path, shard_hash_of
+from range_filter_proxy.fencing import FenceSettings, WriteFence, shard_hash_of
 from range_filter_proxy.heap import HeapKeeper, HeapSettings
 from range_filter_proxy.metrics import ProxyMetrics
-from range_filter_proxy.resources import ResourceInfo, parse_collection_path, parse_resource_spec
+from range_filter_proxy.resources import ResourceInfo, parse_collection_path, parse_object_path, parse_resource_spec
 from range_filter_proxy.upstream import HttpUpstream, Upstream, UpstreamConfig
 from range_filter_proxy.watcher import Watcher
 from rangeshard.core.errors import ConfigError

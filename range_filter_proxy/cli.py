@@ -35,6 +35,7 @@ from typing import Annotated
 import typer
 
 from rangeshard.core.errors import ConfigError
+from rangeshard.core.etcd_options import CaCertOpt, CertOpt, KeyOpt, PasswordOpt, UserOpt, config_from_options
 
 
 def proxy_command(
@@ -119,16 +120,11 @@ def proxy_command(
     registry_prefix: Annotated[
         str, typer.Option("--registry-prefix", help="Registry key prefix in etcd (with --etcd)")
     ] = "/rangeshard",
-    etcd_cacert: Annotated[str | None, typer.Option("--etcd-cacert", help="CA bundle for etcd TLS.")] = None,
-    etcd_cert: Annotated[str | None, typer.Option("--etcd-cert", help="Client certificate for etcd TLS.")] = None,
-    etcd_key: Annotated[str | None, typer.Option("--etcd-key", help="Client key for etcd TLS.")] = None,
-    etcd_user: Annotated[
-        str | None, typer.Option("--etcd-user", envvar="RANGESHARD_ETCD_USER", help="etcd username.")
-    ] = None,
-    etcd_password: Annotated[
-        str | None,
-        typer.Option("--etcd-password", envvar="RANGESHARD_ETCD_PASSWORD", help="etcd password.", show_default=False),
-    ] = None,
+    etcd_cacert: CaCertOpt = None,
+    etcd_cert: CertOpt = None,
+    etcd_key: KeyOpt = None,
+    etcd_user: UserOpt = None,
+    etcd_password: PasswordOpt = None,
 ) -> None:
     """Serve the range filter proxy: shard-filtered list/watch from one shared watch per resource."""
     import uvicorn  # noqa: PLC0415  (keep `rangeshard --help` fast)
@@ -139,7 +135,6 @@ def proxy_command(
     from range_filter_proxy.fencing import FenceSettings  # noqa: PLC0415
     from range_filter_proxy.heap import HeapSettings  # noqa: PLC0415
     from range_filter_proxy.upstream import load_upstream_config  # noqa: PLC0415
-    from rangeshard.core.etcd import EtcdConfig  # noqa: PLC0415
     from rangeshard.core.kubeapi import load_token_file  # noqa: PLC0415
 
     level = getattr(logging, log_level.upper(), None)
@@ -192,20 +187,10 @@ def proxy_command(
         if etcd is None and any(v is not None for v in etcd_extras):
             raise ConfigError("--etcd-cacert/--etcd-cert/--etcd-key/--etcd-user/--etcd-password need --etcd")
         if etcd is not None:
-            for path in (etcd_cacert, etcd_cert, etcd_key):
-                if path is not None and not os.path.isfile(path):
-                    raise ConfigError(f"etcd TLS file {path} does not exist")
             if not registry_prefix.startswith("/") or registry_prefix.rstrip("/") == "":
                 raise ConfigError("--registry-prefix must be an absolute key prefix such as /rangeshard")
             fencing = FenceSettings(
-                EtcdConfig.from_urls(
-                    etcd,
-                    ca_cert=etcd_cacert,
-                    cert_file=etcd_cert,
-                    key_file=etcd_key,
-                    username=etcd_user,
-                    password=etcd_password,
-                ),
+                config_from_options(etcd, etcd_cacert, etcd_cert, etcd_key, etcd_user, etcd_password),
                 registry_prefix.rstrip("/"),
             )
         app = create_app(

@@ -136,34 +136,6 @@ def shard_hash_of(declared: int | None, body: Any, cached: Any) -> tuple[int | N
     return None, None
 
 
-@dataclass(frozen=True, slots=True)
-class ObjectPath:
-    """A parsed object path (``.../namespaces/<ns>/<resource>/<name>[/<subresource>]``)."""
-
-    group: str
-    version: str
-    resource: str
-    namespace: str
-    name: str
-
-
-def parse_object_path(path: str) -> ObjectPath | None:
-    """Classify ``path`` as one object (or one of its subresources) of some resource, or ``None``."""
-    parts = [p for p in path.split("/") if p]
-    if len(parts) >= 2 and parts[0] == "api":
-        group, version, rest = "", parts[1], parts[2:]
-    elif len(parts) >= 3 and parts[0] == "apis":
-        group, version, rest = parts[1], parts[2], parts[3:]
-    else:
-        return None
-    namespace = ""
-    if len(rest) >= 4 and rest[0] == "namespaces":
-        namespace, rest = rest[1], rest[2:]
-    if len(rest) in (2, 3):
-        return ObjectPath(group, version, rest[0], namespace, rest[1])
-    return None
-
-
 class BatchedRead(Generic[T]):
     """One read shared by every caller that arrived before it started (see module docstring).
 

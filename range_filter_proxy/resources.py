@@ -112,19 +112,51 @@ class CollectionPath:
     namespace: str | None
 
 
-def parse_collection_path(path: str) -> CollectionPath | None:
-    """Classify ``path`` as a collection of some resource, or ``None``."""
+def _api_parts(path: str) -> tuple[str, str, list[str]] | None:
+    """``(group, version, segments after them)`` of an ``/api/v1/...`` or ``/apis/g/v/...`` path."""
     parts = [p for p in path.split("/") if p]
     if len(parts) >= 2 and parts[0] == "api":
-        group, version, rest = "", parts[1], parts[2:]
-    elif len(parts) >= 3 and parts[0] == "apis":
-        group, version, rest = parts[1], parts[2], parts[3:]
-    else:
+        return "", parts[1], parts[2:]
+    if len(parts) >= 3 and parts[0] == "apis":
+        return parts[1], parts[2], parts[3:]
+    return None
+
+
+def parse_collection_path(path: str) -> CollectionPath | None:
+    """Classify ``path`` as a collection of some resource, or ``None``."""
+    split = _api_parts(path)
+    if split is None:
         return None
+    group, version, rest = split
     if len(rest) == 1:
         return CollectionPath(group, version, rest[0], None)
     if len(rest) == 3 and rest[0] == "namespaces" and rest[1]:
         return CollectionPath(group, version, rest[2], rest[1])
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectPath:
+    """A parsed object path (``.../[namespaces/<ns>/]<resource>/<name>[/<subresource>]``)."""
+
+    group: str
+    version: str
+    resource: str
+    namespace: str
+    name: str
+
+
+def parse_object_path(path: str) -> ObjectPath | None:
+    """Classify ``path`` as one object (or one of its subresources) of some resource, or ``None``."""
+    split = _api_parts(path)
+    if split is None:
+        return None
+    group, version, rest = split
+    namespace = ""
+    if len(rest) >= 4 and rest[0] == "namespaces":
+        namespace, rest = rest[1], rest[2:]
+    if len(rest) in (2, 3):
+        return ObjectPath(group, version, rest[0], namespace, rest[1])
     return None
 
 

@@ -26,6 +26,7 @@ import typer
 
 from rangeshard.core.errors import ConfigError, RangeshardError, RegistryUnavailable
 from rangeshard.core.etcd import EtcdConfig
+from rangeshard.core.etcd_options import CaCertOpt, CertOpt, KeyOpt, PasswordOpt, UserOpt, config_from_options
 from registry import DEFAULT_PREFIX
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(threadName)s] %(message)s"
@@ -39,27 +40,11 @@ EtcdOpt = Annotated[
         show_default=False,
     ),
 ]
-CaCertOpt = Annotated[str | None, typer.Option("--etcd-cacert", help="CA bundle for etcd TLS.")]
-CertOpt = Annotated[str | None, typer.Option("--etcd-cert", help="Client certificate for etcd TLS.")]
-KeyOpt = Annotated[str | None, typer.Option("--etcd-key", help="Client key for etcd TLS.")]
-UserOpt = Annotated[str | None, typer.Option("--etcd-user", envvar="RANGESHARD_ETCD_USER", help="etcd username.")]
-PasswordOpt = Annotated[
-    str | None,
-    typer.Option("--etcd-password", envvar="RANGESHARD_ETCD_PASSWORD", help="etcd password.", show_default=False),
-]
 PrefixOpt = Annotated[str, typer.Option("--prefix", help="Registry key prefix in etcd.")]
 
 
-def etcd_config(
-    etcd: str | None,
-    cacert: str | None = None,
-    cert: str | None = None,
-    key: str | None = None,
-    user: str | None = None,
-    password: str | None = None,
-) -> EtcdConfig:
-    """Build the etcd config from the shared options (raises ConfigError)."""
-    return EtcdConfig.from_urls(etcd, ca_cert=cacert, cert_file=cert, key_file=key, username=user, password=password)
+#: Build the etcd config from the shared options (raises ConfigError).
+etcd_config = config_from_options
 
 
 DEFAULT_REGISTRY_PREFIX = DEFAULT_PREFIX
