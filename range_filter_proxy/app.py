@@ -395,7 +395,8 @@ class ProxyState:
             return None
         self.metrics.fencing_checks.inc()
         body: Any = None
-        if request.method in ("POST", "PUT"):
+        if request.method in ("POST", "PUT", "PATCH"):
+            # A merge/strategic patch may set ownerReferences (adoption); a JSON patch is a list (ignored).
             raw = await request.body()  # kept by Starlette: request.stream() replays it upstream
             with contextlib.suppress(orjson.JSONDecodeError):
                 body = orjson.loads(raw) if raw else None

@@ -25,8 +25,9 @@ Purpose
     (its own uid or its controller owner's uid, in the body or in the
     proxy's cache), else the write is fenced (``ShardHashMismatch``).
     Without a declaration the hash is the informers': the controller
-    ownerReference uid, else the object's own uid, from the request body,
-    else from the cached object (deletes and patches). A write whose hash
+    ownerReference uid, else the object's own uid, from the request body
+    (creates, updates, merge and strategic patches), else from the cached
+    object (deletes, JSON patches). A write whose hash
     cannot be found (a create without owner, an uncached object) is
     checked for lease, lock and epoch only.
 

@@ -38,7 +38,7 @@ SHARD_HASH_HEADER = "X-Rangeshard-Shard-Hash"
 
 _TOKEN_RE = re.compile(
     r"rangeshard-controller-manager/(?P<version>[^ ()]+) "
-    r"\((?P<type>[^/;() ]+)/(?P<instance>[^;() ]+); lease (?P<lease>[0-9a-fA-F]+); epoch (?P<epoch>[0-9]+)\)"
+    r"\((?P<type>[^/;() ]+)/(?P<instance>[^;() ]+); lease (?:0x)?(?P<lease>[0-9a-fA-F]+); epoch (?P<epoch>[0-9]+)\)"
 )
 
 
