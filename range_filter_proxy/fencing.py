@@ -166,11 +166,12 @@ class BatchedRead(Generic[T]):
                 self.reads += 1
                 try:
                     result = await self._read()
-                except BaseException as e:  # every waiter of this batch sees the failure
+                except asyncio.CancelledError:
+                    fut.cancel()
+                    raise
+                except Exception as e:  # every waiter of this batch sees the failure
                     if not fut.done():
                         fut.set_exception(e)
-                    if isinstance(e, asyncio.CancelledError):
-                        raise
                 else:
                     if not fut.done():
                         fut.set_result(result)
