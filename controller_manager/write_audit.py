@@ -18,8 +18,10 @@ Purpose
     the object's controller ownerReference, else its own uid. Owners are
     read from ``requestObject``/``responseObject`` (level ``Request`` or
     ``RequestResponse``) and remembered per object uid, so deletes (whose
-    bodies are DeleteOptions) are attributed too. Writes that cannot be
-    attributed are counted and reported, never guessed.
+    bodies are DeleteOptions) are attributed too; an event naming no uid
+    takes the uid last seen for the same resource, namespace and name, and
+    failing that the object's name is its key. Writes naming no object at
+    all are counted and reported as unattributed.
 
 Invariants
     * Only successful writes (2xx) with an owner token count: failed writes
@@ -140,6 +142,7 @@ def check(events: Iterable[Mapping[str, Any]]) -> Report:
     """Attribute writes and find stale-owner writes (see module docstring)."""
     report = Report()
     owner_of: dict[str, str | None] = {}  # object uid -> controller owner uid (None: known to have none)
+    uid_of: dict[tuple[str, str, str], str] = {}  # (resource, namespace, name) -> uid, for events naming no uid
     last: dict[tuple[str, str], Write] = {}  # (type, shard key) -> the last write
     seen: dict[tuple[str, str], set[OwnerToken]] = {}
     tokens: set[OwnerToken] = set()
@@ -147,12 +150,17 @@ def check(events: Iterable[Mapping[str, Any]]) -> Report:
         raw_ref = ev.get("objectRef")
         ref: Mapping[str, Any] = raw_ref if isinstance(raw_ref, Mapping) else {}
         objects = [ev.get("responseObject"), ev.get("requestObject")]
-        uid = ref.get("uid") if isinstance(ref.get("uid"), str) else None
+        uid = ref.get("uid") if isinstance(ref.get("uid"), str) and ref.get("uid") else None
         for obj in objects:
             own = _own_uid(obj)
             if own is not None and (uid is None or own == uid):
                 uid = own
                 owner_of[own] = _controller_uid(obj)
+        ident = (str(ref.get("resource") or ""), str(ref.get("namespace") or ""), str(ref.get("name") or ""))
+        if uid is not None and ident[2]:
+            uid_of[ident] = uid
+        elif uid is None:
+            uid = uid_of.get(ident)
         code = (ev.get("responseStatus") or {}).get("code")
         verb = ev.get("verb")
         token = OwnerToken.parse(ev.get("userAgent"))
@@ -177,6 +185,9 @@ def check(events: Iterable[Mapping[str, Any]]) -> Report:
         else:
             owner = owner_of.get(uid) if uid is not None else None
             shard_key = owner or uid
+        if shard_key is None and write.name:
+            # Nothing says which object (a Metadata-level log without uids): the object's name is the key.
+            shard_key = f"{resource}/{write.namespace}/{write.name}"
         if shard_key is None:
             report.unattributed.append(write)
             continue

@@ -73,3 +73,13 @@ def test_handovers_failures_and_other_clients_are_not_stale(tmp_path: Path) -> N
 def test_unreadable_file_exits_2(tmp_path: Path) -> None:
     assert main(["--apiserver-audit", str(tmp_path / "missing.jsonl")]) == 2
     assert main([]) == 2
+
+
+def test_metadata_level_log_without_uids_is_checked_by_object() -> None:
+    def bare(token: OwnerToken, verb: str, name: str) -> dict[str, Any]:
+        ev = _event(token, verb, "widgets", name, "")
+        del ev["objectRef"]["uid"]
+        return ev
+
+    report = check([bare(A, "update", "w1"), bare(B, "update", "w1"), bare(A, "delete", "w1")])
+    assert len(report.stale) == 1 and report.stale[0].shard_key == "widgets/ns/w1"
