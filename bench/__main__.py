@@ -174,6 +174,30 @@ def render(result: dict[str, Any], console: Console) -> None:
                 ],
             )
         )
+        targets = tp["targets"]
+        console.print(
+            _table(
+                "Real HTTP upstream against the bare loop (issue 17 targets, same run)",
+                ["ratio", "this run", "target"],
+                [
+                    [
+                        "events per proxy CPU s / bare",
+                        tp["realUpstreamPerCpuVsBare"],
+                        targets["realUpstreamPerCpuVsBare"],
+                    ],
+                    [
+                        "sustained events/s / bare",
+                        tp["realUpstreamSustainedVsBare"],
+                        targets["realUpstreamSustainedVsBare"],
+                    ],
+                    [
+                        "p99 at 2,000/s minus floor p99 (ms)",
+                        tp["realUpstreamP99OverFloorMs"],
+                        targets["realUpstreamP99OverFloorMs"],
+                    ],
+                ],
+            )
+        )
         floor = tp["socketFloorAt2000"]
         for key, title in (
             ("http", "Proxy over HTTP fed via its Upstream interface, rate steps (latency = send -> client receipt)"),

@@ -479,7 +479,14 @@ def run(quick: bool, workdir: Path) -> dict[str, Any]:
     """All measurements, plus ratios to the bare loop and the report targets."""
     bare = bare_loop(0.5 if quick else 3.0)
     inproc = in_process(8_000 if quick else 50_000)
-    rates = [1000, 2000, 5000] if quick else [1000, 2000, 4000, 6000, 8000, 10000, 12000, 15000, 20000]
+    # The ramp goes on past 20,000/s (up to 40,000/s, stopping at the first step that does not keep
+    # up): the real-upstream target (sustained >= 0.2 of the bare loop, 23,000-34,000/s on this
+    # machine) could not be measured if the ramp ended below it.
+    rates = (
+        [1000, 2000, 5000]
+        if quick
+        else [1000, 2000, 4000, 6000, 8000, 10000, 12000, 15000, 20000, 25000, 30000, 35000, 40000]
+    )
     over_http = http(rates, 1.0 if quick else 3.0, workdir)
     over_real = real_upstream(rates, 1.0 if quick else 3.0, workdir)
     floor = socket_floor(2000, 1.0 if quick else 3.0)
@@ -504,5 +511,16 @@ def run(quick: bool, workdir: Path) -> dict[str, Any]:
         "p50At2000Ms": at_2000["p50LatencyMs"] if at_2000 else None,
         "floorP99At2000Ms": floor["p99LatencyMs"],
         "realUpstreamP99At2000Ms": real_2000["p99LatencyMs"] if real_2000 else None,
-        "targets": {"eventsPerSecond": 10_000, "p99At2000Ms": 10.0},
+        "realUpstreamSustainedVsBare": round(over_real["sustainedPerSecond"] / bare["eventsPerSecond"], 3),
+        # What the proxy adds to the machine's own latency at 2,000/s (issue 17: <= 3 ms).
+        "realUpstreamP99OverFloorMs": (
+            round(real_2000["p99LatencyMs"] - floor["p99LatencyMs"], 2) if real_2000 else None
+        ),
+        "targets": {
+            "eventsPerSecond": 10_000,
+            "p99At2000Ms": 10.0,
+            "realUpstreamPerCpuVsBare": 0.25,
+            "realUpstreamSustainedVsBare": 0.2,
+            "realUpstreamP99OverFloorMs": 3.0,
+        },
     }

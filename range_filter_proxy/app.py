@@ -38,7 +38,6 @@ Concurrency model
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import random
@@ -63,7 +62,7 @@ from range_filter_proxy.heap import HeapKeeper, HeapSettings
 from range_filter_proxy.metrics import ProxyMetrics
 from range_filter_proxy.resources import ResourceInfo, parse_collection_path, parse_object_path, parse_resource_spec
 from range_filter_proxy.upstream import HttpUpstream, Upstream, UpstreamConfig
-from range_filter_proxy.watcher import Watcher
+from range_filter_proxy.watchresponse import ProxyApp, WatchResponse
 from rangeshard.core.errors import ConfigError
 from rangeshard.core.kubeapi import (
     DEFAULT_MAX_BODY_BYTES,
@@ -242,50 +241,6 @@ def _list_body(
     head = orjson.dumps({"kind": info.list_kind, "apiVersion": info.gvr.group_version, "metadata": meta})
     # head ends with "}}": re-open it to append the items without re-serialising them.
     return head[:-1] + b',"items":[' + b",".join(o.raw for o in items) + b"]}"
-
-
-class WatchResponse(Response):
-    """The chunked body of one downstream watch, written straight from :meth:`Watcher.stream`.
-
-    Starlette's ``StreamingResponse`` runs every stream in an anyio task group
-    with a disconnect listener racing the body; a watch does not need that
-    machinery per chunk. Here one named task waits for the client's
-    disconnect and cuts the watcher (which ends its stream at once, even
-    when no event is flowing), and the body loop only sends.
-    """
-
-    media_type = "application/json"
-
-    def __init__(self, watcher: Watcher) -> None:
-        self.watcher = watcher
-        self.status_code = 200
-        self.background = None
-        self.init_headers(None)
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        w = self.watcher
-
-        async def until_disconnect() -> None:
-            while True:
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    w.cut("client disconnected")
-                    return
-
-        listener = asyncio.create_task(until_disconnect(), name=f"watch-{w.id}:disconnect")
-        stream = w.stream()
-        try:
-            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
-            async for chunk in stream:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-        except OSError:
-            log.debug("watch %d: client connection lost", w.id)
-        finally:
-            listener.cancel()
-            await stream.aclose()
-            with contextlib.suppress(asyncio.CancelledError):
-                await listener
 
 
 class ProxyState:
@@ -574,7 +529,7 @@ def create_app(
             if state.owns_upstream and isinstance(state.upstream, HttpUpstream):
                 await state.upstream.aclose()
 
-    app = FastAPI(lifespan=lifespan, openapi_url=None, docs_url=None, redoc_url=None)
+    app = ProxyApp(lifespan=lifespan, openapi_url=None, docs_url=None, redoc_url=None)
     app.state.proxy = state
     app.state.heap_keeper = keeper
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)

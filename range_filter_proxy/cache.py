@@ -49,7 +49,7 @@ import logging
 import random
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 
 import orjson
 
@@ -61,6 +61,7 @@ from range_filter_proxy.cached import (
     event_line,
     parse_rv,
 )
+from range_filter_proxy.dispatch import DispatchIndex
 from range_filter_proxy.errors import ApiError, UpstreamError, UpstreamGone, gone
 from range_filter_proxy.metrics import ProxyMetrics
 from range_filter_proxy.resources import GVR, ResourceInfo
@@ -86,8 +87,8 @@ class WatchCache:
         self.watchers: dict[int, Watcher] = {}
         #: Set (and dropped) when ``rv`` advances; created only while somebody waits for it.
         self._progress: asyncio.Event | None = None
-        #: ``watchers``' values, rebuilt when one is added or removed (not copied per event).
-        self._dispatch_to: tuple[Watcher, ...] = ()
+        #: The watchers by shard range, rebuilt when one is added or removed (not per event).
+        self._index = DispatchIndex(())
         self._task: asyncio.Task[None] | None = None
         self._label = info.gvr.label
         #: Hot-path counters (plain integers; see range_filter_proxy.metrics).
@@ -142,9 +143,10 @@ class WatchCache:
             started = loop.time()
             received = 0
             try:
-                async for event in self.upstream.watch(self.info.gvr, str(self.rv)):
-                    received += 1
-                    self.apply(event)
+                async for events in self._watch_batches(str(self.rv)):
+                    received += len(events)
+                    for event in events:
+                        self.apply(event)
             except UpstreamGone:
                 return
             finally:
@@ -152,6 +154,16 @@ class WatchCache:
             if received == 0 and loop.time() - started < 1.0:
                 raise UpstreamError(f"upstream watch of {self.info.gvr} ended immediately")
             log.debug("upstream watch of %s ended after %d events; re-watching", self.info.gvr, received)
+
+    async def _watch_batches(self, resource_version: str) -> AsyncIterator[list[WatchEvent]]:
+        """The upstream watch as lists of events: ``watch_batches`` when the upstream has it (HTTP), else ``watch``."""
+        batches = getattr(self.upstream, "watch_batches", None)
+        if batches is not None:
+            async for events in batches(self.info.gvr, resource_version):
+                yield events
+            return
+        async for event in self.upstream.watch(self.info.gvr, resource_version):
+            yield [event]
 
     # ---- applying upstream data (synchronous) --------------------------------------------
 
@@ -165,7 +177,7 @@ class WatchCache:
         for w in list(self.watchers.values()):
             w.close("watch cache relisted")
         self.watchers.clear()
-        self._dispatch_to = ()
+        self._index = DispatchIndex(())
         self.metrics.downstream_watches.labels(self._label).set(0)
         self.objects = objects
         self.history.clear()
@@ -194,7 +206,7 @@ class WatchCache:
             raise UpstreamError(f"{self.info.gvr}: unknown watch event type {event.type!r}")
         received = time.monotonic()
         self.stats.events_received += 1
-        cur = CachedObject.build(event.object, self.info, event.raw)
+        cur = CachedObject.build(event.object, self.info, event.raw, self.objects)
         prev = self.objects.get(cur.key)
         if cur.rv <= self.rv:
             if event.type != "DELETED" or prev is None:
@@ -224,8 +236,11 @@ class WatchCache:
             self.history_start_rv = self.history.popleft().rv
 
     def _dispatch(self, ev: CachedEvent) -> None:
-        delivered = filtered = 0
-        for w in self._dispatch_to:
+        index = self._index
+        targets = index.candidates(ev)
+        delivered = 0
+        filtered = index.size - len(targets)  # the index proved they filter it out
+        for w in targets:
             if ev.rv <= w.after_rv:
                 continue
             variant = w.filter.variant(ev)
@@ -385,14 +400,14 @@ class WatchCache:
             timeout=timeout,
         )
         self.watchers[w.id] = w
-        self._dispatch_to = tuple(self.watchers.values())
+        self._index = DispatchIndex(self.watchers.values())
         self.metrics.downstream_watches.labels(self._label).set(len(self.watchers))
         return w
 
     def remove_watcher(self, w: Watcher) -> None:
         """Unregister a watcher (idempotent)."""
         if self.watchers.pop(w.id, None) is not None:
-            self._dispatch_to = tuple(self.watchers.values())
+            self._index = DispatchIndex(self.watchers.values())
             self.metrics.downstream_watches.labels(self._label).set(len(self.watchers))
 
 

@@ -85,12 +85,20 @@ class CachedObject:
     labels: Mapping[str, str]
 
     @classmethod
-    def build(cls, obj: dict[str, Any], info: ResourceInfo, raw: bytes | None = None) -> CachedObject:
+    def build(
+        cls,
+        obj: dict[str, Any],
+        info: ResourceInfo,
+        raw: bytes | None = None,
+        previous: Mapping[tuple[str, str], CachedObject] | None = None,
+    ) -> CachedObject:
         """Wrap an upstream object (``kind``/``apiVersion`` filled in if missing).
 
         ``raw`` is the object's JSON as received (:attr:`WatchEvent.raw`); it is
         kept as is when the object needs no filling in, instead of encoding
-        ``obj`` again.
+        ``obj`` again. ``previous`` (the cache's store) lends the labels and
+        hashes of the object's previous version when they did not change, so
+        an update neither re-interns its labels nor holds a second copy.
         """
         meta = obj.get("metadata")
         if not isinstance(meta, dict):
@@ -104,21 +112,24 @@ class CachedObject:
             raw = None
         labels = meta.get("labels")
         ns = meta.get("namespace")
+        namespace = sys.intern(ns) if isinstance(ns, str) and ns else None
         name = sys.intern(str(meta.get("name") or ""))
         if raw is None:
             # orjson's result keeps its growth buffer (~8 KiB resident for a 1 KiB pod);
             # an exact-size copy is what we keep.
             raw = bytes(memoryview(orjson.dumps(obj)))
-        return cls(
-            raw,
-            ObjectHashes.of(obj),
-            rv,
-            sys.intern(ns) if isinstance(ns, str) and ns else None,
-            name,
-            {sys.intern(str(k)): sys.intern(str(v)) for k, v in labels.items()}
-            if isinstance(labels, dict) and labels
-            else _NO_LABELS,
-        )
+        hashes = ObjectHashes.of(obj)
+        prev = previous.get((namespace or "", name)) if previous is not None else None
+        kept: Mapping[str, str]
+        if not isinstance(labels, dict) or not labels:
+            kept = _NO_LABELS
+        elif prev is not None and prev.labels == labels:
+            kept = prev.labels
+        else:
+            kept = {sys.intern(str(k)): sys.intern(str(v)) for k, v in labels.items()}
+        if prev is not None and prev.hashes == hashes:
+            hashes = prev.hashes
+        return cls(raw, hashes, rv, namespace, name, kept)
 
     @property
     def obj(self) -> dict[str, Any]:
@@ -162,9 +173,9 @@ class CachedEvent:
         """An event of ``cur`` replacing ``prev``, with :attr:`stable` worked out."""
         stable = (
             prev is not None
-            and prev.hashes == cur.hashes
+            and (prev.hashes is cur.hashes or prev.hashes == cur.hashes)
             and prev.namespace == cur.namespace
-            and prev.labels == cur.labels
+            and (prev.labels is cur.labels or prev.labels == cur.labels)
         )
         return cls(etype, rv, cur, prev, received, stable)
 

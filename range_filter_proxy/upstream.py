@@ -5,8 +5,10 @@ Purpose
     API server: discovery, a list, a watch stream and the current
     resourceVersion. :class:`HttpUpstream` implements it (and the raw
     pass-through of every other request) with one ``httpx.AsyncClient`` against
-    a real kube-apiserver or the local API server; tests may implement the
-    protocol in memory. :func:`load_upstream_config` reuses the ``kubernetes``
+    a real kube-apiserver or the local API server, except the watch body,
+    which :mod:`range_filter_proxy.watchstream` reads (an asyncio protocol
+    parsing with httptools: a fraction of httpx's CPU per read); tests may
+    implement the protocol in memory. :func:`load_upstream_config` reuses the ``kubernetes``
     package's kubeconfig / in-cluster loading for the base URL, TLS material
     and credentials.
 
@@ -42,6 +44,7 @@ import orjson
 
 from range_filter_proxy.errors import UpstreamError, UpstreamGone, UpstreamUnavailable, bad_request
 from range_filter_proxy.resources import GVR, ResourceInfo, parse_resource_list
+from range_filter_proxy.watchstream import open_watch
 from rangeshard.core.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -73,8 +76,14 @@ class WatchEvent:
     raw: bytes | None = None
 
 
+#: The events of one read of a watch stream (``list`` is a method name inside :class:`HttpUpstream`).
+WatchBatch = list[WatchEvent]
+
 #: A watch line longer than this (no newline in sight) is a broken upstream, not an object.
 MAX_WATCH_LINE_BYTES = 64 * 1024 * 1024
+
+
+_LINE_PREFIXES = {t: b'{"type":"' + t.encode() + b'","object":' for t in ("ADDED", "MODIFIED", "DELETED", "BOOKMARK")}
 
 
 def decode_watch_line(line: bytes, what: str) -> WatchEvent:
@@ -102,8 +111,9 @@ def decode_watch_line(line: bytes, what: str) -> WatchEvent:
         raise UpstreamError(message, code if isinstance(code, int) else 502, obj)
     raw: bytes | None = None
     if len(doc) == 2:
-        prefix = b'{"type":"' + etype.encode() + b'","object":'
-        line = line.rstrip()
+        prefix = _LINE_PREFIXES.get(etype) or b'{"type":"' + etype.encode() + b'","object":'
+        if not line.endswith(b"}"):
+            line = line.rstrip()
         if line.startswith(prefix) and line.endswith(b"}"):
             raw = line[len(prefix) : -1]
     return WatchEvent(etype, obj, raw)
@@ -316,48 +326,55 @@ class HttpUpstream:
         return (await self.list(gvr, {"limit": "1"})).resource_version
 
     async def watch(self, gvr: GVR, resource_version: str) -> AsyncIterator[WatchEvent]:
+        async for events in self.watch_batches(gvr, resource_version):
+            for event in events:
+                yield event
+
+    async def watch_batches(self, gvr: GVR, resource_version: str) -> AsyncIterator[WatchBatch]:
+        """:meth:`watch`, one list per socket read: the cache applies a burst in one loop.
+
+        The body is read by :mod:`range_filter_proxy.watchstream` (asyncio
+        protocol + httptools), not httpx. When a line fails to decode (an
+        ``ERROR`` event, 410 included), the events before it are yielded first.
+        """
         params = {
             "watch": "true",
             "resourceVersion": resource_version,
             "allowWatchBookmarks": "true",
             "timeoutSeconds": str(UPSTREAM_WATCH_TIMEOUT_S),
         }
-        timeout = httpx.Timeout(10.0, read=UPSTREAM_WATCH_TIMEOUT_S + 30.0)
-        path = gvr.collection_path()
+        what = f"watch {gvr}"
+        stream = await open_watch(
+            self.config.base_url,
+            gvr.collection_path(),
+            params,
+            list(self._headers().items()),
+            verify=self.config.verify,
+            what=what,
+            connect_timeout=10.0,
+            read_timeout=UPSTREAM_WATCH_TIMEOUT_S + 30.0,
+            max_line=MAX_WATCH_LINE_BYTES,
+        )
         try:
-            async with self.client.stream("GET", path, params=params, headers=self._headers(), timeout=timeout) as resp:
-                if resp.status_code != 200:
-                    body = await resp.aread()
-                    message, status = _status_message(body, f"watch {gvr}: HTTP {resp.status_code}")
-                    if resp.status_code == 410:
-                        raise UpstreamGone(message, status)
-                    raise UpstreamError(message, resp.status_code, status)
-                what = f"watch {gvr}"
-                # Lines are split as bytes (no str decoding); a line spread over
-                # several reads is collected in ``pending``.
-                pending: list[bytes] = []
-                pending_size = 0
-                async for chunk in resp.aiter_bytes():
-                    lines = chunk.split(b"\n")
-                    if pending:
-                        pending.append(lines[0])
-                        lines[0] = b"".join(pending)
-                        pending.clear()
-                        pending_size = 0
-                    tail = lines.pop()
-                    if tail:
-                        pending.append(tail)
-                        pending_size += len(tail)
-                        if pending_size > MAX_WATCH_LINE_BYTES:
-                            raise UpstreamError(f"{what}: an event longer than {MAX_WATCH_LINE_BYTES} bytes")
+            if stream.status != 200:
+                body = await stream.read_body()
+                message, status = _status_message(body, f"{what}: HTTP {stream.status}")
+                if stream.status == 410:
+                    raise UpstreamGone(message, status)
+                raise UpstreamError(message, stream.status, status)
+            decode = decode_watch_line
+            async for lines in stream.batches():
+                events: WatchBatch = []
+                try:
                     for line in lines:
-                        if line.strip():
-                            yield decode_watch_line(line, what)
-                last = b"".join(pending)
-                if last.strip():
-                    yield decode_watch_line(last, what)
-        except httpx.HTTPError as e:
-            raise UpstreamUnavailable(f"watch {gvr}: {e!r}") from e
+                        events.append(decode(line, what))
+                except UpstreamError:
+                    if events:
+                        yield events
+                    raise
+                yield events
+        finally:
+            stream.close()
 
     async def forward(
         self,

@@ -1,0 +1,113 @@
+"""Which downstream watchers an event can concern, without asking every one of them.
+
+Purpose
+    The cache used to ask every watcher's filter about every event: with 16
+    range watchers that was ~half of the in-process cost per event (16
+    predicate calls to find the one watcher that wants it). A
+    :class:`DispatchIndex` sorts the watchers whose filter has a
+    ``shardSelector`` over one path (what controller instances send) into
+    the elementary intervals of their ranges, so the candidates of an event
+    are found with one binary search per hashed path. Watchers without such
+    a filter are candidates for every event.
+
+Invariants
+    * A watcher that is not among :meth:`DispatchIndex.candidates` of an
+      event would have been told nothing about it: its shard selector
+      matches neither the event's current nor its previous object (both are
+      looked up), and every filter requires its shard selector to match.
+      Candidates still go through :meth:`WatchFilter.variant`, so what a
+      watcher receives is exactly what the plain loop gave it.
+    * Each candidate comes once. Their order is not significant: every
+      watcher has its own queue, and each queue gets its events in order.
+
+Concurrency model
+    An immutable value, rebuilt by the cache (on its event loop) whenever a
+    watcher is added or removed; a dispatch in progress keeps iterating the
+    tuple it was given.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Iterable
+from dataclasses import dataclass
+from itertools import pairwise
+from typing import TYPE_CHECKING
+
+from hashing import NAMESPACE_PATH, OWNER_PATH, UID_PATH
+
+if TYPE_CHECKING:
+    from range_filter_proxy.cached import CachedEvent
+    from range_filter_proxy.watcher import Watcher
+
+#: The ObjectHashes attribute of each shard path.
+_ATTRIBUTE = {UID_PATH: "uid", NAMESPACE_PATH: "namespace", OWNER_PATH: "owner"}
+
+
+@dataclass(frozen=True, slots=True)
+class _PathIndex:
+    """The watchers of one shard path, by elementary interval of the 64-bit space."""
+
+    attribute: str
+    bounds: tuple[int, ...]
+    #: ``segments[bisect_right(bounds, v)]``: the watchers whose ranges contain ``v``.
+    segments: tuple[tuple[Watcher, ...], ...]
+    #: The watchers an object without this hash matches (the owner path: all of them).
+    when_missing: tuple[Watcher, ...]
+
+    @classmethod
+    def build(cls, path: str, entries: list[tuple[Watcher, list[tuple[int, int]]]]) -> _PathIndex:
+        bounds = sorted({b for _, ranges in entries for r in ranges for b in r})
+        segments: list[tuple[Watcher, ...]] = [()]
+        for lo, hi in pairwise(bounds):
+            segments.append(tuple(w for w, ranges in entries if any(s <= lo and hi <= e for s, e in ranges)))
+        segments.append(())
+        missing = tuple(w for w, _ in entries) if path == OWNER_PATH else ()
+        return cls(_ATTRIBUTE[path], tuple(bounds), tuple(segments), missing)
+
+    def lookup(self, value: int | None) -> tuple[Watcher, ...]:
+        if value is None:
+            return self.when_missing
+        return self.segments[bisect_right(self.bounds, value)]
+
+
+class DispatchIndex:
+    """The candidates of an event among a cache's watchers (see module docstring)."""
+
+    __slots__ = ("_always", "_paths", "size")
+
+    def __init__(self, watchers: Iterable[Watcher]) -> None:
+        always: list[Watcher] = []
+        by_path: dict[str, list[tuple[Watcher, list[tuple[int, int]]]]] = {}
+        count = 0
+        for w in watchers:
+            count += 1
+            shard = w.filter.shard
+            paths = shard.paths if shard is not None else frozenset()
+            if shard is None or len(paths) != 1:
+                always.append(w)
+                continue
+            by_path.setdefault(next(iter(paths)), []).append((w, [(t.start, t.end) for t in shard.terms]))
+        self.size = count
+        self._always = tuple(always)
+        self._paths = tuple(_PathIndex.build(path, entries) for path, entries in by_path.items())
+
+    def candidates(self, ev: CachedEvent) -> tuple[Watcher, ...]:
+        """The watchers that may want ``ev`` (every other one would filter it out)."""
+        paths = self._paths
+        if not paths:
+            return self._always
+        found: tuple[Watcher, ...] = self._always
+        cur = ev.cur.hashes
+        prev = ev.prev.hashes if ev.prev is not None else None
+        for index in paths:
+            attr = index.attribute
+            value = getattr(cur, attr)
+            hit = index.lookup(value)
+            if prev is not None:
+                old = getattr(prev, attr)
+                if old != value:
+                    hit = hit + tuple(w for w in index.lookup(old) if w not in hit)
+            if hit:
+                found = found + hit if found else hit
+        return found

@@ -1,0 +1,143 @@
+"""The dispatch index (issue 17) never hides an event from a watcher that wants it.
+
+* Property: for any set of filters (shard selectors over any path, with any
+  ranges, with or without namespace/label/field parts, or none) and any pair
+  of object versions, every watcher whose filter gives the event a variant is
+  among the index's candidates, each candidate once.
+* Through the cache: 16 range watchers plus a namespace watcher and an
+  unfiltered one receive exactly what the plain definition gives them.
+* Updates that keep labels and hashes share them with the previous version.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, cast
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hashing import NAMESPACE_PATH, OWNER_PATH, UID_PATH, ShardRange, ShardSelector
+from range_filter_proxy.cache import WatchCache
+from range_filter_proxy.cached import CachedEvent, CachedObject, CacheSettings, WatchFilter
+from range_filter_proxy.dispatch import DispatchIndex
+from range_filter_proxy.metrics import ProxyMetrics
+from range_filter_proxy.upstream import ListResult, WatchEvent
+from range_filter_proxy.watcher import Watcher
+from rangeshard.core.selectors import parse_field_selector, parse_label_selector
+from tests.range_filter_proxy.fakes import INFOS, PODS, FakeUpstream
+from tests.range_filter_proxy.helpers import async_test
+from tests.range_filter_proxy.test_hot_path import _VERSION, _version
+
+POD = INFOS[PODS]
+_SPACE = 1 << 64
+
+
+@dataclass(eq=False)
+class _Stub:
+    """What the index reads of a watcher: its filter."""
+
+    filter: WatchFilter
+
+
+_BOUND = st.integers(0, _SPACE)
+_PATH = st.sampled_from([UID_PATH, OWNER_PATH, NAMESPACE_PATH])
+_TERM = st.builds(
+    lambda path, a, b: ShardRange(path, min(a, b), max(a, b) + (1 if a == b else 0)) if min(a, b) < _SPACE else None,
+    _PATH,
+    _BOUND,
+    _BOUND,
+) | st.builds(  # quarters of the space: the sampled uids fall in several of them
+    lambda path, q: ShardRange(path, q * (_SPACE // 4), (q + 1) * (_SPACE // 4)), _PATH, st.integers(0, 3)
+)
+_SHARD = st.none() | st.lists(_TERM, min_size=1, max_size=3).map(
+    lambda terms: ShardSelector(tuple(t for t in terms if t is not None)) if any(terms) else None
+)
+_FILTER = st.builds(
+    lambda ns, labels, fields, shard: WatchFilter(
+        ns, parse_label_selector(labels), parse_field_selector(fields), shard
+    ),
+    st.none() | st.sampled_from(["ns1", "ns2"]),
+    st.sampled_from([None, None, "app=a"]),
+    st.sampled_from([None, None, "status.phase=Running"]),
+    _SHARD,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(_FILTER, min_size=1, max_size=8),
+    _VERSION,
+    st.none() | _VERSION,
+    st.sampled_from(["ADDED", "MODIFIED", "DELETED"]),
+)
+def test_every_interested_watcher_is_a_candidate(
+    filters: list[WatchFilter], cur_v: dict[str, Any], prev_v: dict[str, Any] | None, etype: str
+) -> None:
+    watchers = [_Stub(f) for f in filters]
+    index = DispatchIndex(cast(list[Watcher], watchers))
+    cur = _version("p", 20, cur_v)
+    prev = _version("p", 10, prev_v) if prev_v is not None else None
+    ev = CachedEvent.of(etype, 20, cur, prev, 0.0)
+    candidates = index.candidates(ev)
+    assert len(set(map(id, candidates))) == len(candidates), "a watcher came twice"
+    wanted = [w for w in watchers if w.filter.variant(ev) is not None]
+    assert {id(w) for w in wanted} <= {id(w) for w in candidates}
+    assert index.size == len(watchers)
+
+
+def _pod(i: int, rv: int, phase: str = "Running", labels: dict[str, str] | None = None) -> dict[str, Any]:
+    meta = {"name": f"p{i}", "namespace": f"ns{i % 3}", "uid": f"uid-{i}", "resourceVersion": str(rv)}
+    return {
+        "kind": "Pod",
+        "apiVersion": "v1",
+        "metadata": {**meta, "labels": labels or {"app": "a" if i % 2 else "b"}},
+        "status": {"phase": phase},
+    }
+
+
+@async_test()
+async def test_cache_delivers_what_the_plain_definition_gives() -> None:
+    cache = WatchCache(POD, FakeUpstream(), ProxyMetrics(), CacheSettings(watcher_queue_size=100_000))
+    cache.replace(ListResult([_pod(i, 1) for i in range(64)], "1"))
+    slices = [
+        ShardSelector((ShardRange(UID_PATH, i * (_SPACE // 16), (i + 1) * (_SPACE // 16) if i < 15 else _SPACE),))
+        for i in range(16)
+    ]
+    filters = [WatchFilter(shard=s) for s in slices]
+    filters += [WatchFilter(namespace="ns1"), WatchFilter(), WatchFilter(labels=parse_label_selector("app=a"))]
+    watchers = [
+        cache.add_watcher(f, resume_from=cache.rv, bookmarks=False, initial_events_end=False, timeout=None)
+        for f in filters
+    ]
+    expected: list[list[bytes]] = [[] for _ in watchers]
+    rv = 1
+    for step in range(400):
+        i = (step * 7) % 64
+        rv += 1
+        etype = "DELETED" if step % 37 == 36 else "MODIFIED"
+        labels = {"app": "a"} if step % 5 else {"app": "b"}
+        obj = _pod(i, rv, "Pending" if step % 3 else "Running", labels)
+        prev = cache.objects.get((f"ns{i % 3}", f"p{i}"))
+        cache.apply(WatchEvent(etype, obj))
+        ev = cache.history[-1]
+        assert ev.prev is prev
+        for k, w in enumerate(watchers):
+            variant = w.filter.variant(ev)
+            if variant is not None:
+                expected[k].append(ev.line(variant))
+    for k, w in enumerate(watchers):
+        assert [line for line, _ in w.live] == expected[k], f"watcher {k}"
+    assert sum(len(e) for e in expected) > 400  # every event reached at least its range watcher
+    assert cache.stats.events_delivered + cache.stats.events_filtered == 400 * len(watchers)
+
+
+def test_an_update_shares_unchanged_labels_and_hashes() -> None:
+    first = CachedObject.build(_pod(1, 5), POD)
+    store = {first.key: first}
+    same = CachedObject.build(_pod(1, 6, phase="Pending"), POD, previous=store)
+    assert same.labels is first.labels and same.hashes is first.hashes
+    relabelled = CachedObject.build(_pod(1, 7, labels={"app": "z"}), POD, previous=store)
+    assert relabelled.labels == {"app": "z"} and relabelled.hashes is first.hashes
+    other = CachedObject.build(_pod(2, 8), POD, previous=store)
+    assert other.labels is not first.labels and other.hashes != first.hashes
