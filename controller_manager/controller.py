@@ -44,6 +44,7 @@ from controller_manager.resources import Resource, controller_ref, object_key
 from controller_manager.sharding import ShardInstance
 from controller_manager.workqueue import WorkQueue
 from hashing import OWNER_PATH, UID_PATH, HashRange, hash_key
+from rangeshard.core.clock import MONOTONIC, Clock
 from rangeshard.errors import ControllerError, ReconcileTimeout
 from registry import EtcdConfig
 from registry.rebalance import histogram
@@ -62,12 +63,13 @@ class Requeue(ControllerError):
 class ReconcileContext:
     """Per-reconcile facts: the deadline and a timeout helper for API calls."""
 
-    def __init__(self, key: str, deadline: float) -> None:
+    def __init__(self, key: str, deadline: float, clock: Clock = MONOTONIC) -> None:
         self.key = key
         self.deadline = deadline
+        self.clock = clock
 
     def remaining(self) -> float:
-        return self.deadline - time.monotonic()
+        return self.deadline - self.clock.monotonic()
 
     def timeout(self) -> float:
         """Seconds an API call may take now; :class:`ReconcileTimeout` if none are left."""
@@ -163,6 +165,7 @@ class ControllerRuntime:
         resync_period: float = 30.0,
         host: str | None = None,
         pid: int | None = None,
+        reconcile_delay: float = 0.0,
     ) -> None:
         self.api_client = api_client
         self.name = controller_cls.name
@@ -171,6 +174,8 @@ class ControllerRuntime:
         self.metrics = metrics
         self.audit = audit
         self.resync_period = resync_period
+        # Fault injection (``reconcileDelaySeconds``): every reconcile holds its key this long first.
+        self.reconcile_delay = reconcile_delay
         self.queue: WorkQueue[str] = WorkQueue(self.name)
         self._uids: dict[str, str] = {}
         self._uids_lock = threading.Lock()
@@ -189,6 +194,7 @@ class ControllerRuntime:
             on_state=lambda s: metrics.set_state(self.name, instance_id, s),
             host=host,
             pid=pid,
+            on_count=lambda event: metrics.handover.labels(self.name, event).inc(),
         )
         main = controller_cls.main
         self.informers: dict[str, Informer] = {
@@ -330,11 +336,14 @@ class ControllerRuntime:
             if self.shard.in_range(key_hash):
                 self.queue.add_after(key, 0.25)
             return
-        ctx = ReconcileContext(key, deadline)
+        ctx = ReconcileContext(key, deadline, self.shard.clock)
         start = audit_now()
         t0 = time.monotonic()
         result = "ok"
         try:
+            if self.reconcile_delay > 0:
+                # A slow reconcile: the key is held (in flight) for the whole delay, then acted on.
+                self._stop.wait(min(self.reconcile_delay, max(0.0, ctx.remaining())))
             self.controller.reconcile(key, ctx)
             self.queue.forget(key)
         except Requeue as r:

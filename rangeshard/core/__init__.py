@@ -1,0 +1,25 @@
+"""The foundation floor: infrastructure every component of rangeshard may use.
+
+Owns
+    * :mod:`rangeshard.core.errors` - the project's one error tree.
+    * :mod:`rangeshard.core.etcd` - the etcd client (``EtcdClient``), its
+      configuration (``EtcdConfig``: endpoints, TLS, auth) and the translation
+      of gRPC/etcd failures into the error tree.
+    * :mod:`rangeshard.core.process` - child-process management
+      (``ManagedProcess``, the embedded ``EtcdServer``, ``free_port``,
+      ``terminate``).
+    * :mod:`rangeshard.core.kubeapi` - Kubernetes API helpers shared by the
+      two HTTP servers: ``ApiError``/``Status`` bodies, token files,
+      ``UserInfo``, the request-body limit.
+    * :mod:`rangeshard.core.selectors` - the one label/field selector parser,
+      parameterised by which fields a caller allows.
+
+May import
+    ``hashing`` and third-party libraries only. Never ``registry``, a
+    component (``range_filter_proxy``, ``controller_manager``,
+    ``local_apiserver``) or the top floor (``rangeshard.cli``,
+    ``rangeshard.dashboard``); import-linter enforces it.
+
+Concurrency model
+    Each module states its own; nothing here starts a thread at import time.
+"""
