@@ -82,14 +82,15 @@ class ReconcileContext:
 class Expectations:
     """client-go ControllerExpectations: creations/deletions in flight per key, until seen or expired."""
 
-    def __init__(self, ttl: float = 10.0) -> None:
+    def __init__(self, ttl: float = 10.0, clock: Clock = MONOTONIC) -> None:
         self.ttl = ttl
+        self.clock = clock
         self._lock = threading.Lock()
         self._pending: dict[str, tuple[int, int, float]] = {}
 
     def expect(self, key: str, adds: int = 0, dels: int = 0) -> None:
         with self._lock:
-            self._pending[key] = (adds, dels, time.monotonic())
+            self._pending[key] = (adds, dels, self.clock.monotonic())
 
     def observe(self, key: str, adds: int = 0, dels: int = 0) -> None:
         with self._lock:
@@ -103,7 +104,7 @@ class Expectations:
             if cur is None:
                 return True
             adds, dels, at = cur
-            if (adds <= 0 and dels <= 0) or time.monotonic() - at > self.ttl:
+            if (adds <= 0 and dels <= 0) or self.clock.monotonic() - at > self.ttl:
                 del self._pending[key]
                 return True
             return False
