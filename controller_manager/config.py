@@ -194,6 +194,14 @@ class ControllerSection(_Section):
     workers: int = Field(
         1, ge=1, le=MAX_WORKERS, strict=True, description="Worker threads reconciling keys of this controller."
     )
+    reconcile_delay_seconds: float = Field(
+        0.0,
+        alias="reconcileDelaySeconds",
+        ge=0,
+        strict=True,
+        description="Fault injection for tests: every reconcile holds its key this long before doing its work "
+        "(a slow controller). Must be less than `reconcileTimeoutSeconds`; leave 0 in production.",
+    )
 
 
 ControllerName = Annotated[str, AfterValidator(_known_controller)]
@@ -272,6 +280,16 @@ class ManagerConfig(_Section):
                 "reconcileTimeoutSeconds",
                 f"must be less than leaseTTLSeconds / 2 ({self.lease_ttl_seconds / 2:g})",
             )
+        return self
+
+    @model_validator(mode="after")
+    def _delay_below_timeout(self) -> ManagerConfig:
+        for name, section in self.controllers.items():
+            if not section.reconcile_delay_seconds < self.reconcile_timeout_seconds:
+                raise _field_error(
+                    f"controllers.{name}.reconcileDelaySeconds",
+                    f"must be less than reconcileTimeoutSeconds ({self.reconcile_timeout_seconds:g})",
+                )
         return self
 
 

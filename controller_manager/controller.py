@@ -46,6 +46,7 @@ from controller_manager.resources import Resource, controller_ref, object_key
 from controller_manager.sharding import ShardInstance
 from controller_manager.workqueue import WorkQueue
 from hashing import OWNER_PATH, UID_PATH, HashRange, hash_key
+from rangeshard.core.clock import MONOTONIC, Clock
 from rangeshard.core.errors import ControllerError, ReconcileTimeout
 from rangeshard.core.etcd import EtcdConfig
 from rangeshard.core.ownertoken import OwnerToken
@@ -65,12 +66,13 @@ class Requeue(ControllerError):
 class ReconcileContext:
     """Per-reconcile facts: the deadline and a timeout helper for API calls."""
 
-    def __init__(self, key: str, deadline: float) -> None:
+    def __init__(self, key: str, deadline: float, clock: Clock = MONOTONIC) -> None:
         self.key = key
         self.deadline = deadline
+        self.clock = clock
 
     def remaining(self) -> float:
-        return self.deadline - time.monotonic()
+        return self.deadline - self.clock.monotonic()
 
     def timeout(self) -> float:
         """Seconds an API call may take now; :class:`ReconcileTimeout` if none are left."""
@@ -83,14 +85,15 @@ class ReconcileContext:
 class Expectations:
     """client-go ControllerExpectations: creations/deletions in flight per key, until seen or expired."""
 
-    def __init__(self, ttl: float = 10.0) -> None:
+    def __init__(self, ttl: float = 10.0, clock: Clock = MONOTONIC) -> None:
         self.ttl = ttl
+        self.clock = clock
         self._lock = threading.Lock()
         self._pending: dict[str, tuple[int, int, float]] = {}
 
     def expect(self, key: str, adds: int = 0, dels: int = 0) -> None:
         with self._lock:
-            self._pending[key] = (adds, dels, time.monotonic())
+            self._pending[key] = (adds, dels, self.clock.monotonic())
 
     def observe(self, key: str, adds: int = 0, dels: int = 0) -> None:
         with self._lock:
@@ -104,7 +107,7 @@ class Expectations:
             if cur is None:
                 return True
             adds, dels, at = cur
-            if (adds <= 0 and dels <= 0) or time.monotonic() - at > self.ttl:
+            if (adds <= 0 and dels <= 0) or self.clock.monotonic() - at > self.ttl:
                 del self._pending[key]
                 return True
             return False
@@ -166,6 +169,7 @@ class ControllerRuntime:
         resync_period: float = 30.0,
         host: str | None = None,
         pid: int | None = None,
+        reconcile_delay: float = 0.0,
     ) -> None:
         self.api_client = api_client
         self.name = controller_cls.name
@@ -174,6 +178,8 @@ class ControllerRuntime:
         self.metrics = metrics
         self.audit = audit
         self.resync_period = resync_period
+        # Fault injection (``reconcileDelaySeconds``): every reconcile holds its key this long first.
+        self.reconcile_delay = reconcile_delay
         self.queue: WorkQueue[str] = WorkQueue(self.name)
         self._uids: dict[str, str] = {}
         self._uids_lock = threading.Lock()
@@ -194,6 +200,7 @@ class ControllerRuntime:
             on_token=api_client.set_token if isinstance(api_client, FencedApiClient) else None,
             host=host,
             pid=pid,
+            on_count=lambda event: metrics.handover.labels(self.name, event).inc(),
         )
         main = controller_cls.main
         self.informers: dict[str, Informer] = {
@@ -335,7 +342,7 @@ class ControllerRuntime:
             if self.shard.in_range(key_hash):
                 self.queue.add_after(key, 0.25)
             return
-        ctx = ReconcileContext(key, deadline)
+        ctx = ReconcileContext(key, deadline, self.shard.clock)
         start = audit_now()
         t0 = time.monotonic()
         result = "ok"
@@ -346,6 +353,9 @@ class ControllerRuntime:
         )
         try:
             with declare:
+                if self.reconcile_delay > 0:
+                    # A slow reconcile: the key is held (in flight) for the whole delay, then acted on.
+                    self._stop.wait(min(self.reconcile_delay, max(0.0, ctx.remaining())))
                 self.controller.reconcile(key, ctx)
             self.queue.forget(key)
         except WriteFenced as e:

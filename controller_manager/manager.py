@@ -144,6 +144,7 @@ class ControllerManager:
                     audit=self.audit,
                     host=socket.gethostname(),
                     pid=os.getpid(),
+                    reconcile_delay=section.reconcile_delay_seconds,
                 )
             )
         self.status: StatusServer | None = None

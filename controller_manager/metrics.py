@@ -65,6 +65,12 @@ class Metrics:
             ["controller", "reason"],
             registry=r,
         )
+        self.handover = Counter(
+            "rangeshard_handover_events_total",
+            "Handover paths taken: fences, rejoins, unlocks, self_unlocks, drain_waits, epochs",
+            ["controller", "event"],
+            registry=r,
+        )
         self.queue_depth = Gauge("rangeshard_workqueue_depth", "Queued keys", ["controller"], registry=r)
         self.workload = Gauge("rangeshard_workload_objects", "Main objects in range", ["controller"], registry=r)
 

@@ -53,6 +53,17 @@ Concurrency model
     and every registry write; it is woken by membership views, lease events
     and a 100 ms tick. Workers and informers touch only the fields guarded by
     ``self._cond`` (``allowed``, ``inflight``, ``epoch``, ``range``).
+    Fencing decisions (``try_begin``, the deadline check of the state machine)
+    read time from the injected :class:`~rangeshard.core.clock.Clock`, the
+    same one the :class:`LeaseKeeper` measures its deadline with; the graceful
+    leave's drain wait and the heartbeat pacing use real time.
+
+Observability
+    ``counters`` (read by ``on_count`` subscribers and tests) count the paths
+    taken: ``fences``, ``rejoins``, ``unlocks`` (receivers this giver
+    unlocked), ``self_unlocks`` (this receiver unlocked itself: giver gone),
+    ``drain_waits`` (evaluations that deferred unlocking a locked receiver
+    because a reconcile outside our new range was still running) and ``epochs``.
 """
 
 from __future__ import annotations
@@ -66,6 +77,7 @@ from dataclasses import replace
 from typing import Any
 
 from hashing import HashRange
+from rangeshard.core.clock import MONOTONIC, Clock
 from rangeshard.core.errors import CompareFailed, NotRegistered, RangeshardError
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
 from rangeshard.core.ownertoken import OwnerToken
@@ -97,6 +109,8 @@ class ShardInstance:
         host: str | None = None,
         pid: int | None = None,
         tick: float = 0.1,
+        clock: Clock = MONOTONIC,
+        on_count: Callable[[str], None] | None = None,
     ) -> None:
         self.etcd_config = etcd_config
         self.registry_prefix = registry_prefix
@@ -113,6 +127,8 @@ class ShardInstance:
         self.host = host
         self.pid = pid
         self.tick = tick
+        self.clock = clock
+        self.on_count = on_count
         # Registry calls must return well within one keepalive interval.
         self.client = EtcdClient(replace(etcd_config, timeout=min(etcd_config.timeout, max(1.0, lease_ttl / 4))))
         self.registry = Registry(self.client, registry_prefix)
@@ -144,9 +160,15 @@ class ShardInstance:
             "rejoins": 0,
             "unlocks": 0,
             "self_unlocks": 0,
+            "drain_waits": 0,
             "epochs": 0,
             "epoch_refreshes": 0,
         }
+
+    def _count(self, what: str) -> None:
+        self.counters[what] += 1
+        if self.on_count is not None:
+            self.on_count(what)
 
     # -- called by workers ---------------------------------------------------
     def try_begin(self, key: str, key_hash: int) -> float | None:
@@ -157,7 +179,7 @@ class ShardInstance:
         with self._cond:
             if self.allowed is None or not self.allowed.contains(key_hash) or self.leaving:
                 return None
-            now = time.monotonic()
+            now = self.clock.monotonic()
             lease_deadline = keeper.deadline
             if now + self.reconcile_timeout > lease_deadline:
                 return None
@@ -262,6 +284,7 @@ class ShardInstance:
             on_renewed=lambda _d: self._events.put("renewed"),
             on_failure=lambda _e, _d: self._events.put("renew-failed"),
             on_lost=lambda: self._events.put("lost"),
+            clock=self.clock,
         )
         try:
             lease = keeper.grant()
@@ -283,7 +306,7 @@ class ShardInstance:
             self.range = member.range
             self.allowed = None
             self.epoch += 1
-        self.counters["epochs"] += 1
+        self._count("epochs")
         self.on_epoch()
         if self.watch is None:
             self.watch = MembershipWatch(
@@ -328,7 +351,7 @@ class ShardInstance:
         log.info(
             "%s: the proxy fenced epoch %s as stale: new epoch at revision %s", self.name, token.epoch, snap.revision
         )
-        self.counters["epoch_refreshes"] += 1
+        self._count("epoch_refreshes")
         self._set_token(snap.revision)
         self._new_epoch()
 
@@ -337,7 +360,7 @@ class ShardInstance:
             self.allowed = None
         if not self.fenced:
             self.fenced = True
-            self.counters["fences"] += 1
+            self._count("fences")
             log.warning("%s: fenced (%s): processing stopped", self.name, why)
             self._set_state(FENCED)
 
@@ -345,14 +368,14 @@ class ShardInstance:
         with self._cond:
             self.epoch += 1
             self.allowed = None
-        self.counters["epochs"] += 1
+        self._count("epochs")
         self.on_epoch()
 
     def _evaluate(self) -> None:
         keeper = self.keeper
         if keeper is None:
             return
-        now = time.monotonic()
+        now = self.clock.monotonic()
         if keeper.lost.is_set():
             self._fence("lease lost")
             self._rejoin()
@@ -388,7 +411,7 @@ class ShardInstance:
             if giver is None or snap.get(giver) is None:
                 try:
                     self.registry.unlock_orphaned(self.controller_type, self.instance_id)
-                    self.counters["self_unlocks"] += 1
+                    self._count("self_unlocks")
                 except CompareFailed as e:
                     log.debug("%s: self-unlock refused: %s", self.name, e)
             return
@@ -403,10 +426,11 @@ class ShardInstance:
                         self.registry.unlock(
                             self.controller_type, r.instance_id, self.instance_id, expected_mod_revision=r.mod_revision
                         )
-                        self.counters["unlocks"] += 1
+                        self._count("unlocks")
                     except (CompareFailed, NotRegistered) as e:
                         log.debug("%s: unlock of %s deferred: %s", self.name, r.instance_id, e)
             else:
+                self._count("drain_waits")
                 log.debug("%s: draining %s key(s) outside %s", self.name, len(outside), rng)
         with self._cond:
             epoch = self.epoch
@@ -432,7 +456,7 @@ class ShardInstance:
         if old is not None:
             old.stop(revoke=True)
         self.keeper = None
-        self.counters["rejoins"] += 1
+        self._count("rejoins")
         self.fenced = False
         self.published_state = None
         self.snapshot = None

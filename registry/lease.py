@@ -28,10 +28,10 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import replace
 
+from rangeshard.core.clock import MONOTONIC, Clock
 from rangeshard.core.errors import LeaseLost, RangeshardError
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
 
@@ -56,6 +56,7 @@ class LeaseKeeper:
         on_renewed: Callable[[float], None] | None = None,
         on_failure: Callable[[Exception, float], None] | None = None,
         on_lost: Callable[[], None] | None = None,
+        clock: Clock = MONOTONIC,
     ) -> None:
         if ttl < 2:
             raise ValueError(f"lease TTL must be at least 2 seconds, got {ttl}")
@@ -67,6 +68,7 @@ class LeaseKeeper:
         # Calls must finish well within one renewal interval.
         self.client = EtcdClient(replace(config, timeout=max(0.5, min(config.timeout, self.interval * 0.8))))
         self.name = name
+        self.clock = clock
         self.on_renewed = on_renewed
         self.on_failure = on_failure
         self.on_lost = on_lost
@@ -85,11 +87,11 @@ class LeaseKeeper:
 
     def remaining(self) -> float:
         """Seconds left before the fencing deadline (negative: past it)."""
-        return self.deadline - time.monotonic()
+        return self.deadline - self.clock.monotonic()
 
     def grant(self) -> int:
         """Grant a new lease (raises :class:`~rangeshard.core.errors.RegistryUnavailable`)."""
-        sent = time.monotonic()
+        sent = self.clock.monotonic()
         self.lease_id = self.client.grant_lease(self.ttl)
         with self._lock:
             self._deadline = sent + self.ttl - self.margin
@@ -121,7 +123,7 @@ class LeaseKeeper:
 
     def renew_once(self) -> float:
         """Send one keepalive; return the new deadline. Raises on failure or :class:`LeaseLost`."""
-        sent = time.monotonic()
+        sent = self.clock.monotonic()
         ttl = self.client.keepalive_once(self.lease_id)
         if ttl <= 0:
             raise LeaseLost(f"lease {self.lease_id:x} expired or was revoked")
@@ -156,7 +158,10 @@ class LeaseKeeper:
                     continue
                 wait = self.interval
                 log.debug(
-                    "%s: lease %x renewed, deadline in %.1fs", self.name, self.lease_id, deadline - time.monotonic()
+                    "%s: lease %x renewed, deadline in %.1fs",
+                    self.name,
+                    self.lease_id,
+                    deadline - self.clock.monotonic(),
                 )
                 if self.on_renewed is not None:
                     self.on_renewed(deadline)

@@ -39,6 +39,9 @@ from registry.registry import Registry
 
 log = logging.getLogger(__name__)
 
+_MAX_MOVE_RACES = 10
+"""How many lost races (concurrent registry writes) one :func:`apply_plan` run retries before giving up."""
+
 HISTOGRAM_BUCKETS = 256
 
 
@@ -336,16 +339,31 @@ def apply_plan(
     timeout: float = 60.0,
     progress: Callable[[int, int, Move], None] | None = None,
 ) -> int:
-    """Apply ``plan`` one boundary at a time, waiting for each handover; return the moves made."""
+    """Apply ``plan`` one boundary at a time, waiting for each handover; return the moves made.
+
+    A move whose guarded transaction lost a race (a heartbeat or state change
+    of the same type landed between its read and its write) is re-planned from
+    a fresh settled snapshot, a bounded number of times.
+    """
     snap = wait_settled(registry, plan.controller_type, timeout)
     total = len(plan.moves)
-    for done in range(4 * len(plan.targets) + 4):
+    done = 0
+    races = 0
+    for _ in range(4 * len(plan.targets) + 4 + _MAX_MOVE_RACES):
         move = next_move(snap, plan.targets)
         if move is None:
             return done
         if progress is not None:
             progress(done, total, move)
-        registry.set_key(plan.controller_type, move.instance_id, move.new_key)
+        try:
+            registry.set_key(plan.controller_type, move.instance_id, move.new_key)
+        except CompareFailed as e:
+            races += 1
+            if races > _MAX_MOVE_RACES:
+                raise
+            log.info("%s: move of %s lost a race (%s); re-reading the registry", plan.controller_type, move, e)
+        else:
+            done += 1
         snap = wait_settled(registry, plan.controller_type, timeout)
     raise CompareFailed(f"{plan.controller_type}: the plan did not converge")
 

@@ -62,6 +62,10 @@ class RegistryView:
         return self.snapshots.get(controller_type) or Snapshot(controller_type, self.revision, ())
 
 
+_WAKE = object()
+"""Put on the stream queue by :meth:`MembershipWatch.stop` so the thread sees the stop at once."""
+
+
 class _Resync(Exception):
     """Internal: the watch must relist (compaction)."""
 
@@ -92,6 +96,7 @@ class MembershipWatch:
         self.on_revision = on_revision
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._stream_queue: queue.Queue[Any] | None = None
         self._kvs: dict[str, KV] = {}
         self._revision = 0
         self.synced = threading.Event()
@@ -110,6 +115,9 @@ class MembershipWatch:
 
     def stop(self) -> None:
         self._stop.set()
+        stream = self._stream_queue
+        if stream is not None:
+            stream.put(_WAKE)  # do not wait out the probe interval
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=self.probe_interval + self.config.timeout + 2)
 
@@ -198,6 +206,7 @@ class MembershipWatch:
 
     def _stream(self, client: EtcdClient) -> None:
         q: queue.Queue[Any] = queue.Queue()
+        self._stream_queue = q
         try:
             watch_id = client.raw.add_watch_prefix_callback(self.watch_prefix, q.put, start_revision=self._revision + 1)
         except etcd_exc.RevisionCompactedError as e:
@@ -210,6 +219,8 @@ class MembershipWatch:
                     item = q.get(timeout=self.probe_interval)
                 except queue.Empty:
                     client.revision()  # liveness probe; raises RegistryUnavailable
+                    continue
+                if item is _WAKE:
                     continue
                 if item is None:  # pyetcd's signal that the stream ended without an error
                     raise RegistryUnavailable(f"watching {self.watch_prefix}: etcd ended the watch stream")

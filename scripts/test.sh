@@ -19,6 +19,10 @@ if [ ! -f .venv/.rangeshard-installed ] || [ pyproject.toml -nt .venv/.rangeshar
 fi
 
 command -v kubectl >/dev/null || { echo "kubectl is required on PATH for the end-to-end tests" >&2; exit 1; }
+command -v openssl >/dev/null || { echo "openssl is required on PATH for the TLS tests" >&2; exit 1; }
+.venv/bin/python -c "import cryptography" 2>/dev/null || { echo "the cryptography package is required (pip install -e '.[dev]')" >&2; exit 1; }
+# Any test that would skip for a missing prerequisite fails instead (tests/helpers.py: missing_prerequisite).
+export RANGESHARD_REQUIRE_ALL=1
 [ -x "${CHROMIUM:-/usr/bin/chromium}" ] || { echo "chromium is required for tests/dashboard (apt-get install -y chromium)" >&2; exit 1; }
 
 echo "== ruff check"; .venv/bin/ruff check .

@@ -1,4 +1,5 @@
-"""Small test utilities shared by the suites (polling with a deadline, never bare sleeps; the CLI as a child)."""
+"""Small test utilities shared by the suites (polling with a deadline, never bare sleeps; the CLI as a child;
+missing prerequisites that fail under the README test command)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,21 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import NoReturn, TypeVar
+
+import pytest
 
 T = TypeVar("T")
+
+REQUIRE_ALL = "RANGESHARD_REQUIRE_ALL"
+"""Set to ``1`` by ``scripts/test.sh`` (the README test command): a missing prerequisite fails, never skips."""
+
+
+def missing_prerequisite(what: str, *, module_level: bool = False) -> NoReturn:
+    """A tool or package the test needs is missing: skip, or fail under ``RANGESHARD_REQUIRE_ALL=1``."""
+    if os.environ.get(REQUIRE_ALL) == "1":
+        pytest.fail(f"{what} ({REQUIRE_ALL}=1: the full suite needs it)", pytrace=False)
+    pytest.skip(what, allow_module_level=module_level)
 
 
 def wait_until(

@@ -1,32 +1,44 @@
 """End-to-end fixtures: etcd + local API server + range filter proxy + controller-manager processes.
 
 Every manager is a real ``rangeshard controller-manager`` process with its own
-config file and audit log; tests SIGKILL, SIGTERM and partition them. The API
-server stores objects in the session etcd under a random prefix; the registry
-uses its own random prefix (or a private etcd when a test stops it).
+config file and audit log; tests SIGKILL, SIGTERM, SIGSTOP and partition them,
+and can make every reconcile slow (``reconcileDelaySeconds``) so handovers
+happen while moved keys are in flight. The API server stores objects in the
+session etcd under a random prefix; the registry uses its own random prefix
+(or a private etcd when a test stops it).
+
+Audit checks are never vacuous: :meth:`Cluster.overlaps` fails when a started
+manager wrote no audit file or no record (unless the test names it as allowed
+to be idle), and :meth:`Cluster.handed_over` lists the keys that more than one
+instance reconciled, so a scenario can prove that keys changed hands.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
+import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 from kubernetes import client as k8s
 
-from controller_manager.audit import find_overlaps, read_records
+from controller_manager.audit import AuditRecord, find_overlaps, read_records
+from hashing import hash_key
 from local_apiserver.process import LocalApiServerProcess
 from range_filter_proxy.process import ProxyProcess
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
 from rangeshard.core.process import EtcdServer
 from registry import Registry, Snapshot
+from tests.e2e.kube import replicasets, scale_replicaset
 from tests.helpers import run_cli
 
 LEASE_TTL = 4
@@ -55,6 +67,22 @@ class Manager:
             self.proc.send_signal(signal.SIGTERM)
         return self.proc.wait(timeout)
 
+    def freeze(self) -> None:
+        """SIGSTOP: the process keeps its registration until its lease expires, but does nothing."""
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def metrics_url(self) -> str:
+        found = re.search(r"metrics on (http://\S+)/metrics", self.log.read_text(errors="replace"))
+        assert found, f"{self.name} logged no metrics address"
+        return found.group(1)
+
+    def handover(self, controller: str = "replicaset") -> dict[str, float]:
+        """This manager's ``rangeshard_handover_events_total`` counters of one controller, by event."""
+        with httpx.Client(timeout=5) as c:
+            text = c.get(self.metrics_url() + "/metrics").text
+        pattern = rf'^rangeshard_handover_events_total{{controller="{controller}",event="(\w+)"}} (\S+)$'
+        return {m.group(1): float(m.group(2)) for m in re.finditer(pattern, text, re.MULTILINE)}
+
 
 @dataclass
 class Cluster:
@@ -75,17 +103,26 @@ class Cluster:
         return k8s.ApiClient(cfg)
 
     def start_manager(
-        self, controllers: dict[str, Any] | None = None, etcd_url: str | None = None, name: str | None = None
+        self,
+        controllers: dict[str, Any] | None = None,
+        etcd_url: str | None = None,
+        name: str | None = None,
+        reconcile_delay: float = 0.0,
+        lease_ttl: int = 0,
     ) -> Manager:
+        """Start a manager; ``reconcile_delay`` makes every reconcile of every controller that slow."""
         self.counter += 1
         name = name or f"m{self.counter}"
+        controllers = controllers or {"replicaset": {"workers": 2}, "deployment": {"workers": 1}}
+        if reconcile_delay:
+            controllers = {k: {**v, "reconcileDelaySeconds": reconcile_delay} for k, v in controllers.items()}
         cfg = {
             "etcd": {"endpoints": [etcd_url or self.registry_etcd_url]},
             "proxy": {"url": self.proxy.url},
-            "leaseTTLSeconds": LEASE_TTL,
+            "leaseTTLSeconds": lease_ttl or LEASE_TTL,
             "reconcileTimeoutSeconds": RECONCILE_TIMEOUT,
             "registryPrefix": self.registry_prefix,
-            "controllers": controllers or {"replicaset": {"workers": 2}, "deployment": {"workers": 1}},
+            "controllers": controllers,
         }
         path = self.workdir / f"{name}.yaml"
         path.write_text(yaml.safe_dump(cfg))
@@ -107,13 +144,53 @@ class Cluster:
         with EtcdClient(EtcdConfig.from_urls(self.registry_etcd_url)) as client:
             return Registry(client, self.registry_prefix).snapshot(controller_type)
 
-    def overlaps(self) -> list[Any]:
-        files = [m.audit for m in self.managers if m.audit.exists()]
-        return find_overlaps(read_records(files))
+    def manager_of(self, instance_id: str) -> Manager:
+        return next(m for m in self.managers if instance_id.startswith(m.name + "-"))
+
+    def without_objects(self, ns: str, controller: str = "replicaset") -> list[Manager]:
+        """Registered managers whose range holds none of ``ns``'s replicasets (they may rightly be idle)."""
+        hashes = [hash_key(rs["metadata"]["uid"]) for rs in replicasets(self.api, ns)]
+        return [
+            self.manager_of(m.instance_id)
+            for m in self.snapshot(controller)
+            if m.range is not None and not any(m.range.contains(h) for h in hashes)
+        ]
+
+    def records(self, may_be_idle: Iterable[Manager] = ()) -> list[AuditRecord]:
+        """Every manager's audit records; fails if a started manager (not in ``may_be_idle``) recorded nothing."""
+        idle_ok = {m.name for m in may_be_idle}
+        records: list[AuditRecord] = []
+        for m in self.managers:
+            if not m.audit.exists():
+                assert m.name in idle_ok, f"manager {m.name} wrote no audit file:\n{dump_logs(self)}"
+                continue
+            mine = read_records([m.audit])
+            assert mine or m.name in idle_ok, f"manager {m.name} audited no reconcile:\n{dump_logs(self)}"
+            records += mine
+        assert records, "no manager audited any reconcile"
+        return records
+
+    def overlaps(self, may_be_idle: Iterable[Manager] = ()) -> list[Any]:
+        """Overlapping reconciles in the audit logs (checked to be non-empty, see :meth:`records`)."""
+        return find_overlaps(self.records(may_be_idle))
 
     def audit_count(self) -> int:
         files = [m.audit for m in self.managers if m.audit.exists()]
         return len(read_records(files))
+
+    def handed_over(self, may_be_idle: Iterable[Manager] = ()) -> dict[tuple[str, str], set[str]]:
+        """``(controller type, key) -> instances`` for every key more than one instance reconciled."""
+        by_key: dict[tuple[str, str], set[str]] = {}
+        for r in self.records(may_be_idle):
+            by_key.setdefault((r.controller_type, r.key), set()).add(r.instance_id)
+        return {k: v for k, v in by_key.items() if len(v) > 1}
+
+    def assert_safe_handover(self, may_be_idle: Iterable[Manager] = ()) -> None:
+        """Zero overlaps, and the scenario really moved keys: some key was reconciled by two instances."""
+        idle = list(may_be_idle)
+        overlaps = self.overlaps(idle)
+        assert overlaps == [], f"{len(overlaps)} overlapping reconcile(s), first: {overlaps[:2]}"
+        assert self.handed_over(idle), "no key was reconciled by two different instances: nothing was handed over"
 
     def stop(self) -> None:
         for m in self.managers:
@@ -170,3 +247,34 @@ def dump_logs(cluster: Cluster) -> str:
 
 
 os.environ.setdefault("PYTHONUNBUFFERED", "1")
+
+
+class Load:
+    """Keep reconciles coming while a scenario moves boundaries: scale ``names`` round-robin in a thread."""
+
+    def __init__(self, cluster: Cluster, ns: str, names: list[str], pause: float = 0.05, rounds: int = 2000) -> None:
+        self.cluster = cluster
+        self.ns = ns
+        self.names = names
+        self.pause = pause
+        self.rounds = rounds
+        self.patches = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="e2e-load", daemon=True)
+
+    def _run(self) -> None:
+        api = self.cluster.api
+        for i in range(self.rounds):
+            if self._stop.is_set():
+                return
+            scale_replicaset(api, self.ns, self.names[i % len(self.names)], (i // len(self.names)) % 2)
+            self.patches += 1
+            self._stop.wait(self.pause)
+
+    def __enter__(self) -> Load:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(30)

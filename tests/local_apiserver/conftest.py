@@ -25,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from local_apiserver.process import LocalApiServerProcess
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
 from rangeshard.core.process import EtcdServer
+from tests.helpers import missing_prerequisite
 
 BOOKMARK_INTERVAL = 0.3
 
@@ -80,7 +81,7 @@ KUBECTL = shutil.which("kubectl")
 @pytest.fixture
 def kubectl(apiserver: Server, tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
     if KUBECTL is None:
-        pytest.skip("kubectl is not installed")
+        missing_prerequisite("kubectl is not installed")
     kubectl_path = KUBECTL
     home = tmp_path / "home"  # no user kubeconfig, no discovery cache shared between tests
     home.mkdir()

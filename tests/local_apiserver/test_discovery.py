@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 import uvicorn
 
 from local_apiserver.app import create_app
 from local_apiserver.process import LocalApiServerProcess, free_port
+from tests.helpers import missing_prerequisite
 from tests.local_apiserver.conftest import metric, wait_for
 
 
@@ -94,7 +94,7 @@ def test_cli_rejects_bad_options() -> None:
 def test_tls(etcd_server: Any, key_prefix: str, tmp_path: Path) -> None:
     openssl = shutil.which("openssl")
     if openssl is None:
-        pytest.skip("openssl is not installed")
+        missing_prerequisite("openssl is not installed")
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
     args = ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1"]
     args += ["-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)]

@@ -23,8 +23,12 @@ import yaml
 from local_apiserver.process import LocalApiServerProcess
 from range_filter_proxy.process import ProxyProcess
 from rangeshard.core.process import EtcdServer
+from tests.helpers import missing_prerequisite
 
-pytest.importorskip("cryptography")
+try:
+    import cryptography  # noqa: F401
+except ImportError:
+    missing_prerequisite("the cryptography package is not installed (pip install -e '.[dev]')", module_level=True)
 
 from tests.security.certs import Pki, make_pki
 

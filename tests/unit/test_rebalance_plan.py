@@ -92,9 +92,10 @@ def test_plan_by_workload_balances(n: int, skewed: bool) -> None:
     keys = halving_keys(n)
     snap = snapshot(keys, objects)
     plan = plan_by_workload(snap)
-    assert plan.predicted_ratio <= 1.10 or skewed
     actual = owned_counts(list(plan.targets), objects)
     assert list(plan.predicted_loads) == actual
+    assert plan.predicted_ratio == pytest.approx(max_over_mean(actual), abs=1e-3)
+    assert plan.predicted_ratio <= (1.10 if not skewed else 1.35)
     assert max_over_mean(actual) <= (1.10 if not skewed else 1.35)
     assert max_over_mean(actual) < max_over_mean(owned_counts(keys, objects))
     assert plan.targets[-1] == MAX_HASH and list(plan.targets) == sorted(set(plan.targets))

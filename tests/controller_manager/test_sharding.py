@@ -1,0 +1,246 @@
+"""ShardInstance's handover rules against a real etcd, timed by a ManualClock.
+
+The tests drive the state machine one evaluation at a time (``step``: read a
+snapshot, evaluate) instead of starting its thread, so every assertion is
+about a known sequence of registry states and clock readings:
+
+* a reconcile is refused when ``now + reconcile_timeout`` passes the fencing
+  deadline (``grant send time + TTL - margin``), accepted just before;
+* the fencing deadline passing fences (nothing starts), a renewal unfences;
+* a giver unlocks its receiver only when no in-flight reconcile is outside
+  its new range (in-range work does not hold the receiver);
+* a locked receiver unlocks itself only once its giver's record is gone;
+* a lost registration rejoins only after the running reconciles ended.
+
+The lease TTL is long (60 s: keepalives every 20 real seconds), so the
+keeper's own renewals cannot move the deadline under a test.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from controller_manager.controller import Expectations, ReconcileContext
+from controller_manager.sharding import FENCED, ShardInstance
+from hashing import MAX_HASH, HashRange
+from rangeshard.core.clock import ManualClock
+from rangeshard.core.errors import ReconcileTimeout
+from rangeshard.core.etcd import EtcdClient, EtcdConfig
+from registry import Registry, State
+
+CT = "replicaset"
+T0 = 1000.0
+TTL = 60
+MARGIN = 18.0  # default_margin(60)
+TIMEOUT = 2.0
+LOW = 5  # a hash a receiver splitting [0, MAX_HASH] takes over
+HIGH = MAX_HASH - 5  # a hash the giver keeps
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock(T0)
+
+
+@pytest.fixture
+def make_shard(
+    etcd_config: EtcdConfig, key_prefix: str, clock: ManualClock
+) -> Iterator[Callable[[str], ShardInstance]]:
+    made: list[ShardInstance] = []
+
+    def make(name: str) -> ShardInstance:
+        shard = ShardInstance(
+            etcd_config=etcd_config,
+            registry_prefix=key_prefix,
+            controller_type=CT,
+            instance_id=name,
+            lease_ttl=TTL,
+            reconcile_timeout=TIMEOUT,
+            synced=lambda _epoch: True,
+            on_epoch=lambda: None,
+            on_allowed=lambda: None,
+            workload=lambda _rng: (0, None),
+            clock=clock,
+        )
+        made.append(shard)
+        return shard
+
+    yield make
+    for shard in made:
+        with shard._cond:
+            shard.inflight.clear()
+        shard.stop(drain_timeout=0)
+
+
+@pytest.fixture
+def registry(etcd_client: EtcdClient, key_prefix: str) -> Registry:
+    return Registry(etcd_client, key_prefix)
+
+
+def step(shard: ShardInstance, registry: Registry) -> None:
+    """One turn of the state machine on the registry as it is now."""
+    shard.snapshot = registry.snapshot(CT)
+    shard._evaluate()
+
+
+def active(make_shard: Callable[[str], ShardInstance], registry: Registry, name: str = "a") -> ShardInstance:
+    shard = make_shard(name)
+    assert shard._register()
+    step(shard, registry)
+    assert shard.allowed == HashRange.full()
+    return shard
+
+
+def locked(registry: Registry, name: str) -> bool:
+    member = registry.snapshot(CT).get(name)
+    assert member is not None, f"{name} is not registered"
+    return member.record.is_locked
+
+
+def test_try_begin_refuses_a_reconcile_that_could_outlive_the_fencing_deadline(
+    make_shard: Callable[[str], ShardInstance], registry: Registry, clock: ManualClock
+) -> None:
+    shard = active(make_shard, registry)
+    assert shard.keeper is not None
+    deadline = shard.keeper.deadline
+    assert deadline == pytest.approx(T0 + TTL - MARGIN)  # the grant's send time, minus the margin
+    assert shard.try_begin("ns/a", HIGH) == pytest.approx(T0 + TIMEOUT)
+    shard.end("ns/a")
+    clock.set(deadline - TIMEOUT - 0.01)
+    assert shard.try_begin("ns/a", HIGH) == pytest.approx(deadline - 0.01)
+    shard.end("ns/a")
+    clock.set(deadline - TIMEOUT + 0.01)
+    assert shard.try_begin("ns/a", HIGH) is None
+    assert shard.inflight == {}
+    assert shard.fenced is False  # refusing is not fencing: the deadline itself has not passed
+
+
+def test_the_deadline_passing_fences_and_a_renewal_unfences(
+    make_shard: Callable[[str], ShardInstance], registry: Registry, clock: ManualClock
+) -> None:
+    shard = active(make_shard, registry)
+    assert shard.keeper is not None
+    epochs = shard.counters["epochs"]
+    clock.set(shard.keeper.deadline)
+    step(shard, registry)
+    assert shard.fenced and shard.state == FENCED and shard.allowed is None
+    assert shard.counters["fences"] == 1
+    assert shard.try_begin("ns/a", HIGH) is None
+    step(shard, registry)
+    assert shard.counters["fences"] == 1  # counted once per fencing
+    # The keepalive goes through: the deadline moves from its send time, the record is intact.
+    assert shard.keeper.renew_once() == pytest.approx(clock.monotonic() + TTL - MARGIN)
+    step(shard, registry)
+    assert not shard.fenced and shard.state != FENCED
+    assert shard.counters["epochs"] == epochs + 1  # caches relisted before processing again
+    assert shard.allowed == HashRange.full()
+    assert shard.try_begin("ns/a", HIGH) is not None
+    assert shard.counters["rejoins"] == 0
+
+
+def test_giver_unlocks_its_receiver_only_after_draining_the_keys_it_gave_away(
+    make_shard: Callable[[str], ShardInstance], registry: Registry, etcd_client: EtcdClient
+) -> None:
+    giver = active(make_shard, registry)
+    assert giver.try_begin("ns/low", LOW) is not None
+    assert giver.try_begin("ns/high", HIGH) is not None
+    receiver = registry.join(CT, "b", etcd_client.grant_lease(TTL))
+    assert receiver.record.is_locked and receiver.record.giver == "a"
+    assert receiver.range is not None and receiver.range.contains(LOW) and not receiver.range.contains(HIGH)
+    for _ in range(3):
+        step(giver, registry)
+        assert giver.state == State.WAIT.value
+        assert locked(registry, "b"), "receiver unlocked while a key it received was still being reconciled"
+    assert giver.counters["drain_waits"] == 3 and giver.counters["unlocks"] == 0
+    # While draining, the giver keeps working inside its new range and starts nothing outside it.
+    assert giver.try_begin("ns/low2", LOW + 1) is None
+    assert giver.try_begin("ns/high2", HIGH - 1) is not None
+    giver.end("ns/low")
+    step(giver, registry)
+    # In-range work ("ns/high", "ns/high2") does not hold the receiver.
+    assert not locked(registry, "b")
+    assert giver.counters["unlocks"] == 1
+    step(giver, registry)
+    assert giver.state == State.ACTIVE.value
+    assert giver.counters["unlocks"] == 1
+
+
+def test_receiver_self_unlocks_only_when_its_givers_record_is_gone(
+    make_shard: Callable[[str], ShardInstance], registry: Registry, etcd_client: EtcdClient
+) -> None:
+    giver_lease = etcd_client.grant_lease(TTL)
+    registry.join(CT, "a", giver_lease)
+    registry.unlock_orphaned(CT, "a")  # the first instance is not locked: a no-op
+    receiver = make_shard("b")
+    assert receiver._register()
+    assert receiver.locked
+    for _ in range(3):
+        step(receiver, registry)
+        assert receiver.state == State.LOCKED.value and receiver.allowed is None
+        assert locked(registry, "b")
+    assert receiver.counters["self_unlocks"] == 0
+    assert receiver.try_begin("ns/low", LOW) is None
+    etcd_client.revoke_lease(giver_lease)  # the giver is gone (fenced itself, lease expired)
+    step(receiver, registry)
+    assert receiver.counters["self_unlocks"] == 1
+    assert not locked(registry, "b")
+    step(receiver, registry)
+    assert receiver.allowed == HashRange.full()
+    assert receiver.try_begin("ns/low", LOW) is not None
+
+
+def test_rejoin_waits_for_running_reconciles(
+    make_shard: Callable[[str], ShardInstance], registry: Registry, etcd_client: EtcdClient
+) -> None:
+    shard = active(make_shard, registry)
+    assert shard.keeper is not None
+    old_lease = shard.keeper.lease_id
+    assert shard.try_begin("ns/a", HIGH) is not None
+    etcd_client.revoke_lease(old_lease)  # our record vanishes
+    for _ in range(3):
+        step(shard, registry)
+        assert shard.fenced and shard.allowed is None
+        assert shard.counters["rejoins"] == 0, "rejoined while a reconcile of the old registration ran"
+        assert shard.keeper is not None and shard.keeper.lease_id == old_lease
+        assert registry.snapshot(CT).get("a") is None
+    assert shard.counters["fences"] == 1
+    shard.end("ns/a")
+    step(shard, registry)
+    assert shard.counters["rejoins"] == 1
+    assert shard.keeper is not None and shard.keeper.lease_id != old_lease
+    member = registry.snapshot(CT).get("a")
+    assert member is not None and member.lease_id == shard.keeper.lease_id
+    step(shard, registry)
+    assert not shard.fenced and shard.allowed == HashRange.full()
+
+
+def test_reconcile_context_timeout_follows_its_clock(clock: ManualClock) -> None:
+    ctx = ReconcileContext("ns/a", T0 + 2.0, clock)
+    assert ctx.timeout() == pytest.approx(2.0)
+    clock.advance(1.9)
+    assert ctx.remaining() == pytest.approx(0.1)
+    assert ctx.timeout() == pytest.approx(0.1)
+    clock.advance(0.06)
+    with pytest.raises(ReconcileTimeout, match="ns/a: reconcile deadline reached"):
+        ctx.timeout()
+
+
+def test_expectations_until_observed_or_expired(clock: ManualClock) -> None:
+    exp = Expectations(ttl=10.0, clock=clock)
+    assert exp.satisfied("ns/a")
+    exp.expect("ns/a", adds=2, dels=1)
+    assert not exp.satisfied("ns/a")
+    exp.observe("ns/a", adds=2)
+    assert not exp.satisfied("ns/a")
+    exp.observe("ns/a", dels=1)
+    assert exp.satisfied("ns/a")
+    exp.expect("ns/b", adds=1)
+    clock.advance(9.9)
+    assert not exp.satisfied("ns/b")
+    clock.advance(0.2)
+    assert exp.satisfied("ns/b")  # expired: look again rather than wait forever
+    exp.expect("ns/c", dels=3)
+    exp.forget("ns/c")
+    assert exp.satisfied("ns/c")
