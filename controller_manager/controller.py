@@ -152,6 +152,7 @@ class ControllerRuntime:
         controller_cls: type[Controller],
         *,
         api_client: Any,
+        controller_type: str | None = None,
         etcd_config: EtcdConfig,
         registry_prefix: str,
         instance_id: str,
@@ -165,7 +166,7 @@ class ControllerRuntime:
         pid: int | None = None,
     ) -> None:
         self.api_client = api_client
-        self.name = controller_cls.name
+        self.name = controller_type or controller_cls.name
         self.instance_id = instance_id
         self.workers = workers
         self.metrics = metrics

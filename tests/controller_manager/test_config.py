@@ -182,12 +182,12 @@ INVALID_CONTROLLERS = [
     ("controllers: {replicaset: {workers: true}}", "controllers.replicaset.workers: Input should be a valid integer"),
     (
         "controllers: {replicaset: {threads: 4}}",
-        "controllers.replicaset.threads: unknown field; expected one of: workers",
+        "controllers.replicaset.threads: unknown field; expected one of: class, workers",
     ),
     ("controllers: {replicaset: 4}", "controllers.replicaset: expected a mapping"),
     (
         "controllers: {statefulset: {}}",
-        "controllers.statefulset: unknown controller 'statefulset'; known controllers: replicaset, deployment",
+        "controllers.statefulset: unknown controller (known: deployment, replicaset); or give class: 'module:Class'",
     ),
     ("controllers: {}", "controllers: at least one controller is required (known: replicaset, deployment)"),
     ("controllers:", "controllers: at least one controller is required (known: replicaset, deployment)"),
@@ -211,8 +211,8 @@ def test_all_problems_are_reported_at_once(tmp_path: Path) -> None:
         f"{path}: proxy.url: URL scheme must be http or https",
         f"{path}: leaseTTLSeconds: Input should be greater than or equal to 3",
         f"{path}: controllers.replicaset.workers: Input should be greater than or equal to 1",
-        f"{path}: controllers.foo: unknown controller 'foo'; known controllers: replicaset, deployment",
         f"{path}: bar: unknown field; expected one of: controllers, etcd, instanceIdPrefix, leaseTTLSeconds, metrics, proxy, reconcileTimeoutSeconds, registryPrefix",
+        f"{path}: controllers.foo: unknown controller (known: deployment, replicaset); or give class: 'module:Class'",
     ]
 
 
