@@ -38,7 +38,7 @@ import orjson
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
-from controller_manager.resources import Resource, object_key
+from controller_manager.resources import Resource, object_key, raw_request
 from hashing import HashRange, range_to_selector
 
 log = logging.getLogger(__name__)
@@ -97,16 +97,7 @@ class Informer:
             if value is None or value == "":
                 continue
             query.append((names[key], str(value).lower() if isinstance(value, bool) else value))
-        return self._api.call_api(
-            self.resource.path(),
-            "GET",
-            query_params=query,
-            header_params={"Accept": "application/json"},
-            auth_settings=["BearerToken"],
-            _preload_content=False,
-            _return_http_data_only=True,
-            _request_timeout=_request_timeout,
-        )
+        return raw_request(self._api, "GET", self.resource.path(), query=query, timeout=_request_timeout)
 
     # -- store access ---------------------------------------------------------
     def get(self, key: str) -> dict[str, Any] | None:

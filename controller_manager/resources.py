@@ -27,6 +27,7 @@ from urllib.parse import quote
 
 import orjson
 from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
 
 from rangeshard.core.errors import ControllerError
 
@@ -73,6 +74,33 @@ class Resource:
         return fn
 
 
+def raw_request(
+    api_client: Any,
+    method: str,
+    path: str,
+    *,
+    query: list[tuple[str, Any]] | None = None,
+    body: Any = None,
+    content_type: str | None = None,
+    timeout: Any = None,
+) -> Any:
+    """One request over the official client's connection pool, auth and TLS; the raw (urllib3) response.
+
+    Non-2xx answers raise ``ApiException`` (as the typed clients do with ``_preload_content=False``).
+    """
+    headers = {"Accept": "application/json"}
+    if content_type is not None:
+        headers["Content-Type"] = content_type
+    req = api_client.param_serialize(
+        method, path, query_params=query or [], header_params=headers, body=body, auth_settings=["BearerToken"]
+    )
+    resp = api_client.call_api(*req, _request_timeout=timeout)
+    if not 200 <= resp.status <= 299:
+        resp.read()
+        raise ApiException.from_response(http_resp=resp, body=None, data=None)
+    return resp.response
+
+
 def discover_scope(api_client: Any, resource: Resource, timeout: float = 10.0) -> Resource:
     """``resource`` with ``namespaced`` filled in from discovery (unchanged if already declared).
 
@@ -80,17 +108,7 @@ def discover_scope(api_client: Any, resource: Resource, timeout: float = 10.0) -
     """
     if resource.namespaced is not None:
         return resource
-    resp = api_client.call_api(
-        resource.base_path,
-        "GET",
-        header_params={"Accept": "application/json"},
-        auth_settings=["BearerToken"],
-        _preload_content=False,
-        _request_timeout=timeout,
-        _return_http_data_only=True,
-    )
-    raw = getattr(resp, "response", resp)
-    body = orjson.loads(raw.data)
+    body = orjson.loads(raw_request(api_client, "GET", resource.base_path, timeout=timeout).data)
     for item in body.get("resources") or []:
         if isinstance(item, dict) and item.get("name") == resource.name:
             return replace(resource, namespaced=bool(item.get("namespaced")))

@@ -19,6 +19,7 @@ Concurrency model
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Callable
 from typing import Any, Literal
@@ -43,7 +44,7 @@ from local_apiserver.errors import (
     unsupported_media_type,
 )
 from local_apiserver.patch import json_patch, merge_patch
-from local_apiserver.resources import ResourceSpec
+from local_apiserver.resources import CRD_RESOURCE, ResourceSpec
 from local_apiserver.routing import (
     JSON_PATCH,
     MERGE_PATCH,
@@ -84,7 +85,9 @@ class DeleteOptions(BaseModel):
 
 
 async def dispatch(state: State, request: Request, path: str, info: dict[str, str]) -> Response:
-    target = parse_target(path)
+    if state.store is not None and state.bootstrapped and state.crds.stale():
+        await in_thread(state.crds.refresh, state.store)
+    target = parse_target(path, state.table)
     method = request.method
     if isinstance(target, dict):
         if method != "GET":
@@ -124,6 +127,8 @@ async def dispatch(state: State, request: Request, path: str, info: dict[str, st
             raise method_not_allowed(f"create {spec.resource} under /namespaces/<namespace>/{spec.resource}")
         _, body = await read_body(request, ("application/json", "application/yaml", "application/x-yaml"))
         created = await in_thread(store.create, spec, ns, body)
+        if spec.resource == CRD_RESOURCE and spec.crd is None:
+            await in_thread(state.crds.refresh, store, force=True)  # served at once by this process
         return json_response(created, 201)
 
     if target.name is None:
@@ -141,6 +146,8 @@ async def dispatch(state: State, request: Request, path: str, info: dict[str, st
         if target.subresource == "scale":
             return json_response(await in_thread(_update_scale, store, spec, ns, name, body, None))
         updated = await in_thread(store.update, spec, ns, name, body, subresource=target.subresource)
+        if spec.resource == CRD_RESOURCE and spec.crd is None:
+            await in_thread(state.crds.refresh, store, force=True)
         return json_response(updated)
 
     if method == "PATCH":
@@ -159,7 +166,10 @@ async def dispatch(state: State, request: Request, path: str, info: dict[str, st
 
         if target.subresource == "scale":
             return json_response(await in_thread(_update_scale, store, spec, ns, name, None, apply))
-        return json_response(await in_thread(_patch, store, spec, ns, name, apply, target.subresource))
+        patched = await in_thread(_patch, store, spec, ns, name, apply, target.subresource)
+        if spec.resource == CRD_RESOURCE and spec.crd is None:
+            await in_thread(state.crds.refresh, store, force=True)
+        return json_response(patched)
 
     if method == "DELETE":
         info["verb"] = "delete"
@@ -296,8 +306,56 @@ def _patch(
     return store.guaranteed_update(spec, ns, name, mutate)
 
 
+def _json_path(path: str) -> list[str]:
+    return [p for p in path.strip().lstrip(".").split(".") if p]
+
+
+def _path_get(obj: Obj, path: str) -> Any:
+    cur: Any = obj
+    for part in _json_path(path):
+        if not isinstance(cur, dict):
+            return None
+        cur = cur.get(part)
+    return cur
+
+
+def _path_set(obj: Obj, path: str, value: Any) -> None:
+    parts = _json_path(path)
+    cur = obj
+    for part in parts[:-1]:
+        nxt = cur.get(part)
+        if not isinstance(nxt, dict):
+            nxt = {}
+            cur[part] = nxt
+        cur = nxt
+    cur[parts[-1]] = value
+
+
+def _custom_scale(paths: tuple[str, str, str | None], obj: Obj) -> Obj:
+    """The Scale view of a custom resource through its CRD's specReplicasPath/statusReplicasPath."""
+    spec_path, status_path, selector_path = paths
+    replicas = _path_get(obj, spec_path)
+    current = _path_get(obj, status_path)
+    selector = _path_get(obj, selector_path) if selector_path else None
+    meta = obj["metadata"]
+    status: dict[str, Any] = {"replicas": current if isinstance(current, int) else 0}
+    if isinstance(selector, str):
+        status["selector"] = selector
+    return {
+        "kind": "Scale",
+        "apiVersion": "autoscaling/v1",
+        "metadata": {
+            k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp") if k in meta
+        },
+        "spec": {"replicas": replicas if isinstance(replicas, int) else 0},
+        "status": status,
+    }
+
+
 def to_scale(spec: ResourceSpec, obj: Obj) -> Obj:
-    """The autoscaling/v1 Scale view of a replicaset or deployment."""
+    """The autoscaling/v1 Scale view of a replicaset, a deployment or a custom resource."""
+    if spec.scale_paths is not None:
+        return _custom_scale(spec.scale_paths, obj)
     meta = obj["metadata"]
     raw_spec, raw_status = obj.get("spec"), obj.get("status")
     body_spec: dict[str, Any] = raw_spec if isinstance(raw_spec, dict) else {}
@@ -344,9 +402,12 @@ def _update_scale(
         rv = meta.get("resourceVersion")
         if rv is not None and rv != "":
             check_precondition(spec, name, current, parse_resource_version(str(rv), "metadata.resourceVersion"))
-        desired = dict(current)
-        desired["spec"] = dict(current.get("spec") or {})
-        desired["spec"]["replicas"] = replicas
+        desired = copy.deepcopy(current)
+        if spec.scale_paths is not None:
+            _path_set(desired, spec.scale_paths[0], replicas)
+        else:
+            desired["spec"] = dict(current.get("spec") or {})
+            desired["spec"]["replicas"] = replicas
         return store.merge_update(spec, current, desired, "")
 
     return to_scale(spec, store.guaranteed_update(spec, ns, name, mutate))

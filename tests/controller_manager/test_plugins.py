@@ -15,7 +15,7 @@ from controller_manager.controllers import ReplicaSetController
 from controller_manager.plugins import resolve_controllers
 from rangeshard.core.errors import ConfigError
 
-PLUGIN = '''
+PLUGIN = """
 from typing import ClassVar
 from controller_manager.controller import Controller
 from controller_manager.resources import Resource
@@ -41,7 +41,7 @@ class NotAController:
 
 class Abstract(Controller):
     main: ClassVar[Resource] = WIDGETS
-'''
+"""
 
 BASE = "etcd: {endpoints: ['http://127.0.0.1:1']}\nproxy: {url: 'http://127.0.0.1:2'}\n"
 
