@@ -149,3 +149,18 @@ def test_installed_entry_points_are_found_by_bare_name(plugin_dir: Path, tmp_pat
         f"{path}: controllers.widget: name clashes: entry points of group rangeshard.controllers disagree: "
         "widgetctl_t13:Other, widgetctl_t13:WidgetController"
     ]
+
+
+def test_up_checks_the_manager_config_before_starting_anything(plugin_dir: Path, tmp_path: Path) -> None:
+    path = write(tmp_path, "  widget: {class: 'widgetctl_t13:Missing'}\n")
+    state = tmp_path / "state"
+    proc = subprocess.run(
+        [sys.executable, "-m", "rangeshard.cli.main", "up", "--config", str(path), "--state-dir", str(state)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(plugin_dir)},
+        timeout=60,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert f"{path}: controllers.widget: module 'widgetctl_t13' has no attribute 'Missing'" in proc.stderr
+    assert not state.exists()  # nothing was started
