@@ -135,18 +135,18 @@ def _dist(root: Path, name: str, entries: str) -> None:
 
 
 def test_installed_entry_points_are_found_by_bare_name(plugin_dir: Path, tmp_path: Path) -> None:
-    _dist(plugin_dir, "widgets_t13", "widget = widgetctl_t13:WidgetController\nreplicaset = widgetctl_t13:Other")
-    path = write(tmp_path, "  widget: {workers: 2}\n")
-    assert resolve_controllers(load_config(path).controllers)["widget"].__name__ == "WidgetController"
+    _dist(plugin_dir, "widgets_t13", "wt13 = widgetctl_t13:WidgetController\nreplicaset = widgetctl_t13:Other")
+    path = write(tmp_path, "  wt13: {workers: 2}\n")
+    assert resolve_controllers(load_config(path).controllers)["wt13"].__name__ == "WidgetController"
     path = write(tmp_path, "  replicaset: {}\n")
     assert problems(path) == [
         f"{path}: controllers.replicaset: name clashes: built-in controller 'replicaset' and entry point "
         "'widgetctl_t13:Other' (group rangeshard.controllers); give the plugin another name"
     ]
-    _dist(plugin_dir, "more_t13", "widget = widgetctl_t13:Other")
-    path = write(tmp_path, "  widget: {}\n")
+    _dist(plugin_dir, "more_t13", "wt13 = widgetctl_t13:Other")
+    path = write(tmp_path, "  wt13: {}\n")
     assert problems(path) == [
-        f"{path}: controllers.widget: name clashes: entry points of group rangeshard.controllers disagree: "
+        f"{path}: controllers.wt13: name clashes: entry points of group rangeshard.controllers disagree: "
         "widgetctl_t13:Other, widgetctl_t13:WidgetController"
     ]
 
