@@ -331,12 +331,7 @@ def _path_set(obj: Obj, path: str, value: Any) -> None:
     cur[parts[-1]] = value
 
 
-def _custom_scale(paths: tuple[str, str, str | None], obj: Obj) -> Obj:
-    """The Scale view of a custom resource through its CRD's specReplicasPath/statusReplicasPath."""
-    spec_path, status_path, selector_path = paths
-    replicas = _path_get(obj, spec_path)
-    current = _path_get(obj, status_path)
-    selector = _path_get(obj, selector_path) if selector_path else None
+def _scale(obj: Obj, replicas: Any, current: Any, selector: Any) -> Obj:
     meta = obj["metadata"]
     status: dict[str, Any] = {"replicas": current if isinstance(current, int) else 0}
     if isinstance(selector, str):
@@ -353,10 +348,15 @@ def _custom_scale(paths: tuple[str, str, str | None], obj: Obj) -> Obj:
 
 
 def to_scale(spec: ResourceSpec, obj: Obj) -> Obj:
-    """The autoscaling/v1 Scale view of a replicaset, a deployment or a custom resource."""
+    """The autoscaling/v1 Scale view of a replicaset, a deployment or a custom resource.
+
+    A custom resource's replicas and selector come from its CRD's ``specReplicasPath``,
+    ``statusReplicasPath`` and ``labelSelectorPath``.
+    """
     if spec.scale_paths is not None:
-        return _custom_scale(spec.scale_paths, obj)
-    meta = obj["metadata"]
+        spec_path, status_path, selector_path = spec.scale_paths
+        selector = _path_get(obj, selector_path) if selector_path else None
+        return _scale(obj, _path_get(obj, spec_path), _path_get(obj, status_path), selector)
     raw_spec, raw_status = obj.get("spec"), obj.get("status")
     body_spec: dict[str, Any] = raw_spec if isinstance(raw_spec, dict) else {}
     status: dict[str, Any] = raw_status if isinstance(raw_status, dict) else {}
@@ -369,17 +369,7 @@ def to_scale(spec: ResourceSpec, obj: Obj) -> Obj:
             parts.append(f"{r.key} {r.op} ({','.join(r.values)})")
         else:
             parts.append(r.key if r.op == "exists" else f"!{r.key}")
-    replicas = body_spec.get("replicas")
-    current = status.get("replicas")
-    return {
-        "kind": "Scale",
-        "apiVersion": "autoscaling/v1",
-        "metadata": {
-            k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp") if k in meta
-        },
-        "spec": {"replicas": replicas if isinstance(replicas, int) else 0},
-        "status": {"replicas": current if isinstance(current, int) else 0, "selector": ",".join(parts)},
-    }
+    return _scale(obj, body_spec.get("replicas"), status.get("replicas"), ",".join(parts))
 
 
 def _update_scale(

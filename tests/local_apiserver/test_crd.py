@@ -16,7 +16,9 @@ from kubernetes import client as k8s
 from kubernetes import watch as k8s_watch
 from kubernetes.client.exceptions import ApiException
 
+from controller_manager.resources import Resource, discover_scope
 from local_apiserver.process import LocalApiServerProcess
+from rangeshard.core.errors import ControllerError
 from rangeshard.core.process import EtcdServer
 from tests.local_apiserver.conftest import Server, wait_for
 
@@ -272,3 +274,16 @@ def test_kubectl_get_widgets(kubectl: Any, http: httpx.Client, namespace: str, t
     assert names == [f"widget.{group}/k"]
     got = json.loads(kubectl("get", f"widgets.{group}", "k", "-n", namespace, "-o", "json").stdout)
     assert got["spec"] == {"color": "blue", "replicas": 1, "size": "M"}
+
+
+def test_cluster_scoped_crd_and_scope_from_discovery(http: httpx.Client, kube: Any) -> None:
+    group = new_group()
+    install(http, group, scope="Cluster")
+    api = k8s.CustomObjectsApi(kube)
+    created = api.create_cluster_custom_object(group, "v1", "widgets", widget("c", group, color="green"))
+    assert "namespace" not in created["metadata"]
+    assert http.get(f"/apis/{group}/v1/namespaces/default/widgets").status_code == 404
+    assert discover_scope(kube, Resource("widgets", group, "v1", "Widget")).namespaced is False
+    assert discover_scope(kube, Resource("configmaps", "", "v1", "ConfigMap")).namespaced is True
+    with pytest.raises(ControllerError, match="serves no resource 'gadgets'"):
+        discover_scope(kube, Resource("gadgets", group, "v1", "Gadget"))
