@@ -110,9 +110,16 @@ def _proxy_url(value: str) -> str:
     return check_url(value, allow_path=True)
 
 
-def _known_controller(name: str) -> str:
-    if name not in KNOWN_CONTROLLERS:
-        raise ValueError(f"unknown controller {name!r}; known controllers: {', '.join(KNOWN_CONTROLLERS)}")
+_CONTROLLER_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9_.]{0,61}[a-z0-9])?$")
+
+
+def _controller_name(name: str) -> str:
+    # Which class runs it is decided by controller_manager.plugins (built-ins, `class:`, entry points).
+    if not _CONTROLLER_NAME_RE.match(name):
+        raise ValueError(
+            f"controller name {name!r} must be 1..63 lowercase letters, digits, '-', '_' or '.', "
+            "starting and ending with a letter or digit"
+        )
     return name
 
 
@@ -202,9 +209,16 @@ class ControllerSection(_Section):
         description="Fault injection for tests: every reconcile holds its key this long before doing its work "
         "(a slow controller). Must be less than `reconcileTimeoutSeconds`; leave 0 in production.",
     )
+    class_: str | None = Field(
+        None,
+        alias="class",
+        description="`module:Class` of a `Controller` subclass in your own code, imported with the process's "
+        "`sys.path`/`PYTHONPATH`. Without it, `<name>` is a built-in controller or an installed plugin "
+        "(entry-point group `rangeshard.controllers`).",
+    )
 
 
-ControllerName = Annotated[str, AfterValidator(_known_controller)]
+ControllerName = Annotated[str, AfterValidator(_controller_name)]
 
 
 class ManagerConfig(_Section):
@@ -246,7 +260,8 @@ class ManagerConfig(_Section):
         dict[ControllerName, Annotated[ControllerSection, BeforeValidator(_none_to_empty_mapping)]],
         BeforeValidator(_none_to_empty_mapping),
     ] = Field(
-        description=f"Controllers this manager runs, by name ({', '.join(KNOWN_CONTROLLERS)}); at least one.",
+        description=f"Controllers this manager runs, by name (built-ins: {', '.join(KNOWN_CONTROLLERS)}; "
+        "plugins by `class:` or entry point); at least one.",
     )
 
     @field_validator("registry_prefix")
@@ -361,7 +376,7 @@ def _problems(e: ValidationError) -> list[tuple[str, str]]:
         elif typ == "missing":
             msg = "required field is missing"
         elif typ == "extra_forbidden":
-            model = models.get(loc[:-1])
+            model = models.get(loc[:-1]) or (ControllerSection if len(loc) == 3 and loc[0] == "controllers" else None)
             msg = f"unknown field; expected one of: {', '.join(_field_names(model))}" if model else "unknown field"
         elif typ in ("model_type", "model_attributes_type", "dict_type"):
             msg = "expected a mapping"
@@ -400,11 +415,35 @@ def _resolve_cert_paths(cfg: ManagerConfig, path: Path) -> tuple[ManagerConfig, 
     return cfg, problems
 
 
-def load_config(path: str | Path) -> ManagerConfig:
+def _class_problems(raw: Any, reported: set[str], path: Path) -> list[str]:
+    """Resolution problems of the controller entries that are otherwise valid (reported with the others)."""
+    from controller_manager.plugins import resolve_controllers  # noqa: PLC0415 (imports user code)
+
+    if not isinstance(raw, dict):
+        return []
+    sections: dict[str, ControllerSection] = {}
+    for name, section in raw.items():
+        entry = f"controllers.{name}"
+        if any(f == entry or f.startswith(entry + ".") for f in reported):
+            continue
+        try:
+            sections[str(name)] = ControllerSection.model_validate(section or {})
+        except ValidationError:
+            continue
+    try:
+        resolve_controllers(sections, path)
+    except ConfigError as e:
+        return e.problems
+    return []
+
+
+def load_config(path: str | Path, *, resolve: bool = True) -> ManagerConfig:
     """Read and validate a manager config file.
 
     Raises :class:`ConfigError` whose ``problems`` has one ``FILE: field.path: problem``
-    line per problem (``FILE:LINE:COLUMN: invalid YAML: ...`` for syntax errors).
+    line per problem (``FILE:LINE:COLUMN: invalid YAML: ...`` for syntax errors). With
+    ``resolve`` (the default) every controller's class is imported and checked too
+    (:func:`controller_manager.plugins.resolve_controllers`).
     """
     path = Path(path)
     try:
@@ -427,11 +466,18 @@ def load_config(path: str | Path) -> ManagerConfig:
     try:
         cfg = ManagerConfig.model_validate(data)
     except ValidationError as e:
-        problems = [f"{path}: {field}: {msg}" if field else f"{path}: {msg}" for field, msg in _problems(e)]
+        found = _problems(e)
+        problems = [f"{path}: {field}: {msg}" if field else f"{path}: {msg}" for field, msg in found]
+        if resolve:
+            problems += _class_problems(data.get("controllers"), {field for field, _ in found}, path)
         raise ConfigError(f"invalid config {path}: {len(problems)} problem(s)", problems) from None
     cfg, problems = _resolve_cert_paths(cfg, path)
     if problems:
         raise ConfigError(f"invalid config {path}: {len(problems)} problem(s)", problems)
+    if resolve:
+        from controller_manager.plugins import resolve_controllers  # noqa: PLC0415 (imports user code)
+
+        resolve_controllers(cfg.controllers, path)
     return cfg
 
 
@@ -551,8 +597,11 @@ def config_reference_markdown() -> str:
         "unknown fields are errors, and every problem is reported as `FILE: field.path: problem`.",
         "`--etcd URL[,URL...]` and `--proxy URL` on the command line override the file.",
         "",
-        f"Known controllers: {', '.join(f'`{c}`' for c in KNOWN_CONTROLLERS)}. A controller listed without a mapping",
-        "(`deployment:` or `deployment: {}`) runs with the defaults (1 worker).",
+        f"Built-in controllers: {', '.join(f'`{c}`' for c in KNOWN_CONTROLLERS)}.",
+        "A controller listed without a mapping (`deployment:` or `deployment: {}`) runs with the defaults (1 worker).",
+        "Your own controllers are named",
+        'by `class: "module:Class"` or installed as plugins (entry-point group `rangeshard.controllers`);',
+        "see docs/writing-a-controller.md and docs/packaging-controllers.md.",
         "",
         "Example (all defaults spelled out; see also `config/local.yaml` and `config/example.yaml`):",
         "",

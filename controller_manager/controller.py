@@ -42,7 +42,7 @@ from controller_manager.audit import now as audit_now
 from controller_manager.fencing import FencedApiClient, WriteFenced
 from controller_manager.informer import Informer
 from controller_manager.metrics import Metrics
-from controller_manager.resources import Resource, controller_ref, object_key
+from controller_manager.resources import Resource, controller_ref, object_key, raw_request
 from controller_manager.sharding import ShardInstance
 from controller_manager.workqueue import WorkQueue
 from hashing import OWNER_PATH, UID_PATH, HashRange, hash_key
@@ -123,6 +123,9 @@ class Controller(ABC):
     name: ClassVar[str]
     main: ClassVar[Resource]
     dependents: ClassVar[tuple[Resource, ...]] = ()
+    #: CustomResourceDefinition manifests (dicts) the runtime creates at start when they are missing
+    #: (needs ``create`` on customresourcedefinitions; without it, install them yourself).
+    crds: ClassVar[tuple[dict[str, Any], ...]] = ()
 
     def __init__(self, runtime: ControllerRuntime) -> None:
         self.rt = runtime
@@ -158,6 +161,7 @@ class ControllerRuntime:
         controller_cls: type[Controller],
         *,
         api_client: Any,
+        controller_type: str | None = None,
         etcd_config: EtcdConfig,
         registry_prefix: str,
         instance_id: str,
@@ -172,7 +176,7 @@ class ControllerRuntime:
         reconcile_delay: float = 0.0,
     ) -> None:
         self.api_client = api_client
-        self.name = controller_cls.name
+        self.name = controller_type or controller_cls.name
         self.instance_id = instance_id
         self.workers = workers
         self.metrics = metrics
@@ -277,7 +281,28 @@ class ControllerRuntime:
             self.queue.add(key)
 
     # -- workers ----------------------------------------------------------------
+    def install_crds(self, timeout: float = 10.0) -> None:
+        """Create the controller's CRDs that do not exist yet (409 = present; other errors are logged)."""
+        for crd in self.controller.crds:
+            name = (crd.get("metadata") or {}).get("name")
+            try:
+                raw_request(
+                    self.api_client,
+                    "POST",
+                    "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
+                    body=crd,
+                    content_type="application/json",
+                    timeout=timeout,
+                )
+                log.info("%s: created CustomResourceDefinition %s", self.name, name)
+            except ApiException as e:
+                if e.status != 409:
+                    log.warning("%s: cannot create CRD %s: %s %s", self.name, name, e.status, (e.body or "")[:200])
+            except Exception as e:
+                log.warning("%s: cannot create CRD %s: %s", self.name, name, e)
+
     def start(self) -> None:
+        self.install_crds()
         for inf in self.informers.values():
             inf.start()
         self.shard.start()

@@ -4,8 +4,10 @@ Purpose
     Keeps a local store of the objects of one resource whose shard-selector
     path (own uid for the main resource, controller-owner uid for dependents)
     falls in the instance's range, and calls ``on_event(type, obj)`` for every
-    change. Uses the official ``kubernetes`` client's ``list_*`` functions with
-    ``shard_selector=`` for both list and watch (``watch=True``).
+    change. Lists and watches over the generic REST path of the resource
+    (``GET /apis/<group>/<version>/<plural>?shardSelector=...[&watch=true]``)
+    through the official client's ``ApiClient.call_api`` (its auth, TLS and
+    connection pool), so built-in resources and CRDs work alike.
 
 Invariants
     * Every list starts from the range and *epoch* the instance publishes;
@@ -36,7 +38,7 @@ import orjson
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
-from controller_manager.resources import Resource, object_key
+from controller_manager.resources import Resource, object_key, raw_request
 from hashing import HashRange, range_to_selector
 
 log = logging.getLogger(__name__)
@@ -69,7 +71,7 @@ class Informer:
         self.name = name
         self.watch_timeout = watch_timeout
         self.request_timeout = request_timeout
-        self._list = resource.list_function(api_client)
+        self._api = api_client
         self._lock = threading.Lock()
         self._store: dict[str, dict[str, Any]] = {}
         self._stop = threading.Event()
@@ -79,6 +81,23 @@ class Informer:
         self.synced_epoch = -1
         self.lists = 0
         self.errors = 0
+
+    def _list(self, *, shard_selector: str, _request_timeout: Any, **params: Any) -> Any:
+        """``GET`` the collection (all namespaces) with ``shardSelector``; the raw urllib3 response."""
+        names = {
+            "watch": "watch",
+            "resource_version": "resourceVersion",
+            "allow_watch_bookmarks": "allowWatchBookmarks",
+            "timeout_seconds": "timeoutSeconds",
+        }
+        query: list[tuple[str, Any]] = [("shardSelector", shard_selector)]
+        for key, value in params.items():
+            if key == "_preload_content":
+                continue
+            if value is None or value == "":
+                continue
+            query.append((names[key], str(value).lower() if isinstance(value, bool) else value))
+        return raw_request(self._api, "GET", self.resource.path(), query=query, timeout=_request_timeout)
 
     # -- store access ---------------------------------------------------------
     def get(self, key: str) -> dict[str, Any] | None:

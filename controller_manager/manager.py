@@ -33,9 +33,9 @@ from kubernetes import client as k8s
 from controller_manager.audit import AuditLog
 from controller_manager.config import ManagerConfig
 from controller_manager.controller import ControllerRuntime
-from controller_manager.controllers import CONTROLLERS
 from controller_manager.fencing import FencedApiClient
 from controller_manager.metrics import Metrics, StatusServer
+from controller_manager.plugins import controller_type, resolve_controllers
 from rangeshard.core.errors import ConfigError
 from rangeshard.core.etcd import EtcdConfig
 
@@ -123,16 +123,16 @@ class ControllerManager:
         self.prefix = instance_prefix or config.instance_id_prefix or default_instance_prefix()
         self.api_clients: list[Any] = []
         self.runtimes: list[ControllerRuntime] = []
+        classes = resolve_controllers(config.controllers)
         for name, section in config.controllers.items():
-            cls = CONTROLLERS.get(name)
-            if cls is None:
-                raise ConfigError(f"controllers.{name}: unknown controller (known: {', '.join(sorted(CONTROLLERS))})")
+            cls = classes[name]
             # One client per instance: its User-Agent is that instance's owner token.
             api_client = api_client_for(config.proxy.url, config.proxy.token_file, config.proxy.ca_cert)
             self.api_clients.append(api_client)
             self.runtimes.append(
                 ControllerRuntime(
                     cls,
+                    controller_type=controller_type(name, cls),
                     api_client=api_client,
                     etcd_config=self.etcd_config,
                     registry_prefix=config.registry_prefix,

@@ -1,12 +1,18 @@
-"""The Kubernetes resources the built-in controllers watch, and how to list/watch them.
+"""The Kubernetes resources a controller watches, named by plural, group, version and kind.
 
 Purpose
-    A :class:`Resource` names a group/version/resource and maps to the
-    official ``kubernetes`` client's cluster-wide list function, which takes
-    the ``shard_selector`` argument and serves both list and watch.
+    A :class:`Resource` names any resource, built-in or custom
+    (``Resource("widgets", "example.com", "v1", "Widget")``). Informers list
+    and watch it over the generic REST path (``/api/v1/<plural>`` or
+    ``/apis/<group>/<version>/<plural>``) with ``shardSelector``, so CRDs and
+    built-in resources work alike; no typed client class is needed. The two
+    optional typed-client fields of earlier versions (``api_class``,
+    ``list_method``) are still accepted and only serve :meth:`list_function`.
 
 Invariants
-    Adding a resource is one table entry (``RESOURCES``).
+    * ``namespaced`` is ``None`` until declared or looked up by
+      :func:`discover_scope` (discovery of the resource's group/version).
+    * Adding a resource the built-in controllers use is one table entry (``RESOURCES``).
 
 Concurrency model
     Immutable values.
@@ -15,32 +21,98 @@ Concurrency model
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
+from urllib.parse import quote
 
+import orjson
 from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
+
+from rangeshard.core.errors import ControllerError
 
 
 @dataclass(frozen=True)
 class Resource:
-    """One Kubernetes resource type (cluster-wide list/watch)."""
+    """One Kubernetes resource type: ``Resource(plural, group, version, kind)`` (group ``""`` = core)."""
 
     name: str
     group: str
     version: str
     kind: str
-    api_class: str
-    list_method: str
+    api_class: str | None = None
+    list_method: str | None = None
+    namespaced: bool | None = None
 
     @property
     def api_version(self) -> str:
         return f"{self.group}/{self.version}" if self.group else self.version
 
+    @property
+    def base_path(self) -> str:
+        """``/api/v1`` or ``/apis/<group>/<version>``."""
+        return f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+
+    def path(self, namespace: str | None = None, name: str | None = None, subresource: str | None = None) -> str:
+        """The REST path of the collection (all namespaces without ``namespace``), an object or a subresource."""
+        out = self.base_path
+        if namespace:
+            out += f"/namespaces/{quote(namespace, safe='')}"
+        out += f"/{self.name}"
+        if name is not None:
+            out += f"/{quote(name, safe='')}"
+            if subresource:
+                out += f"/{subresource}"
+        return out
+
     def list_function(self, api_client: Any) -> Callable[..., Any]:
-        """The bound ``list_*_for_all_namespaces`` method of the official client."""
+        """The bound typed-client ``list_*_for_all_namespaces`` method (only if ``api_class`` was given)."""
+        if not self.api_class or not self.list_method:
+            raise ControllerError(f"{self.name}: no typed client declared; informers use the generic REST path")
         api = getattr(k8s, self.api_class)(api_client)
         fn: Callable[..., Any] = getattr(api, self.list_method)
         return fn
+
+
+def raw_request(
+    api_client: Any,
+    method: str,
+    path: str,
+    *,
+    query: list[tuple[str, Any]] | None = None,
+    body: Any = None,
+    content_type: str | None = None,
+    timeout: Any = None,
+) -> Any:
+    """One request over the official client's connection pool, auth and TLS; the raw (urllib3) response.
+
+    Non-2xx answers raise ``ApiException`` (as the typed clients do with ``_preload_content=False``).
+    """
+    headers = {"Accept": "application/json"}
+    if content_type is not None:
+        headers["Content-Type"] = content_type
+    req = api_client.param_serialize(
+        method, path, query_params=query or [], header_params=headers, body=body, auth_settings=["BearerToken"]
+    )
+    resp = api_client.call_api(*req, _request_timeout=timeout)
+    if not 200 <= resp.status <= 299:
+        resp.read()
+        raise ApiException.from_response(http_resp=resp, body=None, data=None)
+    return resp.response
+
+
+def discover_scope(api_client: Any, resource: Resource, timeout: float = 10.0) -> Resource:
+    """``resource`` with ``namespaced`` filled in from discovery (unchanged if already declared).
+
+    Raises :class:`ControllerError` when the group/version does not serve the resource.
+    """
+    if resource.namespaced is not None:
+        return resource
+    body = orjson.loads(raw_request(api_client, "GET", resource.base_path, timeout=timeout).data)
+    for item in body.get("resources") or []:
+        if isinstance(item, dict) and item.get("name") == resource.name:
+            return replace(resource, namespaced=bool(item.get("namespaced")))
+    raise ControllerError(f"{resource.api_version} serves no resource {resource.name!r} (is its CRD installed?)")
 
 
 PODS = Resource("pods", "", "v1", "Pod", "CoreV1Api", "list_pod_for_all_namespaces")

@@ -173,9 +173,10 @@ def create_app(
 
     @app.get("/apis")
     async def api_groups() -> Response:
-        return json_response(
-            {"kind": "APIGroupList", "apiVersion": "v1", "groups": [group_document(g, v) for g, v in named_groups()]}
-        )
+        if state.store is not None and state.bootstrapped and state.crds.stale():
+            await in_thread(state.crds.refresh, state.store)  # CRDs' groups (local_apiserver.crd)
+        groups = [group_document(g, v) for g, v in named_groups(state.table)]
+        return json_response({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
 
     @app.api_route("/{path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"])
     async def api(request: Request, path: str) -> Response:

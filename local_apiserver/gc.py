@@ -37,8 +37,9 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from local_apiserver.crd import specs_for
 from local_apiserver.errors import ApiError
-from local_apiserver.resources import RESOURCES, ResourceSpec
+from local_apiserver.resources import CRD_RESOURCE, RESOURCES, ResourceSpec, ResourceTable
 from local_apiserver.store import Obj, Store
 
 log = logging.getLogger(__name__)
@@ -60,11 +61,11 @@ class _Work:
 _NO_SPEC = RESOURCES[0]  # placeholder spec for work items that only carry an owner
 
 
-def spec_for_owner(ref: dict[str, Any]) -> ResourceSpec | None:
+def spec_for_owner(ref: dict[str, Any], table: ResourceTable | None = None) -> ResourceSpec | None:
     api_version = str(ref.get("apiVersion") or "")
-    group, _, version = api_version.rpartition("/")
-    for spec in RESOURCES:
-        if spec.kind == ref.get("kind") and spec.group == group and spec.version == version:
+    specs = table.specs() if table is not None else RESOURCES
+    for spec in specs:
+        if spec.kind == ref.get("kind") and spec.api_version == api_version:
             return spec
     return None
 
@@ -98,12 +99,34 @@ class GarbageCollector:
     # -- hooks (any thread) --------------------------------------------------
     def owner_deleted(self, spec: ResourceSpec, obj: Obj, propagation: str) -> None:
         meta = obj["metadata"]
+        if spec.resource == CRD_RESOURCE and spec.crd is None and not meta.get("finalizers"):
+            # Synchronous: the DELETE of a CRD answers once it is no longer served and its objects are gone.
+            self.remove_custom_objects(obj)
         if spec.resource == "namespaces" and meta.get("deletionTimestamp"):
             self._queue.put(_Work("namespace", spec, obj))
         elif propagation == "Foreground" and "foregroundDeletion" in (meta.get("finalizers") or []):
             self._queue.put(_Work("foreground", spec, obj))
         else:
             self._queue.put(_Work("owner_gone", spec, obj, propagation))
+
+    def remove_custom_objects(self, crd: Obj) -> None:
+        """Stop serving a deleted CRD and delete its objects (their dependents are collected as usual)."""
+        live = dict(crd)
+        live["metadata"] = {k: v for k, v in crd["metadata"].items() if k != "deletionTimestamp"}
+        name = str(crd["metadata"].get("name"))
+        specs = [s for s in specs_for(live) if s.storage]
+        self.store.table.set_crd(name, ())
+        for spec in specs[:1]:
+            for obj in list(self.store.iter_all(spec)):
+                meta = obj["metadata"]
+                try:
+                    self.store.delete(spec, meta.get("namespace"), str(meta.get("name")), propagation="Background")
+                except ApiError as e:
+                    if e.code not in (404, 409):
+                        raise
+            # Objects held by finalizers go too: nothing serves them any more.
+            self.store.client.delete_prefix(self.store.resource_prefix(spec))
+        log.info("CRD %s deleted: its objects were removed and it is no longer served", name)
 
     def object_created(self, spec: ResourceSpec, obj: Obj) -> None:
         if obj["metadata"].get("ownerReferences"):
@@ -184,7 +207,7 @@ class GarbageCollector:
         uid = owner["metadata"].get("uid")
         namespace = owner["metadata"].get("namespace")
         found: list[tuple[ResourceSpec, Obj]] = []
-        for spec in RESOURCES:
+        for spec in self.store.table.storage_specs():
             if not spec.namespaced and namespace:
                 continue  # namespaced owners cannot own cluster-scoped objects
             for obj in self.store.iter_all(spec, namespace if spec.namespaced else None):
@@ -200,7 +223,7 @@ class GarbageCollector:
         back), and an owner deleted after an "alive" answer has queued its own
         "owner gone" work, which will see this dependent.
         """
-        spec = spec_for_owner(ref)
+        spec = spec_for_owner(ref, self.store.table)
         if spec is None:
             return True  # a kind we do not serve: never delete on a guess
         ns = namespace if spec.namespaced else None
@@ -224,7 +247,7 @@ class GarbageCollector:
         """One scan of ``namespace`` for dependents of the (gone) owners in ``works``."""
         orphan = {w.obj["metadata"].get("uid") for w in works if w.propagation == "Orphan"}
         cascade = {w.obj["metadata"].get("uid") for w in works if w.propagation != "Orphan"}
-        for spec in RESOURCES:
+        for spec in self.store.table.storage_specs():
             if not spec.namespaced and namespace:
                 continue  # namespaced owners cannot own cluster-scoped objects
             for dep in self.store.iter_all(spec, namespace if spec.namespaced else None):
@@ -295,7 +318,7 @@ class GarbageCollector:
     def _empty_namespace(self, ns: Obj) -> None:
         name = str(ns["metadata"].get("name"))
         left = 0
-        for spec in RESOURCES:
+        for spec in self.store.table.storage_specs():
             if not spec.namespaced:
                 continue
             for obj in self.store.iter_all(spec, name):
@@ -303,7 +326,9 @@ class GarbageCollector:
                 left += 1
         if left:
             # Deleted objects may have finalizers or new ones may race in: check again.
-            remaining = sum(1 for s in RESOURCES if s.namespaced for _ in self.store.iter_all(s, name))
+            remaining = sum(
+                1 for s in self.store.table.storage_specs() if s.namespaced for _ in self.store.iter_all(s, name)
+            )
             if remaining:
                 raise ApiError(409, "Conflict", f"namespace {name} still has {remaining} objects")
         spec = next(s for s in RESOURCES if s.resource == "namespaces")

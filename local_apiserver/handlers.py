@@ -19,6 +19,7 @@ Concurrency model
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Callable
 from typing import Any, Literal
@@ -43,7 +44,7 @@ from local_apiserver.errors import (
     unsupported_media_type,
 )
 from local_apiserver.patch import json_patch, merge_patch
-from local_apiserver.resources import ResourceSpec
+from local_apiserver.resources import CRD_RESOURCE, ResourceSpec
 from local_apiserver.routing import (
     JSON_PATCH,
     MERGE_PATCH,
@@ -84,7 +85,9 @@ class DeleteOptions(BaseModel):
 
 
 async def dispatch(state: State, request: Request, path: str, info: dict[str, str]) -> Response:
-    target = parse_target(path)
+    if state.store is not None and state.bootstrapped and state.crds.stale():
+        await in_thread(state.crds.refresh, state.store)
+    target = parse_target(path, state.table)
     method = request.method
     if isinstance(target, dict):
         if method != "GET":
@@ -128,6 +131,8 @@ async def dispatch(state: State, request: Request, path: str, info: dict[str, st
             raise method_not_allowed(f"create {spec.resource} under /namespaces/<namespace>/{spec.resource}")
         _, body = await read_body(request, ("application/json", "application/yaml", "application/x-yaml"))
         created = await in_thread(store.create, spec, ns, body)
+        if spec.resource == CRD_RESOURCE and spec.crd is None:
+            await in_thread(state.crds.refresh, store, force=True)  # served at once by this process
         return json_response(created, 201)
 
     if target.name is None:
@@ -145,6 +150,8 @@ async def dispatch(state: State, request: Request, path: str, info: dict[str, st
         if target.subresource == "scale":
             return json_response(await in_thread(_update_scale, store, spec, ns, name, body, None))
         updated = await in_thread(store.update, spec, ns, name, body, subresource=target.subresource)
+        if spec.resource == CRD_RESOURCE and spec.crd is None:
+            await in_thread(state.crds.refresh, store, force=True)
         return json_response(updated)
 
     if method == "PATCH":
@@ -163,7 +170,10 @@ async def dispatch(state: State, request: Request, path: str, info: dict[str, st
 
         if target.subresource == "scale":
             return json_response(await in_thread(_update_scale, store, spec, ns, name, None, apply))
-        return json_response(await in_thread(_patch, store, spec, ns, name, apply, target.subresource))
+        patched = await in_thread(_patch, store, spec, ns, name, apply, target.subresource)
+        if spec.resource == CRD_RESOURCE and spec.crd is None:
+            await in_thread(state.crds.refresh, store, force=True)
+        return json_response(patched)
 
     if method == "DELETE":
         info["verb"] = "delete"
@@ -300,9 +310,57 @@ def _patch(
     return store.guaranteed_update(spec, ns, name, mutate)
 
 
-def to_scale(spec: ResourceSpec, obj: Obj) -> Obj:
-    """The autoscaling/v1 Scale view of a replicaset or deployment."""
+def _json_path(path: str) -> list[str]:
+    return [p for p in path.strip().lstrip(".").split(".") if p]
+
+
+def _path_get(obj: Obj, path: str) -> Any:
+    cur: Any = obj
+    for part in _json_path(path):
+        if not isinstance(cur, dict):
+            return None
+        cur = cur.get(part)
+    return cur
+
+
+def _path_set(obj: Obj, path: str, value: Any) -> None:
+    parts = _json_path(path)
+    cur = obj
+    for part in parts[:-1]:
+        nxt = cur.get(part)
+        if not isinstance(nxt, dict):
+            nxt = {}
+            cur[part] = nxt
+        cur = nxt
+    cur[parts[-1]] = value
+
+
+def _scale(obj: Obj, replicas: Any, current: Any, selector: Any) -> Obj:
     meta = obj["metadata"]
+    status: dict[str, Any] = {"replicas": current if isinstance(current, int) else 0}
+    if isinstance(selector, str):
+        status["selector"] = selector
+    return {
+        "kind": "Scale",
+        "apiVersion": "autoscaling/v1",
+        "metadata": {
+            k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp") if k in meta
+        },
+        "spec": {"replicas": replicas if isinstance(replicas, int) else 0},
+        "status": status,
+    }
+
+
+def to_scale(spec: ResourceSpec, obj: Obj) -> Obj:
+    """The autoscaling/v1 Scale view of a replicaset, a deployment or a custom resource.
+
+    A custom resource's replicas and selector come from its CRD's ``specReplicasPath``,
+    ``statusReplicasPath`` and ``labelSelectorPath``.
+    """
+    if spec.scale_paths is not None:
+        spec_path, status_path, selector_path = spec.scale_paths
+        selector = _path_get(obj, selector_path) if selector_path else None
+        return _scale(obj, _path_get(obj, spec_path), _path_get(obj, status_path), selector)
     raw_spec, raw_status = obj.get("spec"), obj.get("status")
     body_spec: dict[str, Any] = raw_spec if isinstance(raw_spec, dict) else {}
     status: dict[str, Any] = raw_status if isinstance(raw_status, dict) else {}
@@ -315,17 +373,7 @@ def to_scale(spec: ResourceSpec, obj: Obj) -> Obj:
             parts.append(f"{r.key} {r.op} ({','.join(r.values)})")
         else:
             parts.append(r.key if r.op == "exists" else f"!{r.key}")
-    replicas = body_spec.get("replicas")
-    current = status.get("replicas")
-    return {
-        "kind": "Scale",
-        "apiVersion": "autoscaling/v1",
-        "metadata": {
-            k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp") if k in meta
-        },
-        "spec": {"replicas": replicas if isinstance(replicas, int) else 0},
-        "status": {"replicas": current if isinstance(current, int) else 0, "selector": ",".join(parts)},
-    }
+    return _scale(obj, body_spec.get("replicas"), status.get("replicas"), ",".join(parts))
 
 
 def _update_scale(
@@ -348,9 +396,12 @@ def _update_scale(
         rv = meta.get("resourceVersion")
         if rv is not None and rv != "":
             check_precondition(spec, name, current, parse_resource_version(str(rv), "metadata.resourceVersion"))
-        desired = dict(current)
-        desired["spec"] = dict(current.get("spec") or {})
-        desired["spec"]["replicas"] = replicas
+        desired = copy.deepcopy(current)
+        if spec.scale_paths is not None:
+            _path_set(desired, spec.scale_paths[0], replicas)
+        else:
+            desired["spec"] = dict(current.get("spec") or {})
+            desired["spec"]["replicas"] = replicas
         return store.merge_update(spec, current, desired, "")
 
     return to_scale(spec, store.guaranteed_update(spec, ns, name, mutate))

@@ -1,21 +1,34 @@
-"""The table of served resources: adding a resource is one :class:`ResourceSpec` entry.
+"""The table of served resources: built-ins (one :class:`ResourceSpec` entry each) plus CRDs.
 
 Purpose
     Describe every resource the local API server serves (group, version,
     plural, kind, scope, short names, subresources, defaults hooks) so routing,
     discovery, storage keys and validation are all driven by one table.
+    :data:`RESOURCES` holds the built-in resources; a :class:`ResourceTable`
+    (one per app) adds the resources of the CustomResourceDefinitions stored
+    in etcd (``local_apiserver.crd`` keeps it current). Code that needs every
+    served resource (discovery, routing, the garbage collector, and later
+    OpenAPI/table printers) iterates ``table.specs()``; a custom resource's
+    spec carries its ``openAPIV3Schema`` (``schema``) and
+    ``additionalPrinterColumns`` (``printer_columns``).
 
 Invariants
-    * ``(group, resource)`` is unique in :data:`RESOURCES`.
+    * ``(group, version, resource)`` is unique in a table; the versions of one
+      CRD share one storage prefix (``<group>/<plural>``).
     * The core group is ``""`` in the API and ``"core"`` in storage keys.
+    * Built-in resources always win: a CRD cannot shadow one (it is refused).
 
 Concurrency model
-    Immutable module-level data; safe from any thread.
+    ``RESOURCES`` is immutable. A :class:`ResourceTable` swaps an immutable
+    tuple under a lock; readers on any thread see one consistent tuple.
 """
 
 from __future__ import annotations
 
+import threading
+import time
 from dataclasses import dataclass, field
+from typing import Any
 
 VERBS = ("create", "delete", "get", "list", "patch", "update", "watch")
 
@@ -40,6 +53,13 @@ class ResourceSpec:
     return_deleted_object: bool = False
     # Field selector labels beyond metadata.name / metadata.namespace.
     extra_fields: tuple[str, ...] = field(default=())
+    # Custom resources (CRDs): the CRD's name, its openAPIV3Schema, additionalPrinterColumns
+    # and the scale subresource's JSON paths (specReplicasPath, statusReplicasPath, labelSelectorPath).
+    crd: str | None = None
+    schema: Any = field(default=None, compare=False, hash=False, repr=False)
+    printer_columns: tuple[Any, ...] = field(default=(), compare=False, hash=False, repr=False)
+    scale_paths: tuple[str, str, str | None] | None = None
+    storage: bool = True
 
     @property
     def api_version(self) -> str:
@@ -124,7 +144,84 @@ RESOURCES: tuple[ResourceSpec, ...] = (
         generation=True,
     ),
     ResourceSpec("coordination.k8s.io", "v1", "leases", "Lease", True, "lease"),
+    ResourceSpec(
+        "apiextensions.k8s.io",
+        "v1",
+        "customresourcedefinitions",
+        "CustomResourceDefinition",
+        False,
+        "customresourcedefinition",
+        ("crd", "crds"),
+        ("api-extensions",),
+        status=True,
+        generation=True,
+    ),
 )
+
+CRD_RESOURCE = "customresourcedefinitions"
+
+
+class ResourceTable:
+    """Built-in resources plus the custom resources of the CRDs this server knows (see module docstring)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._specs: tuple[ResourceSpec, ...] = RESOURCES
+        self._custom: dict[str, tuple[ResourceSpec, ...]] = {}
+        self.loaded_at = 0.0
+
+    def specs(self) -> tuple[ResourceSpec, ...]:
+        """Every served resource, one entry per served version."""
+        return self._specs
+
+    def storage_specs(self) -> list[ResourceSpec]:
+        """One spec per stored resource (a CRD's storage version): what to scan to see every object."""
+        return [s for s in self._specs if s.storage]
+
+    def custom(self) -> dict[str, tuple[ResourceSpec, ...]]:
+        with self._lock:
+            return dict(self._custom)
+
+    def replace(self, custom: dict[str, tuple[ResourceSpec, ...]]) -> None:
+        """Serve exactly these CRDs (``crd name -> specs``) besides the built-ins."""
+        with self._lock:
+            self._custom = dict(custom)
+            self._specs = RESOURCES + tuple(s for name in sorted(custom) for s in custom[name])
+            self.loaded_at = time.monotonic()
+
+    def set_crd(self, name: str, specs: tuple[ResourceSpec, ...]) -> None:
+        with self._lock:
+            custom = dict(self._custom)
+        if specs:
+            custom[name] = specs
+        else:
+            custom.pop(name, None)
+        self.replace(custom)
+
+    def groups(self) -> dict[str, list[str]]:
+        """Served API groups (``""`` = core) and their versions, in table order."""
+        out: dict[str, list[str]] = {}
+        for spec in self._specs:
+            versions = out.setdefault(spec.group, [])
+            if spec.version not in versions:
+                versions.append(spec.version)
+        return out
+
+    def lookup(self, group: str, version: str, resource: str) -> ResourceSpec | None:
+        for spec in self._specs:
+            if spec.group == group and spec.version == version and spec.resource == resource:
+                return spec
+        return None
+
+    def by_group_version(self, group: str, version: str) -> list[ResourceSpec]:
+        return [s for s in self._specs if s.group == group and s.version == version]
+
+    def for_kind(self, kind: str, api_version: str) -> ResourceSpec | None:
+        """The spec serving objects of ``kind`` in ``api_version`` (owner references)."""
+        for spec in self._specs:
+            if spec.kind == kind and spec.api_version == api_version:
+                return spec
+        return None
 
 
 def groups() -> dict[str, list[str]]:

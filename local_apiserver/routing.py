@@ -68,8 +68,11 @@ class Target:
     watch_path: bool
 
 
-def named_groups() -> list[tuple[str, list[str]]]:
-    return [(g, v) for g, v in resources.groups().items() if g] + [(g, ["v1"]) for g in REVIEW_GROUPS]
+_BUILTIN_TABLE = resources.ResourceTable()
+
+
+def named_groups(table: resources.ResourceTable = _BUILTIN_TABLE) -> list[tuple[str, list[str]]]:
+    return [(g, v) for g, v in table.groups().items() if g] + [(g, ["v1"]) for g in REVIEW_GROUPS]
 
 
 def _review_resource_list(group: str) -> dict[str, Any]:
@@ -90,9 +93,9 @@ def group_document(name: str, versions: list[str]) -> dict[str, Any]:
     }
 
 
-def _resource_list(group: str, version: str) -> dict[str, Any]:
+def _resource_list(table: resources.ResourceTable, group: str, version: str) -> dict[str, Any]:
     out: list[dict[str, Any]] = []
-    for spec in resources.by_group_version(group, version):
+    for spec in table.by_group_version(group, version):
         entry: dict[str, Any] = {
             "name": spec.resource,
             "singularName": spec.singular,
@@ -134,17 +137,25 @@ def _resource_list(group: str, version: str) -> dict[str, Any]:
 NOT_FOUND = "the server could not find the requested resource"
 
 
-def parse_target(path: str) -> Target | dict[str, Any]:
-    """A resource target, or a discovery document; 404 ``ApiError`` for anything else."""
+def parse_target(path: str, table: resources.ResourceTable = _BUILTIN_TABLE) -> Target | dict[str, Any]:
+    """A resource target, or a discovery document; 404 ``ApiError`` for anything else.
+
+    ``table`` is the app's resource table (built-ins plus the CRDs it serves).
+    """
+    groups = table.groups()
     segs = [s for s in path.strip("/").split("/")]
     if not segs or segs == [""]:
         raise not_found_path(NOT_FOUND)
     if segs == ["api"]:
         return {"kind": "APIVersions", "versions": ["v1"]}
     if segs == ["apis"]:
-        return {"kind": "APIGroupList", "apiVersion": "v1", "groups": [group_document(g, v) for g, v in named_groups()]}
+        return {
+            "kind": "APIGroupList",
+            "apiVersion": "v1",
+            "groups": [group_document(g, v) for g, v in named_groups(table)],
+        }
     if segs[0] == "api":
-        if len(segs) < 2 or segs[1] not in resources.groups().get("", []):
+        if len(segs) < 2 or segs[1] not in groups.get("", []):
             raise not_found_path(NOT_FOUND)
         group, version, rest = "", segs[1], segs[2:]
     elif segs[0] == "apis":
@@ -154,30 +165,30 @@ def parse_target(path: str) -> Target | dict[str, Any]:
             if len(segs) == 3 and segs[2] == "v1":
                 return _review_resource_list(segs[1])
             raise not_found_path(NOT_FOUND)
-        if len(segs) < 2 or segs[1] not in resources.groups() or not segs[1]:
+        if len(segs) < 2 or segs[1] not in groups or not segs[1]:
             raise not_found_path(NOT_FOUND)
         if len(segs) == 2:
-            return group_document(segs[1], resources.groups()[segs[1]]) | {"kind": "APIGroup", "apiVersion": "v1"}
-        if segs[2] not in resources.groups()[segs[1]]:
+            return group_document(segs[1], groups[segs[1]]) | {"kind": "APIGroup", "apiVersion": "v1"}
+        if segs[2] not in groups[segs[1]]:
             raise not_found_path(NOT_FOUND)
         group, version, rest = segs[1], segs[2], segs[3:]
     else:
         raise not_found_path(NOT_FOUND)
     if not rest:
-        return _resource_list(group, version)
+        return _resource_list(table, group, version)
     watch_path = False
     if rest[0] == "watch":
         watch_path = True
         rest = rest[1:]
     namespace: str | None = None
     if len(rest) >= 3 and rest[0] == "namespaces":
-        inner = resources.lookup(group, version, rest[2])
+        inner = table.lookup(group, version, rest[2])
         if inner is not None and inner.namespaced:
             namespace = rest[1]
             rest = rest[2:]
     if not rest or len(rest) > 3 or any(not s for s in rest):
         raise not_found_path(NOT_FOUND)
-    spec = resources.lookup(group, version, rest[0])
+    spec = table.lookup(group, version, rest[0])
     if spec is None:
         raise not_found_path(f"{NOT_FOUND} (no resource {rest[0]!r} in {group or 'core'}/{version})")
     name = rest[1] if len(rest) > 1 else None

@@ -30,6 +30,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from local_apiserver import resources
 from local_apiserver.auth import TokenAuthenticator
+from local_apiserver.crd import CrdSync
 from local_apiserver.errors import ApiError
 from local_apiserver.gc import GarbageCollector
 from local_apiserver.store import Store
@@ -71,6 +72,9 @@ class State:
         self.prefix = prefix
         self.bookmark_interval = bookmark_interval
         self.metrics = Metrics()
+        # Built-ins plus the CRDs in etcd; CrdSync re-reads them when a request finds the table stale.
+        self.table = resources.ResourceTable()
+        self.crds = CrdSync(self.table)
         self.client: EtcdClient | None = None
         self.store: Store | None = None
         self.gc: GarbageCollector | None = None
@@ -83,7 +87,7 @@ class State:
             if self.store is None:
                 client = EtcdClient(self.config)
                 self.client = client
-                self.store = Store(client, self.prefix)
+                self.store = Store(client, self.prefix, self.table)
                 self.gc = GarbageCollector(self.store)
                 self.gc.start()
             return self.store

@@ -52,7 +52,7 @@ from local_apiserver.errors import (
     timeout,
     unavailable,
 )
-from local_apiserver.resources import ResourceSpec, namespaces_spec
+from local_apiserver.resources import ResourceSpec, ResourceTable, namespaces_spec
 from local_apiserver.validation import apply_defaults, check_body_shape, validate_object
 from rangeshard.core.errors import RegistryError, RegistryUnavailable
 from rangeshard.core.etcd import KV, EtcdClient
@@ -117,9 +117,11 @@ class ListResult:
 class Store:
     """The storage layer (see module docstring)."""
 
-    def __init__(self, client: EtcdClient, prefix: str | None = None) -> None:
+    def __init__(self, client: EtcdClient, prefix: str | None = None, table: ResourceTable | None = None) -> None:
         self.client = client
         self.prefix = (prefix or DEFAULT_PREFIX).rstrip("/")
+        # Built-ins plus served CRDs; shared with the app's routing (local_apiserver.crd keeps it current).
+        self.table = table or ResourceTable()
         self.on_deleted: Callable[[ResourceSpec, Obj, str], None] | None = None
         self.on_created: Callable[[ResourceSpec, Obj], None] | None = None
 
@@ -141,6 +143,8 @@ class Store:
         if not isinstance(obj, dict):
             raise unavailable(f"corrupt object at {kv.key}: not a JSON object")
         obj.setdefault("kind", spec.kind)
+        if spec.crd is not None:
+            obj["apiVersion"] = spec.api_version  # the versions of a CRD share storage (conversion "None")
         obj.setdefault("apiVersion", spec.api_version)
         obj.setdefault("metadata", {})["resourceVersion"] = str(kv.mod_revision)
         return obj

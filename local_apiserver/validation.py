@@ -21,11 +21,14 @@ Concurrency model
 
 from __future__ import annotations
 
+import copy
 import re
 from typing import Any
 
+from local_apiserver.crd import crd_defaults, crd_problems
 from local_apiserver.errors import bad_request, invalid
-from local_apiserver.resources import ResourceSpec
+from local_apiserver.resources import CRD_RESOURCE, ResourceSpec
+from local_apiserver.schema import apply_schema_defaults, schema_problems
 from rangeshard.core.selectors import LabelSelector, Requirement, label_key_problem, label_value_problem
 
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -121,6 +124,11 @@ def validate_object(spec: ResourceSpec, obj: dict[str, Any]) -> None:
     if len(controllers) > 1:
         causes.append(("metadata.ownerReferences", "Invalid value: only one reference can have Controller set to true"))
     causes.extend(_kind_rules(spec, obj))
+    if isinstance(spec.schema, dict):
+        # Defaults apply before validation (kube defaults on decode): check a defaulted copy.
+        defaulted = copy.deepcopy(obj)
+        apply_schema_defaults(spec.schema, defaulted)
+        causes.extend(schema_problems(spec.schema, defaulted))
     if causes:
         raise invalid(spec.kind, name, causes)
 
@@ -188,6 +196,10 @@ def selector_requirements(
 def _kind_rules(spec: ResourceSpec, obj: dict[str, Any]) -> list[tuple[str, str]]:
     causes: list[tuple[str, str]] = []
     body_spec = obj.get("spec")
+    if spec.crd is not None:
+        return causes  # custom resources: their openAPIV3Schema only
+    if spec.resource == CRD_RESOURCE:
+        return crd_problems(obj)
     if spec.resource == "pods":
         causes.extend(_containers(body_spec, "spec"))
     elif spec.resource in ("replicasets", "deployments"):
@@ -240,7 +252,13 @@ def check_scale_body(body: Any) -> int:
 def apply_defaults(spec: ResourceSpec, obj: dict[str, Any]) -> None:
     """Fill the defaults kube-apiserver's defaulters set for fields controllers read."""
     body_spec = obj.get("spec")
-    if spec.resource in ("replicasets", "deployments") and isinstance(body_spec, dict):
+    if isinstance(spec.schema, dict):
+        apply_schema_defaults(spec.schema, obj)
+    elif spec.crd is not None:
+        return
+    elif spec.resource == CRD_RESOURCE:
+        crd_defaults(obj)
+    elif spec.resource in ("replicasets", "deployments") and isinstance(body_spec, dict):
         body_spec.setdefault("replicas", 1)
         if spec.resource == "deployments":
             body_spec.setdefault(

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The test command of README.md: lint, type-check, import contracts, then the whole pytest suite.
+# The test command of README.md: lint, type-check, import contracts, then the whole pytest suite
+# (tests/ and the widgets example's tests, examples/widgets/tests).
 #
 # Creates ./.venv and installs the project with its dev extras if needed
 # (re-installs when pyproject.toml changed). Extra arguments go to pytest.
@@ -12,9 +13,12 @@ PYTHON=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv .venv
 fi
-if [ ! -f .venv/.rangeshard-installed ] || [ pyproject.toml -nt .venv/.rangeshard-installed ]; then
+if [ ! -f .venv/.rangeshard-installed ] || [ pyproject.toml -nt .venv/.rangeshard-installed ] \
+    || [ examples/widgets/pyproject.toml -nt .venv/.rangeshard-installed ]; then
     .venv/bin/python -m pip install --quiet --upgrade pip
     .venv/bin/python -m pip install --quiet -e '.[dev]'
+    # The worked example is its own package; its tests (examples/widgets/tests, in pytest's testpaths) import it.
+    .venv/bin/python -m pip install --quiet -e examples/widgets
     touch .venv/.rangeshard-installed
 fi
 

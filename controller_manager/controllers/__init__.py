@@ -1,7 +1,9 @@
 """Built-in sharded controllers: ReplicaSet (owns Pods) and Deployment (owns ReplicaSets).
 
-Adding a controller is one entry in :data:`CONTROLLERS` (and its name in
-``config.KNOWN_CONTROLLERS``).
+Built-ins are found by their bare name (:data:`CONTROLLERS`, names listed in
+``config.KNOWN_CONTROLLERS`` for the docs). Controllers of your own need no
+entry here: name them with ``class: "module:Class"`` or an entry point of
+the group ``rangeshard.controllers`` (``controller_manager.plugins``).
 """
 
 from controller_manager.controller import Controller

@@ -198,6 +198,7 @@ def up_command(
     console = Console()
     if not 1 <= managers <= 16:
         fail(ConfigError(f"--managers: {managers} is outside 1-16"))
+    controller_types = _check_manager_config(config)
     try:
         ports = (
             _port(etcd_port, "--etcd-port"),
@@ -268,7 +269,7 @@ def up_command(
         console.print(f"  managers        {managers} (logs {state_dir}/manager-*.log, config {cfg_path})")
         console.print(f"  registry        RANGESHARD_ETCD={etcd.url} rangeshard registry list --watch")
         console.print("Ctrl-C stops everything; etcd data stays in the state directory.")
-        _wait_ready(etcd.url, manager_cfg, managers, stop, console)
+        _wait_ready(etcd.url, controller_types, managers, stop, console)
         if demo:
             create_demo(api.url, console)
         if exit_when_ready:
@@ -283,8 +284,24 @@ def up_command(
         console.print("stopped")
 
 
-def _wait_ready(etcd_url: str, cfg: dict[str, Any], managers: int, stop: threading.Event, console: Console) -> None:
-    types = list((cfg.get("controllers") or {}).keys())
+def _check_manager_config(config: Path) -> list[str]:
+    """Validate ``--config`` before starting anything (exit 2, ``FILE: controllers.<name>: problem``).
+
+    Returns the registry types of its controllers (plugin classes are imported here, with this
+    process's ``sys.path``, as the managers will). A missing file means the built-in default config.
+    """
+    from controller_manager.config import ManagerConfig, load_config  # noqa: PLC0415 (imports user code)
+    from controller_manager.plugins import controller_type, resolve_controllers  # noqa: PLC0415
+
+    try:
+        cfg = load_config(config) if config.is_file() else ManagerConfig.model_validate(DEFAULT_MANAGER_CONFIG)
+        classes = resolve_controllers(cfg.controllers, config)
+    except ConfigError as e:
+        fail(e)
+    return [controller_type(name, cls) for name, cls in classes.items()]
+
+
+def _wait_ready(etcd_url: str, types: list[str], managers: int, stop: threading.Event, console: Console) -> None:
     deadline = time.monotonic() + 90
     with EtcdClient(EtcdConfig.from_urls(etcd_url)) as client:
         reg = Registry(client)

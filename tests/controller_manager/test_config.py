@@ -15,6 +15,7 @@ from controller_manager.config import (
     load_config,
     with_overrides,
 )
+from controller_manager.plugins import available
 from rangeshard.core.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -169,6 +170,9 @@ def test_each_invalid_field_yields_exactly_one_line(tmp_path: Path, extra: str, 
     assert problems_of(path) == [f"{path}: {expected}"]
 
 
+# Built-ins plus the plugins installed in this environment (the widgets example registers "widget").
+KNOWN = ", ".join(sorted(available()))
+
 INVALID_CONTROLLERS = [
     (
         "controllers: {replicaset: {workers: 0}}",
@@ -182,12 +186,12 @@ INVALID_CONTROLLERS = [
     ("controllers: {replicaset: {workers: true}}", "controllers.replicaset.workers: Input should be a valid integer"),
     (
         "controllers: {replicaset: {threads: 4}}",
-        "controllers.replicaset.threads: unknown field; expected one of: reconcileDelaySeconds, workers",
+        "controllers.replicaset.threads: unknown field; expected one of: class, reconcileDelaySeconds, workers",
     ),
     ("controllers: {replicaset: 4}", "controllers.replicaset: expected a mapping"),
     (
         "controllers: {statefulset: {}}",
-        "controllers.statefulset: unknown controller 'statefulset'; known controllers: replicaset, deployment",
+        f"controllers.statefulset: unknown controller (known: {KNOWN}); or give class: 'module:Class'",
     ),
     ("controllers: {}", "controllers: at least one controller is required (known: replicaset, deployment)"),
     ("controllers:", "controllers: at least one controller is required (known: replicaset, deployment)"),
@@ -211,8 +215,8 @@ def test_all_problems_are_reported_at_once(tmp_path: Path) -> None:
         f"{path}: proxy.url: URL scheme must be http or https",
         f"{path}: leaseTTLSeconds: Input should be greater than or equal to 3",
         f"{path}: controllers.replicaset.workers: Input should be greater than or equal to 1",
-        f"{path}: controllers.foo: unknown controller 'foo'; known controllers: replicaset, deployment",
         f"{path}: bar: unknown field; expected one of: controllers, etcd, instanceIdPrefix, leaseTTLSeconds, metrics, proxy, reconcileTimeoutSeconds, registryPrefix",
+        f"{path}: controllers.foo: unknown controller (known: {KNOWN}); or give class: 'module:Class'",
     ]
 
 

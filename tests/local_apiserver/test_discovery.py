@@ -24,7 +24,13 @@ def test_discovery_documents(http: httpx.Client) -> None:
     assert http.get("/version").json()["major"] == "1"
     assert http.get("/api").json()["versions"] == ["v1"]
     groups = {g["name"]: g for g in http.get("/apis").json()["groups"]}
-    assert set(groups) == {"apps", "coordination.k8s.io", "authentication.k8s.io", "authorization.k8s.io"}
+    assert set(groups) == {
+        "apps",
+        "coordination.k8s.io",
+        "apiextensions.k8s.io",
+        "authentication.k8s.io",
+        "authorization.k8s.io",
+    }
     assert groups["apps"]["preferredVersion"]["groupVersion"] == "apps/v1"
     assert http.get("/apis/apps").json()["kind"] == "APIGroup"
     core = {r["name"]: r for r in http.get("/api/v1").json()["resources"]}

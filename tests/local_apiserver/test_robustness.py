@@ -26,6 +26,33 @@ def _valid(spec: ResourceSpec, name: str) -> dict[str, Any]:
         body["data"] = {"k": "v"}
     if spec.resource == "events":
         body["involvedObject"] = {"kind": "Pod", "name": "p"}
+    if spec.resource == "customresourcedefinitions":
+        group = f"{name}.example.com"
+        body["metadata"]["name"] = f"things.{group}"
+        body["spec"] = {
+            "group": group,
+            "scope": "Namespaced",
+            "names": {"plural": "things", "kind": "Thing"},
+            "versions": [
+                {
+                    "name": "v1",
+                    "served": True,
+                    "storage": True,
+                    "subresources": {
+                        "status": {},
+                        "scale": {"specReplicasPath": ".spec.n", "statusReplicasPath": ".status.n"},
+                    },
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "properties": {
+                                "spec": {"type": "object", "properties": {"n": {"type": "integer", "default": 1}}}
+                            },
+                        }
+                    },
+                }
+            ],
+        }
     return body
 
 
@@ -84,4 +111,26 @@ def test_mutated_bodies_never_break_the_server(http: httpx.Client) -> None:
                     if spec.scale:
                         resp = http.put(f"{base}/{name}/scale", json={"spec": {"replicas": value}})
                         assert resp.status_code in allowed, (spec.resource, "scale", value, resp.text)
+    assert metric(http, "local_apiserver_requests_total", code="500") == 0
+
+
+def test_mutated_custom_objects_never_break_the_server(http: httpx.Client) -> None:
+    crd_spec = next(s for s in RESOURCES if s.resource == "customresourcedefinitions")
+    crd = _valid(crd_spec, f"cr-{uuid.uuid4().hex[:6]}")
+    group = crd["spec"]["group"]
+    assert http.post(_collection(crd_spec), json=crd).status_code == 201
+    base = f"/apis/{group}/v1/namespaces/default/things"
+    valid = {"apiVersion": f"{group}/v1", "kind": "Thing", "metadata": {"name": "t"}, "spec": {"n": 2}}
+    assert http.post(base, json=valid).status_code == 201
+    for path in [*_paths(valid), ("status",), ("spec", "other")]:
+        for value in WEIRD:
+            body = _set(valid, path, value)
+            if isinstance(body.get("metadata"), dict) and path[:2] != ("metadata", "name"):
+                body["metadata"]["name"] = f"m-{uuid.uuid4().hex[:8]}"
+            for resp in (
+                http.post(base, json=body),
+                http.put(f"{base}/t/status", json=body),
+                http.put(f"{base}/t/scale", json={"spec": {"replicas": value}}),
+            ):
+                assert resp.status_code in {200, 201, 400, 404, 409, 422}, (path, value, resp.text)
     assert metric(http, "local_apiserver_requests_total", code="500") == 0

@@ -1,0 +1,158 @@
+"""Which class runs a configured controller: built-ins, ``class: "module:Class"``, entry points.
+
+Purpose
+    A manager config entry ``controllers: {widget: {class: "widgetctl:WidgetController"}}``
+    names a :class:`~controller_manager.controller.Controller` subclass in user
+    code, imported with the process's normal ``sys.path`` / ``PYTHONPATH``.
+    An entry without ``class`` is a built-in controller (``replicaset``,
+    ``deployment``) or an installed plugin: a distribution that declares the
+    entry-point group ``rangeshard.controllers`` (``name = "module:Class"``), so
+    ``pip install my-controllers`` is enough. :func:`resolve_controllers` turns
+    the ``controllers`` section into classes, or raises :class:`ConfigError`
+    with one ``FILE: controllers.<name>: problem`` line per problem.
+
+Invariants
+    * Lookup order for a bare name: built-ins, then entry points.
+    * An import error, an attribute that is not a ``Controller`` subclass (or
+      is abstract, or has no ``main`` resource), two entry points of one name
+      pointing at different classes, an entry point or ``class:`` that reuses
+      a built-in name for another class, and two entries that would register
+      the same controller type are all errors, never a silent pick.
+    * The registry type of a controller is its class's ``name`` (the config
+      key when the class does not define one).
+
+Concurrency model
+    Pure functions called at start-up on the main thread; importing runs user
+    module code once (Python's import cache).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import re
+from collections.abc import Mapping
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from controller_manager.controller import Controller
+from controller_manager.controllers import CONTROLLERS
+from controller_manager.resources import Resource
+from rangeshard.core.errors import ConfigError
+
+ENTRY_POINT_GROUP = "rangeshard.controllers"
+"""The entry-point group installed plugins declare (``name = "module:Class"``)."""
+
+_TARGET_RE = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
+_TYPE_RE = re.compile(r"^[a-z0-9]([-a-z0-9_.]{0,61}[a-z0-9])?$")
+
+
+class _Problem(Exception):
+    """One resolution problem of one entry (message only)."""
+
+
+def _entry_points() -> dict[str, list[metadata.EntryPoint]]:
+    found: dict[str, list[metadata.EntryPoint]] = {}
+    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        found.setdefault(ep.name, []).append(ep)
+    return found
+
+
+def available() -> dict[str, str]:
+    """Names a bare config entry may use, with where each comes from (for messages and ``--help``)."""
+    out = {name: f"built-in {cls.__module__}:{cls.__qualname__}" for name, cls in CONTROLLERS.items()}
+    for name, eps in _entry_points().items():
+        out.setdefault(name, f"entry point {eps[0].value}")
+    return out
+
+
+def import_target(target: str) -> Any:
+    """Import ``module:attribute[.attribute]``; :class:`_Problem` describing what failed."""
+    if not _TARGET_RE.match(target):
+        raise _Problem(f"class {target!r} must be 'module:Class' (dotted module path, colon, class name)")
+    module_name, _, attr = target.partition(":")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as e:
+        raise _Problem(f"cannot import module {module_name!r}: {e}") from None
+    except Exception as e:  # user code failing at import time
+        raise _Problem(f"importing module {module_name!r} failed: {type(e).__name__}: {e}") from None
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise _Problem(f"module {module_name!r} has no attribute {attr!r}") from None
+    return obj
+
+
+def check_controller_class(obj: Any, what: str) -> type[Controller]:
+    """``obj`` if it is a usable Controller subclass; :class:`_Problem` otherwise."""
+    if not (inspect.isclass(obj) and issubclass(obj, Controller)):
+        raise _Problem(f"{what} is not a Controller subclass (controller_manager.controller.Controller)")
+    if inspect.isabstract(obj):
+        missing = ", ".join(sorted(getattr(obj, "__abstractmethods__", ())))
+        raise _Problem(f"{what} is abstract (does not implement {missing})")
+    if not isinstance(getattr(obj, "main", None), Resource):
+        raise _Problem(f"{what} declares no main resource (class attribute main = Resource(...))")
+    return obj
+
+
+def _resolve_one(name: str, target: str | None, eps: Mapping[str, list[metadata.EntryPoint]]) -> type[Controller]:
+    builtin = CONTROLLERS.get(name)
+    if target is not None:
+        cls = check_controller_class(import_target(target), f"class {target!r}")
+        if builtin is not None and cls is not builtin:
+            raise _Problem(f"name clashes with the built-in controller {name!r}; choose another name for {target!r}")
+        return cls
+    if builtin is not None:
+        for ep in eps.get(name, []):
+            if ep.value.replace(" ", "") != f"{builtin.__module__}:{builtin.__qualname__}":
+                raise _Problem(
+                    f"name clashes: built-in controller {name!r} and entry point {ep.value!r} "
+                    f"(group {ENTRY_POINT_GROUP}); give the plugin another name"
+                )
+        return builtin
+    candidates = eps.get(name, [])
+    if not candidates:
+        known = ", ".join(sorted(available())) or "none"
+        raise _Problem(f"unknown controller (known: {known}); or give class: 'module:Class'")
+    targets = sorted({ep.value.replace(" ", "") for ep in candidates})
+    if len(targets) > 1:
+        raise _Problem(f"name clashes: entry points of group {ENTRY_POINT_GROUP} disagree: {', '.join(targets)}")
+    return check_controller_class(import_target(targets[0]), f"entry point {targets[0]!r}")
+
+
+def controller_type(name: str, cls: type[Controller]) -> str:
+    """The registry type of config entry ``name`` running ``cls``."""
+    declared = getattr(cls, "name", None)
+    return declared if isinstance(declared, str) and declared else name
+
+
+def resolve_controllers(sections: Mapping[str, Any], source: str | Path | None = None) -> dict[str, type[Controller]]:
+    """Classes of the ``controllers`` section (``name -> section`` with an optional ``class_``).
+
+    Raises :class:`ConfigError` listing ``FILE: controllers.<name>: problem`` for every bad entry.
+    """
+    prefix = f"{source}: " if source is not None else ""
+    eps = _entry_points()
+    resolved: dict[str, type[Controller]] = {}
+    problems: list[str] = []
+    types: dict[str, str] = {}
+    for name, section in sections.items():
+        target = getattr(section, "class_", None)
+        try:
+            cls = _resolve_one(name, target, eps)
+            kind = controller_type(name, cls)
+            if not _TYPE_RE.match(kind):
+                raise _Problem(f"controller type {kind!r} (the class's name) must be lowercase letters, digits, '-'")
+            if kind in types:
+                raise _Problem(f"name clashes: controllers.{types[kind]} also runs controller type {kind!r}")
+            types[kind] = name
+            resolved[name] = cls
+        except _Problem as e:
+            problems.append(f"{prefix}controllers.{name}: {e}")
+    if problems:
+        where = f" {source}" if source is not None else ""
+        raise ConfigError(f"invalid config{where}: {len(problems)} problem(s)", problems)
+    return resolved
