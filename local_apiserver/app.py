@@ -33,7 +33,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from typing import TypeVar
 
 import anyio
 from fastapi import FastAPI, Request
@@ -41,10 +42,12 @@ from fastapi.responses import PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from local_apiserver import resources
 from local_apiserver.auth import TokenAuthenticator
 from local_apiserver.errors import ApiError, status_object
 from local_apiserver.handlers import dispatch, review
 from local_apiserver.middleware import Authenticate
+from local_apiserver.openapi import OpenAPIDocuments, OpenAPIUnavailable
 from local_apiserver.routing import KUBE_VERSION, SUBJECT_ACCESS_REVIEWS, TOKEN_REVIEWS, group_document, named_groups
 from local_apiserver.state import State, in_thread, json_response, status_response
 from rangeshard.core.errors import RangeshardError
@@ -52,6 +55,7 @@ from rangeshard.core.etcd import EtcdConfig
 from rangeshard.core.kubeapi import DEFAULT_MAX_BODY_BYTES, BodyLimit
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 def create_app(
@@ -147,6 +151,29 @@ def create_app(
     async def metrics() -> Response:
         return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
+    documents = OpenAPIDocuments(resources.RESOURCES)
+
+    @app.get("/openapi/v2")
+    async def openapi_v2(request: Request) -> Response:
+        accept = request.headers.get("accept", "")
+        if accept and "protobuf" in accept and "json" not in accept:
+            return status_response(
+                ApiError(406, "NotAcceptable", "/openapi/v2 is served as application/json only (no protobuf)")
+            )
+        return _openapi(await _build(documents.v2))
+
+    @app.get("/openapi/v3")
+    async def openapi_v3() -> Response:
+        return _openapi(await _build(documents.v3_root))
+
+    @app.get("/openapi/v3/{group_path:path}")
+    async def openapi_v3_group(group_path: str) -> Response:
+        docs = await _build(documents.v3_documents)
+        doc = docs.get(group_path.strip("/"))
+        if doc is None:
+            return status_response(ApiError(404, "NotFound", f"no OpenAPI v3 document for {group_path!r}"))
+        return _openapi(doc)
+
     @app.get("/version")
     async def version() -> Response:
         return json_response(KUBE_VERSION)
@@ -190,3 +217,14 @@ def create_app(
         return response
 
     return app
+
+
+async def _build(fn: Callable[[], T]) -> T:
+    try:
+        return await in_thread(fn)
+    except OpenAPIUnavailable as e:
+        raise ApiError(503, "ServiceUnavailable", str(e)) from e
+
+
+def _openapi(body: bytes) -> Response:
+    return Response(body, media_type="application/json", headers={"Cache-Control": "no-cache, private"})

@@ -15,7 +15,11 @@ Concurrency model
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
+
+from rangeshard.core.tables import PrinterColumn
 
 VERBS = ("create", "delete", "get", "list", "patch", "update", "watch")
 
@@ -40,6 +44,10 @@ class ResourceSpec:
     return_deleted_object: bool = False
     # Field selector labels beyond metadata.name / metadata.namespace.
     extra_fields: tuple[str, ...] = field(default=())
+    # Served CustomResourceDefinition versions (issue 13) set these; built-in kinds leave them None and are
+    # described by the official definitions (local_apiserver.openapi) and printers (rangeshard.core.tables).
+    openapi_schema: Mapping[str, Any] | None = field(default=None, hash=False, compare=False)
+    printer_columns: tuple[PrinterColumn, ...] | None = None
 
     @property
     def api_version(self) -> str:

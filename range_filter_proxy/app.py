@@ -38,7 +38,7 @@ import contextlib
 import logging
 import random
 import re
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,8 +56,10 @@ from range_filter_proxy.errors import UpstreamError
 from range_filter_proxy.heap import HeapKeeper, HeapSettings
 from range_filter_proxy.metrics import ProxyMetrics
 from range_filter_proxy.resources import ResourceInfo, parse_collection_path, parse_resource_spec
+from range_filter_proxy.tables import ProxyTables
 from range_filter_proxy.upstream import HttpUpstream, Upstream, UpstreamConfig
 from range_filter_proxy.watcher import Watcher
+from rangeshard.core import tables
 from rangeshard.core.errors import ConfigError
 from rangeshard.core.kubeapi import (
     DEFAULT_MAX_BODY_BYTES,
@@ -242,8 +244,11 @@ class WatchResponse(Response):
 
     media_type = "application/json"
 
-    def __init__(self, watcher: Watcher) -> None:
+    def __init__(
+        self, watcher: Watcher, transform: Callable[[AsyncIterator[bytes]], AsyncGenerator[bytes, None]] | None = None
+    ) -> None:
         self.watcher = watcher
+        self.transform = transform
         self.status_code = 200
         self.background = None
         self.init_headers(None)
@@ -259,7 +264,7 @@ class WatchResponse(Response):
                     return
 
         listener = asyncio.create_task(until_disconnect(), name=f"watch-{w.id}:disconnect")
-        stream = w.stream()
+        stream = w.stream() if self.transform is None else self.transform(w.stream())
         try:
             await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
             async for chunk in stream:
@@ -293,15 +298,34 @@ class ProxyState:
         self.metrics = metrics
         self.manager = CacheManager(upstream, metrics, settings)
         self.resource_specs = [parse_resource_spec(r) for r in resources if r.strip()]
+        self.tables = ProxyTables(upstream)
 
     # ---- cache-served collection requests ------------------------------------------------
 
     async def serve_collection(self, request: Request, info: ResourceInfo, namespace: str | None) -> Response:
         opts = ListOptions.parse(request, namespace)
+        table = tables.table_version(request.headers.get("accept"))
+        include = "Metadata"
+        if table is not None:
+            try:
+                include = tables.include_object(request.query_params.get("includeObject"))
+            except ValueError as e:
+                raise bad_request(str(e)) from e
         cache = self.manager.cache_for(info)
         if opts.watch:
-            return await self._watch(cache, opts)
-        return await self._list(cache, opts)
+            watch = await self._watch(cache, opts)
+            if table is not None:
+                columns = await self.tables.columns(info)
+                watch.transform = lambda lines: tables.table_watch(lines, columns, include=include, version=table)
+            return watch
+        listed = await self._list(cache, opts)
+        if table is None:
+            return listed
+        doc = orjson.loads(listed.body)
+        built = tables.build_table(
+            await self.tables.columns(info), doc["items"], include=include, version=table, list_meta=doc["metadata"]
+        )
+        return _json_response(200, built)
 
     async def _list(self, cache: WatchCache, opts: ListOptions) -> Response:
         info = cache.info
@@ -337,7 +361,7 @@ class ProxyState:
         chosen = [o for o in items if opts.filter.matches(o)]
         return _list_body(cache.info, chosen, rv, opts, listed.continue_token)
 
-    async def _watch(self, cache: WatchCache, opts: ListOptions) -> Response:
+    async def _watch(self, cache: WatchCache, opts: ListOptions) -> WatchResponse:
         await cache.wait_synced()
         filt = opts.filter
         timeout = opts.timeout if opts.timeout is not None else float(random.randint(1800, 3600))
