@@ -3,7 +3,8 @@
 Purpose
     ``create_app(...)`` builds the ASGI application: discovery (``/version``,
     ``/api``, ``/api/v1``, ``/apis``, ``/apis/<group>[/<version>]``), health
-    (``/healthz``, ``/livez``, ``/readyz``), Prometheus ``/metrics`` and one
+    (``/healthz``, ``/livez``, ``/readyz``), Prometheus ``/metrics``, OpenAPI
+    (``/openapi/v2``, ``/openapi/v3[/<group-path>]``, :mod:`local_apiserver.openapi`) and one
     table-driven route for every resource path
     (``/api/v1/[namespaces/<ns>/]<resource>[/<name>[/<subresource>]]`` and
     ``/apis/<group>/<version>/...``, plus the legacy ``/watch/`` prefix).
@@ -16,7 +17,8 @@ Invariants
       right code (400/404/405/406/409/410/415/422/503/504); a 500 Status is
       answered only for bugs, and is logged with its traceback.
     * Request bodies are JSON (or YAML); protobuf is refused with 415 before
-      any decoding; responses are JSON only (406 if the client accepts none).
+      any decoding; responses are JSON (a ``meta.k8s.io`` Table when a GET asks
+      for one first, :mod:`local_apiserver.tables`; 406 if the client accepts neither).
     * ``local_apiserver_requests_total{verb,resource,subresource,code}`` counts
       every API request; ``local_apiserver_watches{resource}`` is the number of
       open watches.

@@ -2,7 +2,9 @@
 
 Purpose
     ``dispatch`` routes one resource request (already past the middleware)
-    to its verb: it authorizes, checks ``Accept``, and calls the store. Also
+    to its verb: it authorizes, checks ``Accept`` (Tables for GETs that ask,
+    :mod:`local_apiserver.tables`), applies field validation to written
+    bodies (:mod:`local_apiserver.fieldvalidation`), and calls the store. Also
     the ``scale`` subresource view, ``DeleteOptions`` handling and the
     TokenReview/SubjectAccessReview endpoints (``review``).
 

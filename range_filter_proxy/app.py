@@ -14,8 +14,10 @@ Invariants
     * Bad input is answered with a Kubernetes ``Status`` (400/410/422/504...),
       never a 500: every parser's error is caught and translated here.
     * Responses served from the cache are always JSON, whatever the client
-      asked for (protobuf requests are answered as JSON); pass-through requests
-      have protobuf removed from their ``Accept`` header for the same reason.
+      asked for (protobuf requests are answered as JSON; ``as=Table`` requests
+      get a ``meta.k8s.io`` Table, :mod:`range_filter_proxy.tables`);
+      pass-through requests have protobuf removed from their ``Accept`` header
+      for the same reason.
     * List responses carry ``metadata.shardInfo.selector`` when a shard
       selector was applied.
     * Who may read is decided by :class:`range_filter_proxy.auth.ProxyAuth`
