@@ -153,7 +153,7 @@ def create_app(
     async def metrics() -> Response:
         return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    documents = OpenAPIDocuments(resources.RESOURCES)
+    documents = OpenAPIDocuments(lambda: resources.RESOURCES)  # the CRD hook: a dynamic table goes here
 
     @app.get("/openapi/v2")
     async def openapi_v2(request: Request) -> Response:

@@ -27,8 +27,9 @@ Invariants
 
 Concurrency model
     The converted definitions are loaded once (``functools.cache``) and never
-    mutated; documents are rebuilt per resource table (cached by its
-    identity). Safe from any thread or event loop.
+    mutated; documents are rebuilt when the resource table changes
+    (:class:`OpenAPIDocuments`). Building runs in a worker thread; two
+    concurrent rebuilds compute the same bytes, so the last write wins harmlessly.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import copy
 import functools
 import hashlib
 import importlib.resources
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import orjson
@@ -361,27 +362,46 @@ def v2_document(specs: Iterable[ResourceSpec]) -> Obj:
 
 
 class OpenAPIDocuments:
-    """The encoded documents for one resource table, built on first use."""
+    """The encoded documents of the current resource table, rebuilt when the table changes.
 
-    def __init__(self, specs: Iterable[ResourceSpec]) -> None:
-        self.specs = tuple(specs)
+    ``source`` returns the served resources (today the static
+    :data:`local_apiserver.resources.RESOURCES`; with served CRDs, the dynamic
+    table): documents are cached per table content (each spec and the
+    identity of its ``openapi_schema``), so a new or changed CRD version shows
+    up in the next request, with a new hash in ``/openapi/v3``.
+    """
+
+    def __init__(self, source: Callable[[], Iterable[ResourceSpec]]) -> None:
+        self.source = source
+        self._key: tuple[tuple[ResourceSpec, int], ...] | None = None
+        self._specs: tuple[ResourceSpec, ...] = ()
         self._v2: bytes | None = None
         self._v3: dict[str, bytes] | None = None
 
+    def _current(self) -> tuple[ResourceSpec, ...]:
+        specs = tuple(self.source())
+        key = tuple((s, id(s.openapi_schema)) for s in specs)
+        if key != self._key:
+            self._key, self._specs, self._v2, self._v3 = key, specs, None, None
+        return self._specs
+
     def v3_documents(self) -> dict[str, bytes]:
+        specs = self._current()
         if self._v3 is None:
             docs: dict[str, bytes] = {}
-            for group, version in dict.fromkeys((s.group, s.version) for s in self.specs):
-                doc = v3_group_document(self.specs, group, version)
+            for group, version in dict.fromkeys((s.group, s.version) for s in specs):
+                doc = v3_group_document(specs, group, version)
                 if doc is not None:
                     docs[group_path(group, version)] = orjson.dumps(doc)
             self._v3 = docs
         return self._v3
 
     def v3_root(self) -> bytes:
-        return orjson.dumps(v3_root(self.specs, self.v3_documents()))
+        docs = self.v3_documents()
+        return orjson.dumps(v3_root(self._specs, docs))
 
     def v2(self) -> bytes:
+        specs = self._current()
         if self._v2 is None:
-            self._v2 = orjson.dumps(v2_document(self.specs))
+            self._v2 = orjson.dumps(v2_document(specs))
         return self._v2
