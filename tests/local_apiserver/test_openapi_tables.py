@@ -12,32 +12,22 @@ import httpx
 import orjson
 
 from tests.local_apiserver.conftest import KUBECTL
+from tests.local_apiserver.test_kubectl import MANIFEST
 
 TABLE = (
     "application/json;as=Table;v=v1;g=meta.k8s.io,application/json;as=Table;v=v1beta1;g=meta.k8s.io,application/json"
 )
 
-DEPLOYMENT = """
-apiVersion: apps/v1
-kind: Deployment
-metadata:
-  name: web
-spec:
-  replicas: 2
-  selector:
-    matchLabels: {app: web}
-  strategy:
-    rollingUpdate: {maxSurge: 1, maxUnavailable: 25%}
-  template:
-    metadata:
-      labels: {app: web}
-    spec:
-      containers:
-      - name: nginx
-        image: nginx:1.27
-        ports: [{containerPort: 80}]
-        resources: {limits: {cpu: 1, memory: 64Mi}}
-"""
+# The deployment of test_kubectl plus fields kubectl must not flag: int-or-string, a numeric quantity, ports.
+DEPLOYMENT = (
+    MANIFEST.split("---", maxsplit=1)[0]
+    .replace("  selector:\n", "  strategy:\n    rollingUpdate: {maxSurge: 1, maxUnavailable: 25%}\n  selector:\n", 1)
+    .replace(
+        "image: nginx:1.27\n",
+        "image: nginx:1.27\n        ports: [{containerPort: 80}]\n"
+        "        resources: {limits: {cpu: 1, memory: 64Mi}}\n",
+    )
+)
 
 
 def _header(out: str) -> list[str]:
@@ -84,22 +74,23 @@ def test_kubectl_validates_by_default(kubectl: Any, namespace: str, tmp_path: Pa
     assert dep["spec"]["replicas"] == 3 and "foo" not in dep["spec"]
 
     # kubectl edit: the server's answer names the field (not a bare "is invalid").
-    editor = tmp_path / "editor.sh"
-    editor.write_text("#!/bin/sh\nsed -i 's/^  replicas: 3$/  replicas: 4\\n  bogus: 1/' \"$1\"\n")
-    editor.chmod(0o755)
-    assert KUBECTL is not None
-    result = subprocess.run(
-        [KUBECTL, "--server", http.base_url.__str__().rstrip("/"), "-n", namespace, "edit", "deploy", "web"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        env={"HOME": str(tmp_path), "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "EDITOR": str(editor)},
-        check=False,
-    )
+    result = _edit(http, namespace, tmp_path, "s/^  replicas: 3$/  replicas: 4\\n  bogus: 1/")
     assert result.returncode != 0
     assert 'unknown field "spec.bogus"' in result.stderr
-    editor.write_text("#!/bin/sh\nsed -i 's/^  replicas: 3$/  replicas: 4/' \"$1\"\n")
-    result = subprocess.run(
+    result = _edit(http, namespace, tmp_path, "s/^  replicas: 3$/  replicas: 4/")
+    assert result.returncode == 0, result.stderr
+    assert http.get(f"/apis/apps/v1/namespaces/{namespace}/deployments/web").json()["spec"]["replicas"] == 4
+    explained = kubectl("explain", "deployment.spec.strategy.rollingUpdate").stdout
+    assert "maxSurge" in explained
+
+
+def _edit(http: httpx.Client, namespace: str, tmp_path: Path, sed: str) -> subprocess.CompletedProcess[str]:
+    """``kubectl edit deploy web`` with an editor that applies one sed expression."""
+    assert KUBECTL is not None
+    editor = tmp_path / "editor.sh"
+    editor.write_text(f"#!/bin/sh\nsed -i '{sed}' \"$1\"\n")
+    editor.chmod(0o755)
+    return subprocess.run(
         [KUBECTL, "--server", str(http.base_url).rstrip("/"), "-n", namespace, "edit", "deploy", "web"],
         capture_output=True,
         text=True,
@@ -107,10 +98,6 @@ def test_kubectl_validates_by_default(kubectl: Any, namespace: str, tmp_path: Pa
         env={"HOME": str(tmp_path), "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "EDITOR": str(editor)},
         check=False,
     )
-    assert result.returncode == 0, result.stderr
-    assert http.get(f"/apis/apps/v1/namespaces/{namespace}/deployments/web").json()["spec"]["replicas"] == 4
-    explained = kubectl("explain", "deployment.spec.strategy.rollingUpdate").stdout
-    assert "maxSurge" in explained
 
 
 def test_field_validation_directives(http: httpx.Client, namespace: str) -> None:
@@ -136,13 +123,6 @@ def test_field_validation_directives(http: httpx.Client, namespace: str) -> None
     assert ignore.status_code == 201 and "warning" not in ignore.headers and "extra" not in ignore.json()
 
     nested = {"spec": {"template": {"spec": {"containers": [{"name": "c", "image": "i", "nope": 1}]}}}}
-    patched = http.patch(
-        f"/apis/apps/v1/namespaces/{namespace}/deployments/missing",
-        params={"fieldValidation": "Strict"},
-        content=orjson.dumps(nested),
-        headers={"content-type": "application/merge-patch+json"},
-    )
-    assert patched.status_code == 404
     http.post(
         f"/apis/apps/v1/namespaces/{namespace}/deployments",
         json={
