@@ -319,7 +319,14 @@ _WIDE_WORKLOAD = (
 
 
 def _event_last_seen(obj: Obj, now: dt.datetime) -> str:
-    for path in (("series", "lastObservedTime"), ("lastTimestamp",), ("eventTime",), ("metadata", "creationTimestamp")):
+    # core/v1 fields, then their events.k8s.io/v1 names (deprecatedLastTimestamp, ...).
+    for path in (
+        ("series", "lastObservedTime"),
+        ("lastTimestamp",),
+        ("deprecatedLastTimestamp",),
+        ("eventTime",),
+        ("metadata", "creationTimestamp"),
+    ):
         value = _get(obj, *path)
         if value:
             return since(value, now)
@@ -327,23 +334,34 @@ def _event_last_seen(obj: Obj, now: dt.datetime) -> str:
 
 
 def _event_first_seen(obj: Obj, now: dt.datetime) -> str:
-    value = _get(obj, "firstTimestamp") or _get(obj, "eventTime") or _get(obj, "metadata", "creationTimestamp")
+    value = (
+        _get(obj, "firstTimestamp")
+        or _get(obj, "deprecatedFirstTimestamp")
+        or _get(obj, "eventTime")
+        or _get(obj, "metadata", "creationTimestamp")
+    )
     return since(value, now)
 
 
 def _event_object(obj: Obj, now: dt.datetime) -> str:
-    kind = str(_get(obj, "involvedObject", "kind") or "").lower()
-    return f"{kind}/{_get(obj, 'involvedObject', 'name') or ''}"
+    ref = _get(obj, "involvedObject") or _get(obj, "regarding") or {}
+    return f"{str(_get(ref, 'kind') or '').lower()}/{_get(ref, 'name') or ''}"
 
 
 def _event_source(obj: Obj, now: dt.datetime) -> str:
-    component = _get(obj, "source", "component") or _get(obj, "reportingComponent") or ""
+    component = (
+        _get(obj, "source", "component")
+        or _get(obj, "deprecatedSource", "component")
+        or _get(obj, "reportingComponent")
+        or _get(obj, "reportingController")
+        or ""
+    )
     host = _get(obj, "source", "host") or _get(obj, "reportingInstance") or ""
     return f"{component}, {host}" if component and host else str(component or host)
 
 
 def _event_count(obj: Obj, now: dt.datetime) -> int:
-    return _int(_get(obj, "series", "count")) or _int(_get(obj, "count")) or 1
+    return _int(_get(obj, "series", "count")) or _int(_get(obj, "count")) or _int(_get(obj, "deprecatedCount")) or 1
 
 
 #: Columns per ``(group, resource)``, as kube-apiserver's printers define them.
@@ -407,7 +425,14 @@ BUILTIN_COLUMNS: dict[tuple[str, str], tuple[Column, ...]] = {
         Column("Type", "string", lambda o, n: _get(o, "type") or "", "", "Type of this event."),
         Column("Reason", "string", lambda o, n: _get(o, "reason") or "", "", "Why the action was taken."),
         Column("Object", "string", _event_object, "", "The object that this event is about."),
-        Column("Subobject", "string", lambda o, n: _get(o, "involvedObject", "fieldPath") or "", "", "Field.", 1),
+        Column(
+            "Subobject",
+            "string",
+            lambda o, n: _get(o, "involvedObject", "fieldPath") or _get(o, "regarding", "fieldPath") or "",
+            "",
+            "The field of the object this event is about.",
+            1,
+        ),
         Column("Source", "string", _event_source, "", "The component reporting this event.", 1),
         Column("Message", "string", lambda o, n: _get(o, "message") or _get(o, "note") or "", "", "Message."),
         Column("First Seen", "string", _event_first_seen, "", "Time when this event was first seen.", 1),

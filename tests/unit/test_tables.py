@@ -106,3 +106,40 @@ def test_crd_printer_columns() -> None:
     assert [c["name"] for c in doc["columnDefinitions"]] == ["Name", "Replicas", "First", "Age"]
     assert doc["rows"][0]["cells"] == ["w", 3, "x", "60m"]
     assert [c.name for c in tables.columns_for("example.com", "widgets", ())] == ["Name", "Age"]
+
+
+def test_event_columns_for_core_and_events_k8s_io() -> None:
+    core_event = {
+        "metadata": {"name": "e0", "creationTimestamp": "2026-01-10T11:00:00Z"},
+        "type": "Warning",
+        "reason": "BackOff",
+        "involvedObject": {"kind": "Pod", "name": "p", "fieldPath": "spec.containers{c}"},
+        "message": "back-off",
+        "source": {"component": "kubelet", "host": "n1"},
+        "count": 3,
+        "lastTimestamp": "2026-01-10T11:59:00Z",
+    }
+    new_event = {
+        "metadata": {"name": "e1", "creationTimestamp": "2026-01-10T11:55:00Z"},
+        "type": "Normal",
+        "reason": "ScalingReplicaSet",
+        "regarding": {"kind": "Deployment", "name": "web"},
+        "note": "Scaled up",
+        "reportingController": "deployment-controller",
+    }
+    doc = tables.build_table(tables.columns_for("", "events"), [core_event], include="None", now=NOW)
+    assert doc["rows"][0]["cells"] == [
+        "60s",
+        "Warning",
+        "BackOff",
+        "pod/p",
+        "spec.containers{c}",
+        "kubelet, n1",
+        "back-off",
+        "60m",
+        3,
+        "e0",
+    ]
+    doc = tables.build_table(tables.columns_for("events.k8s.io", "events"), [new_event], include="None", now=NOW)
+    assert doc["rows"][0]["cells"][:4] == ["5m", "Normal", "ScalingReplicaSet", "deployment/web"]
+    assert doc["rows"][0]["cells"][5:7] == ["deployment-controller", "Scaled up"]
