@@ -3,7 +3,8 @@
 Purpose
     ``create_app(...)`` builds the ASGI application: discovery (``/version``,
     ``/api``, ``/api/v1``, ``/apis``, ``/apis/<group>[/<version>]``), health
-    (``/healthz``, ``/livez``, ``/readyz``), Prometheus ``/metrics`` and one
+    (``/healthz``, ``/livez``, ``/readyz``), Prometheus ``/metrics``, OpenAPI
+    (``/openapi/v2``, ``/openapi/v3[/<group-path>]``, :mod:`local_apiserver.openapi`) and one
     table-driven route for every resource path
     (``/api/v1/[namespaces/<ns>/]<resource>[/<name>[/<subresource>]]`` and
     ``/apis/<group>/<version>/...``, plus the legacy ``/watch/`` prefix).
@@ -16,7 +17,8 @@ Invariants
       right code (400/404/405/406/409/410/415/422/503/504); a 500 Status is
       answered only for bugs, and is logged with its traceback.
     * Request bodies are JSON (or YAML); protobuf is refused with 415 before
-      any decoding; responses are JSON only (406 if the client accepts none).
+      any decoding; responses are JSON (a ``meta.k8s.io`` Table when a GET asks
+      for one first, :mod:`local_apiserver.tables`; 406 if the client accepts neither).
     * ``local_apiserver_requests_total{verb,resource,subresource,code}`` counts
       every API request; ``local_apiserver_watches{resource}`` is the number of
       open watches.
@@ -36,8 +38,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
+from typing import TypeVar
 
 import anyio
 from fastapi import FastAPI, Request
@@ -50,6 +53,7 @@ from local_apiserver.auth import TokenAuthenticator
 from local_apiserver.errors import ApiError, status_object
 from local_apiserver.handlers import dispatch, review
 from local_apiserver.middleware import Authenticate
+from local_apiserver.openapi import OpenAPIDocuments, OpenAPIUnavailable
 from local_apiserver.routing import KUBE_VERSION, SUBJECT_ACCESS_REVIEWS, TOKEN_REVIEWS, group_document, named_groups
 from local_apiserver.state import State, in_thread, json_response, status_response
 from rangeshard.core.errors import RangeshardError
@@ -57,6 +61,7 @@ from rangeshard.core.etcd import EtcdConfig
 from rangeshard.core.kubeapi import DEFAULT_MAX_BODY_BYTES, BodyLimit
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 def create_app(
@@ -156,6 +161,29 @@ def create_app(
     async def metrics() -> Response:
         return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
+    documents = OpenAPIDocuments(state.table.specs)  # built-ins and the served CRD versions
+
+    @app.get("/openapi/v2")
+    async def openapi_v2(request: Request) -> Response:
+        accept = request.headers.get("accept", "")
+        if accept and "protobuf" in accept and "json" not in accept:
+            return status_response(
+                ApiError(406, "NotAcceptable", "/openapi/v2 is served as application/json only (no protobuf)")
+            )
+        return _openapi(await _build(state, documents.v2))
+
+    @app.get("/openapi/v3")
+    async def openapi_v3() -> Response:
+        return _openapi(await _build(state, documents.v3_root))
+
+    @app.get("/openapi/v3/{group_path:path}")
+    async def openapi_v3_group(group_path: str) -> Response:
+        docs = await _build(state, documents.v3_documents)
+        doc = docs.get(group_path.strip("/"))
+        if doc is None:
+            return status_response(ApiError(404, "NotFound", f"no OpenAPI v3 document for {group_path!r}"))
+        return _openapi(doc)
+
     @app.get("/version")
     async def version() -> Response:
         return json_response(KUBE_VERSION)
@@ -203,3 +231,16 @@ def create_app(
         return response
 
     return app
+
+
+async def _build(state: State, fn: Callable[[], T]) -> T:
+    if state.store is not None and state.bootstrapped and state.crds.stale():
+        await in_thread(state.crds.refresh, state.store)  # a CRD created through another server is described too
+    try:
+        return await in_thread(fn)
+    except OpenAPIUnavailable as e:
+        raise ApiError(503, "ServiceUnavailable", str(e)) from e
+
+
+def _openapi(body: bytes) -> Response:
+    return Response(body, media_type="application/json", headers={"Cache-Control": "no-cache, private"})

@@ -38,6 +38,7 @@ import time
 from typing import Any
 
 from local_apiserver.resources import CRD_RESOURCE, RESOURCES, ResourceSpec, ResourceTable
+from rangeshard.core.tables import version_printer_columns
 
 log = logging.getLogger(__name__)
 
@@ -233,7 +234,7 @@ def specs_for(crd: dict[str, Any]) -> tuple[ResourceSpec, ...]:
                 generation=True,
                 crd=str(meta.get("name")),
                 schema=_dict(v.get("schema")).get("openAPIV3Schema"),
-                printer_columns=tuple(c for c in v.get("additionalPrinterColumns") or () if isinstance(c, dict)),
+                printer_columns=version_printer_columns(v),
                 scale_paths=scale_paths,
                 storage=bool(v.get("storage")),
             )

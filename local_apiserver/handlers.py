@@ -2,7 +2,9 @@
 
 Purpose
     ``dispatch`` routes one resource request (already past the middleware)
-    to its verb: it authorizes, checks ``Accept``, and calls the store. Also
+    to its verb: it authorizes, checks ``Accept`` (Tables for GETs that ask,
+    :mod:`local_apiserver.tables`), applies field validation to written
+    bodies (:mod:`local_apiserver.fieldvalidation`), and calls the store. Also
     the ``scale`` subresource view, ``DeleteOptions`` handling and the
     TokenReview/SubjectAccessReview endpoints (``review``).
 
@@ -28,6 +30,7 @@ from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from local_apiserver import fieldvalidation, tables
 from local_apiserver.auth import (
     authorize,
     forbidden_error,
@@ -105,7 +108,9 @@ async def dispatch(state: State, request: Request, path: str, info: dict[str, st
     if request.query_params.get("dryRun"):
         raise bad_request("dryRun is not supported by the local API server")
     _authorize(state, request, _attributes(request, target))
-    check_accept(request)
+    table = tables.requested(request, target) if method == "GET" else None
+    if table is None:
+        check_accept(request)
     store = state.require_store()
     ns = target.namespace
 
@@ -113,15 +118,16 @@ async def dispatch(state: State, request: Request, path: str, info: dict[str, st
         if method != "GET" or target.subresource:
             raise method_not_allowed("watch is only allowed with GET on a collection or object")
         info["verb"] = "watch"
-        return await _watch(state, store, request, target)
+        return await _watch(state, store, request, target, table)
 
     if method == "GET":
         if target.name is None:
             info["verb"] = "list"
-            return await _list(store, request, target)
+            return await _list(store, request, target, table)
         info["verb"] = "get"
         obj = await in_thread(store.get, spec, ns, target.name)
-        return json_response(to_scale(spec, obj) if target.subresource == "scale" else obj)
+        shown = to_scale(spec, obj) if target.subresource == "scale" else obj
+        return json_response(table.single(shown) if table is not None else shown)
 
     if method == "POST":
         info["verb"] = "create"
@@ -129,11 +135,13 @@ async def dispatch(state: State, request: Request, path: str, info: dict[str, st
             raise method_not_allowed(f"POST is not allowed on a single {spec.kind} (use PUT or PATCH)")
         if spec.namespaced and ns is None:
             raise method_not_allowed(f"create {spec.resource} under /namespaces/<namespace>/{spec.resource}")
-        _, body = await read_body(request, ("application/json", "application/yaml", "application/x-yaml"))
+        mode = fieldvalidation.directive(request.query_params.get("fieldValidation"), "CreateOptions")
+        media, body = await read_body(request, ("application/json", "application/yaml", "application/x-yaml"))
+        warnings = await _validate_fields(request, spec, mode, media, body)
         created = await in_thread(store.create, spec, ns, body)
         if spec.resource == CRD_RESOURCE and spec.crd is None:
             await in_thread(state.crds.refresh, store, force=True)  # served at once by this process
-        return json_response(created, 201)
+        return _with_warnings(json_response(created, 201), warnings)
 
     if target.name is None:
         if method == "DELETE":
@@ -146,34 +154,43 @@ async def dispatch(state: State, request: Request, path: str, info: dict[str, st
 
     if method == "PUT":
         info["verb"] = "update"
-        _, body = await read_body(request, ("application/json", "application/yaml", "application/x-yaml"))
+        mode = fieldvalidation.directive(request.query_params.get("fieldValidation"), "UpdateOptions")
+        media, body = await read_body(request, ("application/json", "application/yaml", "application/x-yaml"))
         if target.subresource == "scale":
             return json_response(await in_thread(_update_scale, store, spec, ns, name, body, None))
+        warnings = await _validate_fields(request, spec, mode, media, body)
         updated = await in_thread(store.update, spec, ns, name, body, subresource=target.subresource)
         if spec.resource == CRD_RESOURCE and spec.crd is None:
             await in_thread(state.crds.refresh, store, force=True)
-        return json_response(updated)
+        return _with_warnings(json_response(updated), warnings)
 
     if method == "PATCH":
         info["verb"] = "patch"
+        mode = fieldvalidation.directive(request.query_params.get("fieldValidation"), "PatchOptions")
         media, patch = await read_body(request, (MERGE_PATCH, JSON_PATCH, STRATEGIC_PATCH))
+        duplicates = fieldvalidation.duplicate_fields(await request.body(), media) if mode != "Ignore" else ()
+        patch_warnings: list[str] = []
         if media in (MERGE_PATCH, STRATEGIC_PATCH) and not isinstance(patch, dict):
             raise bad_request("a merge patch must be a JSON object")
         schema = "scale" if target.subresource == "scale" else spec.resource
 
         def apply(doc: Obj) -> Any:
             if media == JSON_PATCH:
-                return json_patch(doc, patch)
-            if media == STRATEGIC_PATCH:
-                return strategic_merge(doc, patch, schema)
-            return merge_patch(doc, patch)
+                patched = json_patch(doc, patch)
+            elif media == STRATEGIC_PATCH:
+                patched = strategic_merge(doc, patch, schema)
+            else:
+                patched = merge_patch(doc, patch)
+            if target.subresource != "scale":
+                patch_warnings[:] = fieldvalidation.check(spec, mode, patched, duplicates)
+            return patched
 
         if target.subresource == "scale":
             return json_response(await in_thread(_update_scale, store, spec, ns, name, None, apply))
         patched = await in_thread(_patch, store, spec, ns, name, apply, target.subresource)
         if spec.resource == CRD_RESOURCE and spec.crd is None:
             await in_thread(state.crds.refresh, store, force=True)
-        return json_response(patched)
+        return _with_warnings(json_response(patched), patch_warnings)
 
     if method == "DELETE":
         info["verb"] = "delete"
@@ -182,6 +199,18 @@ async def dispatch(state: State, request: Request, path: str, info: dict[str, st
         return await _delete(store, request, spec, ns, name)
 
     raise method_not_allowed(f"{method} is not supported")
+
+
+async def _validate_fields(request: Request, spec: ResourceSpec, mode: str, media: str, body: Any) -> list[str]:
+    """Field validation of a create/update body (400 under Strict); the warnings to send under Warn."""
+    duplicates = fieldvalidation.duplicate_fields(await request.body(), media) if mode != "Ignore" else ()
+    return await in_thread(fieldvalidation.check, spec, mode, body, duplicates)
+
+
+def _with_warnings(response: Response, warnings: list[str]) -> Response:
+    for key, value in fieldvalidation.warning_headers(warnings):
+        response.headers.append(key, value)
+    return response
 
 
 def _attributes(request: Request, target: Target) -> Attributes:
@@ -235,7 +264,7 @@ async def review(state: State, request: Request, path: str, info: dict[str, str]
     return json_response(subject_access_review(body), 201)
 
 
-async def _list(store: Store, request: Request, target: Target) -> Response:
+async def _list(store: Store, request: Request, target: Target, table: tables.TableRequest | None) -> Response:
     spec = target.spec
     labels, fields = query_selectors(request, spec, None)
     shard = shard_param(request)
@@ -257,12 +286,16 @@ async def _list(store: Store, request: Request, target: Target) -> Response:
         meta["continue"] = result.continue_token
     if shard is not None:
         meta["shardInfo"] = {"selector": str(shard)}
+    if table is not None:
+        return json_response(table.of(result.items, meta))
     return json_response(
         {"kind": spec.list_kind, "apiVersion": spec.api_version, "metadata": meta, "items": result.items}
     )
 
 
-async def _watch(state: State, store: Store, request: Request, target: Target) -> Response:
+async def _watch(
+    state: State, store: Store, request: Request, target: Target, table: tables.TableRequest | None
+) -> Response:
     spec = target.spec
     labels, fields = query_selectors(request, spec, target.name)
     req = WatchRequest(
@@ -285,6 +318,8 @@ async def _watch(state: State, store: Store, request: Request, target: Target) -
         on_open=gauge.inc,
         on_close=gauge.dec,
     )
+    if table is not None:
+        stream = table.watch(stream)
     return StreamingResponse(stream, media_type="application/json", headers={"Cache-Control": "no-cache"})
 
 

@@ -30,6 +30,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from rangeshard.core.tables import PrinterColumn
+
 VERBS = ("create", "delete", "get", "list", "patch", "update", "watch")
 
 
@@ -53,11 +55,13 @@ class ResourceSpec:
     return_deleted_object: bool = False
     # Field selector labels beyond metadata.name / metadata.namespace.
     extra_fields: tuple[str, ...] = field(default=())
-    # Custom resources (CRDs): the CRD's name, its openAPIV3Schema, additionalPrinterColumns
-    # and the scale subresource's JSON paths (specReplicasPath, statusReplicasPath, labelSelectorPath).
+    # Custom resources (CRDs): the CRD's name, its openAPIV3Schema (`schema`, also what
+    # local_apiserver.openapi publishes), additionalPrinterColumns (None: a built-in kind, printed by
+    # rangeshard.core.tables) and the scale subresource's JSON paths (specReplicasPath,
+    # statusReplicasPath, labelSelectorPath).
     crd: str | None = None
     schema: Any = field(default=None, compare=False, hash=False, repr=False)
-    printer_columns: tuple[Any, ...] = field(default=(), compare=False, hash=False, repr=False)
+    printer_columns: tuple[PrinterColumn, ...] | None = field(default=None, compare=False, hash=False, repr=False)
     scale_paths: tuple[str, str, str | None] | None = None
     storage: bool = True
 

@@ -44,6 +44,15 @@ KUBE_VERSION = {
 }
 
 PROTOBUF = "application/vnd.kubernetes.protobuf"
+#: The 415 answer to a protobuf body. kubectl 1.32 sends protobuf from its typed `create <kind>` generators
+#: (create namespace/configmap/deployment/secret/service/job/...); `run`, `create -f`, `apply -f`, `edit`,
+#: `patch`, `scale`, `label` and `delete` send JSON.
+PROTOBUF_REFUSED = (
+    "the local API server does not decode protobuf ({content_type}); kubectl's generator commands "
+    "(kubectl create namespace/configmap/deployment/...) send protobuf: generate the object client-side and apply it "
+    "as YAML instead, e.g. `kubectl create namespace NAME --dry-run=client -o yaml | kubectl apply -f -` "
+    "(kubectl run, create -f and apply -f send JSON and work)"
+)
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
 STRATEGIC_PATCH = "application/strategic-merge-patch+json"
@@ -209,8 +218,8 @@ def check_accept(request: Request) -> None:
         if media in ("application/json", "*/*", "application/*") and "as" not in params:
             return
     raise not_acceptable(
-        f"only application/json is supported by the local API server (Accept: {accept}); "
-        "tables and protobuf are not served"
+        f"only application/json (and meta.k8s.io/v1 Table for GET) is served by the local API server "
+        f"(Accept: {accept}); protobuf is not served"
     )
 
 
@@ -219,11 +228,7 @@ async def read_body(request: Request, allowed: tuple[str, ...]) -> tuple[str, An
     content_type = request.headers.get("content-type", "application/json")
     media = content_type.split(";")[0].strip().lower()
     if media.startswith(PROTOBUF):
-        raise unsupported_media_type(
-            f"the local API server does not decode protobuf ({content_type}); "
-            "kubectl generator commands (create namespace/deployment, run) send protobuf: "
-            "write the object as YAML/JSON and use `kubectl create -f FILE` instead"
-        )
+        raise unsupported_media_type(PROTOBUF_REFUSED.format(content_type=content_type))
     if media == APPLY_PATCH:
         raise unsupported_media_type("server-side apply is not supported by the local API server; use kubectl apply")
     if media not in allowed:

@@ -14,8 +14,10 @@ Invariants
     * Bad input is answered with a Kubernetes ``Status`` (400/410/422/504...),
       never a 500: every parser's error is caught and translated here.
     * Responses served from the cache are always JSON, whatever the client
-      asked for (protobuf requests are answered as JSON); pass-through requests
-      have protobuf removed from their ``Accept`` header for the same reason.
+      asked for (protobuf requests are answered as JSON; ``as=Table`` requests
+      get a ``meta.k8s.io`` Table, :mod:`range_filter_proxy.tables`);
+      pass-through requests have protobuf removed from their ``Accept`` header
+      for the same reason.
     * List responses carry ``metadata.shardInfo.selector`` when a shard
       selector was applied.
     * With write fencing on (``fence``, ``--etcd``), a write carrying an owner
@@ -61,8 +63,10 @@ from range_filter_proxy.fencing import FenceSettings, WriteFence, shard_hash_of
 from range_filter_proxy.heap import HeapKeeper, HeapSettings
 from range_filter_proxy.metrics import ProxyMetrics
 from range_filter_proxy.resources import ResourceInfo, parse_collection_path, parse_object_path, parse_resource_spec
+from range_filter_proxy.tables import ProxyTables
 from range_filter_proxy.upstream import HttpUpstream, Upstream, UpstreamConfig
 from range_filter_proxy.watchresponse import ProxyApp, WatchResponse
+from rangeshard.core import tables
 from rangeshard.core.errors import ConfigError
 from rangeshard.core.kubeapi import (
     DEFAULT_MAX_BODY_BYTES,
@@ -264,15 +268,34 @@ class ProxyState:
         self.metrics = metrics
         self.manager = CacheManager(upstream, metrics, settings)
         self.resource_specs = [parse_resource_spec(r) for r in resources if r.strip()]
+        self.tables = ProxyTables(upstream)
 
     # ---- cache-served collection requests ------------------------------------------------
 
     async def serve_collection(self, request: Request, info: ResourceInfo, namespace: str | None) -> Response:
         opts = ListOptions.parse(request, namespace)
+        table = tables.table_version(request.headers.get("accept"))
+        include = "Metadata"
+        if table is not None:
+            try:
+                include = tables.include_object(request.query_params.get("includeObject"))
+            except ValueError as e:
+                raise bad_request(str(e)) from e
         cache = self.manager.cache_for(info)
         if opts.watch:
-            return await self._watch(cache, opts)
-        return await self._list(cache, opts)
+            watch = await self._watch(cache, opts)
+            if table is not None:
+                columns = await self.tables.columns(info)
+                watch.transform = lambda lines: tables.table_watch(lines, columns, include=include, version=table)
+            return watch
+        listed = await self._list(cache, opts)
+        if table is None:
+            return listed
+        doc = orjson.loads(listed.body)
+        built = tables.build_table(
+            await self.tables.columns(info), doc["items"], include=include, version=table, list_meta=doc["metadata"]
+        )
+        return _json_response(200, built)
 
     async def _list(self, cache: WatchCache, opts: ListOptions) -> Response:
         info = cache.info
@@ -308,7 +331,7 @@ class ProxyState:
         chosen = [o for o in items if opts.filter.matches(o)]
         return _list_body(cache.info, chosen, rv, opts, listed.continue_token)
 
-    async def _watch(self, cache: WatchCache, opts: ListOptions) -> Response:
+    async def _watch(self, cache: WatchCache, opts: ListOptions) -> WatchResponse:
         await cache.wait_synced()
         filt = opts.filter
         timeout = opts.timeout if opts.timeout is not None else float(random.randint(1800, 3600))

@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 from fastapi import FastAPI, Response
@@ -58,8 +59,12 @@ class WatchResponse(Response):
 
     media_type = "application/json"
 
-    def __init__(self, watcher: Watcher) -> None:
+    def __init__(
+        self, watcher: Watcher, transform: Callable[[AsyncIterator[bytes]], AsyncGenerator[bytes, None]] | None = None
+    ) -> None:
         self.watcher = watcher
+        #: Rewrites the event lines on their way out (Table watches); None sends them as they are.
+        self.transform = transform
         self.status_code = 200
         self.background = None
         self.init_headers(None)
@@ -75,7 +80,7 @@ class WatchResponse(Response):
                     return
 
         listener = asyncio.create_task(until_disconnect(), name=f"watch-{w.id}:disconnect")
-        stream = w.stream()
+        stream = w.stream() if self.transform is None else self.transform(w.stream())
         body_send = scope.get(RAW_SEND, send)
         try:
             await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})

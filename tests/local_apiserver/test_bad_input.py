@@ -87,8 +87,10 @@ def test_unknown_paths_and_methods(http: httpx.Client) -> None:
     assert "no resource 'widgets'" in _status(http.get("/api/v1/widgets"), 404)["message"]
     _status(http.get("/apis/nope.example.com/v1/things"), 404)
     _status(http.get("/apis/apps/v2/deployments"), 404)
-    _status(http.get("/openapi/v2"), 404)
-    _status(http.get("/openapi/v3"), 404)
+    _status(http.get("/openapi/v3/apis/nope.example.com/v1"), 404)
+    _status(
+        http.get("/openapi/v2", headers={"accept": "application/com.github.proto-openapi.spec.v2@v1.0+protobuf"}), 406
+    )
     _status(http.get("/api/v1/namespaces/default/configmaps/x/status"), 404)  # no status subresource
     _status(http.get("/api/v1/namespaces/default/pods/x/log"), 404)
     _status(http.get("/api/v1/namespaces/default/configmaps/missing"), 404)
@@ -105,7 +107,7 @@ def test_unsupported_media_types(http: httpx.Client) -> None:
     body = _status(
         http.post(CM, content=b"\x0a\x00", headers={"content-type": "application/vnd.kubernetes.protobuf"}), 415
     )
-    assert "kubectl create -f" in body["message"]
+    assert "--dry-run=client -o yaml | kubectl apply -f -" in body["message"]
     _status(http.post(CM, content=b"x", headers={"content-type": "text/plain"}), 415)
     http.post(CM, json={"metadata": {"name": "media"}})
     smp = {"content-type": "application/strategic-merge-patch+json"}
@@ -116,7 +118,8 @@ def test_unsupported_media_types(http: httpx.Client) -> None:
     assert ok.status_code == 200 and ok.json()["data"] == {"k": "v"}
     _status(http.patch(f"{CM}/media", content=b"{}", headers={"content-type": "application/apply-patch+yaml"}), 415)
     _status(http.get(CM, headers={"accept": "application/vnd.kubernetes.protobuf"}), 406)
-    _status(http.get(CM, headers={"accept": "application/json;as=Table;v=v1;g=meta.k8s.io"}), 406)
+    _status(http.get(CM, headers={"accept": "application/json;as=PartialObjectMetadataList;v=v1;g=meta.k8s.io"}), 406)
+    assert http.get(CM, headers={"accept": "application/json;as=Table;v=v1;g=meta.k8s.io"}).json()["kind"] == "Table"
     assert http.get(CM, headers={"accept": "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"}).is_success
 
 

@@ -330,7 +330,46 @@ def test_kubectl_through_proxy(proxy: ProxyProcess, world: World, kubectl_home: 
         assert out.returncode == 0, (args, out.stdout, out.stderr)
         return out.stdout
 
-    assert "orphan-0" in kubectl("get", "pods")
+    # Tables from the cache: the columns kubectl shows on a real cluster (pods and replicasets are cached here).
+    out = kubectl("get", "pods", "--field-selector", "metadata.name=orphan-0")  # a list: served from the cache
+    assert out.splitlines()[0].split() == ["NAME", "READY", "STATUS", "RESTARTS", "AGE"]
+    assert out.splitlines()[1].split()[:4] == ["orphan-0", "0/1", "Pending", "0"]
+    wide = kubectl("get", "rs", "rs-0", "-o", "wide")  # a single get is passed through: the upstream's Table
+    assert wide.splitlines()[0].split() == [
+        "NAME",
+        "DESIRED",
+        "CURRENT",
+        "READY",
+        "AGE",
+        "CONTAINERS",
+        "IMAGES",
+        "SELECTOR",
+    ]
+    assert wide.splitlines()[1].split()[:4] == ["rs-0", "0", "0", "0"] and "rs=rs-0" in wide
+    table_accept = {"accept": "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"}
+    with httpx.Client(base_url=proxy.url, timeout=10) as c:
+        listed = c.get(f"/apis/apps/v1/namespaces/{ns}/replicasets", headers=table_accept).json()
+        assert listed["kind"] == "Table" and len(listed["rows"]) == N_RS
+        assert [d["name"] for d in listed["columnDefinitions"]][:5] == ["Name", "Desired", "Current", "Ready", "Age"]
+        assert listed["rows"][0]["object"]["kind"] == "PartialObjectMetadata"
+        bare = c.get(f"/api/v1/namespaces/{ns}/pods", params={"includeObject": "None"}, headers=table_accept).json()
+        assert all("object" not in row for row in bare["rows"])
+        assert (
+            c.get(f"/api/v1/namespaces/{ns}/pods", params={"includeObject": "x"}, headers=table_accept).status_code
+            == 400
+        )
+        with c.stream(
+            "GET",
+            f"/api/v1/namespaces/{ns}/pods",
+            params={"watch": "1", "timeoutSeconds": "1", "labelSelector": "app=e2e"},
+            headers=table_accept,
+        ) as resp:
+            events = [orjson.loads(line) for line in resp.iter_lines() if line]
+        assert len(events) >= N_ORPHANS and all(e["object"]["kind"] == "Table" for e in events)
+        assert {row["cells"][0] for e in events for row in e["object"]["rows"]} >= {
+            o["metadata"]["name"] for o in world.orphans
+        }
+        assert events[0]["object"]["columnDefinitions"] and not events[-1]["object"]["columnDefinitions"]
     watcher = subprocess.Popen(
         [*base, "get", "pods", "-w", "-o", "name"],
         stdout=subprocess.PIPE,
@@ -353,8 +392,7 @@ def test_kubectl_through_proxy(proxy: ProxyProcess, world: World, kubectl_home: 
     try:
         manifest = tmp_path / "pod.json"
         manifest.write_text(json.dumps(_pod("kubectl-made")))
-        # the local API server serves no OpenAPI document, so client-side validation is off
-        assert "created" in kubectl("create", "--validate=false", "-f", str(manifest))
+        assert "created" in kubectl("create", "-f", str(manifest))  # default validation (server-side, Strict)
         assert found.wait(20), lines
         assert "kubectl-made" in kubectl("get", "pod", "kubectl-made", "-o", "name")
         assert "deleted" in kubectl("delete", "pod", "kubectl-made", "--wait=false")
