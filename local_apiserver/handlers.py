@@ -135,7 +135,9 @@ async def dispatch(state: State, request: Request, path: str, info: dict[str, st
             raise method_not_allowed(f"POST is not allowed on a single {spec.kind} (use PUT or PATCH)")
         if spec.namespaced and ns is None:
             raise method_not_allowed(f"create {spec.resource} under /namespaces/<namespace>/{spec.resource}")
-        mode = fieldvalidation.directive(request.query_params.get("fieldValidation"), "CreateOptions")
+        mode = fieldvalidation.directive(
+            request.query_params.get("fieldValidation"), "CreateOptions", custom=spec.crd is not None
+        )
         media, body = await read_body(request, ("application/json", "application/yaml", "application/x-yaml"))
         warnings = await _validate_fields(request, spec, mode, media, body)
         created = await in_thread(store.create, spec, ns, body)
@@ -154,7 +156,9 @@ async def dispatch(state: State, request: Request, path: str, info: dict[str, st
 
     if method == "PUT":
         info["verb"] = "update"
-        mode = fieldvalidation.directive(request.query_params.get("fieldValidation"), "UpdateOptions")
+        mode = fieldvalidation.directive(
+            request.query_params.get("fieldValidation"), "UpdateOptions", custom=spec.crd is not None
+        )
         media, body = await read_body(request, ("application/json", "application/yaml", "application/x-yaml"))
         if target.subresource == "scale":
             return json_response(await in_thread(_update_scale, store, spec, ns, name, body, None))
@@ -166,7 +170,9 @@ async def dispatch(state: State, request: Request, path: str, info: dict[str, st
 
     if method == "PATCH":
         info["verb"] = "patch"
-        mode = fieldvalidation.directive(request.query_params.get("fieldValidation"), "PatchOptions")
+        mode = fieldvalidation.directive(
+            request.query_params.get("fieldValidation"), "PatchOptions", custom=spec.crd is not None
+        )
         media, patch = await read_body(request, (MERGE_PATCH, JSON_PATCH, STRATEGIC_PATCH))
         duplicates = fieldvalidation.duplicate_fields(await request.body(), media) if mode != "Ignore" else ()
         patch_warnings: list[str] = []
