@@ -74,6 +74,7 @@ RESOURCES: tuple[ResourceSpec, ...] = (
         return_deleted_object=True,
         extra_fields=("spec.nodeName", "spec.restartPolicy", "spec.schedulerName", "status.phase", "status.podIP"),
     ),
+    ResourceSpec("", "v1", "nodes", "Node", False, "node", ("no",), status=True),
     ResourceSpec("", "v1", "configmaps", "ConfigMap", True, "configmap", ("cm",)),
     ResourceSpec(
         "",

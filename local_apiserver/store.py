@@ -35,7 +35,7 @@ import secrets
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
@@ -470,8 +470,17 @@ class Store:
         precondition_uid: str | None = None,
         precondition_rv: int | None = None,
         propagation: str = "Background",
+        grace_period_seconds: int | None = None,
     ) -> tuple[Obj, bool]:
-        """Delete (or mark for deletion); return ``(object, gone_from_etcd)``."""
+        """Delete (or mark for deletion); return ``(object, gone_from_etcd)``.
+
+        A pod bound to a node (``spec.nodeName``) and not finished is deleted
+        gracefully, as kube-apiserver does: it gets ``deletionTimestamp`` (now
+        plus the grace period: ``grace_period_seconds``, else the pod's
+        ``terminationGracePeriodSeconds``) and ``deletionGracePeriodSeconds``
+        and stays until its node removes it (a delete with grace 0); a later
+        delete may only shorten the grace period.
+        """
         for _ in range(MAX_RETRIES):
             kv = self.get_kv(spec, namespace, name)
             if kv is None:
@@ -499,6 +508,12 @@ class Store:
                 and not meta.get("deletionTimestamp")
             ):
                 finalizers.append("foregroundDeletion")
+            grace = pod_grace_period(spec, current, grace_period_seconds)
+            if grace > 0:
+                marked = self._mark_graceful(kv, current, grace, finalizers)
+                if marked is None:
+                    continue
+                return marked, False
             if spec.resource == "namespaces" or finalizers:
                 marked = self._mark_deleting(spec, namespace, name, kv, current, finalizers)
                 if marked is None:
@@ -512,6 +527,32 @@ class Store:
                 self._deleted(spec, current, propagation)
                 return current, True
         raise conflict(spec.group_resource, name, "too many concurrent writers; please retry")
+
+    def _mark_graceful(self, kv: KV, current: Obj, grace: int, finalizers: list[str]) -> Obj | None:
+        """Start (or shorten) a pod's graceful termination; ``None`` if the object changed meanwhile."""
+        meta = current["metadata"]
+        now = datetime.now(UTC)
+        due = now + timedelta(seconds=grace)
+        old = meta.get("deletionTimestamp")
+        if old and meta.get("deletionGracePeriodSeconds") is not None:
+            old_due = parse_rfc3339(old)
+            if old_due is not None and old_due <= due:
+                return current  # already terminating at least as soon
+        desired = copy.deepcopy(current)
+        dmeta = desired["metadata"]
+        dmeta["deletionTimestamp"] = due.strftime("%Y-%m-%dT%H:%M:%SZ")
+        dmeta["deletionGracePeriodSeconds"] = grace
+        if finalizers:
+            dmeta["finalizers"] = finalizers
+        key = kv.key
+        txn = self.client.txn
+        ok, responses = self._txn(
+            [txn.Mod(key) == kv.mod_revision], [txn.Put(key, self.encode(desired))], f"marking {key}"
+        )
+        if not ok:
+            return None
+        dmeta["resourceVersion"] = str(responses[0].response_put.header.revision)
+        return desired
 
     def _mark_deleting(
         self, spec: ResourceSpec, namespace: str | None, name: str, kv: KV, current: Obj, finalizers: list[str]
@@ -557,6 +598,34 @@ class Store:
                 self.on_deleted(spec, obj, propagation)
             except Exception:
                 log.exception("garbage collector hook failed for %s %s", spec.resource, obj["metadata"].get("name"))
+
+
+def parse_rfc3339(value: str) -> datetime | None:
+    try:
+        return datetime.strptime(value[:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=UTC)
+    except ValueError:
+        return None
+
+
+def pod_grace_period(spec: ResourceSpec, pod: Obj, requested: int | None) -> int:
+    """Seconds of graceful termination a delete gives ``pod`` (0: remove it at once).
+
+    Only pods bound to a node and not finished terminate gracefully (nothing
+    else would ever remove them); the grace period is the request's, else the
+    pod's ``terminationGracePeriodSeconds`` (30 by default).
+    """
+    if spec.resource != "pods":
+        return 0
+    if not (pod.get("spec") or {}).get("nodeName"):
+        return 0
+    if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+        return 0
+    if requested is None:
+        requested = (pod.get("spec") or {}).get("terminationGracePeriodSeconds", 30)
+    try:
+        return max(int(requested), 0)
+    except (TypeError, ValueError):
+        return 30
 
 
 def check_precondition(spec: ResourceSpec, name: str, current: Obj, expected: int | None) -> None:

@@ -52,6 +52,8 @@ DEFAULT_MANAGER_CONFIG: dict[str, Any] = {
     "controllers": {"replicaset": {"workers": 4}, "deployment": {"workers": 2}},
 }
 DEMO_DEPLOYMENTS = {"web": 3, "api": 2, "worker": 4, "cache": 1}
+# The simulated node the local API server runs (docs/local_apiserver.md): pods become Running/Ready.
+SIMULATED_NODE = "rangeshard-node"
 
 
 def _port(port: int | None, what: str) -> int:
@@ -202,7 +204,11 @@ def up_command(
         sup.add("etcd", etcd.stop)
         # Frequent bookmarks let the proxy's consistent reads catch up without an upstream list.
         api = LocalApiServerProcess(
-            etcd.url, port=ports[1], log_file=state_dir / "apiserver.log", bookmark_interval=1.0
+            etcd.url,
+            port=ports[1],
+            log_file=state_dir / "apiserver.log",
+            bookmark_interval=1.0,
+            extra_args=["--simulate-node", SIMULATED_NODE],
         )
         api.start()
         sup.add("local API server", api.stop)
