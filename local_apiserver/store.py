@@ -381,7 +381,12 @@ class Store:
             key = kv.key
             txn = self.client.txn
             meta = desired["metadata"]
-            if meta.get("deletionTimestamp") and not meta.get("finalizers") and spec.resource != "namespaces":
+            if (
+                meta.get("deletionTimestamp")
+                and not meta.get("finalizers")
+                and not meta.get("deletionGracePeriodSeconds")  # a pod in its grace period stays (kube's rule)
+                and spec.resource != "namespaces"
+            ):
                 ok, responses = self._txn([txn.Mod(key) == kv.mod_revision], [txn.Delete(key)], f"deleting {key}")
                 if ok:
                     meta["resourceVersion"] = str(responses[0].response_delete_range.header.revision)
@@ -558,14 +563,18 @@ class Store:
         self, spec: ResourceSpec, namespace: str | None, name: str, kv: KV, current: Obj, finalizers: list[str]
     ) -> Obj | None:
         meta = current["metadata"]
-        if meta.get("deletionTimestamp") and finalizers == list(meta.get("finalizers") or []):
+        if (
+            meta.get("deletionTimestamp")
+            and finalizers == list(meta.get("finalizers") or [])
+            and not meta.get("deletionGracePeriodSeconds")
+        ):
             if spec.resource == "namespaces" and self.on_deleted is not None:
                 self.on_deleted(spec, current, "Background")
             return current
         desired = copy.deepcopy(current)
         dmeta = desired["metadata"]
         dmeta.setdefault("deletionTimestamp", now_rfc3339())
-        dmeta.setdefault("deletionGracePeriodSeconds", 0)
+        dmeta["deletionGracePeriodSeconds"] = 0  # (a pod's grace period ends: only finalizers keep it)
         if finalizers:
             dmeta["finalizers"] = finalizers
         if spec.resource == "namespaces":
