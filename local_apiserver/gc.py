@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from local_apiserver.errors import ApiError
-from local_apiserver.resources import RESOURCES, ResourceSpec
+from local_apiserver.resources import RESOURCES, STORED, ResourceSpec
 from local_apiserver.store import Obj, Store
 
 log = logging.getLogger(__name__)
@@ -184,7 +184,7 @@ class GarbageCollector:
         uid = owner["metadata"].get("uid")
         namespace = owner["metadata"].get("namespace")
         found: list[tuple[ResourceSpec, Obj]] = []
-        for spec in RESOURCES:
+        for spec in STORED:
             if not spec.namespaced and namespace:
                 continue  # namespaced owners cannot own cluster-scoped objects
             for obj in self.store.iter_all(spec, namespace if spec.namespaced else None):
@@ -224,7 +224,7 @@ class GarbageCollector:
         """One scan of ``namespace`` for dependents of the (gone) owners in ``works``."""
         orphan = {w.obj["metadata"].get("uid") for w in works if w.propagation == "Orphan"}
         cascade = {w.obj["metadata"].get("uid") for w in works if w.propagation != "Orphan"}
-        for spec in RESOURCES:
+        for spec in STORED:
             if not spec.namespaced and namespace:
                 continue  # namespaced owners cannot own cluster-scoped objects
             for dep in self.store.iter_all(spec, namespace if spec.namespaced else None):
@@ -295,7 +295,7 @@ class GarbageCollector:
     def _empty_namespace(self, ns: Obj) -> None:
         name = str(ns["metadata"].get("name"))
         left = 0
-        for spec in RESOURCES:
+        for spec in STORED:
             if not spec.namespaced:
                 continue
             for obj in self.store.iter_all(spec, name):
@@ -303,7 +303,7 @@ class GarbageCollector:
                 left += 1
         if left:
             # Deleted objects may have finalizers or new ones may race in: check again.
-            remaining = sum(1 for s in RESOURCES if s.namespaced for _ in self.store.iter_all(s, name))
+            remaining = sum(1 for s in STORED if s.namespaced for _ in self.store.iter_all(s, name))
             if remaining:
                 raise ApiError(409, "Conflict", f"namespace {name} still has {remaining} objects")
         spec = next(s for s in RESOURCES if s.resource == "namespaces")

@@ -6,7 +6,9 @@ Purpose
     discovery, storage keys and validation are all driven by one table.
 
 Invariants
-    * ``(group, resource)`` is unique in :data:`RESOURCES`.
+    * ``(group, resource)`` is unique in :data:`RESOURCES`; a resource with
+      ``stored_as`` shares another one's storage (events.k8s.io/v1 events are
+      core/v1 events), and :data:`STORED` lists each storage location once.
     * The core group is ``""`` in the API and ``"core"`` in storage keys.
 
 Concurrency model
@@ -40,6 +42,10 @@ class ResourceSpec:
     return_deleted_object: bool = False
     # Field selector labels beyond metadata.name / metadata.namespace.
     extra_fields: tuple[str, ...] = field(default=())
+    # Another served resource whose storage this one shares ("group/resource", kube's "same objects,
+    # another API"): objects are stored in that resource's form and converted on the way in and out
+    # (local_apiserver.conversion).
+    stored_as: str = ""
 
     @property
     def api_version(self) -> str:
@@ -47,7 +53,13 @@ class ResourceSpec:
 
     @property
     def storage_group(self) -> str:
+        if self.stored_as:
+            return self.stored_as.split("/", 1)[0] or "core"
         return self.group or "core"
+
+    @property
+    def storage_resource(self) -> str:
+        return self.stored_as.split("/", 1)[1] if self.stored_as else self.resource
 
     @property
     def list_kind(self) -> str:
@@ -125,7 +137,30 @@ RESOURCES: tuple[ResourceSpec, ...] = (
         generation=True,
     ),
     ResourceSpec("coordination.k8s.io", "v1", "leases", "Lease", True, "lease"),
+    ResourceSpec(
+        "events.k8s.io",
+        "v1",
+        "events",
+        "Event",
+        True,
+        "event",
+        ("ev",),
+        extra_fields=(
+            "regarding.kind",
+            "regarding.namespace",
+            "regarding.name",
+            "regarding.uid",
+            "regarding.apiVersion",
+            "reason",
+            "reportingController",
+            "type",
+        ),
+        stored_as="core/events",
+    ),
 )
+
+# Every storage location once (resources served under two APIs count once): what the GC scans.
+STORED: tuple[ResourceSpec, ...] = tuple(s for s in RESOURCES if not s.stored_as)
 
 
 def groups() -> dict[str, list[str]]:

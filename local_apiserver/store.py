@@ -41,6 +41,7 @@ from typing import Any
 import orjson
 
 from hashing import ShardSelector
+from local_apiserver.conversion import to_api, to_storage
 from local_apiserver.errors import (
     ApiError,
     already_exists,
@@ -125,7 +126,7 @@ class Store:
 
     # -- keys ----------------------------------------------------------------
     def resource_prefix(self, spec: ResourceSpec, namespace: str | None = None) -> str:
-        base = f"{self.prefix}/{spec.storage_group}/{spec.resource}/"
+        base = f"{self.prefix}/{spec.storage_group}/{spec.storage_resource}/"
         if spec.namespaced and namespace:
             return f"{base}{namespace}/"
         return base
@@ -142,12 +143,13 @@ class Store:
             raise unavailable(f"corrupt object at {kv.key}: not a JSON object")
         obj.setdefault("kind", spec.kind)
         obj.setdefault("apiVersion", spec.api_version)
+        obj = to_api(spec, obj)
         obj.setdefault("metadata", {})["resourceVersion"] = str(kv.mod_revision)
         return obj
 
     @staticmethod
     def encode(obj: Obj) -> bytes:
-        stored = copy.copy(obj)
+        stored = copy.copy(to_storage(obj))
         meta = dict(stored.get("metadata") or {})
         meta.pop("resourceVersion", None)
         meta.pop("selfLink", None)

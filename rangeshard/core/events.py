@@ -9,8 +9,9 @@ Purpose
     ``events.k8s.io/v1`` (kube-apiserver serves one stored Event under both).
 
 Invariants
-    * Names are ``<object name>.<16 hex digits>`` (unique without a read),
-      like client-go's recorder; ``count`` is 1 (no aggregation).
+    * Names are ``<object name>.<nanosecond clock in hex><4 random hex>``
+      (unique without a read, and in time order like client-go's recorder,
+      so lists sort by time); ``count`` is 1 (no aggregation).
     * Pure functions: no I/O.
 
 Concurrency model
@@ -20,6 +21,7 @@ Concurrency model
 from __future__ import annotations
 
 import secrets
+import time
 from datetime import UTC, datetime
 from typing import Any
 
@@ -66,7 +68,10 @@ def event_body(
     return {
         "apiVersion": "v1",
         "kind": "Event",
-        "metadata": {"name": f"{ref.get('name', 'object')}.{secrets.token_hex(8)}", "namespace": ref.get("namespace")},
+        "metadata": {
+            "name": f"{ref.get('name', 'object')}.{time.time_ns():x}{secrets.token_hex(2)}",
+            "namespace": ref.get("namespace"),
+        },
         "involvedObject": ref,
         "reason": reason,
         "message": message,

@@ -219,10 +219,13 @@ def test_pods_ready_rolling_update_history_undo_restart_events(node_cluster: Clu
     revisions = [line.split()[0] for line in history.splitlines()[2:] if line.strip()]
     assert revisions == ["2", "3", "4"], history
 
-    # Graceful deletion: the pod is Terminating first, the node removes it.
-    victim = _pods(kubectl)[0]["metadata"]["name"]
-    kubectl("delete", "pod", victim)  # waits until the pod is gone
-    assert victim not in {p["metadata"]["name"] for p in _pods(kubectl)}
+    # Graceful deletion: the pod is Terminating first (grace period 30 s), the node removes it
+    # once its containers stopped.
+    victim = next(p for p in _pods(kubectl) if not p["metadata"].get("deletionTimestamp"))["metadata"]["name"]
+    answer = k8s.CoreV1Api(cluster.api).delete_namespaced_pod(victim, ns, _preload_content=False)
+    terminating = json.loads(answer.data)["metadata"]  # the pod as the delete left it
+    assert terminating["deletionTimestamp"] and terminating["deletionGracePeriodSeconds"] == 30
+    wait_until(lambda: victim not in {p["metadata"]["name"] for p in _pods(kubectl)}, 20, "the node to remove the pod")
 
     events = json.loads(kubectl("get", "events", "-o", "json"))["items"]
     reasons = {e["reason"] for e in events}
