@@ -24,7 +24,13 @@ def test_discovery_documents(http: httpx.Client) -> None:
     assert http.get("/version").json()["major"] == "1"
     assert http.get("/api").json()["versions"] == ["v1"]
     groups = {g["name"]: g for g in http.get("/apis").json()["groups"]}
-    assert set(groups) == {"apps", "coordination.k8s.io", "authentication.k8s.io", "authorization.k8s.io"}
+    assert set(groups) == {
+        "apps",
+        "coordination.k8s.io",
+        "events.k8s.io",
+        "authentication.k8s.io",
+        "authorization.k8s.io",
+    }
     assert groups["apps"]["preferredVersion"]["groupVersion"] == "apps/v1"
     assert http.get("/apis/apps").json()["kind"] == "APIGroup"
     core = {r["name"]: r for r in http.get("/api/v1").json()["resources"]}
@@ -38,6 +44,9 @@ def test_discovery_documents(http: httpx.Client) -> None:
     leases = http.get("/apis/coordination.k8s.io/v1").json()["resources"]
     assert [r["kind"] for r in leases] == ["Lease"]
     assert "deletecollection" not in core["pods"]["verbs"]
+    assert core["nodes"]["namespaced"] is False and core["nodes"]["shortNames"] == ["no"]
+    events = http.get("/apis/events.k8s.io/v1").json()["resources"]
+    assert [(r["name"], r["kind"], r["namespaced"]) for r in events] == [("events", "Event", True)]
 
 
 def test_kubectl_api_resources(kubectl: Any) -> None:
