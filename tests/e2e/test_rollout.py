@@ -4,7 +4,8 @@ Two real controller managers, the local API server with ``--simulate-node``
 and the real kubectl: pods become Running/Ready, ``rollout status`` finishes,
 ``set image`` rolls gradually within maxSurge/maxUnavailable (checked on every
 pod watch event), ``rollout history``/``undo``/``restart`` work, events are
-recorded, and a deleted pod terminates gracefully.
+recorded, a deleted pod terminates gracefully, and ``Recreate`` replaces all
+pods at once when asked.
 """
 
 from __future__ import annotations
@@ -90,11 +91,19 @@ class PodWatch:
         self.max_live = 0
         self.min_available = REPLICAS
         self.hashes_together = 0
+        self.error: Exception | None = None
         self.stop = threading.Event()
         self.ready = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
+        try:
+            self._follow()
+        except Exception as e:  # the stream ends with the cluster once the watch is no longer needed
+            if not self.stop.is_set():
+                self.error = e
+
+    def _follow(self) -> None:
         core = k8s.CoreV1Api(self.api)
         listed = core.list_namespaced_pod(self.namespace, _preload_content=False)
         body = json.loads(listed.data)
@@ -141,6 +150,7 @@ class PodWatch:
 
     def __exit__(self, *exc: object) -> None:
         self.stop.set()
+        assert self.error is None, f"the pod watch failed: {self.error!r}"
 
 
 def _pods(kubectl: Kubectl) -> list[dict[str, Any]]:
@@ -226,6 +236,21 @@ def test_pods_ready_rolling_update_history_undo_restart_events(node_cluster: Clu
     terminating = json.loads(answer.data)["metadata"]  # the pod as the delete left it
     assert terminating["deletionTimestamp"] and terminating["deletionGracePeriodSeconds"] == 30
     wait_until(lambda: victim not in {p["metadata"]["name"] for p in _pods(kubectl)}, 20, "the node to remove the pod")
+
+    # Recreate when asked: the old pods are gone before new ones start.
+    kubectl(
+        "patch",
+        "deployment/web",
+        "--type=merge",
+        "-p",
+        '{"spec":{"strategy":{"type":"Recreate","rollingUpdate":null}}}',
+    )
+    with PodWatch(cluster.api, ns) as watch:
+        kubectl("set", "image", "deployment/web", "main=registry.local/web:3")
+        kubectl("rollout", "status", "deployment/web", "--timeout=60s", timeout=70)
+    assert watch.hashes_together == 0 and watch.max_live <= REPLICAS
+    assert _images(kubectl) == {"registry.local/web:3"}
+    assert "ScalingReplicaSet" in kubectl("describe", "deployment", "web")
 
     events = json.loads(kubectl("get", "events", "-o", "json"))["items"]
     reasons = {e["reason"] for e in events}
