@@ -517,7 +517,7 @@ class Store:
                 finalizers.append("foregroundDeletion")
             grace = pod_grace_period(spec, current, grace_period_seconds)
             if grace > 0:
-                marked = self._mark_graceful(kv, current, grace, finalizers)
+                marked = self._mark_graceful(spec, kv, current, grace, finalizers)
                 if marked is None:
                     continue
                 return marked, False
@@ -535,7 +535,7 @@ class Store:
                 return current, True
         raise conflict(spec.group_resource, name, "too many concurrent writers; please retry")
 
-    def _mark_graceful(self, kv: KV, current: Obj, grace: int, finalizers: list[str]) -> Obj | None:
+    def _mark_graceful(self, spec: ResourceSpec, kv: KV, current: Obj, grace: int, finalizers: list[str]) -> Obj | None:
         """Start (or shorten) a pod's graceful termination; ``None`` if the object changed meanwhile."""
         meta = current["metadata"]
         now = datetime.now(UTC)
@@ -551,15 +551,22 @@ class Store:
         dmeta["deletionGracePeriodSeconds"] = grace
         if finalizers:
             dmeta["finalizers"] = finalizers
+        if not self._put_marked(kv, desired):
+            return None
+        if self.on_deleted is not None and "foregroundDeletion" in finalizers:
+            self.on_deleted(spec, desired, "Foreground")  # the GC deletes the pod's dependents first
+        return desired
+
+    def _put_marked(self, kv: KV, desired: Obj) -> bool:
+        """Write ``desired`` over ``kv`` if unchanged since read, setting its resourceVersion; False on a race."""
         key = kv.key
         txn = self.client.txn
         ok, responses = self._txn(
             [txn.Mod(key) == kv.mod_revision], [txn.Put(key, self.encode(desired))], f"marking {key}"
         )
-        if not ok:
-            return None
-        dmeta["resourceVersion"] = str(responses[0].response_put.header.revision)
-        return desired
+        if ok:
+            desired["metadata"]["resourceVersion"] = str(responses[0].response_put.header.revision)
+        return bool(ok)
 
     def _mark_deleting(
         self, spec: ResourceSpec, namespace: str | None, name: str, kv: KV, current: Obj, finalizers: list[str]
@@ -581,14 +588,8 @@ class Store:
             dmeta["finalizers"] = finalizers
         if spec.resource == "namespaces":
             desired.setdefault("status", {})["phase"] = "Terminating"
-        key = kv.key
-        txn = self.client.txn
-        ok, responses = self._txn(
-            [txn.Mod(key) == kv.mod_revision], [txn.Put(key, self.encode(desired))], f"marking {key}"
-        )
-        if not ok:
+        if not self._put_marked(kv, desired):
             return None
-        dmeta["resourceVersion"] = str(responses[0].response_put.header.revision)
         if self.on_deleted is not None and (spec.resource == "namespaces" or "foregroundDeletion" in finalizers):
             # The GC empties a terminating namespace / deletes a foreground owner's dependents.
             self.on_deleted(spec, desired, "Foreground")
