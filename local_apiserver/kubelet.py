@@ -100,6 +100,17 @@ def _set_condition(status: Obj, kind: str, value: bool, now: str, reason: str | 
     status["conditions"] = conds
 
 
+def _is_ready(status: Obj) -> bool:
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+
+
+def _parse_time(value: Any) -> float | None:
+    try:
+        return datetime.strptime(str(value)[:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=UTC).timestamp()
+    except ValueError:
+        return None
+
+
 def readiness_delay(pod: Obj) -> float:
     """Seconds after start before the pod is Ready: the longest readinessProbe.initialDelaySeconds."""
     delays = [0.0]
@@ -165,7 +176,7 @@ class SimulatedNode:
         self._queue: queue.Queue[tuple[str, Any]] = queue.Queue()
         self._timers: list[tuple[float, int, str, str, str, str]] = []
         self._seq = itertools.count()
-        self._killing: set[str] = set()  # uids whose containers were stopped
+        self._pending: set[tuple[str, str]] = set()  # (uid, action) with a timer
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="simulated-node", daemon=True)
 
@@ -314,6 +325,7 @@ class SimulatedNode:
         now = time.monotonic()
         while self._timers and self._timers[0][0] <= now:
             _, _, action, ns, name, uid = heapq.heappop(self._timers)
+            self._pending.discard((uid, action))
             try:
                 if action == "ready":
                     self._mark_ready(ns, name, uid)
@@ -327,6 +339,7 @@ class SimulatedNode:
         meta = pod["metadata"]
         entry = (time.monotonic() + delay, next(self._seq), action, meta["namespace"], meta["name"], meta["uid"])
         heapq.heappush(self._timers, entry)
+        self._pending.add((meta["uid"], action))
 
     # -- one pod ---------------------------------------------------------------
     def _handle(self, pod: Obj) -> None:
@@ -335,7 +348,7 @@ class SimulatedNode:
         node = spec.get("nodeName")
         try:
             if meta.get("deletionTimestamp"):
-                if node == self.name and meta.get("uid") not in self._killing:
+                if node == self.name and (meta.get("uid"), "remove") not in self._pending:
                     self._kill(pod)
                 return
             if not node:
@@ -345,8 +358,14 @@ class SimulatedNode:
             if node != self.name:
                 return
             phase = (pod.get("status") or {}).get("phase")
-            if phase in (None, "", "Pending") and not (pod.get("status") or {}).get("startTime"):
+            status = pod.get("status") or {}
+            if phase in (None, "", "Pending") and not status.get("startTime"):
                 self._start(pod)
+            elif phase == "Running" and not _is_ready(status) and (meta.get("uid"), "ready") not in self._pending:
+                # Started before a restart of this server: the readiness timer is gone.
+                started = _parse_time(status.get("startTime"))
+                left = readiness_delay(pod) - (time.time() - started) if started is not None else 0.0
+                self._after(max(left, 0.0), "ready", pod)
         except ApiError as e:
             if e.code not in (404, 409):
                 raise
@@ -448,7 +467,6 @@ class SimulatedNode:
 
     def _kill(self, pod: Obj) -> None:
         meta = pod["metadata"]
-        self._killing.add(meta["uid"])
         grace = float(meta.get("deletionGracePeriodSeconds") or 0)
 
         def mutate(current: Obj) -> Obj | None:
@@ -471,7 +489,6 @@ class SimulatedNode:
         self._after(min(grace, self.stop_seconds), "remove", pod)
 
     def _remove(self, ns: str, name: str, uid: str) -> None:
-        self._killing.discard(uid)
         self.store.delete(self.pods, ns, name, precondition_uid=uid, grace_period_seconds=0)
 
     def _event(self, pod: Obj, reason: str, message: str, field_path: str | None) -> None:
