@@ -52,6 +52,7 @@ from local_apiserver.audit import AuditLog, facts_from_info
 from local_apiserver.auth import TokenAuthenticator
 from local_apiserver.errors import ApiError, status_object
 from local_apiserver.handlers import dispatch, review
+from local_apiserver.kubelet import SimulatedNode
 from local_apiserver.middleware import Authenticate
 from local_apiserver.openapi import OpenAPIDocuments, OpenAPIUnavailable
 from local_apiserver.routing import KUBE_VERSION, SUBJECT_ACCESS_REVIEWS, TOKEN_REVIEWS, group_document, named_groups
@@ -73,6 +74,7 @@ def create_app(
     authenticator: TokenAuthenticator | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     audit_log: AuditLog | None = None,
+    simulate_node: str | None = None,
 ) -> FastAPI:
     """Build the local API server application (see module docstring).
 
@@ -82,7 +84,9 @@ def create_app(
     ``--token-file``) turns on authentication and the built-in authorization
     policy (:mod:`local_apiserver.auth`); ``max_body_bytes`` bounds request
     bodies (413 beyond); ``audit_log`` (from ``--audit-log-path``) receives
-    one audit event per API request and is closed at shutdown.
+    one audit event per API request and is closed at shutdown; ``simulate_node``
+    names a simulated node that binds, runs and stops pods
+    (:mod:`local_apiserver.kubelet`).
     """
     config = etcd if isinstance(etcd, EtcdConfig) else EtcdConfig.from_urls(etcd)
     state = State(config, prefix, bookmark_interval, authenticator)
@@ -102,9 +106,17 @@ def create_app(
                     break
                 await anyio.sleep(0.2)
         log.info("local API server ready (etcd %s, prefix %s)", config.urls, prefix or "/registry")
+        node: SimulatedNode | None = None
+        if simulate_node:
+            store = await in_thread(state.connect)
+            node = SimulatedNode(store, config, simulate_node)
+            node.start()
+            log.info("simulating node %s", simulate_node)
         try:
             yield
         finally:
+            if node is not None:
+                await in_thread(node.stop)
             gc, state.gc = state.gc, None
             if gc is not None:
                 await in_thread(gc.stop)

@@ -69,6 +69,14 @@ def local_apiserver_command(
             "(see docs/security.md for the policy).",
         ),
     ] = None,
+    simulate_node: Annotated[
+        str | None,
+        typer.Option(
+            "--simulate-node",
+            help="Register a simulated node NAME that schedules pods and runs them to Ready "
+            "(and stops them gracefully on delete); see docs/local_apiserver.md.",
+        ),
+    ] = None,
     max_request_body_bytes: Annotated[
         int, typer.Option("--max-request-body-bytes", help="Largest accepted request body (413 beyond).")
     ] = 3 * 1024 * 1024,
@@ -90,6 +98,8 @@ def local_apiserver_command(
     from local_apiserver.app import create_app  # noqa: PLC0415
     from local_apiserver.audit import AuditLevel, AuditLog  # noqa: PLC0415
     from local_apiserver.auth import TokenAuthenticator  # noqa: PLC0415
+    from local_apiserver.resources import lookup  # noqa: PLC0415
+    from local_apiserver.validation import name_problem  # noqa: PLC0415
     from rangeshard.core.kubeapi import load_token_file  # noqa: PLC0415
 
     try:
@@ -106,6 +116,10 @@ def local_apiserver_command(
             raise ConfigError("--prefix must be an absolute key prefix such as /registry")
         if log_level.lower() not in ("debug", "info", "warning", "error"):
             raise ConfigError(f"--log-level must be debug, info, warning or error, got {log_level!r}")
+        nodes = lookup("", "v1", "nodes")
+        problem = name_problem(nodes, simulate_node) if simulate_node is not None and nodes else None
+        if problem:
+            raise ConfigError(f"--simulate-node: {problem}")
         if max_request_body_bytes < 1024:
             raise ConfigError("--max-request-body-bytes must be at least 1024")
         config = config_from_options(etcd, etcd_cacert, etcd_cert, etcd_key, etcd_user, etcd_password)
@@ -132,6 +146,7 @@ def local_apiserver_command(
         authenticator=authenticator,
         max_body_bytes=max_request_body_bytes,
         audit_log=audit_log,
+        simulate_node=simulate_node,
     )
     uvicorn.run(
         app,

@@ -470,6 +470,15 @@ async def _delete(store: Store, request: Request, spec: ResourceSpec, ns: str | 
         raise ApiError(
             422, "Invalid", f"propagationPolicy: Unsupported value: {policy!r}: Background, Foreground, Orphan"
         )
+    grace = options.gracePeriodSeconds
+    raw_grace = request.query_params.get("gracePeriodSeconds")
+    if raw_grace is not None:
+        try:
+            grace = int(raw_grace)
+        except ValueError as e:
+            raise bad_request(f"invalid gracePeriodSeconds {raw_grace!r}: expected an integer") from e
+    if grace is not None and grace < 0:
+        grace = None  # kube: a negative grace period means "the object's default"
     pre = options.preconditions or {}
     pre_rv = parse_resource_version(pre.get("resourceVersion"), "preconditions.resourceVersion")
     obj, gone_now = await in_thread(
@@ -480,6 +489,7 @@ async def _delete(store: Store, request: Request, spec: ResourceSpec, ns: str | 
         precondition_uid=pre.get("uid") or None,
         precondition_rv=pre_rv,
         propagation=policy,
+        grace_period_seconds=grace,
     )
     if not gone_now or spec.return_deleted_object:
         return json_response(obj)

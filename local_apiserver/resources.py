@@ -14,7 +14,10 @@ Purpose
 
 Invariants
     * ``(group, version, resource)`` is unique in a table; the versions of one
-      CRD share one storage prefix (``<group>/<plural>``).
+      CRD share one storage prefix (``<group>/<plural>``); a resource with
+      ``stored_as`` shares another one's storage (events.k8s.io/v1 events are
+      core/v1 events), and ``ResourceTable.storage_specs()`` lists each
+      storage location once.
     * The core group is ``""`` in the API and ``"core"`` in storage keys.
     * Built-in resources always win: a CRD cannot shadow one (it is refused).
 
@@ -64,6 +67,10 @@ class ResourceSpec:
     printer_columns: tuple[PrinterColumn, ...] | None = field(default=None, compare=False, hash=False, repr=False)
     scale_paths: tuple[str, str, str | None] | None = None
     storage: bool = True
+    # Another served resource whose storage this one shares ("group/resource", kube's "same objects,
+    # another API"): objects are stored in that resource's form and converted on the way in and out
+    # (local_apiserver.conversion).
+    stored_as: str = ""
 
     @property
     def api_version(self) -> str:
@@ -71,7 +78,13 @@ class ResourceSpec:
 
     @property
     def storage_group(self) -> str:
+        if self.stored_as:
+            return self.stored_as.split("/", 1)[0] or "core"
         return self.group or "core"
+
+    @property
+    def storage_resource(self) -> str:
+        return self.stored_as.split("/", 1)[1] if self.stored_as else self.resource
 
     @property
     def list_kind(self) -> str:
@@ -98,6 +111,7 @@ RESOURCES: tuple[ResourceSpec, ...] = (
         return_deleted_object=True,
         extra_fields=("spec.nodeName", "spec.restartPolicy", "spec.schedulerName", "status.phase", "status.podIP"),
     ),
+    ResourceSpec("", "v1", "nodes", "Node", False, "node", ("no",), status=True),
     ResourceSpec("", "v1", "configmaps", "ConfigMap", True, "configmap", ("cm",)),
     ResourceSpec(
         "",
@@ -149,6 +163,26 @@ RESOURCES: tuple[ResourceSpec, ...] = (
     ),
     ResourceSpec("coordination.k8s.io", "v1", "leases", "Lease", True, "lease"),
     ResourceSpec(
+        "events.k8s.io",
+        "v1",
+        "events",
+        "Event",
+        True,
+        "event",
+        ("ev",),
+        extra_fields=(
+            "regarding.kind",
+            "regarding.namespace",
+            "regarding.name",
+            "regarding.uid",
+            "regarding.apiVersion",
+            "reason",
+            "reportingController",
+            "type",
+        ),
+        stored_as="core/events",
+    ),
+    ResourceSpec(
         "apiextensions.k8s.io",
         "v1",
         "customresourcedefinitions",
@@ -180,7 +214,7 @@ class ResourceTable:
 
     def storage_specs(self) -> list[ResourceSpec]:
         """One spec per stored resource (a CRD's storage version): what to scan to see every object."""
-        return [s for s in self._specs if s.storage]
+        return [s for s in self._specs if s.storage and not s.stored_as]
 
     def custom(self) -> dict[str, tuple[ResourceSpec, ...]]:
         with self._lock:

@@ -35,12 +35,13 @@ import secrets
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
 
 from hashing import ShardSelector
+from local_apiserver.conversion import to_api, to_storage
 from local_apiserver.errors import (
     ApiError,
     already_exists,
@@ -127,7 +128,7 @@ class Store:
 
     # -- keys ----------------------------------------------------------------
     def resource_prefix(self, spec: ResourceSpec, namespace: str | None = None) -> str:
-        base = f"{self.prefix}/{spec.storage_group}/{spec.resource}/"
+        base = f"{self.prefix}/{spec.storage_group}/{spec.storage_resource}/"
         if spec.namespaced and namespace:
             return f"{base}{namespace}/"
         return base
@@ -146,12 +147,13 @@ class Store:
         if spec.crd is not None:
             obj["apiVersion"] = spec.api_version  # the versions of a CRD share storage (conversion "None")
         obj.setdefault("apiVersion", spec.api_version)
+        obj = to_api(spec, obj)
         obj.setdefault("metadata", {})["resourceVersion"] = str(kv.mod_revision)
         return obj
 
     @staticmethod
     def encode(obj: Obj) -> bytes:
-        stored = copy.copy(obj)
+        stored = copy.copy(to_storage(obj))
         meta = dict(stored.get("metadata") or {})
         meta.pop("resourceVersion", None)
         meta.pop("selfLink", None)
@@ -385,7 +387,12 @@ class Store:
             key = kv.key
             txn = self.client.txn
             meta = desired["metadata"]
-            if meta.get("deletionTimestamp") and not meta.get("finalizers") and spec.resource != "namespaces":
+            if (
+                meta.get("deletionTimestamp")
+                and not meta.get("finalizers")
+                and not meta.get("deletionGracePeriodSeconds")  # a pod in its grace period stays (kube's rule)
+                and spec.resource != "namespaces"
+            ):
                 ok, responses = self._txn([txn.Mod(key) == kv.mod_revision], [txn.Delete(key)], f"deleting {key}")
                 if ok:
                     meta["resourceVersion"] = str(responses[0].response_delete_range.header.revision)
@@ -474,8 +481,17 @@ class Store:
         precondition_uid: str | None = None,
         precondition_rv: int | None = None,
         propagation: str = "Background",
+        grace_period_seconds: int | None = None,
     ) -> tuple[Obj, bool]:
-        """Delete (or mark for deletion); return ``(object, gone_from_etcd)``."""
+        """Delete (or mark for deletion); return ``(object, gone_from_etcd)``.
+
+        A pod bound to a node (``spec.nodeName``) and not finished is deleted
+        gracefully, as kube-apiserver does: it gets ``deletionTimestamp`` (now
+        plus the grace period: ``grace_period_seconds``, else the pod's
+        ``terminationGracePeriodSeconds``) and ``deletionGracePeriodSeconds``
+        and stays until its node removes it (a delete with grace 0); a later
+        delete may only shorten the grace period.
+        """
         for _ in range(MAX_RETRIES):
             kv = self.get_kv(spec, namespace, name)
             if kv is None:
@@ -503,6 +519,12 @@ class Store:
                 and not meta.get("deletionTimestamp")
             ):
                 finalizers.append("foregroundDeletion")
+            grace = pod_grace_period(spec, current, grace_period_seconds)
+            if grace > 0:
+                marked = self._mark_graceful(spec, kv, current, grace, finalizers)
+                if marked is None:
+                    continue
+                return marked, False
             if spec.resource == "namespaces" or finalizers:
                 marked = self._mark_deleting(spec, namespace, name, kv, current, finalizers)
                 if marked is None:
@@ -517,30 +539,61 @@ class Store:
                 return current, True
         raise conflict(spec.group_resource, name, "too many concurrent writers; please retry")
 
+    def _mark_graceful(self, spec: ResourceSpec, kv: KV, current: Obj, grace: int, finalizers: list[str]) -> Obj | None:
+        """Start (or shorten) a pod's graceful termination; ``None`` if the object changed meanwhile."""
+        meta = current["metadata"]
+        now = datetime.now(UTC)
+        due = now + timedelta(seconds=grace)
+        old = meta.get("deletionTimestamp")
+        if old and meta.get("deletionGracePeriodSeconds") is not None:
+            old_due = parse_rfc3339(old)
+            if old_due is not None and old_due <= due:
+                return current  # already terminating at least as soon
+        desired = copy.deepcopy(current)
+        dmeta = desired["metadata"]
+        dmeta["deletionTimestamp"] = due.strftime("%Y-%m-%dT%H:%M:%SZ")
+        dmeta["deletionGracePeriodSeconds"] = grace
+        if finalizers:
+            dmeta["finalizers"] = finalizers
+        if not self._put_marked(kv, desired):
+            return None
+        if self.on_deleted is not None and "foregroundDeletion" in finalizers:
+            self.on_deleted(spec, desired, "Foreground")  # the GC deletes the pod's dependents first
+        return desired
+
+    def _put_marked(self, kv: KV, desired: Obj) -> bool:
+        """Write ``desired`` over ``kv`` if unchanged since read, setting its resourceVersion; False on a race."""
+        key = kv.key
+        txn = self.client.txn
+        ok, responses = self._txn(
+            [txn.Mod(key) == kv.mod_revision], [txn.Put(key, self.encode(desired))], f"marking {key}"
+        )
+        if ok:
+            desired["metadata"]["resourceVersion"] = str(responses[0].response_put.header.revision)
+        return bool(ok)
+
     def _mark_deleting(
         self, spec: ResourceSpec, namespace: str | None, name: str, kv: KV, current: Obj, finalizers: list[str]
     ) -> Obj | None:
         meta = current["metadata"]
-        if meta.get("deletionTimestamp") and finalizers == list(meta.get("finalizers") or []):
+        if (
+            meta.get("deletionTimestamp")
+            and finalizers == list(meta.get("finalizers") or [])
+            and not meta.get("deletionGracePeriodSeconds")
+        ):
             if spec.resource == "namespaces" and self.on_deleted is not None:
                 self.on_deleted(spec, current, "Background")
             return current
         desired = copy.deepcopy(current)
         dmeta = desired["metadata"]
         dmeta.setdefault("deletionTimestamp", now_rfc3339())
-        dmeta.setdefault("deletionGracePeriodSeconds", 0)
+        dmeta["deletionGracePeriodSeconds"] = 0  # (a pod's grace period ends: only finalizers keep it)
         if finalizers:
             dmeta["finalizers"] = finalizers
         if spec.resource == "namespaces":
             desired.setdefault("status", {})["phase"] = "Terminating"
-        key = kv.key
-        txn = self.client.txn
-        ok, responses = self._txn(
-            [txn.Mod(key) == kv.mod_revision], [txn.Put(key, self.encode(desired))], f"marking {key}"
-        )
-        if not ok:
+        if not self._put_marked(kv, desired):
             return None
-        dmeta["resourceVersion"] = str(responses[0].response_put.header.revision)
         if self.on_deleted is not None and (spec.resource == "namespaces" or "foregroundDeletion" in finalizers):
             # The GC empties a terminating namespace / deletes a foreground owner's dependents.
             self.on_deleted(spec, desired, "Foreground")
@@ -561,6 +614,34 @@ class Store:
                 self.on_deleted(spec, obj, propagation)
             except Exception:
                 log.exception("garbage collector hook failed for %s %s", spec.resource, obj["metadata"].get("name"))
+
+
+def parse_rfc3339(value: str) -> datetime | None:
+    try:
+        return datetime.strptime(value[:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=UTC)
+    except ValueError:
+        return None
+
+
+def pod_grace_period(spec: ResourceSpec, pod: Obj, requested: int | None) -> int:
+    """Seconds of graceful termination a delete gives ``pod`` (0: remove it at once).
+
+    Only pods bound to a node and not finished terminate gracefully (nothing
+    else would ever remove them); the grace period is the request's, else the
+    pod's ``terminationGracePeriodSeconds`` (30 by default).
+    """
+    if spec.resource != "pods":
+        return 0
+    if not (pod.get("spec") or {}).get("nodeName"):
+        return 0
+    if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+        return 0
+    if requested is None:
+        requested = (pod.get("spec") or {}).get("terminationGracePeriodSeconds", 30)
+    try:
+        return max(int(requested), 0)
+    except (TypeError, ValueError):
+        return 30
 
 
 def check_precondition(spec: ResourceSpec, name: str, current: Obj, expected: int | None) -> None:

@@ -46,6 +46,7 @@ import pyetcd.exceptions as etcd_exc
 from pyetcd import etcdrpc
 
 from hashing import ShardSelector
+from local_apiserver.conversion import to_api
 from local_apiserver.errors import ApiError, status_object
 from local_apiserver.resources import ResourceSpec
 from local_apiserver.store import Obj, Store, parse_resource_version
@@ -233,6 +234,7 @@ class _Matcher:
             return None
         obj.setdefault("kind", self.req.spec.kind)
         obj.setdefault("apiVersion", self.req.spec.api_version)
+        obj = to_api(self.req.spec, obj)
         obj.setdefault("metadata", {})["resourceVersion"] = str(revision)
         return obj
 

@@ -5,6 +5,7 @@ Concurrency model: pure functions.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 
@@ -38,6 +39,36 @@ def is_ready(pod: dict[str, Any]) -> bool:
         if cond.get("type") == "Ready" and cond.get("status") == "True":
             return True
     return False
+
+
+def ready_since(pod: dict[str, Any]) -> datetime | None:
+    """When the pod's ``Ready`` condition last became true (None if not ready or unknown)."""
+    for cond in (pod.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "Ready" and cond.get("status") == "True":
+            try:
+                return datetime.strptime(str(cond.get("lastTransitionTime"))[:19], "%Y-%m-%dT%H:%M:%S").replace(
+                    tzinfo=UTC
+                )
+            except ValueError:
+                return None
+    return None
+
+
+def available_in(ready: list[dict[str, Any]], min_ready_seconds: int) -> tuple[int, float | None]:
+    """How many ``ready`` pods are available (ready for ``min_ready_seconds``), and seconds until the next one is."""
+    if min_ready_seconds <= 0:
+        return len(ready), None
+    now = datetime.now(UTC)
+    count = 0
+    wait: float | None = None
+    for pod in ready:
+        since = ready_since(pod)
+        left = min_ready_seconds - (now - since).total_seconds() if since is not None else 0.0
+        if left <= 0:
+            count += 1
+        else:
+            wait = left if wait is None else min(wait, left)
+    return count, wait
 
 
 def is_terminating(obj: dict[str, Any]) -> bool:

@@ -3,7 +3,10 @@
 Purpose
     For a ReplicaSet key: count the live pods it controls (from the owner-path
     pod informer), adopt matching orphans, create or delete pods to match
-    ``spec.replicas``, and write ``status``.
+    ``spec.replicas``, and write ``status`` (``replicas``,
+    ``fullyLabeledReplicas``, ``readyReplicas``, ``availableReplicas`` - ready
+    for at least ``spec.minReadySeconds`` - and ``observedGeneration``).
+    Records the events ``SuccessfulCreate`` / ``SuccessfulDelete``.
 
 Invariants
     * Never more pods than asked for: creations and deletions are recorded as
@@ -13,6 +16,8 @@ Invariants
       pod count that misses its own or a previous owner's writes.
     * Adoption updates the pod with its resourceVersion as precondition, so a
       pod is adopted at most once even if two ReplicaSets' selectors overlap.
+    * The status written after deleting pods no longer counts them (they are
+      terminating), so a Deployment reading it never sees pods that are going.
 
 Concurrency model
     Called by worker threads; one key is never reconciled by two workers.
@@ -26,7 +31,8 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from controller_manager.controller import Controller, ControllerRuntime, Expectations, ReconcileContext, Requeue
-from controller_manager.controllers.common import is_ready, is_terminating, selector_matches
+from controller_manager.controllers.common import available_in, is_ready, is_terminating, selector_matches
+from controller_manager.controllers.events import EventRecorder
 from controller_manager.resources import PODS, REPLICASETS, Resource, controller_ref, object_key
 
 MERGE = "application/merge-patch+json"
@@ -43,6 +49,7 @@ class ReplicaSetController(Controller):
         self.core: Any = k8s.CoreV1Api(self.api)
         self.apps: Any = k8s.AppsV1Api(self.api)
         self.expectations = Expectations()
+        self.recorder = EventRecorder(self.api, "replicaset-controller")
 
     def orphan_keys(self, resource: Resource, obj: dict[str, Any]) -> list[str]:
         meta = obj.get("metadata") or {}
@@ -101,8 +108,11 @@ class ReplicaSetController(Controller):
         if diff > 0:
             self._create(rs, diff, ctx)
         elif diff < 0:
-            self._delete(key, owned, -diff, ctx)
-        self._update_status(rs, owned, ctx)
+            gone = {p["metadata"]["uid"] for p in self._delete(rs, key, owned, -diff, ctx)}
+            owned = [p for p in owned if p["metadata"]["uid"] not in gone]
+        wait = self._update_status(rs, owned, ctx)
+        if wait is not None:
+            raise Requeue(after=wait, reason="pods become available after minReadySeconds")
 
     def _owner_ref(self, rs: dict[str, Any]) -> dict[str, Any]:
         meta = rs["metadata"]
@@ -149,13 +159,17 @@ class ReplicaSetController(Controller):
         self.expectations.expect(key, adds=count)
         for i in range(count):
             try:
-                self.core.create_namespaced_pod(meta["namespace"], body, _request_timeout=ctx.timeout())
+                pod = self.core.create_namespaced_pod(meta["namespace"], body, _request_timeout=ctx.timeout())
+                self.recorder.event(_typed(rs), "SuccessfulCreate", f"Created pod: {pod.metadata.name}")
             except BaseException:
                 # The remaining creations will not happen: do not wait for them.
                 self.expectations.observe(key, adds=count - i)
                 raise
 
-    def _delete(self, key: str, owned: list[dict[str, Any]], count: int, ctx: ReconcileContext) -> None:
+    def _delete(
+        self, rs: dict[str, Any], key: str, owned: list[dict[str, Any]], count: int, ctx: ReconcileContext
+    ) -> list[dict[str, Any]]:
+        """Delete ``count`` of ``owned``; return the pods deleted (or already gone)."""
         # Prefer pods that are not ready, then the newest.
         victims = sorted(owned, key=lambda p: (is_ready(p), _neg_ts(p)))[:count]
         self.expectations.expect(key, dels=len(victims))
@@ -163,6 +177,7 @@ class ReplicaSetController(Controller):
             pmeta = pod["metadata"]
             try:
                 self.core.delete_namespaced_pod(pmeta["name"], pmeta["namespace"], _request_timeout=ctx.timeout())
+                self.recorder.event(_typed(rs), "SuccessfulDelete", f"Deleted pod: {pmeta['name']}")
             except ApiException as e:
                 if e.status == 404:
                     self.expectations.observe(key, dels=1)
@@ -172,24 +187,40 @@ class ReplicaSetController(Controller):
             except BaseException:
                 self.expectations.observe(key, dels=len(victims) - i)
                 raise
+        return victims
 
-    def _update_status(self, rs: dict[str, Any], owned: list[dict[str, Any]], ctx: ReconcileContext) -> None:
+    def _update_status(self, rs: dict[str, Any], owned: list[dict[str, Any]], ctx: ReconcileContext) -> float | None:
+        """Write the status if it changed; return seconds until a ready pod becomes available (if any)."""
         meta = rs["metadata"]
-        ready = sum(1 for p in owned if is_ready(p))
+        spec = rs.get("spec") or {}
+        template_labels = ((spec.get("template") or {}).get("metadata") or {}).get("labels") or {}
+        ready = [p for p in owned if is_ready(p)]
+        available, wait = available_in(ready, int(spec.get("minReadySeconds") or 0))
+        labelled = sum(
+            1
+            for p in owned
+            if all(((p.get("metadata") or {}).get("labels") or {}).get(k) == v for k, v in template_labels.items())
+        )
         status = {
             "replicas": len(owned),
-            "fullyLabeledReplicas": len(owned),
-            "readyReplicas": ready,
-            "availableReplicas": ready,
+            "fullyLabeledReplicas": labelled,
+            "readyReplicas": len(ready),
+            "availableReplicas": available,
             "observedGeneration": meta.get("generation", 1),
         }
         old = rs.get("status") or {}
         if all(old.get(k, 0) == v for k, v in status.items()):
-            return
+            return wait
         body = {**rs, "status": {**old, **status}}
         self.apps.replace_namespaced_replica_set_status(
             meta["name"], meta["namespace"], body, _request_timeout=ctx.timeout()
         )
+        return wait
+
+
+def _typed(rs: dict[str, Any]) -> dict[str, Any]:
+    """``rs`` with its kind and apiVersion (list items may lack them), for event references."""
+    return {**rs, "kind": "ReplicaSet", "apiVersion": "apps/v1"}
 
 
 def _neg_ts(pod: dict[str, Any]) -> tuple[int, ...]:

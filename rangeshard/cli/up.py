@@ -56,6 +56,8 @@ DEFAULT_MANAGER_CONFIG: dict[str, Any] = {
     "controllers": {"replicaset": {"workers": 4}, "deployment": {"workers": 2}},
 }
 DEMO_DEPLOYMENTS = {"web": 3, "api": 2, "worker": 4, "cache": 1}
+# The simulated node the local API server runs (docs/local_apiserver.md): pods become Running/Ready.
+SIMULATED_NODE = "rangeshard-node"
 
 
 def _port(port: int | None, what: str) -> int:
@@ -223,6 +225,7 @@ def up_command(
             extra_args=[
                 *("--audit-log-path", str(state_dir / "apiserver-audit.jsonl")),
                 *("--audit-level", "RequestResponse"),
+                *("--simulate-node", SIMULATED_NODE),
             ],
         )
         api.start()

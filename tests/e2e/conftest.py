@@ -202,11 +202,19 @@ class Cluster:
 
 
 def _start_cluster(
-    etcd_url: str, registry_etcd_url: str, workdir: Path, registry_server: EtcdServer | None = None
+    etcd_url: str,
+    registry_etcd_url: str,
+    workdir: Path,
+    registry_server: EtcdServer | None = None,
+    apiserver_args: list[str] | None = None,
 ) -> Iterator[Cluster]:
     storage = f"/e2e-{uuid.uuid4().hex[:8]}"
     apiserver = LocalApiServerProcess(
-        etcd_url, prefix=storage, log_file=workdir / "apiserver.log", bookmark_interval=0.2
+        etcd_url,
+        prefix=storage,
+        log_file=workdir / "apiserver.log",
+        bookmark_interval=0.2,
+        extra_args=apiserver_args,
     )
     apiserver.start()
     proxy = ProxyProcess(apiserver.url, log_file=workdir / "proxy.log")
@@ -228,6 +236,12 @@ def _start_cluster(
 @pytest.fixture
 def cluster(etcd_server: EtcdServer, tmp_path: Path) -> Iterator[Cluster]:
     yield from _start_cluster(etcd_server.url, etcd_server.url, tmp_path)
+
+
+@pytest.fixture
+def node_cluster(etcd_server: EtcdServer, tmp_path: Path) -> Iterator[Cluster]:
+    """A cluster whose local API server simulates a node (pods become Running/Ready)."""
+    yield from _start_cluster(etcd_server.url, etcd_server.url, tmp_path, apiserver_args=["--simulate-node", "n1"])
 
 
 @pytest.fixture

@@ -50,9 +50,15 @@ def test_up_demo_kubectl_and_clean_stop(tmp_path: Path) -> None:
             )
             if result.returncode != 0:
                 return -1
-            return len(json.loads(result.stdout)["items"])
+            # Ready pods: up runs the local API server with a simulated node.
+            return sum(
+                1
+                for pod in json.loads(result.stdout)["items"]
+                if pod["status"].get("phase") == "Running"
+                and any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions", []))
+            )
 
-        wait_until(lambda: demo_pods() == 10, 60, "the demo deployments' 10 pods")
+        wait_until(lambda: demo_pods() == 10, 60, "the demo deployments' 10 pods Running and Ready")
         assert all(port_open(p) for p in ports)
         # Write fencing is on and the API server's audit log attributes the managers' writes.
         events = [json.loads(x) for x in (state / "apiserver-audit.jsonl").read_text().splitlines() if x.endswith("}")]

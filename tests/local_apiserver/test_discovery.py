@@ -27,6 +27,7 @@ def test_discovery_documents(http: httpx.Client) -> None:
     assert set(groups) == {
         "apps",
         "coordination.k8s.io",
+        "events.k8s.io",
         "apiextensions.k8s.io",
         "authentication.k8s.io",
         "authorization.k8s.io",
@@ -44,6 +45,9 @@ def test_discovery_documents(http: httpx.Client) -> None:
     leases = http.get("/apis/coordination.k8s.io/v1").json()["resources"]
     assert [r["kind"] for r in leases] == ["Lease"]
     assert "deletecollection" not in core["pods"]["verbs"]
+    assert core["nodes"]["namespaced"] is False and core["nodes"]["shortNames"] == ["no"]
+    events = http.get("/apis/events.k8s.io/v1").json()["resources"]
+    assert [(r["name"], r["kind"], r["namespaced"]) for r in events] == [("events", "Event", True)]
 
 
 def test_kubectl_api_resources(kubectl: Any) -> None:

@@ -1,0 +1,507 @@
+"""A simulated node (scheduler + kubelet) for the local API server: pods get bound, Running, Ready, and stop.
+
+Purpose
+    With ``--simulate-node NAME`` the local API server registers a Node
+    ``NAME`` and plays the parts a real cluster's scheduler and kubelet play
+    for pods, so status counts (ready/available replicas, rollouts) are real:
+
+    * a pod without ``spec.nodeName`` (and the default scheduler) is bound to
+      the node: ``spec.nodeName``, condition ``PodScheduled``; event
+      ``Scheduled``;
+    * a pod bound to the node is started: ``phase: Running``, ``podIP``,
+      ``hostIP``, ``startTime``, one ``containerStatuses`` entry per container
+      (``started``, ``restartCount: 0``, ``state.running``); it becomes
+      ``Ready``/``ContainersReady`` at once, or when the longest
+      ``readinessProbe.initialDelaySeconds`` has passed; events ``Pulled``,
+      ``Created``, ``Started``;
+    * a pod being deleted gracefully (``deletionTimestamp`` set by a delete,
+      see :meth:`local_apiserver.store.Store.delete`) has its containers
+      stopped (not ready; event ``Killing``); a simulated container exits
+      ``stop_seconds`` after SIGTERM (1 s), or at the end of the grace period
+      if that comes first; then the node removes the pod (a delete with grace
+      period 0), as a kubelet does.
+
+Invariants
+    * Every write is a guarded read-modify-write (``Store.guaranteed_update``)
+      that re-checks the pod's state, so a replayed or stale watch event never
+      undoes a newer change; removals carry the pod's uid as precondition.
+    * Only pods bound to this node (or unbound ones) are touched.
+    * Events are best effort: a failed event write never stops the node.
+
+Concurrency model
+    One daemon thread (``simulated-node``) lists the pods, then follows an
+    etcd watch of the pods prefix (on its own etcd client; the watch callback
+    only enqueues) and keeps a heap of timers (readiness, container exit).
+    After a watch error it relists. Storage calls are synchronous.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import itertools
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from local_apiserver.errors import ApiError
+from local_apiserver.resources import lookup
+from local_apiserver.store import Obj, Store
+from rangeshard.core.errors import RangeshardError
+from rangeshard.core.etcd import KV, EtcdClient, EtcdConfig
+from rangeshard.core.events import event_body
+
+log = logging.getLogger(__name__)
+
+NODE_IP = "10.0.0.1"
+KUBELET_VERSION = "v1.32.0"
+DEFAULT_STOP_SECONDS = 1.0
+
+
+def _spec(resource: str) -> Any:
+    spec = lookup("", "v1", resource)
+    if spec is None:  # pragma: no cover - the table always holds these
+        raise LookupError(f"{resource} missing from the resource table")
+    return spec
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def pod_ip(uid: str) -> str:
+    """A stable address in 10.244.0.0/16 for a pod uid."""
+    n = int.from_bytes(hashlib.sha256(uid.encode()).digest()[:2], "big") % (254 * 254)
+    return f"10.244.{n // 254 + 1}.{n % 254 + 1}"
+
+
+def _condition(kind: str, status: bool, now: str, reason: str | None = None) -> Obj:
+    cond: Obj = {"type": kind, "status": "True" if status else "False", "lastProbeTime": None}
+    cond["lastTransitionTime"] = now
+    if reason:
+        cond["reason"] = reason
+    return cond
+
+
+def _set_condition(status: Obj, kind: str, value: bool, now: str, reason: str | None = None) -> None:
+    conds = [c for c in status.get("conditions") or [] if isinstance(c, dict)]
+    for c in conds:
+        if c.get("type") == kind:
+            if c.get("status") != ("True" if value else "False"):
+                c.update(_condition(kind, value, now, reason))
+            status["conditions"] = conds
+            return
+    conds.append(_condition(kind, value, now, reason))
+    status["conditions"] = conds
+
+
+def _is_ready(status: Obj) -> bool:
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+
+
+def _parse_time(value: Any) -> float | None:
+    try:
+        return datetime.strptime(str(value)[:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=UTC).timestamp()
+    except ValueError:
+        return None
+
+
+def readiness_delay(pod: Obj) -> float:
+    """Seconds after start before the pod is Ready: the longest readinessProbe.initialDelaySeconds."""
+    delays = [0.0]
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        probe = c.get("readinessProbe") if isinstance(c, dict) else None
+        if isinstance(probe, dict):
+            try:
+                delays.append(float(probe.get("initialDelaySeconds") or 0))
+            except (TypeError, ValueError):
+                continue
+    return max(delays)
+
+
+def _container_id(uid: str, name: str) -> str:
+    return "containerd://" + hashlib.sha256(f"{uid}/{name}".encode()).hexdigest()
+
+
+def _image_id(image: str) -> str:
+    return f"{image.split('@', maxsplit=1)[0]}@sha256:{hashlib.sha256(image.encode()).hexdigest()}"
+
+
+def container_statuses(pod: Obj, ready: bool, now: str, running: bool = True) -> list[Obj]:
+    uid = str((pod.get("metadata") or {}).get("uid", ""))
+    out = []
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        if not isinstance(c, dict):
+            continue
+        name, image = str(c.get("name", "")), str(c.get("image", ""))
+        state: Obj = (
+            {"running": {"startedAt": now}}
+            if running
+            else {"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": now, "finishedAt": now}}
+        )
+        out.append(
+            {
+                "name": name,
+                "image": image,
+                "imageID": _image_id(image),
+                "containerID": _container_id(uid, name),
+                "ready": ready and running,
+                "started": running,
+                "restartCount": 0,
+                "state": state,
+                "lastState": {},
+            }
+        )
+    return out
+
+
+class SimulatedNode:
+    """The node ``name``: binds, starts and stops pods (see module docstring)."""
+
+    def __init__(
+        self, store: Store, etcd: EtcdConfig, name: str, *, stop_seconds: float = DEFAULT_STOP_SECONDS
+    ) -> None:
+        self.store = store
+        self.etcd = etcd
+        self.name = name
+        self.stop_seconds = stop_seconds
+        self.pods = _spec("pods")
+        self.events = _spec("events")
+        self.nodes = _spec("nodes")
+        self._queue: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self._timers: list[tuple[float, int, str, str, str, str]] = []
+        self._seq = itertools.count()
+        self._pending: set[tuple[str, str]] = set()  # (uid, action) with a timer
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="simulated-node", daemon=True)
+
+    # -- lifecycle -----------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._queue.put(("stop", None))
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._ensure_node()
+                self._follow()
+            except (ApiError, RangeshardError) as e:
+                log.warning("simulated node %s: %s; retrying", self.name, e)
+            except Exception:
+                log.exception("simulated node %s: unexpected error; retrying", self.name)
+            self._stop.wait(1.0)
+
+    # -- the node object -----------------------------------------------------
+    def _node_status(self) -> Obj:
+        now = _now()
+        capacity = {"cpu": str(os.cpu_count() or 2), "memory": "8Gi", "pods": "110", "ephemeral-storage": "50Gi"}
+        conds = [
+            {"type": t, "status": "False", "reason": r, "message": m}
+            for t, r, m in (
+                ("MemoryPressure", "KubeletHasSufficientMemory", "kubelet has sufficient memory available"),
+                ("DiskPressure", "KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
+                ("PIDPressure", "KubeletHasSufficientPID", "kubelet has sufficient PID available"),
+            )
+        ]
+        conds.append(
+            {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "simulated kubelet is ready"}
+        )
+        for c in conds:
+            c["lastHeartbeatTime"] = now
+            c["lastTransitionTime"] = now
+        return {
+            "capacity": capacity,
+            "allocatable": dict(capacity),
+            "conditions": conds,
+            "addresses": [{"type": "InternalIP", "address": NODE_IP}, {"type": "Hostname", "address": self.name}],
+            "nodeInfo": {
+                "kubeletVersion": KUBELET_VERSION,
+                "kubeProxyVersion": KUBELET_VERSION,
+                "containerRuntimeVersion": "simulated://1.0",
+                "osImage": "rangeshard simulated node",
+                "operatingSystem": "linux",
+                "architecture": "amd64",
+                "kernelVersion": os.uname().release,
+                "machineID": "",
+                "systemUUID": "",
+                "bootID": "",
+            },
+        }
+
+    def _ensure_node(self) -> None:
+        body = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": self.name,
+                "labels": {
+                    "kubernetes.io/hostname": self.name,
+                    "kubernetes.io/os": "linux",
+                    "kubernetes.io/arch": "amd64",
+                    "node.kubernetes.io/instance-type": "simulated",
+                },
+            },
+            "spec": {},
+        }
+        try:
+            self.store.create(self.nodes, None, body)
+        except ApiError as e:
+            if e.code != 409:
+                raise
+        status = self._node_status()
+
+        def mutate(node: Obj) -> Obj:
+            node["status"] = status
+            return node
+
+        self.store.guaranteed_update(self.nodes, None, self.name, mutate)
+
+    # -- the pod loop --------------------------------------------------------
+    def _follow(self) -> None:
+        prefix = self.store.resource_prefix(self.pods)
+        revision, kvs = self.store.client.get_prefix(prefix)
+        for kv in kvs:
+            self._handle(self.store.decode(self.pods, kv))
+        watcher = EtcdClient(self.etcd)
+        try:
+            watch_id = watcher.raw.add_watch_prefix_callback(prefix, self._on_watch, start_revision=revision + 1)
+            try:
+                self._loop()
+            finally:
+                try:
+                    watcher.raw.cancel_watch(watch_id)
+                except Exception:  # the client is closed next anyway
+                    log.debug("cancelling the pod watch failed", exc_info=True)
+        finally:
+            watcher.close()
+
+    def _on_watch(self, response: Any) -> None:
+        """Runs on the etcd client's watch thread: only enqueue."""
+        if response is None or isinstance(response, BaseException):
+            self._queue.put(("error", response))
+            return
+        for ev in response.events:
+            raw = ev._event
+            if type(ev).__name__ == "DeleteEvent":
+                self._queue.put(("deleted", raw.kv.key.decode()))
+                continue
+            kv = KV(
+                raw.kv.key.decode(),
+                bytes(raw.kv.value),
+                int(raw.kv.mod_revision),
+                int(raw.kv.create_revision),
+                int(raw.kv.version),
+                int(raw.kv.lease),
+            )
+            self._queue.put(("put", kv))
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            timeout = 1.0
+            if self._timers:
+                timeout = max(0.0, min(timeout, self._timers[0][0] - time.monotonic()))
+            try:
+                kind, item = self._queue.get(timeout=timeout)
+            except queue.Empty:
+                kind, item = "tick", None
+            if kind == "stop":
+                return
+            if kind == "error":
+                raise ApiError(503, "ServiceUnavailable", f"pod watch ended: {item}")
+            if kind == "put":
+                self._handle(self.store.decode(self.pods, item))
+            self._fire_timers()
+
+    def _fire_timers(self) -> None:
+        now = time.monotonic()
+        while self._timers and self._timers[0][0] <= now:
+            _, _, action, ns, name, uid = heapq.heappop(self._timers)
+            self._pending.discard((uid, action))
+            try:
+                if action == "ready":
+                    self._mark_ready(ns, name, uid)
+                elif action == "remove":
+                    self._remove(ns, name, uid)
+            except ApiError as e:
+                if e.code not in (404, 409):
+                    raise
+
+    def _after(self, delay: float, action: str, pod: Obj) -> None:
+        meta = pod["metadata"]
+        entry = (time.monotonic() + delay, next(self._seq), action, meta["namespace"], meta["name"], meta["uid"])
+        heapq.heappush(self._timers, entry)
+        self._pending.add((meta["uid"], action))
+
+    # -- one pod ---------------------------------------------------------------
+    def _handle(self, pod: Obj) -> None:
+        meta = pod.get("metadata") or {}
+        spec = pod.get("spec") or {}
+        node = spec.get("nodeName")
+        try:
+            if meta.get("deletionTimestamp"):
+                if node == self.name and (meta.get("uid"), "remove") not in self._pending:
+                    self._kill(pod)
+                return
+            if not node:
+                if spec.get("schedulerName", "default-scheduler") == "default-scheduler":
+                    self._bind(pod)
+                return
+            if node != self.name:
+                return
+            phase = (pod.get("status") or {}).get("phase")
+            status = pod.get("status") or {}
+            if phase in (None, "", "Pending") and not status.get("startTime"):
+                self._start(pod)
+            elif phase == "Running" and not _is_ready(status) and (meta.get("uid"), "ready") not in self._pending:
+                # Started before a restart of this server: the readiness timer is gone.
+                started = _parse_time(status.get("startTime"))
+                left = readiness_delay(pod) - (time.time() - started) if started is not None else 0.0
+                self._after(max(left, 0.0), "ready", pod)
+        except ApiError as e:
+            if e.code not in (404, 409):
+                raise
+
+    def _update(self, pod: Obj, mutate: Callable[[Obj], Obj | None]) -> Obj | None:
+        """Guarded update of ``pod`` (same uid); ``None`` when ``mutate`` found nothing to do."""
+        meta = pod["metadata"]
+        uid = meta["uid"]
+        changed: list[Obj] = []
+
+        def guarded(current: Obj) -> Obj:
+            if current["metadata"].get("uid") != uid:
+                return current
+            result = mutate(current)
+            if result is None:
+                return current
+            changed.append(result)
+            return result
+
+        self.store.guaranteed_update(self.pods, meta["namespace"], meta["name"], guarded)
+        return changed[-1] if changed else None
+
+    def _bind(self, pod: Obj) -> None:
+        def mutate(current: Obj) -> Obj | None:
+            if current["metadata"].get("deletionTimestamp") or (current.get("spec") or {}).get("nodeName"):
+                return None
+            current.setdefault("spec", {})["nodeName"] = self.name
+            status = current.setdefault("status", {})
+            status.setdefault("phase", "Pending")
+            _set_condition(status, "PodScheduled", True, _now())
+            return current
+
+        bound = self._update(pod, mutate)
+        if bound is not None:
+            meta = bound["metadata"]
+            self._event(
+                bound, "Scheduled", f"Successfully assigned {meta['namespace']}/{meta['name']} to {self.name}", None
+            )
+
+    def _start(self, pod: Obj) -> None:
+        delay = readiness_delay(pod)
+        ready = delay <= 0
+
+        def mutate(current: Obj) -> Obj | None:
+            status = current.get("status") or {}
+            if current["metadata"].get("deletionTimestamp") or status.get("startTime"):
+                return None
+            if (current.get("spec") or {}).get("nodeName") != self.name:
+                return None
+            now = _now()
+            uid = str(current["metadata"]["uid"])
+            status["phase"] = "Running"
+            status["hostIP"] = NODE_IP
+            status["hostIPs"] = [{"ip": NODE_IP}]
+            status["podIP"] = pod_ip(uid)
+            status["podIPs"] = [{"ip": status["podIP"]}]
+            status["startTime"] = now
+            status.setdefault("qosClass", "BestEffort")
+            for kind in ("PodReadyToStartContainers", "Initialized", "PodScheduled"):
+                _set_condition(status, kind, True, now)
+            _set_condition(status, "ContainersReady", ready, now, None if ready else "ContainersNotReady")
+            _set_condition(status, "Ready", ready, now, None if ready else "ContainersNotReady")
+            init = (current.get("spec") or {}).get("initContainers") or []
+            if init:
+                status["initContainerStatuses"] = container_statuses(
+                    {"metadata": current["metadata"], "spec": {"containers": init}}, False, now, running=False
+                )
+            status["containerStatuses"] = container_statuses(current, ready, now)
+            current["status"] = status
+            return current
+
+        started = self._update(pod, mutate)
+        if started is None:
+            return
+        for c in (started.get("spec") or {}).get("containers") or []:
+            name, image = c.get("name"), c.get("image")
+            path = f"spec.containers{{{name}}}"
+            self._event(started, "Pulled", f'Container image "{image}" already present on machine', path)
+            self._event(started, "Created", f"Created container {name}", path)
+            self._event(started, "Started", f"Started container {name}", path)
+        if not ready:
+            self._after(delay, "ready", started)
+
+    def _mark_ready(self, ns: str, name: str, uid: str) -> None:
+        def mutate(current: Obj) -> Obj:
+            meta = current["metadata"]
+            status = current.get("status") or {}
+            if meta.get("uid") != uid or meta.get("deletionTimestamp") or status.get("phase") != "Running":
+                return current
+            now = _now()
+            _set_condition(status, "ContainersReady", True, now)
+            _set_condition(status, "Ready", True, now)
+            for c in status.get("containerStatuses") or []:
+                c["ready"] = True
+            current["status"] = status
+            return current
+
+        self.store.guaranteed_update(self.pods, ns, name, mutate)
+
+    def _kill(self, pod: Obj) -> None:
+        meta = pod["metadata"]
+        grace = float(meta.get("deletionGracePeriodSeconds") or 0)
+
+        def mutate(current: Obj) -> Obj | None:
+            status = current.get("status") or {}
+            if not status.get("containerStatuses"):
+                return None
+            now = _now()
+            _set_condition(status, "ContainersReady", False, now, "ContainersNotReady")
+            _set_condition(status, "Ready", False, now, "ContainersNotReady")
+            for c in status.get("containerStatuses") or []:
+                c["ready"] = False
+            current["status"] = status
+            return current
+
+        stopped = self._update(pod, mutate) or pod
+        for c in (pod.get("spec") or {}).get("containers") or []:
+            self._event(
+                stopped, "Killing", f"Stopping container {c.get('name')}", f"spec.containers{{{c.get('name')}}}"
+            )
+        self._after(min(grace, self.stop_seconds), "remove", pod)
+
+    def _remove(self, ns: str, name: str, uid: str) -> None:
+        self.store.delete(self.pods, ns, name, precondition_uid=uid, grace_period_seconds=0)
+
+    def _event(self, pod: Obj, reason: str, message: str, field_path: str | None) -> None:
+        scheduler = reason == "Scheduled"
+        body = event_body(
+            pod,
+            reason,
+            message,
+            component="default-scheduler" if scheduler else "kubelet",
+            host=None if scheduler else self.name,
+            field_path=field_path,
+        )
+        try:
+            self.store.create(self.events, pod["metadata"]["namespace"], body)
+        except ApiError as e:
+            log.debug("event %s for pod %s not recorded: %s", reason, pod["metadata"].get("name"), e)
