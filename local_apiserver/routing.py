@@ -195,6 +195,9 @@ def parse_target(path: str, table: resources.ResourceTable = _BUILTIN_TABLE) -> 
         if inner is not None and inner.namespaced:
             namespace = rest[1]
             rest = rest[2:]
+        elif inner is None and not (group == "" and rest[2] in ("status", "finalize")):
+            # /namespaces/<ns>/secrets: an unserved resource, not a subresource of namespaces.
+            raise not_found_path(f"{NOT_FOUND} (no resource {rest[2]!r} in {group or 'core'}/{version})")
     if not rest or len(rest) > 3 or any(not s for s in rest):
         raise not_found_path(NOT_FOUND)
     spec = table.lookup(group, version, rest[0])
