@@ -24,9 +24,12 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
-from rangeshard.core.errors import ConfigError, RangeshardError, RegistryUnavailable
+from rangeshard.cli import help_format
+from rangeshard.core.errors import ConfigError, PortInUseError, RangeshardError, RegistryUnavailable
 from rangeshard.core.etcd import EtcdConfig
 from registry import DEFAULT_PREFIX
+
+help_format.install()
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(threadName)s] %(message)s"
 
@@ -79,6 +82,10 @@ def fail(error: RangeshardError) -> NoReturn:
         for problem in error.problems:
             typer.echo(f"error: {problem}", err=True)
         raise typer.Exit(2)
+    if isinstance(error, PortInUseError):
+        for problem in error.problems:
+            typer.echo(f"error: {problem}", err=True)
+        raise typer.Exit(1)
     if isinstance(error, RegistryUnavailable):
         typer.echo(f"error: {error} (is etcd running? set --etcd or RANGESHARD_ETCD)", err=True)
         raise typer.Exit(1)
