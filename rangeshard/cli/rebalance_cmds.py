@@ -40,6 +40,7 @@ from rich.table import Table
 
 from hashing import MAX_HASH
 from rangeshard.cli.common import EtcdOptions, fail, with_etcd_options
+from rangeshard.cli.tables import table_console
 from rangeshard.core.errors import ConfigError, RangeshardError
 from rangeshard.core.etcd import EtcdClient
 from registry import Registry, Snapshot
@@ -147,7 +148,7 @@ def show_command(
             f"{i['share'] * 100:.2f}%",
             str(i["workloadNum"]),
         )
-    Console().print(table)
+    table_console().print(table)
 
 
 def _parse_key(text: str) -> int:
@@ -249,7 +250,7 @@ def plan_command(
         doc = _plan_json(plan, dropped, min_gain)
         sys.stdout.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n")
     else:
-        _print_plan(Console(), plan, dropped, min_gain)
+        _print_plan(table_console(), plan, dropped, min_gain)
 
 
 @app.command("apply")
@@ -267,7 +268,7 @@ def apply_command(
 
     Applies nothing (and says so) when the plan would lower max/mean by less than --min-gain.
     """
-    console = Console()
+    console = table_console()
     try:
         client, reg = _registry(etcd_options)
         with client:
@@ -306,7 +307,7 @@ def auto_command(
     etcd_options: EtcdOptions,
 ) -> None:
     """Rebalance automatically when the imbalance exceeds a threshold (with hysteresis)."""
-    console = Console()
+    console = table_console()
     try:
         check_name("--type", controller_type)
         if interval <= 0 or cooldown < 0:

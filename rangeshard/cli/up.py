@@ -64,7 +64,6 @@ from registry import MembershipWatch, RegistryView
 
 DEFAULT_MANAGER_CONFIG: dict[str, Any] = {
     "leaseTTLSeconds": 10,
-    "reconcileTimeoutSeconds": 3.0,
     "controllers": {"replicaset": {"workers": 4}, "deployment": {"workers": 2}},
 }
 DEMO_DEPLOYMENTS = {"web": 3, "api": 2, "worker": 4, "cache": 1}
