@@ -257,8 +257,8 @@ class ManagerConfig(_Section):
     @classmethod
     def _derive_reconcile_timeout(cls, data: Any) -> Any:
         """Omitted ``reconcileTimeoutSeconds`` = ``min(3, 0.3 * leaseTTLSeconds)`` (always < TTL / 2)."""
-        if isinstance(data, dict) and "reconcileTimeoutSeconds" not in data and "reconcile_timeout_seconds" not in data:
-            ttl = data.get("leaseTTLSeconds", data.get("lease_ttl_seconds"))
+        if isinstance(data, dict) and "reconcileTimeoutSeconds" not in data:
+            ttl = data.get("leaseTTLSeconds")
             if isinstance(ttl, int) and not isinstance(ttl, bool) and ttl > 0:
                 return {**data, "reconcileTimeoutSeconds": derived_reconcile_timeout(ttl)}
         return data
