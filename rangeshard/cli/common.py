@@ -24,7 +24,7 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
-from rangeshard.cli import help_format
+from rangeshard.core import help_format
 from rangeshard.core.errors import ConfigError, PortInUseError, RangeshardError, RegistryUnavailable
 from rangeshard.core.etcd import EtcdConfig
 from registry import DEFAULT_PREFIX

@@ -13,7 +13,8 @@ Invariants
     * Idempotent, and a no-op with Typer versions that have no such column.
 
 Concurrency model
-    Called at import time of the CLI, before any command runs.
+    Called at import time of each command line (``rangeshard``, ``python -m
+    range_filter_proxy``, ``python -m local_apiserver``), before any command runs.
 """
 
 from __future__ import annotations
