@@ -21,7 +21,8 @@ Invariants
     * ``reconcileTimeoutSeconds < leaseTTLSeconds / 2``: a reconcile (and the
       API calls in it, whose timeouts derive from it) must be able to finish
       between the moment an instance fences itself and the moment its lease can
-      expire.
+      expire. Omitted, it is ``min(3, 0.3 * leaseTTLSeconds)``, so every valid
+      TTL works without it.
     * The etcd ``password`` is a :class:`pydantic.SecretStr`: never in ``repr``,
       logs or error messages (errors never echo input values).
     * Relative certificate paths are resolved against the config file's
@@ -125,6 +126,14 @@ def _controller_name(name: str) -> str:
 
 def _none_to_empty_mapping(value: object) -> object:
     return {} if value is None else value
+
+
+DEFAULT_RECONCILE_TIMEOUT = 3.0
+
+
+def derived_reconcile_timeout(lease_ttl_seconds: int) -> float:
+    """The default ``reconcileTimeoutSeconds`` for a TTL: ``min(3, 0.3 * TTL)``, below ``TTL / 2`` for any TTL."""
+    return min(DEFAULT_RECONCILE_TIMEOUT, round(0.3 * lease_ttl_seconds, 3))
 
 
 class _Section(BaseModel):
@@ -246,12 +255,15 @@ class ManagerConfig(_Section):
         "default: derived from the host name and process id.",
     )
     reconcile_timeout_seconds: float = Field(
-        3.0,
+        DEFAULT_RECONCILE_TIMEOUT,
         alias="reconcileTimeoutSeconds",
         gt=0,
         strict=True,
         description="Upper bound of one reconcile; API call timeouts derive from it. "
-        "Must be less than `leaseTTLSeconds / 2` so in-flight work ends before a fenced instance's lease expires.",
+        "Must be less than `leaseTTLSeconds / 2` so in-flight work ends before a fenced instance's lease expires. "
+        "When omitted it derives from the TTL: `min(3, 0.3 * leaseTTLSeconds)` "
+        "(3 for the default TTL of 10, 1.2 for `leaseTTLSeconds: 4`), so any valid TTL works alone.",
+        json_schema_extra={"defaultText": "min(3, 0.3 * leaseTTLSeconds)"},
     )
     metrics: MetricsSection | None = Field(
         default_factory=MetricsSection, description="Metrics and health endpoint; `null` disables it."
@@ -263,6 +275,16 @@ class ManagerConfig(_Section):
         description=f"Controllers this manager runs, by name (built-ins: {', '.join(KNOWN_CONTROLLERS)}; "
         "plugins by `class:` or entry point); at least one.",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _derive_reconcile_timeout(cls, data: Any) -> Any:
+        """Omitted ``reconcileTimeoutSeconds`` = ``min(3, 0.3 * leaseTTLSeconds)`` (always < TTL / 2)."""
+        if isinstance(data, dict) and "reconcileTimeoutSeconds" not in data:
+            ttl = data.get("leaseTTLSeconds")
+            if isinstance(ttl, int) and not isinstance(ttl, bool) and ttl > 0:
+                return {**data, "reconcileTimeoutSeconds": derived_reconcile_timeout(ttl)}
+        return data
 
     @field_validator("registry_prefix")
     @classmethod
@@ -556,6 +578,9 @@ def _plain(value: Any) -> str:
 def _default(field: Any) -> str:
     if field.is_required():
         return "required"
+    extra = field.json_schema_extra
+    if isinstance(extra, dict) and "defaultText" in extra:
+        return f"`{extra['defaultText']}`"
     value = field.get_default(call_default_factory=True)
     if isinstance(value, BaseModel):
         return "see below"

@@ -11,6 +11,8 @@ Concurrency model
 """
 
 from local_apiserver.cli import main
+from rangeshard.core import help_format
 
 if __name__ == "__main__":
+    help_format.install()
     main()

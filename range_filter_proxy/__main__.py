@@ -15,10 +15,12 @@ from __future__ import annotations
 import typer
 
 from range_filter_proxy.cli import proxy_command
+from rangeshard.core import help_format
 
 
 def main() -> None:
     """Run the proxy command."""
+    help_format.install()
     typer.run(proxy_command)
 
 

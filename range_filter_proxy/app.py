@@ -25,6 +25,11 @@ Invariants
       lets it pass; else ``409`` (``fenced_status``), counted in
       ``range_filter_proxy_fenced_writes_total{reason}``. Writes without a
       token pass unchanged.
+    * ``limit``/``continue`` pages are cut from one snapshot per list
+      (:mod:`range_filter_proxy.paging`): consistent at the first page's
+      resourceVersion; an expired token is 410 ``Expired``. ``limit``,
+      ``continue``, ``timeoutSeconds`` and ``resourceVersionMatch`` are
+      validated as kube-apiserver does (400 / 422 ``Status``).
     * Who may read is decided by :class:`range_filter_proxy.auth.ProxyAuth`
       (``--auth-mode``) before a list/watch is served from the cache, and
       before pass-through in ``static`` mode; request bodies are bounded by
@@ -62,6 +67,7 @@ from range_filter_proxy.errors import UpstreamError
 from range_filter_proxy.fencing import FenceSettings, WriteFence, shard_hash_of
 from range_filter_proxy.heap import HeapKeeper, HeapSettings
 from range_filter_proxy.metrics import ProxyMetrics
+from range_filter_proxy.paging import ContinueToken, PageSnapshots, PagingSettings, parse_limit, selectors_digest
 from range_filter_proxy.resources import ResourceInfo, parse_collection_path, parse_object_path, parse_resource_spec
 from range_filter_proxy.tables import ProxyTables
 from range_filter_proxy.upstream import HttpUpstream, Upstream, UpstreamConfig
@@ -156,10 +162,14 @@ class ListOptions:
     send_initial_events: bool | None
     bookmarks: bool
     timeout: float | None
-    limit: str | None
-    continue_token: str | None
+    limit: int | None
+    continue_token: ContinueToken | None
     shard_text: str | None
     filter: WatchFilter
+    #: Digest of namespace and selectors: a continue token is only valid for the selectors it was issued for.
+    selectors: str
+    #: No label, field or shard selector: a page may say how many items remain (``remainingItemCount``).
+    unfiltered: bool
 
     @classmethod
     def parse(cls, request: Request, namespace: str | None) -> ListOptions:
@@ -182,6 +192,8 @@ class ListOptions:
             if not _TIMEOUT_RE.fullmatch(raw_timeout):
                 raise bad_request(f"invalid timeoutSeconds {raw_timeout!r}: want a non-negative integer")
             timeout = float(min(int(raw_timeout), _MAX_WATCH_TIMEOUT_S))
+        limit = parse_limit(q.get("limit"))
+        continue_raw = q.get("continue") or None
         if match is not None and match not in ("NotOlderThan", "Exact"):
             raise _invalid(
                 "resourceVersionMatch", f'Unsupported value: "{match}": supported values: "Exact", "NotOlderThan"'
@@ -206,6 +218,13 @@ class ListOptions:
                 raise _invalid(
                     "resourceVersionMatch", 'resourceVersionMatch "exact" is forbidden for resourceVersion "0"'
                 )
+            if continue_raw is not None:
+                raise _invalid("resourceVersionMatch", "resourceVersionMatch is forbidden when continue is provided")
+        token: ContinueToken | None = None
+        if continue_raw is not None and not watch:
+            if rv_raw not in (None, "0"):
+                raise bad_request("specifying resource version is not allowed when using continue")
+            token = ContinueToken.decode(continue_raw)
         shard_text = q.get("shardSelector") or None
         shard: ShardSelector | None = None
         try:
@@ -219,6 +238,7 @@ class ListOptions:
             raise bad_request(str(e)) from e
         if namespace is None:
             namespace = fields.value_of("metadata.namespace")
+        label_text, field_text = q.get("labelSelector") or None, q.get("fieldSelector") or None
         return cls(
             watch,
             rv,
@@ -227,19 +247,28 @@ class ListOptions:
             send_initial,
             bookmarks,
             timeout,
-            q.get("limit") or None,
-            q.get("continue") or None,
+            limit,
+            token,
             shard_text,
             WatchFilter(namespace, labels, fields, shard),
+            selectors_digest(namespace, label_text, field_text, shard_text),
+            label_text is None and field_text is None and shard_text is None,
         )
 
 
 def _list_body(
-    info: ResourceInfo, items: Sequence[CachedObject], rv: int, opts: ListOptions, continue_token: str | None = None
+    info: ResourceInfo,
+    items: Sequence[CachedObject],
+    rv: int,
+    opts: ListOptions,
+    continue_token: str | None = None,
+    remaining: int = 0,
 ) -> bytes:
     meta: dict[str, Any] = {"resourceVersion": str(rv)}
     if continue_token:
         meta["continue"] = continue_token
+        if opts.unfiltered and remaining > 0:
+            meta["remainingItemCount"] = remaining
     if opts.shard_text is not None:
         meta["shardInfo"] = {"selector": opts.shard_text}
     head = orjson.dumps({"kind": info.list_kind, "apiVersion": info.gvr.group_version, "metadata": meta})
@@ -260,6 +289,7 @@ class ProxyState:
         metrics: ProxyMetrics,
         auth: ProxyAuth,
         fence: WriteFence | None = None,
+        paging: PagingSettings | None = None,
     ) -> None:
         self.upstream = upstream
         self.fence = fence
@@ -267,6 +297,9 @@ class ProxyState:
         self.owns_upstream = owns_upstream
         self.metrics = metrics
         self.manager = CacheManager(upstream, metrics, settings)
+        self.paging = paging or PagingSettings()
+        #: Snapshots behind continue tokens, per resource.
+        self.pages: dict[str, PageSnapshots] = {}
         self.resource_specs = [parse_resource_spec(r) for r in resources if r.strip()]
         self.tables = ProxyTables(upstream)
 
@@ -297,9 +330,23 @@ class ProxyState:
         )
         return _json_response(200, built)
 
+    def _pages(self, cache: WatchCache) -> PageSnapshots:
+        label = cache.info.gvr.label
+        pages = self.pages.get(label)
+        if pages is None:
+            pages = self.pages[label] = PageSnapshots(self.paging)
+        return pages
+
     async def _list(self, cache: WatchCache, opts: ListOptions) -> Response:
         info = cache.info
-        if opts.continue_token is not None or opts.match == "Exact":
+        token = opts.continue_token
+        if token is not None:
+            if token.selectors != opts.selectors:
+                raise bad_request("continue key is not valid: it was issued for a list with other selectors")
+            await cache.wait_synced()
+            page, cont, remaining = self._pages(cache).next_page(token, opts.limit)
+            body = _list_body(info, page, token.rv, opts, cont, remaining)
+        elif opts.match == "Exact":
             body = await self._list_upstream(cache, opts)
         else:
             if opts.resource_version is None:
@@ -307,21 +354,21 @@ class ProxyState:
             else:
                 await cache.wait_not_older_than(opts.resource_version)
                 items, rv = cache.select(opts.filter), cache.rv
-            body = _list_body(info, items, rv, opts)
+            if opts.limit is None:
+                body = _list_body(info, items, rv, opts)
+            else:
+                page, cont, remaining = self._pages(cache).first_page(rv, opts.selectors, items, opts.limit)
+                body = _list_body(info, page, rv, opts, cont, remaining)
         cache.stats.bytes_out += len(body)
         return Response(body, media_type="application/json")
 
     async def _list_upstream(self, cache: WatchCache, opts: ListOptions) -> bytes:
-        """Exact-RV and paginated continuations: list upstream, filter here."""
+        """Exact-RV lists: list upstream (whole, so no upstream continue token escapes), filter here."""
         params: dict[str, str] = {}
         if opts.resource_version_raw is not None:
             params["resourceVersion"] = opts.resource_version_raw
         if opts.match is not None:
             params["resourceVersionMatch"] = opts.match
-        if opts.limit is not None:
-            params["limit"] = opts.limit
-        if opts.continue_token is not None:
-            params["continue"] = opts.continue_token
         listed = await cache.upstream.list(cache.info.gvr, params)
         items = [CachedObject.build(i, cache.info) for i in listed.items]
         try:
@@ -329,7 +376,7 @@ class ProxyState:
         except ValueError as e:
             raise UpstreamError(f"{cache.info.gvr}: upstream list resourceVersion is not an integer") from e
         chosen = [o for o in items if opts.filter.matches(o)]
-        return _list_body(cache.info, chosen, rv, opts, listed.continue_token)
+        return _list_body(cache.info, chosen, rv, opts)
 
     async def _watch(self, cache: WatchCache, opts: ListOptions) -> WatchResponse:
         await cache.wait_synced()
@@ -491,6 +538,7 @@ def create_app(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     heap: HeapSettings | None = None,
     fencing: FenceSettings | None = None,
+    paging: PagingSettings | None = None,
 ) -> FastAPI:
     """Build the proxy app.
 
@@ -528,6 +576,7 @@ def create_app(
             metrics=metrics,
             auth=proxy_auth,
             fence=fence,
+            paging=paging,
         )
     except ValueError as e:
         raise ConfigError(f"invalid resource list: {e}") from e

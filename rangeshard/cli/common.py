@@ -24,10 +24,13 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
-from rangeshard.core.errors import ConfigError, RangeshardError, RegistryUnavailable
+from rangeshard.core import help_format
+from rangeshard.core.errors import ConfigError, PortInUseError, RangeshardError, RegistryUnavailable
 from rangeshard.core.etcd import EtcdConfig
 from rangeshard.core.etcd_options import CaCertOpt, CertOpt, KeyOpt, PasswordOpt, UserOpt, config_from_options
 from registry import DEFAULT_PREFIX
+
+help_format.install()
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(threadName)s] %(message)s"
 
@@ -64,6 +67,10 @@ def fail(error: RangeshardError) -> NoReturn:
         for problem in error.problems:
             typer.echo(f"error: {problem}", err=True)
         raise typer.Exit(2)
+    if isinstance(error, PortInUseError):
+        for problem in error.problems:
+            typer.echo(f"error: {problem}", err=True)
+        raise typer.Exit(1)
     if isinstance(error, RegistryUnavailable):
         typer.echo(f"error: {error} (is etcd running? set --etcd or RANGESHARD_ETCD)", err=True)
         raise typer.Exit(1)

@@ -2,8 +2,9 @@
 
 Purpose
     One entry point for every component: ``hash``, ``registry list|dump``,
-    ``etcd`` (a local etcd for development), ``up`` (the whole system locally)
-    and the component servers as they land. This is the only place that
+    ``etcd`` (a local etcd for development), ``up`` (the whole system locally),
+    ``status``/``down`` (what ``up`` started in a state dir) and the component
+    servers. This is the only place that
     configures logging handlers.
 
 Invariants
@@ -25,7 +26,7 @@ import typer
 
 from hashing import hash_key
 from rangeshard import __version__
-from rangeshard.cli.common import configure_logging, fail
+from rangeshard.cli.common import EtcdOptions, configure_logging, fail, with_etcd_options
 from rangeshard.core.errors import RangeshardError
 
 app = typer.Typer(
@@ -55,15 +56,41 @@ def root(
 
 
 @app.command("hash")
+@with_etcd_options
 def hash_command(
-    values: Annotated[list[str], typer.Argument(help="Strings to hash (usually object uids).")],
+    values: Annotated[list[str], typer.Argument(help="Strings to hash (usually object uids).", show_default=False)],
+    controller_type: Annotated[
+        str | None,
+        typer.Option("--type", "-t", help="Also name the instance of this controller type owning each key."),
+    ] = None,
+    *,
+    etcd_options: EtcdOptions,
 ) -> None:
-    """Print the 63-bit key (FNV-1a 64 >> 1) of each VALUE, one decimal per line."""
-    for value in values:
-        typer.echo(str(hash_key(value)))
+    """Print the 63-bit key (FNV-1a 64 >> 1) of each VALUE, one decimal per line.
+
+    With --type T each line is `KEY INSTANCE`: the instance of T whose range
+    holds the key, read from the registry (`-` when no instance owns it now).
+    """
+    keys = [hash_key(value) for value in values]
+    if controller_type is None:
+        for key in keys:
+            typer.echo(str(key))
+        return
+    from rangeshard.cli.rebalance_cmds import known_snapshot  # noqa: PLC0415 (registry only when asked)
+    from rangeshard.core.etcd import EtcdClient  # noqa: PLC0415
+    from registry import Registry  # noqa: PLC0415
+
+    try:
+        with EtcdClient(etcd_options.config()) as client:
+            snap = known_snapshot(Registry(client, etcd_options.prefix), controller_type)
+    except RangeshardError as e:
+        fail(e)
+    for key in keys:
+        owner = snap.owner_of(key)
+        typer.echo(f"{key} {owner.instance_id if owner else '-'}")
 
 
-LIGHT_COMMANDS = {"hash", "registry", "rebalance", "etcd"}
+LIGHT_COMMANDS = {"hash", "registry", "rebalance", "etcd", "status", "down"}
 
 
 def _requested_command(argv: list[str]) -> str | None:
@@ -84,11 +111,13 @@ def _register_subcommands(argv: list[str]) -> None:
     so ``rangeshard registry list`` and friends skip it; ``--help`` without a
     command still lists everything.
     """
-    from rangeshard.cli import rebalance_cmds, registry_cmds, up  # noqa: PLC0415
+    from rangeshard.cli import rebalance_cmds, registry_cmds, state, up  # noqa: PLC0415
 
     app.add_typer(registry_cmds.app, name="registry")
     app.add_typer(rebalance_cmds.app, name="rebalance")
     app.command("etcd")(up.etcd_command)
+    app.command("status")(state.status_command)
+    app.command("down")(state.down_command)
     if _requested_command(argv) in LIGHT_COMMANDS:
         return
     from rangeshard.cli import components  # noqa: PLC0415

@@ -13,6 +13,9 @@ Invariants
       (etcd unreachable, handover timeout) exit 1. Never a traceback.
     * ``apply`` never prompts when stdin is not a terminal; on a terminal it
       asks once unless ``--yes``.
+    * ``plan`` and ``apply`` propose / apply nothing when the predicted
+      max/mean improvement is below ``--min-gain`` (default 0.05); ``apply``
+      says so. An unknown ``--type`` (no instance registered) exits 2.
     * Auto mode acts only when max/mean exceeds ``--threshold`` and the plan
       predicts at least ``--min-gain`` improvement, then waits ``--cooldown``;
       after applying it re-arms only once the imbalance fell below
@@ -27,6 +30,7 @@ from __future__ import annotations
 import signal
 import sys
 import threading
+from dataclasses import replace
 from typing import Annotated, Any
 
 import orjson
@@ -36,6 +40,7 @@ from rich.table import Table
 
 from hashing import MAX_HASH
 from rangeshard.cli.common import EtcdOptions, fail, with_etcd_options
+from rangeshard.cli.tables import table_console
 from rangeshard.core.errors import ConfigError, RangeshardError
 from rangeshard.core.etcd import EtcdClient
 from registry import Registry, Snapshot
@@ -47,11 +52,46 @@ app = typer.Typer(help="Show and fix the balance of hash ranges between instance
 TypeOpt = Annotated[str, typer.Option("--type", "-t", help="Controller type, e.g. replicaset.")]
 ByOpt = Annotated[str, typer.Option("--by", help="workload (equal owned objects) or range (equal key ranges).")]
 TimeoutOpt = Annotated[float, typer.Option("--timeout", help="Seconds to wait for each handover.")]
+#: A plan whose predicted max/mean improvement is below this proposes nothing.
+DEFAULT_MIN_GAIN = 0.05
+MinGainOpt = Annotated[
+    float,
+    typer.Option(
+        "--min-gain",
+        help="Propose no moves unless they lower max/mean by at least this much (handovers are not free).",
+    ),
+]
 
 
 def _registry(options: EtcdOptions) -> tuple[EtcdClient, Registry]:
     client = EtcdClient(options.config())
     return client, Registry(client, options.prefix)
+
+
+def known_snapshot(reg: Registry, controller_type: str) -> Snapshot:
+    """The type's snapshot; ConfigError (exit 2) when no instance of that type is registered."""
+    check_name("--type", controller_type)
+    snap = reg.snapshot(controller_type)
+    if not snap.members:
+        _, snaps = reg.snapshots()
+        known = ", ".join(sorted(t for t, s in snaps.items() if s.members)) or "none"
+        raise ConfigError(f"--type: no instance of controller type {controller_type!r} is registered (known: {known})")
+    return snap
+
+
+def gain(plan: Plan) -> float:
+    """Predicted improvement of max/mean."""
+    return plan.current_ratio - plan.predicted_ratio
+
+
+def gated(plan: Plan, min_gain: float) -> tuple[Plan, bool]:
+    """The plan, or an empty one when its gain is below ``min_gain``; second: whether it was dropped."""
+    if min_gain < 0:
+        raise ConfigError(f"--min-gain: {min_gain} must be >= 0")
+    if not plan.moves or gain(plan) >= min_gain:
+        return plan, False
+    # Only moves and predicted loads are read from a plan without moves (apply_plan is not called).
+    return replace(plan, moves=(), predicted_loads=plan.current_loads), True
 
 
 def show_data(snap: Snapshot) -> dict[str, Any]:
@@ -87,10 +127,9 @@ def show_command(
 ) -> None:
     """Ranges, workloadNum per instance and the max/mean imbalance."""
     try:
-        check_name("--type", controller_type)
         client, reg = _registry(etcd_options)
         with client:
-            data = show_data(reg.snapshot(controller_type))
+            data = show_data(known_snapshot(reg, controller_type))
     except RangeshardError as e:
         fail(e)
     if as_json:
@@ -109,7 +148,7 @@ def show_command(
             f"{i['share'] * 100:.2f}%",
             str(i["workloadNum"]),
         )
-    Console().print(table)
+    table_console().print(table)
 
 
 def _parse_key(text: str) -> int:
@@ -136,10 +175,10 @@ def set_key_command(
 ) -> None:
     """Move one boundary; the receiving instance stays locked until the giver has drained."""
     try:
-        check_name("--type", controller_type)
         new_key = _parse_key(key)
         client, reg = _registry(etcd_options)
         with client:
+            known_snapshot(reg, controller_type)
             before, receiver = reg.set_key(controller_type, instance, new_key, dry_run=dry_run)
             giver = "its successor" if receiver is before else instance
             verb = "would move" if dry_run else "moved"
@@ -154,19 +193,27 @@ def set_key_command(
         fail(e)
 
 
-def _print_plan(console: Console, plan: Plan) -> None:
+def _print_plan(console: Console, plan: Plan, dropped: Plan | None = None, min_gain: float = 0.0) -> None:
     console.print(
         f"{plan.controller_type} by {plan.by}: max/mean {plan.current_ratio:.2f} -> {plan.predicted_ratio:.2f} "
         f"(predicted loads {list(plan.predicted_loads)}, now {list(plan.current_loads)})"
     )
-    if not plan.moves:
+    if dropped is not None:
+        console.print(
+            f"nothing to move: the best plan ({len(dropped.moves)} move(s)) would lower max/mean by only "
+            f"{gain(dropped):.3f}, below --min-gain {min_gain:g}"
+        )
+    elif not plan.moves:
         console.print("nothing to move")
     for m in plan.moves:
         console.print(f"  {m.instance_id}: {m.old_key} -> {m.new_key}")
 
 
-def _plan_json(plan: Plan) -> dict[str, Any]:
+def _plan_json(plan: Plan, dropped: Plan | None = None, min_gain: float = 0.0) -> dict[str, Any]:
     return {
+        "minGain": min_gain,
+        "predictedGain": round(gain(dropped or plan), 4),
+        "belowMinGain": dropped is not None,
         "controllerType": plan.controller_type,
         "by": plan.by,
         "moves": [{"instanceId": m.instance_id, "from": m.old_key, "to": m.new_key} for m in plan.moves],
@@ -182,22 +229,28 @@ def _plan_json(plan: Plan) -> dict[str, Any]:
 def plan_command(
     controller_type: TypeOpt,
     by: ByOpt = "workload",
+    min_gain: MinGainOpt = DEFAULT_MIN_GAIN,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     *,
     etcd_options: EtcdOptions,
 ) -> None:
-    """Print the moves that would balance the type and the predicted max/mean."""
+    """Print the moves that would balance the type and the predicted max/mean.
+
+    No moves are proposed when they would lower max/mean by less than --min-gain.
+    """
     try:
-        check_name("--type", controller_type)
         client, reg = _registry(etcd_options)
         with client:
-            plan = make_plan(reg.snapshot(controller_type), by)
+            full = make_plan(known_snapshot(reg, controller_type), by)
+            plan, was_dropped = gated(full, min_gain)
     except RangeshardError as e:
         fail(e)
+    dropped = full if was_dropped else None
     if as_json:
-        sys.stdout.write(orjson.dumps(_plan_json(plan), option=orjson.OPT_INDENT_2).decode() + "\n")
+        doc = _plan_json(plan, dropped, min_gain)
+        sys.stdout.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n")
     else:
-        _print_plan(Console(), plan)
+        _print_plan(table_console(), plan, dropped, min_gain)
 
 
 @app.command("apply")
@@ -205,20 +258,25 @@ def plan_command(
 def apply_command(
     controller_type: TypeOpt,
     by: ByOpt = "workload",
+    min_gain: MinGainOpt = DEFAULT_MIN_GAIN,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
     timeout: TimeoutOpt = 60.0,
     *,
     etcd_options: EtcdOptions,
 ) -> None:
-    """Compute the plan and apply it one boundary at a time, waiting for each handover."""
-    console = Console()
+    """Compute the plan and apply it one boundary at a time, waiting for each handover.
+
+    Applies nothing (and says so) when the plan would lower max/mean by less than --min-gain.
+    """
+    console = table_console()
     try:
-        check_name("--type", controller_type)
         client, reg = _registry(etcd_options)
         with client:
-            plan = make_plan(reg.snapshot(controller_type), by)
-            _print_plan(console, plan)
+            full = make_plan(known_snapshot(reg, controller_type), by)
+            plan, was_dropped = gated(full, min_gain)
+            _print_plan(console, plan, full if was_dropped else None, min_gain)
             if not plan.moves:
+                console.print("nothing applied")
                 return
             if not yes and sys.stdin.isatty() and not typer.confirm("apply these moves?"):
                 raise typer.Exit(1)
@@ -240,7 +298,7 @@ def auto_command(
     interval: Annotated[float, typer.Option("--interval", help="Seconds between checks.")] = 30.0,
     threshold: Annotated[float, typer.Option("--threshold", help="Act when max/mean exceeds this.")] = 1.2,
     hysteresis: Annotated[float, typer.Option("--hysteresis", help="Re-arm below threshold - this.")] = 0.05,
-    min_gain: Annotated[float, typer.Option("--min-gain", help="Minimum predicted max/mean improvement.")] = 0.05,
+    min_gain: MinGainOpt = DEFAULT_MIN_GAIN,
     cooldown: Annotated[float, typer.Option("--cooldown", help="Seconds to wait after applying a plan.")] = 60.0,
     by: ByOpt = "workload",
     once: Annotated[bool, typer.Option("--once", help="Check once and exit.")] = False,
@@ -249,7 +307,7 @@ def auto_command(
     etcd_options: EtcdOptions,
 ) -> None:
     """Rebalance automatically when the imbalance exceeds a threshold (with hysteresis)."""
-    console = Console()
+    console = table_console()
     try:
         check_name("--type", controller_type)
         if interval <= 0 or cooldown < 0:

@@ -27,13 +27,14 @@ from typing import Annotated, Any
 
 import orjson
 import typer
-from rich.console import Console, Group
+from rich.console import Group, JustifyMethod
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
 from rangeshard.cli.common import EtcdOptions, fail, with_etcd_options
-from rangeshard.core.errors import RangeshardError
+from rangeshard.cli.tables import Output, OutputOpt, table_console
+from rangeshard.core.errors import ConfigError, RangeshardError
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
 from registry import MembershipWatch, Registry, RegistryView, Snapshot
 from registry.models import check_name
@@ -93,8 +94,8 @@ def _age(seconds: float | None) -> str:
     return f"{s // 3600}h"
 
 
-def render(snapshots: dict[str, Snapshot], client: EtcdClient | None, revision: int) -> Group:
-    """Rich tables, one per controller type."""
+def render(snapshots: dict[str, Snapshot], client: EtcdClient | None, revision: int, *, wide: bool = False) -> Group:
+    """Rich tables, one per controller type (``wide``: also host, pid and lease)."""
     data = rows(snapshots, client)
     if not data:
         return Group(Text(f"no controller instances registered (etcd revision {revision})"))
@@ -103,7 +104,7 @@ def render(snapshots: dict[str, Snapshot], client: EtcdClient | None, revision: 
         table = Table(
             title=f"{ctype}", title_justify="left", caption=f"etcd revision {revision}", caption_justify="left"
         )
-        for col, justify in (
+        columns: list[tuple[str, JustifyMethod]] = [
             ("INSTANCE", "left"),
             ("STATE", "left"),
             ("LOCKED", "left"),
@@ -113,8 +114,11 @@ def render(snapshots: dict[str, Snapshot], client: EtcdClient | None, revision: 
             ("WORKLOAD", "right"),
             ("TTL", "right"),
             ("AGE", "right"),
-        ):
-            table.add_column(col, justify=justify)  # type: ignore[arg-type]
+        ]
+        if wide:
+            columns += [("HOST", "left"), ("PID", "right"), ("LEASE", "right")]
+        for col, justify in columns:
+            table.add_column(col, justify=justify)
         for r in (r for r in data if r["controllerType"] == ctype):
             locked = f"yes (by {r['giver']})" if r["isLocked"] and r["giver"] else ("yes" if r["isLocked"] else "no")
             table.add_row(
@@ -127,6 +131,11 @@ def render(snapshots: dict[str, Snapshot], client: EtcdClient | None, revision: 
                 str(r["workloadNum"]),
                 "-" if r["ttlSeconds"] is None else f"{r['ttlSeconds']}s",
                 _age(r["ageSeconds"]),
+                *(
+                    (r["host"] or "-", str(r["pid"] or "-"), f"{r['leaseId']:x}" if r["leaseId"] else "-")
+                    if wide
+                    else ()
+                ),
             )
         tables.append(table)
     return Group(*tables)
@@ -142,37 +151,49 @@ def _filter(snapshots: dict[str, Snapshot], controller_type: str | None) -> dict
 @with_etcd_options
 def list_command(
     controller_type: Annotated[str | None, typer.Option("--type", "-t", help="Only this controller type.")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON list of instances.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON list of instances (same as -o json).")] = False,
+    output: OutputOpt = Output.table,
     watch: Annotated[bool, typer.Option("--watch", "-w", help="Redraw on every registry change.")] = False,
     *,
     etcd_options: EtcdOptions,
 ) -> None:
-    """Show instances per controller type: state, lock, range, share, workload, TTL, age."""
+    """Show instances per controller type: state, lock, range, share, workload, TTL, age.
+
+    Ids are never cut: when stdout is not a terminal the table is as wide as
+    it needs to be. `-o wide` adds host, pid and lease; `-o json` prints JSON.
+    """
+    as_json = as_json or output is Output.json
+    wide = output is Output.wide
     try:
         if controller_type is not None:
             check_name("--type", controller_type)
         config = etcd_options.config()
         if watch:
-            _watch(config, etcd_options.prefix, controller_type, as_json)
+            _watch(config, etcd_options.prefix, controller_type, as_json, wide)
             return
         with EtcdClient(config) as client:
             rev, snaps = Registry(client, etcd_options.prefix).snapshots()
+            if controller_type is not None and not (snaps.get(controller_type) or Snapshot(controller_type, 0, ())):
+                known = ", ".join(sorted(t for t, s in snaps.items() if s.members)) or "none"
+                raise ConfigError(
+                    f"--type: no instance of controller type {controller_type!r} is registered (known: {known})"
+                )
             snaps = _filter(snaps, controller_type)
             if as_json:
                 sys.stdout.write(orjson.dumps(rows(snaps, client), option=orjson.OPT_INDENT_2).decode() + "\n")
             else:
-                Console().print(render(snaps, client, rev))
+                table_console().print(render(snaps, client, rev, wide=wide))
     except RangeshardError as e:
         fail(e)
 
 
-def _watch(config: EtcdConfig, prefix: str, controller_type: str | None, as_json: bool) -> None:
+def _watch(config: EtcdConfig, prefix: str, controller_type: str | None, as_json: bool, wide: bool) -> None:
     views: queue.Queue[RegistryView] = queue.Queue()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     watch = MembershipWatch(config, views.put, controller_type=controller_type, prefix=prefix, name="cli")
     watch.start()
-    console = Console()
+    console = table_console()
     try:
         with EtcdClient(config) as client:
             if as_json or not console.is_terminal:
@@ -187,7 +208,7 @@ def _watch(config: EtcdConfig, prefix: str, controller_type: str | None, as_json
                         line = orjson.dumps({"revision": view.revision, "instances": rows(snaps, client)})
                         sys.stdout.write(line.decode() + "\n")
                     else:
-                        console.print(render(snaps, client, view.revision))
+                        console.print(render(snaps, client, view.revision, wide=wide))
                         console.print("---")
                     sys.stdout.flush()
             else:
@@ -201,7 +222,8 @@ def _watch(config: EtcdConfig, prefix: str, controller_type: str | None, as_json
                                 continue
                         # Redraw on every change, and once a second for TTL/age columns.
                         live.update(
-                            render(_filter(last.snapshots, controller_type), client, last.revision), refresh=True
+                            render(_filter(last.snapshots, controller_type), client, last.revision, wide=wide),
+                            refresh=True,
                         )
     except KeyboardInterrupt:
         pass

@@ -12,6 +12,7 @@ The tree::
     RangeshardError
     ├── ConfigError                 bad configuration or CLI input (exit 2)
     ├── EtcdServerError             the embedded etcd server cannot start / stop
+    ├── PortInUseError              (rangeshard.core.ports) a port ``up`` needs is taken (exit 1)
     ├── ControllerError             raised inside the controller framework
     │   ├── ReconcileTimeout        a reconcile reached its deadline (fencing or its own bound)
     │   └── Requeue                 (controller_manager.controller) reconcile again later
@@ -51,6 +52,14 @@ class RangeshardError(Exception):
 
 class ConfigError(RangeshardError):
     """Invalid configuration or command-line input; ``problems`` lists ``field: problem`` lines."""
+
+    def __init__(self, message: str, problems: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.problems = problems or [message]
+
+
+class PortInUseError(RangeshardError):
+    """Ports needed by a command are taken; ``problems`` names each port and its holder."""
 
     def __init__(self, message: str, problems: list[str] | None = None) -> None:
         super().__init__(message)

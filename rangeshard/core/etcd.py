@@ -129,13 +129,21 @@ class EtcdConfig:
 
 
 def parse_endpoint(url: str) -> EtcdEndpoint:
-    """Parse ``http://host:port``, ``https://host:port`` or ``host:port``."""
+    """Parse ``http://host[:port]``, ``https://host[:port]`` or ``host:port`` (ConfigError otherwise)."""
+    want = "want http://HOST:PORT, https://HOST:PORT or HOST:PORT"
     text = url if "://" in url else f"http://{url}"
     try:
         parts = urlsplit(text)
         port = parts.port
     except ValueError as e:
-        raise ConfigError(f"etcd endpoint {url!r}: {e}") from e
+        raise ConfigError(f"etcd endpoint {url!r}: invalid URL ({e}); {want}") from e
+    if any(c.isspace() for c in url):
+        raise ConfigError(f"etcd endpoint {url!r}: a URL has no spaces; {want}")
+    if "://" not in url and port is None:
+        # A bare word such as "foo" is a typo far more often than a host on the default port.
+        raise ConfigError(f"etcd endpoint {url!r}: not a valid URL; {want}")
+    if port == 0:
+        raise ConfigError(f"etcd endpoint {url!r}: port must be 1-65535")
     if parts.scheme not in ("http", "https"):
         raise ConfigError(f"etcd endpoint {url!r}: scheme must be http or https")
     if not parts.hostname:

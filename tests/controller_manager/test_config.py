@@ -357,3 +357,13 @@ def test_reference_documents_every_field_and_its_example_loads(tmp_path: Path) -
     cfg = load_config(write(tmp_path, example))
     assert cfg == ManagerConfig.model_validate(yaml.safe_load(example))
     assert set(cfg.controllers) == set(KNOWN_CONTROLLERS)
+
+
+@pytest.mark.parametrize(("ttl", "expected"), [(3, 0.9), (4, 1.2), (10, 3.0), (300, 3.0)])
+def test_reconcile_timeout_defaults_from_the_lease_ttl(tmp_path: Path, ttl: int, expected: float) -> None:
+    # any valid TTL works alone: the default timeout is min(3, 0.3 * TTL), always below TTL / 2
+    cfg = load_config(write(tmp_path, f"leaseTTLSeconds: {ttl}\n" + MINIMAL))
+    assert cfg.reconcile_timeout_seconds == expected < ttl / 2
+    explicit = load_config(write(tmp_path, f"leaseTTLSeconds: {ttl}\nreconcileTimeoutSeconds: 0.5\n" + MINIMAL))
+    assert explicit.reconcile_timeout_seconds == 0.5
+    assert "min(3, 0.3 * leaseTTLSeconds)" in (REPO / "docs" / "configuration.md").read_text()

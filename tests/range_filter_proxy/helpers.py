@@ -80,3 +80,12 @@ async def read_events(lines: AsyncIterator[str], n: int, timeout: float = 10.0) 
 
     await asyncio.wait_for(take(), timeout)
     return out
+
+
+async def assert_statuses(client: Any, path: str, cases: list[tuple[dict[str, str], int, str]]) -> None:
+    """GET ``path`` with each case's params: a ``Status`` with that code whose message contains the text."""
+    for params, code, text in cases:
+        resp = await client.get(path, params=params)
+        assert resp.status_code == code, (params, resp.text)
+        body = resp.json()
+        assert body["kind"] == "Status" and body["code"] == code and text in body["message"], (params, body)

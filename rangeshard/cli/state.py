@@ -1,0 +1,235 @@
+"""The state directory's record of a running ``rangeshard up``, and ``rangeshard status`` / ``rangeshard down``.
+
+Purpose
+    ``up`` writes ``DIR/up.json`` (:class:`UpState`): its own pid, whether it
+    detached, and every component it started (kind, pid, port, URL, health
+    URL). ``status`` reads it and probes each component (process alive and
+    its health endpoint: etcd ``/health``, the API server's, the proxy's and
+    each manager's ``/readyz``). ``down`` stops what it lists: managers first
+    (graceful leave), then the proxy, the API server and etcd; SIGTERM, then
+    SIGKILL after a grace period.
+
+Invariants
+    * A pid is only signalled while it is still the process ``up`` started
+      (same ``/proc/PID/stat`` start time), so a reused pid is never killed.
+    * ``down`` is idempotent: nothing running (or no ``up.json``) is success.
+    * ``status`` exit codes: 0 every component healthy, 1 at least one
+      component is down or unhealthy, 3 nothing to report (no ``up.json``).
+    * The state file is written atomically (temp file + rename).
+
+Concurrency model
+    Main thread; health probes are sequential blocking HTTP calls with short
+    timeouts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Literal
+
+import httpx
+import orjson
+import typer
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from rich.console import Console
+from rich.table import Table
+
+from rangeshard.cli.tables import Output, OutputOpt, table_console
+
+STATE_FILE = "up.json"
+ComponentKind = Literal["etcd", "apiserver", "proxy", "manager"]
+#: Seconds ``down`` waits after SIGTERM before SIGKILL, per kind (a manager's graceful leave drains first).
+GRACE: dict[str, float] = {"manager": 20.0, "proxy": 10.0, "apiserver": 10.0, "etcd": 10.0, "up": 60.0}
+
+StateDirOpt = Annotated[
+    Path,
+    typer.Option("--state-dir", envvar="RANGESHARD_STATE_DIR", help="Where etcd data, logs and the kubeconfig live."),
+]
+DEFAULT_STATE_DIR = Path(".rangeshard")
+
+
+class Component(BaseModel):
+    """One child process of ``up`` as recorded in ``up.json``."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+    name: str
+    kind: ComponentKind
+    pid: int | None
+    start_time: int | None = Field(None, alias="startTime")
+    port: int | None
+    url: str | None
+    health_url: str | None = Field(None, alias="healthUrl")
+
+
+class UpState(BaseModel):
+    """What ``up`` started (``DIR/up.json``)."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+    up_pid: int = Field(alias="upPid")
+    up_start_time: int | None = Field(None, alias="upStartTime")
+    detached: bool
+    kubeconfig: str | None = None
+    components: list[Component]
+
+
+def process_start_time(pid: int) -> int | None:
+    """Field 22 of ``/proc/PID/stat`` (clock ticks since boot), or None when the process is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[-1].split()
+    if not fields or fields[0] == "Z":  # a zombie has exited already
+        return None
+    try:
+        return int(fields[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def alive(pid: int | None, start_time: int | None) -> bool:
+    """The process exists and is the one recorded (same start time when one was recorded)."""
+    if pid is None:
+        return False
+    now = process_start_time(pid)
+    return now is not None and (start_time is None or now == start_time)
+
+
+def write_state(state_dir: Path, state: UpState) -> None:
+    path = state_dir / STATE_FILE
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_bytes(orjson.dumps(state.model_dump(mode="json", by_alias=True), option=orjson.OPT_INDENT_2))
+    tmp.replace(path)
+
+
+def read_state(state_dir: Path) -> UpState | None:
+    """The recorded state, or None when there is none (or it is unreadable)."""
+    try:
+        return UpState.model_validate_json((state_dir / STATE_FILE).read_bytes())
+    except (OSError, ValidationError):
+        return None
+
+
+def remove_state(state_dir: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        (state_dir / STATE_FILE).unlink()
+
+
+def probe(url: str | None, kind: str, timeout: float = 2.0) -> tuple[bool, str]:
+    """(healthy, detail) of one health endpoint; etcd's ``/health`` must also say ``"health":"true"``."""
+    if url is None:
+        return True, "no health endpoint"
+    try:
+        with httpx.Client(timeout=timeout, verify=False) as client:  # noqa: S501 (loopback probe of our own child)
+            resp = client.get(url)
+    except httpx.HTTPError as e:
+        return False, f"no answer ({type(e).__name__})"
+    if resp.status_code != 200:
+        return False, f"{resp.status_code} {resp.text.strip()[:80]}"
+    if kind == "etcd":
+        try:
+            ok = str(resp.json().get("health")) == "true"
+        except (ValueError, AttributeError):
+            ok = False
+        return ok, "healthy" if ok else f"unhealthy: {resp.text.strip()[:80]}"
+    return True, "healthy"
+
+
+def component_health(c: Component) -> tuple[bool, str]:
+    if not alive(c.pid, c.start_time):
+        return False, "not running"
+    return probe(c.health_url, c.kind)
+
+
+def running_components(state: UpState) -> list[Component]:
+    return [c for c in state.components if alive(c.pid, c.start_time)]
+
+
+def stop_pids(targets: list[tuple[int, int | None]], grace: float) -> list[int]:
+    """SIGTERM every (pid, start time) at once, wait up to ``grace`` seconds, SIGKILL the rest.
+
+    Returns the pids that were running.
+    """
+    running = [(pid, st) for pid, st in targets if alive(pid, st)]
+    for pid, _ in running:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while any(alive(pid, st) for pid, st in running) and time.monotonic() < deadline:
+        time.sleep(0.05)  # polling foreign processes: no event to wait on
+    for pid, st in running:
+        if alive(pid, st):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while any(alive(pid, st) for pid, st in running) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return [pid for pid, _ in running]
+
+
+def status_command(state_dir: StateDirOpt = DEFAULT_STATE_DIR, output: OutputOpt = Output.table) -> None:
+    """Show each component ``up`` started in the state dir: pid, port, healthy or not.
+
+    Exit code: 0 all healthy; 1 a component is down or unhealthy; 3 no ``up``
+    recorded in the state dir.
+    """
+    state = read_state(state_dir)
+    if state is None:
+        if output is Output.json:
+            sys.stdout.write(orjson.dumps({"stateDir": str(state_dir), "components": []}).decode() + "\n")
+        else:
+            typer.echo(f"nothing running: no {state_dir / STATE_FILE} (start one with rangeshard up --detach)")
+        raise typer.Exit(3)
+    rows = []
+    for c in state.components:
+        healthy, detail = component_health(c)
+        rows.append((c, healthy, detail))
+    if output is Output.json:
+        doc = {
+            "stateDir": str(state_dir),
+            "upPid": state.up_pid,
+            "detached": state.detached,
+            "components": [
+                {"name": c.name, "kind": c.kind, "pid": c.pid, "port": c.port, "url": c.url, "healthy": h, "detail": d}
+                for c, h, d in rows
+            ],
+        }
+        sys.stdout.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n")
+    else:
+        table = Table(title=f"rangeshard up in {state_dir}", title_justify="left")
+        for col in ("COMPONENT", "PID", "PORT", "HEALTHY", "DETAIL") + (("URL",) if output is Output.wide else ()):
+            table.add_column(col)
+        for c, healthy, detail in rows:
+            cells = [c.name, str(c.pid or "-"), str(c.port or "-"), "yes" if healthy else "no", detail]
+            table.add_row(*cells, *((c.url or "-",) if output is Output.wide else ()))
+        table_console().print(table)
+    if not all(h for _, h, _ in rows):
+        raise typer.Exit(1)
+
+
+def down_command(state_dir: StateDirOpt = DEFAULT_STATE_DIR) -> None:
+    """Stop everything ``up`` started in the state dir (managers first); data stays. Idempotent."""
+    console = Console(stderr=False)
+    state = read_state(state_dir)
+    if state is None:
+        typer.echo(f"nothing to stop: no {state_dir / STATE_FILE}")
+        return
+    if not state.detached and stop_pids([(state.up_pid, state.up_start_time)], GRACE["up"]):
+        # A foreground `up` stops its own children on SIGTERM; whatever is left is stopped below.
+        typer.echo(f"stopped up (pid {state.up_pid})")
+    # Managers first (graceful leave, all at once), then the proxy, the API server, etcd.
+    for kind in ("manager", "proxy", "apiserver", "etcd"):
+        group = [c for c in state.components if c.kind == kind and c.pid is not None]
+        stopped = set(stop_pids([(c.pid, c.start_time) for c in group if c.pid is not None], GRACE[kind]))
+        for c in group:
+            if c.pid in stopped:
+                console.print(f"stopped {c.name} (pid {c.pid})")
+    remove_state(state_dir)
+    typer.echo("stopped")
