@@ -434,6 +434,9 @@ class Store:
                 result["status"] = new["status"]
             else:
                 result.pop("status", None)
+            if spec.crd is not None:
+                validate_object(spec, result)  # a custom resource's status is checked against its schema too
+                apply_defaults(spec, result)
             return result
         new["kind"] = spec.kind
         new["apiVersion"] = spec.api_version

@@ -28,6 +28,7 @@ Concurrency model
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import signal
 import subprocess
@@ -46,6 +47,7 @@ from kubernetes import client as k8s
 
 from controller_manager.audit import AuditRecord, find_overlaps, read_records
 from controller_manager.controller import Controller
+from controller_manager.plugins import controller_type
 from controller_manager.resources import raw_request
 from local_apiserver.process import LocalApiServerProcess
 from range_filter_proxy.process import ProxyProcess
@@ -164,6 +166,7 @@ class Managers:
     controller_type: str
     entry: dict[str, Any]
     registry_prefix: str
+    entry_name: str = ""  # the config key (default: controller_type)
     processes: list[ManagerProcess] = field(default_factory=list)
 
     @property
@@ -187,7 +190,7 @@ class Managers:
             "reconcileTimeoutSeconds": RECONCILE_TIMEOUT,
             "registryPrefix": self.registry_prefix,
             "metrics": None,
-            "controllers": {self.controller_type: self.entry},
+            "controllers": {self.entry_name or self.controller_type: self.entry},
         }
         config = cluster.workdir / f"{name}.yaml"
         config.write_text(yaml.safe_dump(cfg, sort_keys=False))
@@ -425,18 +428,29 @@ class TestCluster:
         ``name`` is the config entry (default: the class's ``name``). Returns once all are active.
         """
         target = _target(controller)
-        kind = name or (getattr(controller, "name", None) if not isinstance(controller, str) else None)
-        if not kind:
-            kind = target.rpartition(":")[2].lower()
+        cls = controller if not isinstance(controller, str) else _import(target)
+        entry_name = name or controller_type(target.rpartition(":")[2].lower(), cls)
+        kind = controller_type(entry_name, cls)  # the registry type: the class's name, else the entry
         group = Managers(
             self,
-            str(kind),
+            kind,
             {"class": target, "workers": workers},
             f"/rangeshard-testing-{uuid.uuid4().hex[:8]}",
+            entry_name,
         )
         self.groups.append(group)
         group.add(n, wait=wait, timeout=timeout)
         return group
+
+
+def _import(target: str) -> type[Controller]:
+    module, _, attr = target.partition(":")
+    obj: Any = importlib.import_module(module)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    if not (isinstance(obj, type) and issubclass(obj, Controller)):
+        raise TestKitError(f"{target} is not a Controller subclass")
+    return obj
 
 
 def _quiet(fn: Callable[[], bool]) -> bool:

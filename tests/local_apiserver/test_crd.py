@@ -173,6 +173,9 @@ def test_status_and_scale_subresources(http: httpx.Client, kube: Any, namespace:
     )
     assert obj["status"] == {"replicas": 2, "ready": True} and obj["spec"]["color"] == "red"
     assert obj["metadata"]["generation"] == 1
+    with pytest.raises(ApiException) as ei:
+        api.patch_namespaced_custom_object_status(group, "v1", namespace, "widgets", "s", {"status": {"ready": "yes"}})
+    assert ei.value.status == 422 and "status.ready" in ei.value.body
     scale = api.get_namespaced_custom_object_scale(group, "v1", namespace, "widgets", "s")
     assert scale["spec"]["replicas"] == 2 and scale["status"]["replicas"] == 2
     api.patch_namespaced_custom_object_scale(group, "v1", namespace, "widgets", "s", {"spec": {"replicas": 5}})
