@@ -16,8 +16,11 @@ from typing import Any
 
 import httpx
 import pytest
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
 from prometheus_client.parser import text_string_to_metric_families
 
+from controller_manager.fencing import FencedApiClient, WriteFenced
 from hashing import hash_key
 from local_apiserver.process import LocalApiServerProcess
 from range_filter_proxy.process import ProxyProcess
@@ -148,3 +151,27 @@ def test_fencing_options_are_checked(tmp_path: Path) -> None:
     assert bad_url.returncode == 2 and "etcd" in bad_url.stderr
     missing_ca = cli("--etcd", "https://127.0.0.1:2379", "--etcd-cacert", str(tmp_path / "nope.pem"))
     assert missing_ca.returncode == 2 and "nope.pem" in missing_ca.stderr
+
+
+def test_manager_client_tells_a_fenced_write_from_an_ordinary_conflict(proxy_url: str) -> None:
+    cfg = k8s.Configuration()
+    cfg.host = proxy_url
+    client = FencedApiClient(cfg)
+    try:
+        core = k8s.CoreV1Api(client)
+        ns = f"c-{uuid.uuid4().hex[:6]}"
+        assert client.user_agent.startswith("rangeshard-controller-manager/")
+        core.create_namespace({"metadata": {"name": ns}})  # no token yet: passes unfenced
+        with pytest.raises(ApiException) as conflict:  # an ordinary 409 (AlreadyExists) stays an ApiException
+            core.create_namespace({"metadata": {"name": ns}})
+        assert conflict.value.status == 409 and not isinstance(conflict.value, WriteFenced)
+        ghost = OwnerToken(CTYPE, "ghost", 0x1234, 1)
+        client.set_token(ghost)
+        assert client.user_agent == ghost.user_agent()
+        with client.reconciling(hash_key("some-uid")), pytest.raises(WriteFenced) as fenced:
+            core.create_namespaced_config_map(ns, {"metadata": {"name": "x"}})
+        assert fenced.value.reason == "NotRegistered" and fenced.value.token == ghost
+        assert "fenced" in str(fenced.value)
+        core.read_namespace(ns)  # reads are never fenced
+    finally:
+        client.close()
