@@ -96,6 +96,8 @@ class ResourceSpec:
         return f"{self.resource}.{self.group}" if self.group else self.resource
 
 
+_EVENT_REFERENCE_FIELDS = ("kind", "namespace", "name", "uid", "apiVersion")
+
 RESOURCES: tuple[ResourceSpec, ...] = (
     ResourceSpec("", "v1", "namespaces", "Namespace", False, "namespace", ("ns",)),
     ResourceSpec(
@@ -122,11 +124,7 @@ RESOURCES: tuple[ResourceSpec, ...] = (
         "event",
         ("ev",),
         extra_fields=(
-            "involvedObject.kind",
-            "involvedObject.namespace",
-            "involvedObject.name",
-            "involvedObject.uid",
-            "involvedObject.apiVersion",
+            *(f"involvedObject.{f}" for f in _EVENT_REFERENCE_FIELDS),
             "involvedObject.resourceVersion",
             "involvedObject.fieldPath",
             "reason",
@@ -170,16 +168,7 @@ RESOURCES: tuple[ResourceSpec, ...] = (
         True,
         "event",
         ("ev",),
-        extra_fields=(
-            "regarding.kind",
-            "regarding.namespace",
-            "regarding.name",
-            "regarding.uid",
-            "regarding.apiVersion",
-            "reason",
-            "reportingController",
-            "type",
-        ),
+        extra_fields=(*(f"regarding.{f}" for f in _EVENT_REFERENCE_FIELDS), "reason", "reportingController", "type"),
         stored_as="core/events",
     ),
     ResourceSpec(

@@ -11,8 +11,9 @@ Purpose
       (both ints or percentages, default 25%/25%; surge rounds up, unavailable
       down; both 0 means unavailable 1), old ReplicaSets scaled down as new
       pods become available (:mod:`controller_manager.controllers.rollout`);
-    * ``Recreate``: every old ReplicaSet scaled to 0 and its pods gone before
-      the new one scales up;
+    * ``Recreate``: every old ReplicaSet scaled to 0 and its pods gone (also
+      terminating ones: read from the API, pods are not in this controller's
+      caches) before the new one scales up;
     * revisions: ``deployment.kubernetes.io/revision`` on the ReplicaSets (the
       newest template gets the highest, also after ``kubectl rollout undo``)
       and on the Deployment; old ReplicaSets with no pods are deleted beyond
@@ -119,6 +120,7 @@ class DeploymentController(Controller):
         super().__init__(runtime)
         # Typed loosely: bodies are plain dicts (the client serialises them as they are).
         self.apps: Any = k8s.AppsV1Api(self.api)
+        self.core: Any = k8s.CoreV1Api(self.api)
         self.recorder = EventRecorder(self.api, "deployment-controller")
         self._lock = threading.Lock()
         # key -> ({ReplicaSet name: generation the informer must reach}, since)
@@ -212,9 +214,13 @@ class DeploymentController(Controller):
             for rs in old:
                 if rs_replicas(rs):
                     self._scale(key, d, rs, 0, ctx)
-            if old_spec == 0 and old_live == 0 and rs_replicas(current) != want:
+            if old_spec or old_live:
+                return True
+            if rs_replicas(current) != want:
+                if self._old_pods_remain(d, old, ctx):
+                    return True
                 self._scale(key, d, current, want, ctx)
-            return old_spec > 0 or old_live > 0
+            return False
         target = new_rs_target(want, strategy, rs_replicas(current), old_spec)
         if target != rs_replicas(current):
             self._scale(key, d, current, target, ctx)
@@ -222,6 +228,30 @@ class DeploymentController(Controller):
         for rs, replicas in old_scale_downs(want, strategy, current, old):
             self._scale(key, d, rs, replicas, ctx)
         return old_spec > 0 or old_live > 0
+
+    def _old_pods_remain(self, d: dict[str, Any], old: list[dict[str, Any]], ctx: ReconcileContext) -> bool:
+        """Whether pods of old ReplicaSets still exist (terminating ones too): Recreate waits for them.
+
+        Pods are the ReplicaSets' dependents (hashed by their uids), not in this
+        controller's caches, so this reads them from the API.
+        """
+        uids = {rs["metadata"]["uid"] for rs in old}
+        if not uids:
+            return False
+        match = ((d.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
+        pods = self.core.list_namespaced_pod(
+            d["metadata"]["namespace"],
+            label_selector=",".join(f"{k}={v}" for k, v in sorted(match.items())),
+            _request_timeout=ctx.timeout(),
+            _preload_content=False,
+        )
+        for pod in orjson.loads(pods.data).get("items") or []:
+            if (controller_ref(pod) or {}).get("uid") in uids and (pod.get("status") or {}).get("phase") not in (
+                "Succeeded",
+                "Failed",
+            ):
+                return True
+        return False
 
     # -- writes --------------------------------------------------------------------
     def _create_rs(

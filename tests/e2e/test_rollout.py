@@ -91,6 +91,7 @@ class PodWatch:
         self.max_live = 0
         self.min_available = REPLICAS
         self.hashes_together = 0
+        self.hashes_present = 0
         self.error: Exception | None = None
         self.stop = threading.Event()
         self.ready = threading.Event()
@@ -142,6 +143,8 @@ class PodWatch:
         hashes = {p["metadata"]["labels"].get("pod-template-hash") for p in live}
         if len(hashes) > 1:
             self.hashes_together += 1
+        if len({p["metadata"]["labels"].get("pod-template-hash") for p in self.pods.values()}) > 1:
+            self.hashes_present += 1  # terminating pods included
 
     def __enter__(self) -> PodWatch:
         self.thread.start()
@@ -238,7 +241,10 @@ def test_pods_ready_rolling_update_history_undo_restart_events(node_cluster: Clu
     assert terminating["deletionTimestamp"] and terminating["deletionGracePeriodSeconds"] == 30
     wait_until(lambda: victim not in {p["metadata"]["name"] for p in _pods(kubectl)}, 20, "the node to remove the pod")
 
-    # Recreate when asked: the old pods are gone before new ones start.
+    # Recreate when asked: the old pods are gone (not even terminating) before new ones start.
+    wait_until(
+        lambda: not any(p["metadata"].get("deletionTimestamp") for p in _pods(kubectl)), 20, "no pod terminating"
+    )
     kubectl(
         "patch",
         "deployment/web",
@@ -249,7 +255,7 @@ def test_pods_ready_rolling_update_history_undo_restart_events(node_cluster: Clu
     with PodWatch(cluster.api, ns) as watch:
         kubectl("set", "image", "deployment/web", "main=registry.local/web:3")
         kubectl("rollout", "status", "deployment/web", "--timeout=60s", timeout=70)
-    assert watch.hashes_together == 0 and watch.max_live <= REPLICAS
+    assert watch.hashes_present == 0 and watch.max_live <= REPLICAS
     assert _images(kubectl) == {"registry.local/web:3"}
     assert "ScalingReplicaSet" in kubectl("describe", "deployment", "web")
 
