@@ -89,13 +89,14 @@ class LocalApiServerProcess(ManagedProcess):
             cmd += ["--tls-cert", self.tls_cert, "--tls-key", self.tls_key]
         return cmd + self.extra_args
 
-    def start(self, timeout: float = 30.0) -> LocalApiServerProcess:
-        """Spawn the server and wait until ``/readyz`` answers 200."""
+    def start(self, timeout: float = 30.0, *, wait: bool = True) -> LocalApiServerProcess:
+        """Spawn the server and (with ``wait``) wait until ``/readyz`` answers 200."""
         if self.running:
             return self
         proc = self._spawn(self.command(), LocalApiServerError, "the local API server", self.env)
         log.info("local API server starting on %s (pid %s)", self.url, proc.pid)
-        self.wait_ready(timeout)
+        if wait:
+            self.wait_ready(timeout)
         return self
 
     def wait_ready(self, timeout: float = 30.0) -> None:

@@ -19,6 +19,7 @@ import orjson
 from local_apiserver.process import LocalApiServerProcess
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
 from rangeshard.core.process import EtcdServer, EtcdTLS
+from tests.helpers import wait_until
 from tests.security.certs import Pki
 
 
@@ -89,13 +90,20 @@ def test_local_apiserver_with_etcd_authentication(tmp_path: Path) -> None:
             env={"RANGESHARD_ETCD_PASSWORD": "not-" + password},
         )
         try:
-            wrong.start(timeout=3)
-            started = True
-        except Exception:
-            started = False
+            wrong.start(wait=False)
+            # Poll the log (start-up takes seconds on a loaded machine); the server must never become ready.
+            wait_until(
+                lambda: "authentication failed" in (tmp_path / "wrong.log").read_text(),
+                60,
+                "the wrong password to be reported",
+            )
+            try:
+                code: int | None = httpx.get(f"{wrong.url}/readyz", timeout=10).status_code
+            except httpx.HTTPError:
+                code = None  # still in its start-up retries: not serving at all
+            assert code != 200
         finally:
             wrong.kill()
-        assert not started
         wrong_log = (tmp_path / "wrong.log").read_text()
         assert "authentication failed" in wrong_log and "Traceback" not in wrong_log, wrong_log
         assert password not in wrong_log
