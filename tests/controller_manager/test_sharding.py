@@ -50,6 +50,7 @@ def make_shard(
     made: list[ShardInstance] = []
 
     def make(name: str) -> ShardInstance:
+        allowed_calls: list[int] = []
         shard = ShardInstance(
             etcd_config=etcd_config,
             registry_prefix=key_prefix,
@@ -57,12 +58,14 @@ def make_shard(
             instance_id=name,
             lease_ttl=TTL,
             reconcile_timeout=TIMEOUT,
-            synced=lambda _epoch: True,
+            # The informers relist at once: synced exactly at the current epoch.
+            synced=lambda epoch: epoch == shard.epoch,
             on_epoch=lambda: None,
-            on_allowed=lambda: None,
+            on_allowed=lambda: allowed_calls.append(shard.epoch),
             workload=lambda _rng: (0, None),
             clock=clock,
         )
+        shard.allowed_calls = allowed_calls  # type: ignore[attr-defined]
         made.append(shard)
         return shard
 
@@ -86,9 +89,17 @@ def step(shard: ShardInstance, registry: Registry) -> None:
 
 def active(make_shard: Callable[[str], ShardInstance], registry: Registry, name: str = "a") -> ShardInstance:
     shard = make_shard(name)
+    before_join = registry.snapshot(CT)
     assert shard._register()
+    # A snapshot older than our join says nothing about us: ignored, not "our record is gone".
+    shard.snapshot = before_join
+    shard._evaluate()
+    assert not shard.fenced and shard.allowed is None and shard.counters["rejoins"] == 0
     step(shard, registry)
     assert shard.allowed == HashRange.full()
+    step(shard, registry)
+    # Allowed once per epoch: no resync storm on every evaluation.
+    assert shard.allowed_calls == [shard.epoch]  # type: ignore[attr-defined]
     return shard
 
 
@@ -109,6 +120,9 @@ def test_try_begin_refuses_a_reconcile_that_could_outlive_the_fencing_deadline(
     shard.end("ns/a")
     clock.set(deadline - TIMEOUT - 0.01)
     assert shard.try_begin("ns/a", HIGH) == pytest.approx(deadline - 0.01)
+    shard.end("ns/a")
+    clock.set(deadline - TIMEOUT)  # ends exactly at the deadline: still allowed (exact in binary floats)
+    assert shard.try_begin("ns/a", HIGH) == deadline
     shard.end("ns/a")
     clock.set(deadline - TIMEOUT + 0.01)
     assert shard.try_begin("ns/a", HIGH) is None
@@ -148,11 +162,14 @@ def test_giver_unlocks_its_receiver_only_after_draining_the_keys_it_gave_away(
     receiver = registry.join(CT, "b", etcd_client.grant_lease(TTL))
     assert receiver.record.is_locked and receiver.record.giver == "a"
     assert receiver.range is not None and receiver.range.contains(LOW) and not receiver.range.contains(HIGH)
+    epochs = giver.counters["epochs"]
     for _ in range(3):
         step(giver, registry)
         assert giver.state == State.WAIT.value
         assert locked(registry, "b"), "receiver unlocked while a key it received was still being reconciled"
     assert giver.counters["drain_waits"] == 3 and giver.counters["unlocks"] == 0
+    assert giver.counters["epochs"] == epochs + 1  # one relist for the range change, not one per evaluation
+    assert giver.informer_range() == (giver.epoch, HashRange(receiver.range.hi + 1, MAX_HASH))
     # While draining, the giver keeps working inside its new range and starts nothing outside it.
     assert giver.try_begin("ns/low2", LOW + 1) is None
     assert giver.try_begin("ns/high2", HIGH - 1) is not None
