@@ -214,7 +214,7 @@ def test_rejoin_waits_for_running_reconciles(
     assert shard.keeper is not None
     old_lease = shard.keeper.lease_id
     assert shard.try_begin("ns/a", HIGH) is not None
-    etcd_client.revoke_lease(old_lease)  # our record vanishes
+    assert registry.remove(CT, "a")  # our record vanishes (deleted by hand: the lease itself is still alive)
     for _ in range(3):
         step(shard, registry)
         assert shard.fenced and shard.allowed is None
@@ -222,10 +222,15 @@ def test_rejoin_waits_for_running_reconciles(
         assert shard.keeper is not None and shard.keeper.lease_id == old_lease
         assert registry.snapshot(CT).get("a") is None
     assert shard.counters["fences"] == 1
+    old_keeper = shard.keeper
     shard.end("ns/a")
     step(shard, registry)
-    assert shard.counters["rejoins"] == 1
+    assert shard.counters["rejoins"] == 1 and shard.counters["fences"] == 1
+    assert not shard.fenced and shard.state != FENCED
     assert shard.keeper is not None and shard.keeper.lease_id != old_lease
+    # The old registration is given up for good: its keeper stopped, its lease revoked.
+    assert old_keeper._stop.is_set()
+    assert etcd_client.lease_ttl(old_lease) == -1
     member = registry.snapshot(CT).get("a")
     assert member is not None and member.lease_id == shard.keeper.lease_id
     step(shard, registry)
