@@ -18,6 +18,7 @@ keeper's own renewals cannot move the deadline under a test.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -28,6 +29,7 @@ from hashing import MAX_HASH, HashRange
 from rangeshard.core.clock import ManualClock
 from rangeshard.errors import ReconcileTimeout
 from registry import EtcdClient, EtcdConfig, Registry, State
+from tests.helpers import wait_until
 
 CT = "replicaset"
 T0 = 1000.0
@@ -71,6 +73,8 @@ def make_shard(
 
     yield make
     for shard in made:
+        if shard._stop.is_set():
+            continue  # the test stopped it
         with shard._cond:
             shard.inflight.clear()
         shard.stop(drain_timeout=0)
@@ -91,6 +95,8 @@ def active(make_shard: Callable[[str], ShardInstance], registry: Registry, name:
     shard = make_shard(name)
     before_join = registry.snapshot(CT)
     assert shard._register()
+    # The informers list the new range at a new epoch (relist) before anything is allowed.
+    assert shard.informer_range() == (1, HashRange.full()) and shard.counters["epochs"] == 1
     # A snapshot older than our join says nothing about us: ignored, not "our record is gone".
     shard.snapshot = before_join
     shard._evaluate()
@@ -265,3 +271,44 @@ def test_expectations_until_observed_or_expired(clock: ManualClock) -> None:
     exp.expect("ns/c", dels=3)
     exp.forget("ns/c")
     assert exp.satisfied("ns/c")
+
+
+def test_graceful_leave_drains_then_revokes(
+    make_shard: Callable[[str], ShardInstance], registry: Registry, etcd_client: EtcdClient
+) -> None:
+    shard = active(make_shard, registry)
+    assert shard.keeper is not None
+    lease = shard.keeper.lease_id
+    assert shard.try_begin("ns/a", HIGH) is not None
+    ended = threading.Event()
+
+    def finish_later() -> None:
+        # The reconcile ends only once the leave has stopped new work.
+        wait_until(lambda: shard.leaving and shard.allowed is None, 10, "the leave to begin")
+        assert shard.try_begin("ns/b", HIGH) is None
+        assert registry.snapshot(CT).get("a") is not None, "record gone while a reconcile still ran"
+        ended.set()
+        shard.end("ns/a")
+
+    worker = threading.Thread(target=finish_later)
+    worker.start()
+    shard.stop(drain_timeout=30)
+    worker.join(10)
+    assert ended.is_set()
+    # Drained: the lease is revoked, so the neighbour inherits at once.
+    assert registry.snapshot(CT).get("a") is None
+    assert etcd_client.lease_ttl(lease) == -1
+
+
+def test_leave_with_a_stuck_reconcile_keeps_the_lease_to_expire(
+    make_shard: Callable[[str], ShardInstance], registry: Registry, etcd_client: EtcdClient
+) -> None:
+    shard = active(make_shard, registry)
+    assert shard.keeper is not None
+    lease = shard.keeper.lease_id
+    assert shard.try_begin("ns/a", HIGH) is not None
+    shard.stop(drain_timeout=0.2)
+    # Not revoked: the record stays until the lease expires (after the reconcile's fencing deadline).
+    assert registry.snapshot(CT).get("a") is not None
+    assert etcd_client.lease_ttl(lease) > 0
+    etcd_client.revoke_lease(lease)
