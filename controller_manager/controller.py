@@ -16,6 +16,10 @@ Invariants
     * Each reconcile carries a deadline (its own bound and the lease fencing
       deadline, whichever is first); API calls take their timeout from it and
       :class:`~rangeshard.core.errors.ReconcileTimeout` aborts the rest.
+    * Fault injection for tests: with ``reconcile_delay`` (config
+      ``reconcileDelaySeconds``) every reconcile holds its claimed key that long
+      (bounded by its deadline) before running, so handovers happen with keys
+      mid-reconcile. 0 in production.
     * A key is hashed by its main object's uid (remembered after deletion so
       cleanup stays with the owner of the range).
 

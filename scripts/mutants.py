@@ -108,7 +108,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "the deadline is measured from the keepalive reply, not its send time",
         key=True,
     ),
-    # -- sharding.py ------------------------------------------------------------------------------
+    # -- lease.py ---------------------------------------------------------------------------------
     Mutant(
         "no-margin-grant",
         LEASE,
@@ -167,6 +167,7 @@ MUTANTS: tuple[Mutant, ...] = (
         equivalent="send times only grow (monotonic clock) and etcd answers every keepalive with the granted TTL, "
         "so sent + ttl - margin never decreases; the max() is a guard against a shorter TTL in a reply",
     ),
+    # -- sharding.py ------------------------------------------------------------------------------
     Mutant(
         "try-begin-out-of-range",
         SHARDING,
@@ -182,6 +183,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "            return now + self.reconcile_timeout",
         (T_SHARD,),
         "the reconcile deadline is not capped by the fencing deadline",
+        equivalent="try_begin has just refused every reconcile with now + reconcile_timeout > lease_deadline, "
+        "so the min() always picks now + reconcile_timeout (the cap is a second guard)",
     ),
     Mutant(
         "fence-late",

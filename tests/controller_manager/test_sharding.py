@@ -18,6 +18,7 @@ keeper's own renewals cannot move the deadline under a test.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -29,6 +30,7 @@ from rangeshard.core.clock import ManualClock
 from rangeshard.core.errors import ReconcileTimeout
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
 from registry import Registry, State
+from tests.helpers import wait_until
 
 CT = "replicaset"
 T0 = 1000.0
@@ -51,6 +53,7 @@ def make_shard(
     made: list[ShardInstance] = []
 
     def make(name: str) -> ShardInstance:
+        allowed_calls: list[int] = []
         shard = ShardInstance(
             etcd_config=etcd_config,
             registry_prefix=key_prefix,
@@ -58,17 +61,21 @@ def make_shard(
             instance_id=name,
             lease_ttl=TTL,
             reconcile_timeout=TIMEOUT,
-            synced=lambda _epoch: True,
+            # The informers relist at once: synced exactly at the current epoch.
+            synced=lambda epoch: epoch == shard.epoch,
             on_epoch=lambda: None,
-            on_allowed=lambda: None,
+            on_allowed=lambda: allowed_calls.append(shard.epoch),
             workload=lambda _rng: (0, None),
             clock=clock,
         )
+        shard.allowed_calls = allowed_calls  # type: ignore[attr-defined]
         made.append(shard)
         return shard
 
     yield make
     for shard in made:
+        if shard._stop.is_set():
+            continue  # the test stopped it
         with shard._cond:
             shard.inflight.clear()
         shard.stop(drain_timeout=0)
@@ -87,9 +94,19 @@ def step(shard: ShardInstance, registry: Registry) -> None:
 
 def active(make_shard: Callable[[str], ShardInstance], registry: Registry, name: str = "a") -> ShardInstance:
     shard = make_shard(name)
+    before_join = registry.snapshot(CT)
     assert shard._register()
+    # The informers list the new range at a new epoch (relist) before anything is allowed.
+    assert shard.informer_range() == (1, HashRange.full()) and shard.counters["epochs"] == 1
+    # A snapshot older than our join says nothing about us: ignored, not "our record is gone".
+    shard.snapshot = before_join
+    shard._evaluate()
+    assert not shard.fenced and shard.allowed is None and shard.counters["rejoins"] == 0
     step(shard, registry)
     assert shard.allowed == HashRange.full()
+    step(shard, registry)
+    # Allowed once per epoch: no resync storm on every evaluation.
+    assert shard.allowed_calls == [shard.epoch]  # type: ignore[attr-defined]
     return shard
 
 
@@ -110,6 +127,9 @@ def test_try_begin_refuses_a_reconcile_that_could_outlive_the_fencing_deadline(
     shard.end("ns/a")
     clock.set(deadline - TIMEOUT - 0.01)
     assert shard.try_begin("ns/a", HIGH) == pytest.approx(deadline - 0.01)
+    shard.end("ns/a")
+    clock.set(deadline - TIMEOUT)  # ends exactly at the deadline: still allowed (exact in binary floats)
+    assert shard.try_begin("ns/a", HIGH) == deadline
     shard.end("ns/a")
     clock.set(deadline - TIMEOUT + 0.01)
     assert shard.try_begin("ns/a", HIGH) is None
@@ -149,11 +169,14 @@ def test_giver_unlocks_its_receiver_only_after_draining_the_keys_it_gave_away(
     receiver = registry.join(CT, "b", etcd_client.grant_lease(TTL))
     assert receiver.record.is_locked and receiver.record.giver == "a"
     assert receiver.range is not None and receiver.range.contains(LOW) and not receiver.range.contains(HIGH)
+    epochs = giver.counters["epochs"]
     for _ in range(3):
         step(giver, registry)
         assert giver.state == State.WAIT.value
         assert locked(registry, "b"), "receiver unlocked while a key it received was still being reconciled"
     assert giver.counters["drain_waits"] == 3 and giver.counters["unlocks"] == 0
+    assert giver.counters["epochs"] == epochs + 1  # one relist for the range change, not one per evaluation
+    assert giver.informer_range() == (giver.epoch, HashRange(receiver.range.hi + 1, MAX_HASH))
     # While draining, the giver keeps working inside its new range and starts nothing outside it.
     assert giver.try_begin("ns/low2", LOW + 1) is None
     assert giver.try_begin("ns/high2", HIGH - 1) is not None
@@ -198,7 +221,7 @@ def test_rejoin_waits_for_running_reconciles(
     assert shard.keeper is not None
     old_lease = shard.keeper.lease_id
     assert shard.try_begin("ns/a", HIGH) is not None
-    etcd_client.revoke_lease(old_lease)  # our record vanishes
+    assert registry.remove(CT, "a")  # our record vanishes (deleted by hand: the lease itself is still alive)
     for _ in range(3):
         step(shard, registry)
         assert shard.fenced and shard.allowed is None
@@ -206,10 +229,15 @@ def test_rejoin_waits_for_running_reconciles(
         assert shard.keeper is not None and shard.keeper.lease_id == old_lease
         assert registry.snapshot(CT).get("a") is None
     assert shard.counters["fences"] == 1
+    old_keeper = shard.keeper
     shard.end("ns/a")
     step(shard, registry)
-    assert shard.counters["rejoins"] == 1
+    assert shard.counters["rejoins"] == 1 and shard.counters["fences"] == 1
+    assert not shard.fenced and shard.state != FENCED
     assert shard.keeper is not None and shard.keeper.lease_id != old_lease
+    # The old registration is given up for good: its keeper stopped, its lease revoked.
+    assert old_keeper._stop.is_set()
+    assert etcd_client.lease_ttl(old_lease) == -1
     member = registry.snapshot(CT).get("a")
     assert member is not None and member.lease_id == shard.keeper.lease_id
     step(shard, registry)
@@ -244,3 +272,44 @@ def test_expectations_until_observed_or_expired(clock: ManualClock) -> None:
     exp.expect("ns/c", dels=3)
     exp.forget("ns/c")
     assert exp.satisfied("ns/c")
+
+
+def test_graceful_leave_drains_then_revokes(
+    make_shard: Callable[[str], ShardInstance], registry: Registry, etcd_client: EtcdClient
+) -> None:
+    shard = active(make_shard, registry)
+    assert shard.keeper is not None
+    lease = shard.keeper.lease_id
+    assert shard.try_begin("ns/a", HIGH) is not None
+    ended = threading.Event()
+
+    def finish_later() -> None:
+        # The reconcile ends only once the leave has stopped new work.
+        wait_until(lambda: shard.leaving and shard.allowed is None, 10, "the leave to begin")
+        assert shard.try_begin("ns/b", HIGH) is None
+        assert registry.snapshot(CT).get("a") is not None, "record gone while a reconcile still ran"
+        ended.set()
+        shard.end("ns/a")
+
+    worker = threading.Thread(target=finish_later)
+    worker.start()
+    shard.stop(drain_timeout=30)
+    worker.join(10)
+    assert ended.is_set()
+    # Drained: the lease is revoked, so the neighbour inherits at once.
+    assert registry.snapshot(CT).get("a") is None
+    assert etcd_client.lease_ttl(lease) == -1
+
+
+def test_leave_with_a_stuck_reconcile_keeps_the_lease_to_expire(
+    make_shard: Callable[[str], ShardInstance], registry: Registry, etcd_client: EtcdClient
+) -> None:
+    shard = active(make_shard, registry)
+    assert shard.keeper is not None
+    lease = shard.keeper.lease_id
+    assert shard.try_begin("ns/a", HIGH) is not None
+    shard.stop(drain_timeout=0.2)
+    # Not revoked: the record stays until the lease expires (after the reconcile's fencing deadline).
+    assert registry.snapshot(CT).get("a") is not None
+    assert etcd_client.lease_ttl(lease) > 0
+    etcd_client.revoke_lease(lease)

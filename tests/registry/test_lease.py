@@ -65,6 +65,16 @@ def test_default_margin_is_thirty_percent_and_at_least_one_second() -> None:
     assert default_margin(60) == pytest.approx(18.0)
 
 
+def test_keepalives_every_third_of_the_ttl_each_bounded_below_the_interval(
+    keeper_factory: Callable[..., LeaseKeeper],
+) -> None:
+    for ttl in (3, 10, 60):
+        keeper = keeper_factory(ttl)
+        assert keeper.interval == pytest.approx(ttl / 3)
+        # A hung keepalive is given up before the next one is due.
+        assert keeper.client.config.timeout < keeper.interval
+
+
 def test_grant_deadline_is_send_time_plus_ttl_minus_margin(
     keeper_factory: Callable[..., LeaseKeeper], clock: ManualClock
 ) -> None:
