@@ -212,5 +212,23 @@ def check(spec: ResourceSpec, mode: str, obj: Any, duplicates: tuple[str, ...] =
 
 
 def warning_headers(messages: list[str]) -> list[tuple[str, str]]:
-    """``Warning`` headers (RFC 7234, code 299) for field-validation warnings."""
-    return [("Warning", '299 - "' + m.replace("\\", "\\\\").replace('"', '\\"') + '"') for m in messages]
+    """``Warning`` headers (RFC 7234, code 299) for field-validation warnings.
+
+    A header value must be printable ASCII (field names come from the client and may hold anything):
+    backslash and quote are escaped, every other character outside ``' '..'~'`` becomes a
+    ``\\uXXXX``/``\\UXXXXXXXX`` escape, so a strange key is reported, never a broken response.
+    """
+    return [("Warning", '299 - "' + _header_text(m) + '"') for m in messages]
+
+
+def _header_text(text: str) -> str:
+    out: list[str] = []
+    for ch in text:
+        if ch in '\\"':
+            out.append("\\" + ch)
+        elif " " <= ch <= "~":
+            out.append(ch)
+        else:
+            code = ord(ch)
+            out.append(f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}")
+    return "".join(out)

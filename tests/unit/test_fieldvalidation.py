@@ -73,3 +73,14 @@ def test_crd_schema_hook() -> None:
     patch = doc["paths"]["/apis/example.com/v1/namespaces/{namespace}/widgets/{name}"]["patch"]
     assert "application/strategic-merge-patch+json" not in patch["requestBody"]["content"]
     assert "fieldValidation" in [p["name"] for p in patch["parameters"]]
+
+
+def test_warning_headers_are_printable_ascii_whatever_the_field_name() -> None:
+    names = ["spec.\x1f", 'spec."q"\\', "spec.\U00051b5d\udb6c", "spec.caf\u00e9"]
+    headers = fieldvalidation.warning_headers([f'unknown field "{n}"' for n in names])
+    assert [k for k, _ in headers] == ["Warning"] * len(names)
+    for _, value in headers:
+        assert value.startswith('299 - "') and value.endswith('"')
+        assert all(" " <= ch <= "~" for ch in value), value
+        value.encode("latin-1")  # what the HTTP server requires
+    assert "\\u001f" in headers[0][1] and '\\"q\\"\\\\' in headers[1][1] and "\\U00051b5d" in headers[2][1]
