@@ -358,6 +358,8 @@ async def open_watch(
     tls = url.scheme == "https"
     host = url.hostname
     port = url.port or (443 if tls else 80)
+    if any(c in f"{k}{v}" for k, v in headers for c in "\r\n"):
+        raise UpstreamError(f"{what}: a request header contains a line break")  # never echo the value: a token
     authority = url.netloc.rpartition("@")[2]
     target = url.path.rstrip("/") + path + ("?" + urlencode(params) if params else "")
     head = [

@@ -186,6 +186,11 @@ async def test_broken_streams_raise() -> None:
     # Nobody listening.
     with pytest.raises(UpstreamUnavailable):
         await _collect(f"http://127.0.0.1:{free_port()}")
+    # A credential with a line break is refused, not sent (and not echoed).
+    url = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(UpstreamError, match="line break") as info:
+        await _collect(url, UpstreamConfig(url, True, lambda: "Bearer t0k\r\nX-Injected: 1"))
+    assert "t0k" not in str(info.value)
 
 
 @async_test()
