@@ -83,7 +83,7 @@ class _Lines:
                 self.size += len(tail)
                 if self.size > self.max_line:
                     raise UpstreamError(f"{self.what}: an event longer than {self.max_line} bytes")
-            out.extend(line for line in lines if line and not line.isspace())
+            out.extend([line for line in lines if line and not line.isspace()])
         return out
 
     def rest(self) -> bytes | None:
