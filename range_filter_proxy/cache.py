@@ -224,11 +224,14 @@ class WatchCache:
 
     def _evict(self, now: float) -> None:
         s = self.settings
-        while self.history and (
-            len(self.history) > s.history_hard_cap
-            or (len(self.history) > s.history_events and now - self.history[0].received > s.history_seconds)
-        ):
-            self.history_start_rv = self.history.popleft().rv
+        history = self.history
+        n = len(history)
+        if n <= s.history_events and n <= s.history_hard_cap:
+            return
+        cap, keep, seconds = s.history_hard_cap, s.history_events, s.history_seconds
+        while n and (n > cap or (n > keep and now - history[0].received > seconds)):
+            self.history_start_rv = history.popleft().rv
+            n -= 1
 
     def _dispatch(self, ev: CachedEvent) -> None:
         index = self._index
