@@ -386,7 +386,7 @@ class HttpUpstream:
             stream.close()
 
     async def watch_apply(self, gvr: GVR, resource_version: str, apply: Callable[[WatchEvent], None]) -> int:
-        """Watch, calling ``apply`` for every event as its read arrives; the number of events once the watch ends.
+        """Watch, calling ``apply`` for every event as its read arrives; the number of lines once the watch ends.
 
         ``apply`` runs inside the socket's read callback (no task switch per
         read), so it must be synchronous; what it raises ends the watch and is
@@ -399,9 +399,9 @@ class HttpUpstream:
 
         def sink(lines: list[bytes]) -> None:
             nonlocal count
+            count += len(lines)  # only tells "no event at all" from "some" (the cache's quick-end check)
             for line in lines:
                 apply(decode(line, what))
-                count += 1
 
         try:
             await stream.feed(sink)
