@@ -10,20 +10,23 @@ Purpose
     ``https``), parses the response with ``httptools`` (C; chunked and
     content-length bodies) and hands the complete lines of each read to a
     sink (:meth:`WatchStream.feed`, called from ``data_received``: no task
-    switch per read) or yields them as a list (:meth:`WatchStream.batches`). Everything else
-    the proxy sends upstream (lists, discovery, reviews, pass-through) still
-    goes through httpx.
+    switch per read) or yields them as a list (:meth:`WatchStream.batches`).
+    Everything else the proxy sends upstream (lists, discovery, reviews,
+    pass-through) still goes through httpx, which also honours proxy
+    environment variables; this reader does not (it connects directly).
 
 Invariants
     * The request carries exactly the headers it is given (plus ``Host``,
-      ``Connection: close``, ``User-Agent``); nothing asks for compression,
-      and a compressed body is refused.
+      ``Connection: close``, ``User-Agent``); a header with a line break is
+      refused (never sent, never echoed); nothing asks for compression, and
+      a compressed body is refused.
     * A line longer than ``max_line`` bytes without a newline raises
       :class:`UpstreamError`; a stream that ends inside a chunked or
       content-length body, a read idle for ``read_timeout`` seconds and a
       connect that takes more than ``connect_timeout`` raise
       :class:`UpstreamUnavailable`.
-    * At most ``_HIGH_WATER`` unread body bytes are buffered: reading from the
+    * With a sink, nothing is buffered beyond a pending partial line; without
+      one, at most ``_HIGH_WATER`` unread body bytes are: reading from the
       socket is paused above it and resumed when the consumer catches up.
     * The connection is closed when the stream ends, fails or is abandoned
       (``close`` is idempotent and called from ``finally`` by the owner).
