@@ -28,6 +28,7 @@ Concurrency model
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -84,16 +85,26 @@ class ObjectHashes:
     def of(cls, obj: Mapping[str, Any]) -> ObjectHashes:
         """Compute the hashes of a Kubernetes object (a decoded JSON mapping)."""
         meta = obj.get("metadata")
-        if not isinstance(meta, Mapping):
+        if not isinstance(meta, dict) and not isinstance(meta, Mapping):  # dict first: the ABC check is slow
             return cls(None, None, None)
         uid = meta.get("uid")
         ns = meta.get("namespace")
-        owner = controller_owner_uid(meta)
-        return cls(
-            fnv1a_64(uid) if isinstance(uid, str) and uid else None,
-            fnv1a_64(ns) if isinstance(ns, str) and ns else None,
-            fnv1a_64(owner) if owner is not None else None,
+        return _object_hashes(
+            uid if isinstance(uid, str) and uid else None,
+            ns if isinstance(ns, str) and ns else None,
+            controller_owner_uid(meta),
         )
+
+
+@functools.lru_cache(maxsize=65536)
+def _object_hashes(uid: str | None, namespace: str | None, owner: str | None) -> ObjectHashes:
+    # Objects are updated far more often than created: the same strings give the same
+    # (immutable) value, so an update neither hashes nor builds it again.
+    return ObjectHashes(
+        fnv1a_64(uid) if uid is not None else None,
+        fnv1a_64(namespace) if namespace is not None else None,
+        fnv1a_64(owner) if owner is not None else None,
+    )
 
 
 @dataclass(frozen=True, slots=True)

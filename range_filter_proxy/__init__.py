@@ -11,8 +11,11 @@ Modules
     ``app`` (FastAPI: routing, list/watch handlers, pass-through), ``cache``
     (the shared watch caches: store, history, dispatch; ``CacheManager``),
     ``cached`` (cached objects and events, watch filters, settings),
-    ``watcher`` (one downstream watch and its bounded queue), ``upstream``
-    (our ``Upstream`` interface and its HTTP implementation), ``resources``
+    ``dispatch`` (which watchers an event can concern, by shard range),
+    ``watcher`` (one downstream watch and its bounded queue),
+    ``watchresponse`` (its HTTP body; the app class), ``upstream``
+    (our ``Upstream`` interface and its HTTP implementation), ``watchstream``
+    (the upstream watch read with an asyncio protocol + httptools), ``resources``
     (GVRs, discovery, paths), ``auth`` (``--auth-mode none|static|delegate``:
     who may read), ``heap`` (the heap keeper), ``metrics``, ``errors``, ``cli``
     (``rangeshard proxy``), ``process`` (child process). Label/field selectors

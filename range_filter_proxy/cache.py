@@ -49,7 +49,7 @@ import logging
 import random
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import Iterable
 
 import orjson
 
@@ -143,9 +143,14 @@ class WatchCache:
             started = loop.time()
             received = 0
             try:
-                async for events in self._watch_batches(str(self.rv)):
-                    received += len(events)
-                    for event in events:
+                # An HTTP upstream applies each read's events from its socket callback
+                # (no task switch per read); any other Upstream is iterated.
+                watch_apply = getattr(self.upstream, "watch_apply", None)
+                if watch_apply is not None:
+                    received = await watch_apply(self.info.gvr, str(self.rv), self.apply)
+                else:
+                    async for event in self.upstream.watch(self.info.gvr, str(self.rv)):
+                        received += 1
                         self.apply(event)
             except UpstreamGone:
                 return
@@ -154,16 +159,6 @@ class WatchCache:
             if received == 0 and loop.time() - started < 1.0:
                 raise UpstreamError(f"upstream watch of {self.info.gvr} ended immediately")
             log.debug("upstream watch of %s ended after %d events; re-watching", self.info.gvr, received)
-
-    async def _watch_batches(self, resource_version: str) -> AsyncIterator[list[WatchEvent]]:
-        """The upstream watch as lists of events: ``watch_batches`` when the upstream has it (HTTP), else ``watch``."""
-        batches = getattr(self.upstream, "watch_batches", None)
-        if batches is not None:
-            async for events in batches(self.info.gvr, resource_version):
-                yield events
-            return
-        async for event in self.upstream.watch(self.info.gvr, resource_version):
-            yield [event]
 
     # ---- applying upstream data (synchronous) --------------------------------------------
 
@@ -229,11 +224,14 @@ class WatchCache:
 
     def _evict(self, now: float) -> None:
         s = self.settings
-        while self.history and (
-            len(self.history) > s.history_hard_cap
-            or (len(self.history) > s.history_events and now - self.history[0].received > s.history_seconds)
-        ):
-            self.history_start_rv = self.history.popleft().rv
+        history = self.history
+        n = len(history)
+        if n <= s.history_events and n <= s.history_hard_cap:
+            return
+        cap, keep, seconds = s.history_hard_cap, s.history_events, s.history_seconds
+        while n and (n > cap or (n > keep and now - history[0].received > seconds)):
+            self.history_start_rv = history.popleft().rv
+            n -= 1
 
     def _dispatch(self, ev: CachedEvent) -> None:
         index = self._index

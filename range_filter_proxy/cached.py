@@ -58,10 +58,11 @@ class CacheSettings:
 
 def parse_rv(value: Any) -> int:
     """Parse a resourceVersion; ``ValueError`` if it is not a non-negative integer."""
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+    if isinstance(value, str):  # the usual case first
+        if value.isdigit() and len(value) < 40:
+            return int(value)
+    elif isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return value
-    if isinstance(value, str) and value.isdigit() and len(value) < 40:
-        return int(value)
     raise ValueError(f"invalid resource version {value!r}")
 
 
@@ -149,9 +150,13 @@ class CachedObject:
         return orjson.dumps(obj)
 
 
+_EVENT_PREFIXES = {t: b'{"type":"' + t.encode() + b'","object":' for t in ("ADDED", "MODIFIED", "DELETED", "BOOKMARK")}
+
+
 def event_line(etype: str, raw_object: bytes) -> bytes:
-    """One line of a JSON watch stream."""
-    return b'{"type":"' + etype.encode() + b'","object":' + raw_object + b"}\n"
+    """One line of a JSON watch stream (one copy of the object's bytes)."""
+    prefix = _EVENT_PREFIXES.get(etype) or b'{"type":"' + etype.encode() + b'","object":'
+    return b"".join((prefix, raw_object, b"}\n"))
 
 
 @dataclass(slots=True, eq=False)
@@ -166,7 +171,8 @@ class CachedEvent:
     #: ``prev`` exists and agrees with ``cur`` on everything but field selectors look at
     #: (namespace, labels, hashes): then a filter without field selector matches both or neither.
     stable: bool = False
-    _lines: dict[str, bytes] = field(default_factory=dict)
+    #: Serialisations by variant, made on first use (most events only ever need one).
+    _lines: dict[str, bytes] | None = None
 
     @classmethod
     def of(cls, etype: str, rv: int, cur: CachedObject, prev: CachedObject | None, received: float) -> CachedEvent:
@@ -181,13 +187,16 @@ class CachedEvent:
 
     def line(self, variant: str) -> bytes:
         """``ADDED``/``MODIFIED``/``DELETED`` of ``cur``, or ``DELETED_PREV`` (prev at this rv)."""
-        cached = self._lines.get(variant)
+        lines = self._lines
+        if lines is None:
+            lines = self._lines = {}
+        cached = lines.get(variant)
         if cached is None:
             if variant == "DELETED_PREV" and self.prev is not None:
                 cached = event_line("DELETED", self.prev.at_rv(self.rv))
             else:
                 cached = event_line(variant, self.cur.raw)
-            self._lines[variant] = cached
+            lines[variant] = cached
         return cached
 
 

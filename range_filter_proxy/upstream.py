@@ -44,7 +44,7 @@ import orjson
 
 from range_filter_proxy.errors import UpstreamError, UpstreamGone, UpstreamUnavailable, bad_request
 from range_filter_proxy.resources import GVR, ResourceInfo, parse_resource_list
-from range_filter_proxy.watchstream import open_watch
+from range_filter_proxy.watchstream import WatchStream, open_watch
 from rangeshard.core.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -330,12 +330,11 @@ class HttpUpstream:
             for event in events:
                 yield event
 
-    async def watch_batches(self, gvr: GVR, resource_version: str) -> AsyncIterator[WatchBatch]:
-        """:meth:`watch`, one list per socket read: the cache applies a burst in one loop.
+    async def _open_watch(self, gvr: GVR, resource_version: str) -> WatchStream:
+        """Open a watch stream (status 200; 410 raises :class:`UpstreamGone`, others :class:`UpstreamError`).
 
         The body is read by :mod:`range_filter_proxy.watchstream` (asyncio
-        protocol + httptools), not httpx. When a line fails to decode (an
-        ``ERROR`` event, 410 included), the events before it are yielded first.
+        protocol + httptools), not httpx. The caller closes the stream.
         """
         params = {
             "watch": "true",
@@ -355,14 +354,24 @@ class HttpUpstream:
             read_timeout=UPSTREAM_WATCH_TIMEOUT_S + 30.0,
             max_line=MAX_WATCH_LINE_BYTES,
         )
-        try:
-            if stream.status != 200:
+        if stream.status != 200:
+            try:
                 body = await stream.read_body()
-                message, status = _status_message(body, f"{what}: HTTP {stream.status}")
-                if stream.status == 410:
-                    raise UpstreamGone(message, status)
-                raise UpstreamError(message, stream.status, status)
-            decode = decode_watch_line
+            finally:
+                stream.close()
+            message, status = _status_message(body, f"{what}: HTTP {stream.status}")
+            if stream.status == 410:
+                raise UpstreamGone(message, status)
+            raise UpstreamError(message, stream.status, status)
+        return stream
+
+    async def watch_batches(self, gvr: GVR, resource_version: str) -> AsyncIterator[WatchBatch]:
+        """:meth:`watch`, one list per read. When a line fails to decode (an ``ERROR``
+        event, 410 included), the events before it are yielded first."""
+        stream = await self._open_watch(gvr, resource_version)
+        what = stream.what
+        decode = decode_watch_line
+        try:
             async for lines in stream.batches():
                 events: WatchBatch = []
                 try:
@@ -375,6 +384,30 @@ class HttpUpstream:
                 yield events
         finally:
             stream.close()
+
+    async def watch_apply(self, gvr: GVR, resource_version: str, apply: Callable[[WatchEvent], None]) -> int:
+        """Watch, calling ``apply`` for every event as its read arrives; the number of lines once the watch ends.
+
+        ``apply`` runs inside the socket's read callback (no task switch per
+        read), so it must be synchronous; what it raises ends the watch and is
+        raised here, as are decoding errors (:class:`UpstreamGone` on 410).
+        """
+        stream = await self._open_watch(gvr, resource_version)
+        what = stream.what
+        decode = decode_watch_line
+        count = 0
+
+        def sink(lines: list[bytes]) -> None:
+            nonlocal count
+            count += len(lines)  # only tells "no event at all" from "some" (the cache's quick-end check)
+            for line in lines:
+                apply(decode(line, what))
+
+        try:
+            await stream.feed(sink)
+        finally:
+            stream.close()
+        return count
 
     async def forward(
         self,

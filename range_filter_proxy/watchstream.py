@@ -8,28 +8,33 @@ Purpose
     py-spy profile). :func:`open_watch` sends the request itself over
     ``loop.create_connection`` (TLS through :mod:`ssl` when the URL is
     ``https``), parses the response with ``httptools`` (C; chunked and
-    content-length bodies) and hands the body to :meth:`WatchStream.batches`,
-    which yields the complete lines of each read as a list. Everything else
-    the proxy sends upstream (lists, discovery, reviews, pass-through) still
-    goes through httpx.
+    content-length bodies) and hands the complete lines of each read to a
+    sink (:meth:`WatchStream.feed`, called from ``data_received``: no task
+    switch per read) or yields them as a list (:meth:`WatchStream.batches`).
+    Everything else the proxy sends upstream (lists, discovery, reviews,
+    pass-through) still goes through httpx, which also honours proxy
+    environment variables; this reader does not (it connects directly).
 
 Invariants
     * The request carries exactly the headers it is given (plus ``Host``,
-      ``Connection: close``, ``User-Agent``); nothing asks for compression,
-      and a compressed body is refused.
+      ``Connection: close``, ``User-Agent``); a header with a line break is
+      refused (never sent, never echoed); nothing asks for compression, and
+      a compressed body is refused.
     * A line longer than ``max_line`` bytes without a newline raises
       :class:`UpstreamError`; a stream that ends inside a chunked or
       content-length body, a read idle for ``read_timeout`` seconds and a
       connect that takes more than ``connect_timeout`` raise
       :class:`UpstreamUnavailable`.
-    * At most ``_HIGH_WATER`` unread body bytes are buffered: reading from the
+    * With a sink, nothing is buffered beyond a pending partial line; without
+      one, at most ``_HIGH_WATER`` unread body bytes are: reading from the
       socket is paused above it and resumed when the consumer catches up.
     * The connection is closed when the stream ends, fails or is abandoned
       (``close`` is idempotent and called from ``finally`` by the owner).
 
 Concurrency model
     One protocol per watch on the proxy's event loop. The transport calls
-    :class:`_WatchProtocol` synchronously; the consumer task awaits one
+    :class:`_WatchProtocol` synchronously; a sink given to ``feed`` runs in
+    that callback (so it must not block). Otherwise the consumer task awaits one
     future at a time in :meth:`WatchStream._read` and takes every body piece
     buffered since, so a burst that arrived in several reads is handled in
     one event-loop turn.
@@ -39,7 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import cast
 from urllib.parse import urlencode, urlsplit
 
@@ -51,6 +56,44 @@ from range_filter_proxy.errors import UpstreamError, UpstreamUnavailable
 _HIGH_WATER = 4 * 1024 * 1024
 #: Bytes of a non-200 answer kept for its error message.
 _ERROR_BODY_LIMIT = 1024 * 1024
+
+
+class _Lines:
+    """Splits body pieces into lines; a line spread over pieces waits in ``pending`` (at most ``max_line`` bytes)."""
+
+    __slots__ = ("max_line", "pending", "size", "what")
+
+    def __init__(self, max_line: int, what: str) -> None:
+        self.max_line = max_line
+        self.what = what
+        self.pending: list[bytes] = []
+        self.size = 0
+
+    def split(self, pieces: list[bytes]) -> list[bytes]:
+        """The complete non-blank lines in ``pieces`` (after what was pending)."""
+        out: list[bytes] = []
+        pending = self.pending
+        for data in pieces:
+            lines = data.split(b"\n")
+            if pending:
+                pending.append(lines[0])
+                lines[0] = b"".join(pending)
+                pending.clear()
+                self.size = 0
+            tail = lines.pop()
+            if tail:
+                pending.append(tail)
+                self.size += len(tail)
+                if self.size > self.max_line:
+                    raise UpstreamError(f"{self.what}: an event longer than {self.max_line} bytes")
+            out.extend([line for line in lines if line and not line.isspace()])
+        return out
+
+    def rest(self) -> bytes | None:
+        """The last line if the body did not end with a newline."""
+        last = b"".join(self.pending)
+        self.pending.clear()
+        return last if last and not last.isspace() else None
 
 
 class _WatchProtocol(asyncio.Protocol):
@@ -74,6 +117,9 @@ class _WatchProtocol(asyncio.Protocol):
         self._read_timeout = read_timeout
         self._last_data = loop.time()
         self._idle_timer: asyncio.TimerHandle | None = loop.call_later(read_timeout, self._check_idle)
+        #: Set by :meth:`WatchStream.feed`: complete lines go straight to it from ``data_received``.
+        self.sink: Callable[[list[bytes]], None] | None = None
+        self.lines: _Lines | None = None
 
     # ---- transport callbacks ---------------------------------------------------------------
 
@@ -86,6 +132,12 @@ class _WatchProtocol(asyncio.Protocol):
             self._parser.feed_data(data)
         except httptools.HttpParserError as e:
             self._fail(UpstreamUnavailable(f"malformed HTTP response: {e}"))
+            return
+        if self.sink is not None:
+            if self._body:
+                self.deliver()
+            if self.complete:
+                self._wake()
             return
         if self._size > _HIGH_WATER and not self._paused and self.transport is not None:
             self._paused = True
@@ -169,6 +221,18 @@ class _WatchProtocol(asyncio.Protocol):
             self.transport.resume_reading()
         return body
 
+    def deliver(self) -> None:
+        """Hand the complete lines buffered so far to the sink; its exception ends the stream."""
+        sink, lines = self.sink, self.lines
+        if sink is None or lines is None:
+            return
+        try:
+            out = lines.split(self.take())
+            if out:
+                sink(out)
+        except Exception as e:  # whatever the sink raised is the stream's error, re-raised by feed
+            self._fail(e)
+
     async def wait(self) -> None:
         """Until more data arrived or the stream ended."""
         if self._body or self.complete or self.lost or self.error is not None:
@@ -219,40 +283,44 @@ class WatchStream:
         return b"".join(parts)[:limit]
 
     async def batches(self) -> AsyncIterator[list[bytes]]:
-        """The non-blank lines of the body (without ``\\n``), as one list per wake-up.
-
-        A line spread over several pieces is collected in ``pending``; its
-        length is bounded by ``max_line``.
-        """
+        """The non-blank lines of the body (without ``\\n``), as one list per wake-up."""
         if self._p.encoded:
             raise UpstreamError(f"{self.what}: the upstream compressed a watch response nobody asked to compress")
-        pending: list[bytes] = []
-        pending_size = 0
-        max_line = self.max_line
+        lines = _Lines(self.max_line, self.what)
         while True:
             pieces = await self._read()
             if not pieces:
                 break
-            out: list[bytes] = []
-            for data in pieces:
-                lines = data.split(b"\n")
-                if pending:
-                    pending.append(lines[0])
-                    lines[0] = b"".join(pending)
-                    pending.clear()
-                    pending_size = 0
-                tail = lines.pop()
-                if tail:
-                    pending.append(tail)
-                    pending_size += len(tail)
-                    if pending_size > max_line:
-                        raise UpstreamError(f"{self.what}: an event longer than {max_line} bytes")
-                out.extend(line for line in lines if line and not line.isspace())
+            out = lines.split(pieces)
             if out:
                 yield out
-        last = b"".join(pending)
-        if last and not last.isspace():
+        last = lines.rest()
+        if last is not None:
             yield [last]
+
+    async def feed(self, sink: Callable[[list[bytes]], None]) -> None:
+        """Call ``sink`` with the complete lines of every read, from the protocol itself, until the body ends.
+
+        No task switch per read: the lines are handled inside ``data_received``.
+        An exception of ``sink`` closes the connection and is raised here.
+        """
+        p = self._p
+        if p.encoded:
+            raise UpstreamError(f"{self.what}: the upstream compressed a watch response nobody asked to compress")
+        lines = _Lines(self.max_line, self.what)
+        p.lines = lines
+        p.sink = sink
+        try:
+            p.deliver()  # what arrived together with the response head
+            while p.error is None and not p.complete and not p.lost:
+                await p.wait()
+            if p.error is not None:
+                raise p.error
+            last = lines.rest()
+            if last is not None:
+                sink([last])
+        finally:
+            p.sink = None
 
     def close(self) -> None:
         """Close the connection (idempotent)."""
@@ -293,6 +361,8 @@ async def open_watch(
     tls = url.scheme == "https"
     host = url.hostname
     port = url.port or (443 if tls else 80)
+    if any(c in f"{k}{v}" for k, v in headers for c in "\r\n"):
+        raise UpstreamError(f"{what}: a request header contains a line break")  # never echo the value: a token
     authority = url.netloc.rpartition("@")[2]
     target = url.path.rstrip("/") + path + ("?" + urlencode(params) if params else "")
     head = [

@@ -186,6 +186,11 @@ async def test_broken_streams_raise() -> None:
     # Nobody listening.
     with pytest.raises(UpstreamUnavailable):
         await _collect(f"http://127.0.0.1:{free_port()}")
+    # A credential with a line break is refused, not sent (and not echoed).
+    url = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(UpstreamError, match="line break") as info:
+        await _collect(url, UpstreamConfig(url, True, lambda: "Bearer t0k\r\nX-Injected: 1"))
+    assert "t0k" not in str(info.value)
 
 
 @async_test()
@@ -231,3 +236,44 @@ async def test_slow_consumer_pauses_the_socket_and_loses_nothing() -> None:
         finally:
             stream.close()
     assert got == count
+
+
+@async_test()
+async def test_watch_apply_feeds_events_from_the_read_callback() -> None:
+    """The cache's path: events applied as reads arrive, split anywhere; errors end the watch."""
+    lines = [_line(f"p{i}", 10 + i) for i in range(4)]
+    raw = _OK_CHUNKED + _chunked([lines[0] + lines[1][:9], lines[1][9:] + lines[2], lines[3][:-1]])
+    cuts = [len(_OK_CHUNKED) - 3, len(_OK_CHUNKED) + 40, len(raw) - 30]
+    parts = [raw[a:b] for a, b in zip([0, *cuts], [*cuts, len(raw)], strict=True)]
+    upstream_events: list[WatchEvent] = []
+    async with _server(_writes(*parts, pause=0.01)) as url:
+        upstream = HttpUpstream(UpstreamConfig(url))
+        try:
+            count = await upstream.watch_apply(PODS, "7", upstream_events.append)
+            assert count == 4
+            assert [e.object["metadata"]["name"] for e in upstream_events] == ["p0", "p1", "p2", "p3"]
+        finally:
+            await upstream.aclose()
+    # An ERROR event (410): the events before it are applied, then UpstreamGone.
+    gone = b'{"type":"ERROR","object":{"kind":"Status","code":410,"message":"too old"}}\n'
+    applied: list[WatchEvent] = []
+    async with _server(_writes(_OK_CHUNKED + _chunked([lines[0] + gone + lines[1]]))) as url:
+        upstream = HttpUpstream(UpstreamConfig(url))
+        try:
+            with pytest.raises(UpstreamGone, match="too old"):
+                await upstream.watch_apply(PODS, "7", applied.append)
+        finally:
+            await upstream.aclose()
+    assert [e.object["metadata"]["name"] for e in applied] == ["p0"]
+
+    # What the consumer raises ends the watch and reaches the caller.
+    def refuse(_ev: WatchEvent) -> None:
+        raise UpstreamError("bookmark without a valid resourceVersion")
+
+    async with _server(_writes(_OK_CHUNKED, _chunked([lines[0]]), pause=0.01)) as url:
+        upstream = HttpUpstream(UpstreamConfig(url))
+        try:
+            with pytest.raises(UpstreamError, match="bookmark without"):
+                await upstream.watch_apply(PODS, "7", refuse)
+        finally:
+            await upstream.aclose()
