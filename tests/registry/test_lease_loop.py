@@ -1,0 +1,213 @@
+"""LeaseKeeper's keepalive thread (``_run``) against a real etcd: pacing, failure, recovery, loss.
+
+The deadlines are read from a ManualClock, so each callback's argument is an
+exact number. The thread itself waits in real time (``interval``), so the
+tests shorten ``keeper.interval`` (a plain attribute: ``ttl / 3`` by
+default) to run in well under a second. A renewal failure is a real one: the
+keeper's etcd client is swapped for one pointing at a port nobody listens on,
+then swapped back.
+
+* every interval one keepalive, each reported with ``send time + TTL - margin``;
+* a failure reports the error and the deadline that still holds, and the
+  next attempt comes after ``min(interval, 0.5 s)``, not a whole interval;
+  after a success the normal pacing resumes;
+* a revoked lease is reported once as lost, sets ``lost`` and ends the thread;
+* ``stop`` ends the thread without further keepalives.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from rangeshard.core.clock import ManualClock
+from rangeshard.core.errors import RegistryUnavailable
+from rangeshard.core.etcd import EtcdClient, EtcdConfig
+from rangeshard.core.process import free_port
+from registry import LeaseKeeper
+from tests.helpers import wait_until
+
+T0 = 1000.0
+TTL = 30
+MARGIN = 9.0  # default_margin(30)
+
+
+class Calls:
+    """What the keeper reported, with the real time of each report."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.renewed: list[tuple[float, float]] = []  # (real time, deadline)
+        self.failures: list[tuple[float, Exception, float]] = []
+        self.lost: list[float] = []
+        self.hooks: dict[str, Callable[[], None]] = {}
+
+    def on_renewed(self, deadline: float) -> None:
+        with self.lock:
+            self.renewed.append((time.monotonic(), deadline))
+        if "renewed" in self.hooks:
+            self.hooks["renewed"]()
+
+    def on_failure(self, e: Exception, deadline: float) -> None:
+        with self.lock:
+            self.failures.append((time.monotonic(), e, deadline))
+        if "failure" in self.hooks:
+            self.hooks["failure"]()
+
+    def on_lost(self) -> None:
+        with self.lock:
+            self.lost.append(time.monotonic())
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock(T0)
+
+
+@pytest.fixture
+def calls() -> Calls:
+    return Calls()
+
+
+@pytest.fixture
+def keeper(etcd_config: EtcdConfig, clock: ManualClock, calls: Calls) -> Iterator[LeaseKeeper]:
+    k = LeaseKeeper(
+        etcd_config,
+        TTL,
+        name="loop",
+        clock=clock,
+        on_renewed=calls.on_renewed,
+        on_failure=calls.on_failure,
+        on_lost=calls.on_lost,
+    )
+    real = k.client
+    yield k
+    k.client = real
+    if not k._stop.is_set():  # the test did not stop it itself
+        k.stop(revoke=True)
+
+
+@pytest.fixture
+def dead_client() -> Iterator[EtcdClient]:
+    client = EtcdClient(EtcdConfig.from_urls(f"http://127.0.0.1:{free_port()}", timeout=0.5))
+    yield client
+    client.close()
+
+
+def test_keepalive_every_interval_each_reporting_send_time_plus_ttl_minus_margin(
+    keeper: LeaseKeeper, clock: ManualClock, calls: Calls
+) -> None:
+    assert keeper.margin == MARGIN
+    keeper.interval = 0.05
+    calls.hooks["renewed"] = lambda: clock.advance(1.0)  # each keepalive is sent one clock-second later
+    keeper.start()
+    wait_until(lambda: len(calls.renewed) >= 4, message="four renewals")
+    keeper.stop(revoke=True)
+    with calls.lock:
+        deadlines = [d for _t, d in calls.renewed]
+    assert deadlines[:4] == [T0 + k + TTL - MARGIN for k in range(4)]
+    assert keeper.deadline == deadlines[-1]
+    assert calls.failures == [] and calls.lost == [] and not keeper.lost.is_set()
+    assert keeper._thread is not None and not keeper._thread.is_alive()
+    # After stop: no more keepalives.
+    n = len(calls.renewed)
+    time.sleep(0.2)
+    assert len(calls.renewed) == n
+
+
+def test_nothing_is_sent_before_the_first_interval(keeper: LeaseKeeper, calls: Calls) -> None:
+    keeper.interval = 0.4
+    started = time.monotonic()
+    keeper.start()
+    wait_until(lambda: calls.renewed, message="first renewal")
+    assert calls.renewed[0][0] - started >= 0.35
+
+
+def test_failure_reports_the_standing_deadline_and_retries_after_half_a_second(
+    keeper: LeaseKeeper, clock: ManualClock, calls: Calls, dead_client: EtcdClient
+) -> None:
+    keeper.grant()
+    real = keeper.client
+    keeper.client = dead_client
+    keeper.interval = 0.05
+
+    def first_failure() -> None:
+        # Back to the real etcd, and a long interval: the retry must not wait for it.
+        keeper.client = real
+        keeper.interval = 20.0
+        clock.advance(5.0)
+        calls.hooks.pop("failure")
+
+    calls.hooks["failure"] = first_failure
+    keeper.start()
+    wait_until(lambda: calls.renewed, timeout=15.0, message="renewal after the failure")
+    (failed_at, error, standing), *_ = calls.failures
+    assert isinstance(error, RegistryUnavailable)
+    assert standing == T0 + TTL - MARGIN  # the grant's deadline still holds
+    (renewed_at, deadline), *_ = calls.renewed
+    assert deadline == T0 + 5.0 + TTL - MARGIN
+    assert 0.4 <= renewed_at - failed_at < 1.4  # min(interval, 0.5 s), not the 20 s interval
+    assert calls.lost == [] and not keeper.lost.is_set() and keeper._thread is not None and keeper._thread.is_alive()
+
+
+def test_after_failures_a_success_resumes_the_normal_pacing(
+    keeper: LeaseKeeper, calls: Calls, dead_client: EtcdClient
+) -> None:
+    keeper.grant()
+    real = keeper.client
+    keeper.client = dead_client
+    keeper.interval = 0.05
+
+    def failing() -> None:
+        if len(calls.failures) >= 2:
+            keeper.client = real
+
+    calls.hooks["failure"] = failing
+    keeper.start()
+    wait_until(lambda: len(calls.renewed) >= 3, timeout=15.0, message="three renewals after recovering")
+    assert len(calls.failures) == 2
+    assert all(isinstance(e, RegistryUnavailable) for _t, e, _d in calls.failures)
+    assert calls.lost == []
+
+
+def test_a_revoked_lease_is_reported_lost_once_and_ends_the_thread(
+    keeper: LeaseKeeper, calls: Calls, etcd_client: EtcdClient
+) -> None:
+    keeper.interval = 0.05
+    keeper.start()
+    wait_until(lambda: calls.renewed, message="first renewal")
+    etcd_client.revoke_lease(keeper.lease_id)
+    assert keeper.lost.wait(10.0)
+    assert keeper._thread is not None
+    keeper._thread.join(5.0)
+    assert not keeper._thread.is_alive()
+    assert len(calls.lost) == 1 and calls.failures == []
+    n = len(calls.renewed)
+    time.sleep(0.2)
+    assert len(calls.renewed) == n and len(calls.lost) == 1
+
+
+def test_without_callbacks_the_loop_renews_and_notices_loss(
+    etcd_config: EtcdConfig, clock: ManualClock, etcd_client: EtcdClient, dead_client: EtcdClient
+) -> None:
+    keeper = LeaseKeeper(etcd_config, TTL, name="bare", clock=clock)
+    try:
+        keeper.grant()
+        real = keeper.client
+        keeper.client = dead_client
+        keeper.interval = 0.05
+        keeper.start()
+        time.sleep(0.3)  # a few failed attempts, with no on_failure to call
+        assert keeper._thread is not None and keeper._thread.is_alive()
+        keeper.client = real
+        clock.advance(2.0)
+        wait_until(lambda: keeper.deadline == T0 + 2.0 + TTL - MARGIN, message="renewed deadline")
+        etcd_client.revoke_lease(keeper.lease_id)
+        assert keeper.lost.wait(10.0)
+        keeper._thread.join(5.0)
+        assert not keeper._thread.is_alive()
+    finally:
+        keeper.stop()
