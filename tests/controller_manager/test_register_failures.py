@@ -9,11 +9,17 @@ Two failure paths, both against real etcd processes:
   registered): the fresh lease is revoked at once, so nothing of the failed
   attempt stays in etcd until a TTL runs out.
 
-After either failure, a later attempt that can succeed joins normally.
+After either failure, a later attempt that can succeed joins normally. A
+successful join is pinned too: the record carries host and pid, the owner
+token and state come from the stored record, every join starts a new epoch,
+and the one membership watch (started by the first join only) watches this
+type under this prefix and delivers into the state machine's queue.
 """
 
 from __future__ import annotations
 
+import queue
+import time
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -23,8 +29,9 @@ from controller_manager.sharding import ShardInstance
 from hashing import HashRange
 from rangeshard.core.clock import ManualClock
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
+from rangeshard.core.ownertoken import OwnerToken
 from rangeshard.core.process import free_port
-from registry import LeaseKeeper, Registry
+from registry import LeaseKeeper, Registry, RegistryView
 
 CT = "replicaset"
 TTL = 60
@@ -51,23 +58,30 @@ def keepers(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[LeaseKeeper]]:
 
 
 @pytest.fixture
-def make_shard(key_prefix: str, keepers: list[LeaseKeeper]) -> Iterator[Callable[[EtcdConfig, str], ShardInstance]]:
+def make_shard(key_prefix: str, keepers: list[LeaseKeeper]) -> Iterator[Callable[..., ShardInstance]]:
     made: list[ShardInstance] = []
 
-    def make(config: EtcdConfig, name: str) -> ShardInstance:
+    def make(config: EtcdConfig, name: str, ttl: int = TTL) -> ShardInstance:
+        states: list[str] = []
+        tokens: list[OwnerToken] = []
         shard = ShardInstance(
             etcd_config=config,
             registry_prefix=key_prefix,
             controller_type=CT,
             instance_id=name,
-            lease_ttl=TTL,
+            lease_ttl=ttl,
             reconcile_timeout=2.0,
             synced=lambda _epoch: True,
             on_epoch=lambda: None,
             on_allowed=lambda: None,
             workload=lambda _rng: (0, None),
             clock=ManualClock(1000.0),
+            host="node-7",
+            pid=4242,
+            on_state=states.append,
+            on_token=tokens.append,
         )
+        shard.states, shard.tokens = states, tokens  # type: ignore[attr-defined]
         made.append(shard)
         return shard
 
@@ -85,7 +99,7 @@ def assert_not_joined(shard: ShardInstance) -> None:
 
 
 def test_etcd_unreachable_at_join_answers_false_and_keeps_nothing(
-    make_shard: Callable[[EtcdConfig, str], ShardInstance], keepers: list[LeaseKeeper]
+    make_shard: Callable[..., ShardInstance], keepers: list[LeaseKeeper]
 ) -> None:
     dead = EtcdConfig.from_urls(f"http://127.0.0.1:{free_port()}", timeout=0.5)
     shard = make_shard(dead, "a")
@@ -99,7 +113,7 @@ def test_etcd_unreachable_at_join_answers_false_and_keeps_nothing(
 
 
 def test_refused_join_revokes_the_fresh_lease_then_a_retry_joins(
-    make_shard: Callable[[EtcdConfig, str], ShardInstance],
+    make_shard: Callable[..., ShardInstance],
     keepers: list[LeaseKeeper],
     etcd_config: EtcdConfig,
     etcd_client: EtcdClient,
@@ -126,3 +140,64 @@ def test_refused_join_revokes_the_fresh_lease_then_a_retry_joins(
     assert shard.joined.is_set() and shard.epoch == 1 and shard.range == HashRange.full()
     (member,) = registry.snapshot(CT).members
     assert member.lease_id == keepers[1].lease_id and shard.join_revision == member.mod_revision
+
+
+def next_view_with(shard: ShardInstance, name: str, timeout: float = 10.0) -> RegistryView:
+    """The first RegistryView in the state machine's queue whose snapshot of CT has ``name``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            ev = shard._events.get(timeout=0.1)
+        except queue.Empty:
+            continue
+        if isinstance(ev, RegistryView) and ev.get(CT).get(name) is not None:
+            return ev
+    raise AssertionError(f"no registry view with {name} within {timeout}s")
+
+
+def test_a_join_records_host_and_pid_sets_token_state_epoch_and_starts_one_watch(
+    make_shard: Callable[..., ShardInstance],
+    keepers: list[LeaseKeeper],
+    etcd_config: EtcdConfig,
+    etcd_client: EtcdClient,
+    key_prefix: str,
+) -> None:
+    registry = Registry(etcd_client, key_prefix)
+    shard = make_shard(etcd_config, "a")
+    assert shard._register() is True
+    (member,) = registry.snapshot(CT).members
+    assert member.record.host == "node-7" and member.record.pid == 4242
+    lease = keepers[0].lease_id
+    assert member.lease_id == lease
+    token = OwnerToken(CT, "a", lease, member.mod_revision)
+    assert shard.token == token and shard.tokens == [token]  # type: ignore[attr-defined]
+    assert shard.state == "init" and shard.states == [] and not shard.locked  # type: ignore[attr-defined]
+    assert shard.epoch == 1 and shard.counters["epochs"] == 1
+    watch = shard.watch
+    assert watch is not None and watch.controller_type == CT
+    assert watch.watch_prefix == registry.layout.type_prefix(CT)
+    assert watch.probe_interval == TTL / 5
+    # The watch feeds the state machine: another instance joining shows up in its queue.
+    registry.join(CT, "b", etcd_client.grant_lease(TTL))
+    next_view_with(shard, "b")
+
+    # A second join (the first lease revoked: the record is gone) is a new epoch, same watch.
+    registry.unlock(CT, "b", "a")  # b took over its half (a drained)
+    keepers[0].stop(revoke=True)
+    assert shard._register() is True
+    assert shard.epoch == 2 and shard.counters["epochs"] == 2
+    assert shard.watch is watch
+    member_a = registry.snapshot(CT).get("a")
+    assert member_a is not None and member_a.lease_id == keepers[1].lease_id
+    assert shard.token == OwnerToken(CT, "a", keepers[1].lease_id, member_a.mod_revision)
+    # b owned everything meanwhile: a joins locked, waiting for b, and says so.
+    assert member_a.record.is_locked and member_a.record.giver == "b"
+    assert shard.locked and shard.state == "locked" and shard.states == ["locked"]  # type: ignore[attr-defined]
+
+
+def test_short_leases_probe_the_watch_at_least_every_half_second(
+    make_shard: Callable[..., ShardInstance], keepers: list[LeaseKeeper], etcd_config: EtcdConfig
+) -> None:
+    shard = make_shard(etcd_config, "short", ttl=2)
+    assert shard._register() is True
+    assert shard.watch is not None and shard.watch.probe_interval == 0.5

@@ -44,15 +44,18 @@ def leases(etcd_client: EtcdClient) -> Iterator[Callable[[], int]]:
 
 
 def three(registry: Registry, leases: Callable[[], int]) -> tuple[int, int, int]:
-    """Join three instances, unlock them all, rename them a < b < c by key; return their keys."""
+    """Join three instances, unlock and activate them all; return their keys (a < b < c)."""
     for name in ("x", "y", "z"):
         registry.join(CT, name, leases())
     snap = registry.snapshot(CT)
     for m in snap.members:
         if m.record.is_locked:
             registry.unlock(CT, m.instance_id, m.record.giver)  # type: ignore[arg-type]
+    for m in snap.members:
+        # As after a finished handover: active (a move must set the receiver's state, not inherit it).
+        registry.update(CT, m.instance_id, lambda r: r.evolve(state=State.ACTIVE))
     snap = registry.snapshot(CT)
-    assert [m.record.is_locked for m in snap.members] == [False] * 3
+    assert [(m.record.is_locked, m.record.state) for m in snap.members] == [(False, State.ACTIVE)] * 3
     keys = [m.record.hash_key for m in snap.members]
     assert keys == sorted(keys) and keys[-1] == MAX_HASH
     return keys[0], keys[1], keys[2]
