@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
@@ -22,26 +21,6 @@ from tests.helpers import wait_until
 from tests.relay import TcpRelay
 
 CT = "replicaset"
-
-
-@pytest.fixture
-def registry(etcd_client: EtcdClient, key_prefix: str) -> Registry:
-    return Registry(etcd_client, key_prefix)
-
-
-@pytest.fixture
-def leases(etcd_client: EtcdClient) -> Iterator[Callable[[int], int]]:
-    granted: list[int] = []
-
-    def grant(ttl: int = 30) -> int:
-        lease = etcd_client.grant_lease(ttl)
-        granted.append(lease)
-        return lease
-
-    yield grant
-    for lease in granted:
-        with contextlib.suppress(Exception):
-            etcd_client.revoke_lease(lease)
 
 
 def assert_partition(snap: Snapshot) -> None:

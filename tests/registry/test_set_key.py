@@ -10,8 +10,7 @@ the type makes the move fail instead of overwriting it.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
@@ -23,27 +22,7 @@ from registry import Registry, Snapshot, State
 CT = "widget"
 
 
-@pytest.fixture
-def registry(etcd_client: EtcdClient, key_prefix: str) -> Registry:
-    return Registry(etcd_client, key_prefix)
-
-
-@pytest.fixture
-def leases(etcd_client: EtcdClient) -> Iterator[Callable[[], int]]:
-    granted: list[int] = []
-
-    def grant() -> int:
-        lease = etcd_client.grant_lease(30)
-        granted.append(lease)
-        return lease
-
-    yield grant
-    for lease in granted:
-        with contextlib.suppress(Exception):
-            etcd_client.revoke_lease(lease)
-
-
-def three(registry: Registry, leases: Callable[[], int]) -> tuple[int, int, int]:
+def three(registry: Registry, leases: Callable[..., int]) -> tuple[int, int, int]:
     """Join three instances, unlock and activate them all; return their keys (a < b < c)."""
     for name in ("x", "y", "z"):
         registry.join(CT, name, leases())
@@ -78,7 +57,7 @@ def test_keys_outside_the_hash_space_are_refused_before_anything_else(registry: 
             registry.set_key(CT, "nobody", bad)
 
 
-def test_unknown_instance_names_the_known_ones(registry: Registry, leases: Callable[[], int]) -> None:
+def test_unknown_instance_names_the_known_ones(registry: Registry, leases: Callable[..., int]) -> None:
     with pytest.raises(ConfigError, match=rf"^unknown instance 'a' of {CT} \(known: none\)$"):
         registry.set_key(CT, "a", 0)
     with pytest.raises(ConfigError, match=rf"^unknown instance 'a' of {CT} \(known: none\)$"):
@@ -89,7 +68,7 @@ def test_unknown_instance_names_the_known_ones(registry: Registry, leases: Calla
         registry.set_key(CT, "nobody", 5)
 
 
-def test_the_last_instance_and_an_unchanged_key_are_refused(registry: Registry, leases: Callable[[], int]) -> None:
+def test_the_last_instance_and_an_unchanged_key_are_refused(registry: Registry, leases: Callable[..., int]) -> None:
     ka, kb, _ = three(registry, leases)
     a, b, c = names(registry.snapshot(CT))
     for key in (0, 5, kb, MAX_HASH):
@@ -104,7 +83,7 @@ def test_the_last_instance_and_an_unchanged_key_are_refused(registry: Registry, 
 
 
 def test_first_instance_may_go_down_to_zero_but_not_onto_its_successor(
-    registry: Registry, leases: Callable[[], int]
+    registry: Registry, leases: Callable[..., int]
 ) -> None:
     _ka, kb, _ = three(registry, leases)
     a, _b, _c = names(registry.snapshot(CT))
@@ -122,7 +101,9 @@ def test_first_instance_may_go_down_to_zero_but_not_onto_its_successor(
     assert rec(registry, a).record.hash_key == 0 and rec(registry, a).range.lo == 0  # a owns [0, 0]
 
 
-def test_a_middle_instance_stays_strictly_between_its_neighbours(registry: Registry, leases: Callable[[], int]) -> None:
+def test_a_middle_instance_stays_strictly_between_its_neighbours(
+    registry: Registry, leases: Callable[..., int]
+) -> None:
     ka, _kb, _ = three(registry, leases)
     _a, b, _c = names(registry.snapshot(CT))
     for bad in (0, ka - 1, ka, MAX_HASH):
@@ -132,7 +113,7 @@ def test_a_middle_instance_stays_strictly_between_its_neighbours(registry: Regis
     registry.set_key(CT, b, MAX_HASH - 1, dry_run=True)
 
 
-def test_growing_locks_the_mover_with_its_successor_as_giver(registry: Registry, leases: Callable[[], int]) -> None:
+def test_growing_locks_the_mover_with_its_successor_as_giver(registry: Registry, leases: Callable[..., int]) -> None:
     ka, kb, _ = three(registry, leases)
     a, b, c = names(registry.snapshot(CT))
     before = registry.snapshot(CT)
@@ -153,7 +134,7 @@ def test_growing_locks_the_mover_with_its_successor_as_giver(registry: Registry,
     assert ma.record.hash_key == ka
 
 
-def test_shrinking_locks_the_successor_with_the_mover_as_giver(registry: Registry, leases: Callable[[], int]) -> None:
+def test_shrinking_locks_the_successor_with_the_mover_as_giver(registry: Registry, leases: Callable[..., int]) -> None:
     ka, kb, _ = three(registry, leases)
     a, b, c = names(registry.snapshot(CT))
     before = registry.snapshot(CT)
@@ -171,7 +152,7 @@ def test_shrinking_locks_the_successor_with_the_mover_as_giver(registry: Registr
     assert [m.lease_id for m in after.members] == [m.lease_id for m in before.members]
 
 
-def test_dry_run_checks_and_answers_but_writes_nothing(registry: Registry, leases: Callable[[], int]) -> None:
+def test_dry_run_checks_and_answers_but_writes_nothing(registry: Registry, leases: Callable[..., int]) -> None:
     ka, _kb, _ = three(registry, leases)
     a, b, _c = names(registry.snapshot(CT))
     revision = registry.client.revision()
@@ -181,7 +162,7 @@ def test_dry_run_checks_and_answers_but_writes_nothing(registry: Registry, lease
     assert registry.client.revision() == revision
 
 
-def test_a_locked_mover_or_successor_refuses_the_move(registry: Registry, leases: Callable[[], int]) -> None:
+def test_a_locked_mover_or_successor_refuses_the_move(registry: Registry, leases: Callable[..., int]) -> None:
     ka, kb, _ = three(registry, leases)
     a, b, c = names(registry.snapshot(CT))
     registry.set_key(CT, b, kb + 10)  # b locked (giver c)
@@ -213,7 +194,7 @@ class Interleaved(Registry):
 
 
 def test_a_concurrent_change_of_any_member_fails_the_move(
-    registry: Registry, leases: Callable[[], int], etcd_client: EtcdClient, key_prefix: str
+    registry: Registry, leases: Callable[..., int], etcd_client: EtcdClient, key_prefix: str
 ) -> None:
     ka, _kb, _ = three(registry, leases)
     a, b, c = names(registry.snapshot(CT))
