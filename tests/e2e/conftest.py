@@ -37,6 +37,7 @@ from local_apiserver.process import LocalApiServerProcess
 from range_filter_proxy.process import ProxyProcess
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
 from rangeshard.core.process import EtcdServer
+from rangeshard.testing import ManagerProcess
 from registry import Registry, Snapshot
 from tests.e2e.kube import replicasets, scale_replicaset
 from tests.helpers import run_cli
@@ -46,23 +47,11 @@ RECONCILE_TIMEOUT = 1.0
 
 
 @dataclass
-class Manager:
-    name: str
-    proc: subprocess.Popen[bytes]
-    config: Path
-    audit: Path
-    log: Path
-
-    @property
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def kill(self) -> None:
-        if self.alive:
-            self.proc.kill()
-        self.proc.wait(10)
+class Manager(ManagerProcess):
+    """The test kit's manager process, plus what the handover scenarios need."""
 
     def terminate(self, timeout: float = 20) -> int:
+        """Graceful leave; unlike the kit's, a manager that does not leave in time fails the test (no SIGKILL)."""
         if self.alive:
             self.proc.send_signal(signal.SIGTERM)
         return self.proc.wait(timeout)
