@@ -176,10 +176,10 @@ def test_paused_managers_never_write_as_stale_owners(fenced_cluster: Cluster) ->
     assert converged, dump_logs(cluster)
     assert all(m.alive for m in managers), dump_logs(cluster)
     natural = _fenced_total(cluster.proxy.url)
-    # The managers saw those 409s as fenced (not as ordinary conflicts) and counted them.
+    # Reconciles count the 409s they see as fenced; fenced writes outside a reconcile (the controllers'
+    # best-effort Event posts carry the token too) are counted by the proxy only, so only an upper bound holds.
     seen_by_managers = sum(_manager_fenced(m) for m in managers)
-    assert seen_by_managers <= natural
-    assert natural == 0 or seen_by_managers >= 1, (natural, seen_by_managers)
+    assert seen_by_managers <= natural, (natural, seen_by_managers)
 
     # The exact race a pause can open: a write sent with the token held before the pause, after it.
     assert paused_tokens, "the paused managers wrote nothing before their pauses"
