@@ -95,6 +95,11 @@ class ObjectHashes:
             controller_owner_uid(meta),
         )
 
+    @staticmethod
+    def of_fields(uid: str | None, namespace: str | None, owner: str | None) -> ObjectHashes:
+        """The hashes of an object given its uid, namespace and controller owner uid (``None``/empty: absent)."""
+        return _object_hashes(uid or None, namespace or None, owner or None)
+
 
 @functools.lru_cache(maxsize=65536)
 def _object_hashes(uid: str | None, namespace: str | None, owner: str | None) -> ObjectHashes:

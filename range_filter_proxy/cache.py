@@ -201,7 +201,11 @@ class WatchCache:
             raise UpstreamError(f"{self.info.gvr}: unknown watch event type {event.type!r}")
         received = time.monotonic()
         self.stats.events_received += 1
-        cur = CachedObject.build(event.object, self.info, event.raw, self.objects)
+        wire, raw = event.wire, event.raw
+        if wire is not None and raw is not None:
+            cur = CachedObject.from_wire(wire, raw, self.info, self.objects)
+        else:
+            cur = CachedObject.build(event.object, self.info, raw, self.objects)
         prev = self.objects.get(cur.key)
         if cur.rv <= self.rv:
             if event.type != "DELETED" or prev is None:

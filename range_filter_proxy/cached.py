@@ -30,6 +30,7 @@ import orjson
 from hashing import ObjectHashes, ShardSelector
 from range_filter_proxy.errors import UpstreamError
 from range_filter_proxy.resources import ResourceInfo
+from range_filter_proxy.wire import WireObject
 from rangeshard.core.selectors import FieldSelector, LabelSelector
 
 log = logging.getLogger(__name__)
@@ -128,6 +129,43 @@ class CachedObject:
             kept = prev.labels
         else:
             kept = {sys.intern(str(k)): sys.intern(str(v)) for k, v in labels.items()}
+        if prev is not None and prev.hashes == hashes:
+            hashes = prev.hashes
+        return cls(raw, hashes, rv, namespace, name, kept)
+
+    @classmethod
+    def from_wire(
+        cls,
+        wire: WireObject,
+        raw: bytes,
+        info: ResourceInfo,
+        previous: Mapping[tuple[str, str], CachedObject] | None = None,
+    ) -> CachedObject:
+        """The same as :meth:`build` for an object the fast decoder read (``raw`` is its exact JSON).
+
+        ``wire`` carries kind, apiVersion and metadata (:func:`range_filter_proxy.wire.decode_line`
+        guarantees they are present), so nothing is filled in and ``raw`` is kept as it is.
+        """
+        meta = wire.metadata
+        if meta is None:
+            raise UpstreamError(f"{info.gvr}: object without metadata")
+        try:
+            rv = parse_rv(meta.resourceVersion)
+        except ValueError as e:
+            raise UpstreamError(f"{info.gvr}: object {meta.name!r}: {e}") from e
+        ns = meta.namespace
+        namespace = sys.intern(ns) if ns else None
+        name = sys.intern(meta.name)
+        hashes = ObjectHashes.of_fields(meta.uid, ns, meta.controller_uid())
+        prev = previous.get((namespace or "", name)) if previous is not None else None
+        labels = meta.labels
+        kept: Mapping[str, str]
+        if not labels:
+            kept = _NO_LABELS
+        elif prev is not None and prev.labels == labels:
+            kept = prev.labels
+        else:
+            kept = {sys.intern(k): sys.intern(v) for k, v in labels.items()}
         if prev is not None and prev.hashes == hashes:
             hashes = prev.hashes
         return cls(raw, hashes, rv, namespace, name, kept)

@@ -45,6 +45,7 @@ import orjson
 from range_filter_proxy.errors import UpstreamError, UpstreamGone, UpstreamUnavailable, bad_request
 from range_filter_proxy.resources import GVR, ResourceInfo, parse_resource_list
 from range_filter_proxy.watchstream import WatchStream, open_watch
+from range_filter_proxy.wire import WireObject, decode_line
 from rangeshard.core.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -62,18 +63,47 @@ class ListResult:
     continue_token: str | None = None
 
 
-@dataclass(slots=True)
 class WatchEvent:
     """One decoded watch event (``ADDED``, ``MODIFIED``, ``DELETED`` or ``BOOKMARK``).
 
     ``raw`` is the object's JSON exactly as the upstream sent it, when it could
     be cut out of the line without re-serialising (see :func:`decode_watch_line`);
     the cache then keeps those bytes instead of encoding ``object`` again.
+    ``wire`` is the object's metadata as the fast decoder read it
+    (:mod:`range_filter_proxy.wire`); then ``object`` is decoded from ``raw``
+    only if somebody asks for it (the watch cache never does).
     """
 
-    type: str
-    object: dict[str, Any]
-    raw: bytes | None = None
+    __slots__ = ("_object", "raw", "type", "wire")
+
+    def __init__(
+        self,
+        type: str,
+        object: dict[str, Any] | None = None,
+        raw: bytes | None = None,
+        wire: WireObject | None = None,
+    ) -> None:
+        if object is None and (raw is None or wire is None):
+            raise ValueError("a WatchEvent needs its object, or its raw bytes and wire metadata")
+        self.type = type
+        self._object = object
+        self.raw = raw
+        self.wire = wire
+
+    @property
+    def object(self) -> dict[str, Any]:
+        """The event's object as a dict (decoded from :attr:`raw` on first use when the fast path read it)."""
+        if self._object is None:
+            decoded = orjson.loads(self.raw or b"")
+            self._object = decoded if isinstance(decoded, dict) else {}
+        return self._object
+
+    def __repr__(self) -> str:
+        name = self.wire.metadata.name if self.wire is not None and self.wire.metadata is not None else None
+        if name is None:
+            meta = self.object.get("metadata")
+            name = meta.get("name") if isinstance(meta, dict) else None
+        return f"WatchEvent({self.type!r}, name={name!r})"
 
 
 #: The events of one read of a watch stream (``list`` is a method name inside :class:`HttpUpstream`).
@@ -94,7 +124,19 @@ def decode_watch_line(line: bytes, what: str) -> WatchEvent:
     encoding: two members, in that order, no whitespace around them) the
     object's bytes are returned in :attr:`WatchEvent.raw`; they are a slice of
     a line that decoded as a whole, so they are that object's valid JSON.
+    Such a line of an object event is read by the fast decoder
+    (:func:`range_filter_proxy.wire.decode_line`: metadata only, into
+    :attr:`WatchEvent.wire`); anything it does not vouch for by the general one.
     """
+    if line.startswith(b'{"type":"'):
+        wire = decode_line(line)
+        if wire is not None:
+            prefix = _LINE_PREFIXES.get(wire.type)
+            if prefix is not None:
+                if not line.endswith(b"}"):
+                    line = line.rstrip()
+                if line.startswith(prefix) and line.endswith(b"}"):
+                    return WatchEvent(wire.type, None, line[len(prefix) : -1], wire.object)
     try:
         doc = orjson.loads(line)
     except orjson.JSONDecodeError as e:
