@@ -93,6 +93,10 @@ class WatchCache:
         self._label = info.gvr.label
         #: Hot-path counters (plain integers; see range_filter_proxy.metrics).
         self.stats = metrics.stats(self._label)
+        #: Watchers with live events for the end-of-turn flush (direct path), and whether it is scheduled.
+        self._dirty: list[Watcher] = []
+        self._flush_scheduled = False
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -259,6 +263,27 @@ class WatchCache:
         stats = self.stats
         stats.events_delivered += delivered
         stats.events_filtered += filtered
+
+    def schedule_flush(self, w: Watcher) -> None:
+        """Flush ``w`` once the current event-loop callback is done (with every other watcher marked by then).
+
+        One flush per turn writes each dirty watcher's events as one chunk:
+        all the events of one upstream read (or of several reads handled in
+        the same turn) go out in one write per watcher.
+        """
+        self._dirty.append(w)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            loop = self._loop
+            if loop is None:
+                loop = self._loop = asyncio.get_running_loop()
+            loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        dirty, self._dirty = self._dirty, []
+        for w in dirty:
+            w.flush()
 
     def _notify_progress(self) -> None:
         if self._progress is not None:

@@ -48,11 +48,13 @@ class ResourceStats:
 
     __slots__ = (
         "bytes_out",
+        "direct_writes",
         "events_delivered",
         "events_filtered",
         "events_received",
         "latency_buckets",
         "latency_sum",
+        "queued_writes",
     )
 
     def __init__(self) -> None:
@@ -60,6 +62,9 @@ class ResourceStats:
         self.events_delivered = 0
         self.events_filtered = 0
         self.bytes_out = 0
+        #: Live chunks written by the end-of-turn flush straight to the connection / by the watch's task.
+        self.direct_writes = 0
+        self.queued_writes = 0
         #: Non-cumulative counts per bucket of :data:`LATENCY_BUCKETS`, plus one for +Inf.
         self.latency_buckets = [0] * (len(LATENCY_BUCKETS) + 1)
         self.latency_sum = 0.0
@@ -89,6 +94,16 @@ class _StatsCollector(Collector):
             for resource, s in items:
                 family.add_metric([resource], getattr(s, attr))
             yield family
+        writes = CounterMetricFamily(
+            f"{_PREFIX}_watch_writes",
+            "Chunks of live watch events written downstream, by path: direct (from the end-of-turn flush"
+            " straight to the connection) or task (by the watch's task, e.g. while the connection drains)",
+            labels=["resource", "path"],
+        )
+        for resource, s in items:
+            writes.add_metric([resource, "direct"], s.direct_writes)
+            writes.add_metric([resource, "task"], s.queued_writes)
+        yield writes
         hist = HistogramMetricFamily(
             f"{_PREFIX}_event_delivery_latency_seconds",
             "Time from receiving an event upstream to handing it to a downstream connection",

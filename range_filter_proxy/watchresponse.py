@@ -15,6 +15,16 @@ Purpose
     the wrapped ``send``, so every middleware sees a normal response begin
     and end.
 
+    When the server is uvicorn's httptools protocol and the response is
+    chunked, :class:`UvicornChunkSink` also gives the watcher a direct sink:
+    live events are then written from the cache's end-of-turn flush straight
+    to the connection's transport, framed as HTTP chunks exactly as uvicorn
+    frames them (see :mod:`range_filter_proxy.watcher`). It reads four
+    attributes of uvicorn's ``RequestResponseCycle`` (``transport``,
+    ``flow.write_paused``, ``disconnected``, ``chunked_encoding``); if any is
+    missing (another server, another uvicorn protocol or version) there is no
+    sink and every chunk takes the ASGI ``send``, as before.
+
 Invariants
     * The middlewares between the server and the app only observe a response
       (none of them rewrites body chunks); a middleware that must see every
@@ -54,6 +64,44 @@ class ProxyApp(FastAPI):
         await super().__call__(scope, receive, send)
 
 
+class UvicornChunkSink:
+    """A watch's direct sink: HTTP chunks written straight to uvicorn's transport (see module docstring)."""
+
+    __slots__ = ("_cycle", "_flow", "_transport")
+
+    def __init__(self, cycle: Any, flow: Any, transport: Any) -> None:
+        self._cycle = cycle
+        self._flow = flow
+        self._transport = transport
+
+    @classmethod
+    def of(cls, send: Any) -> UvicornChunkSink | None:
+        """The sink behind ``send`` if it is uvicorn's httptools cycle of a started chunked response, else ``None``."""
+        cycle = getattr(send, "__self__", None)
+        transport = getattr(cycle, "transport", None)
+        flow = getattr(cycle, "flow", None)
+        if (
+            cycle is None
+            or getattr(cycle, "chunked_encoding", None) is not True
+            or getattr(cycle, "response_started", None) is not True
+            or getattr(cycle, "response_complete", True) is not False
+            or not isinstance(getattr(cycle, "disconnected", None), bool)
+            or not isinstance(getattr(flow, "write_paused", None), bool)
+            or not callable(getattr(transport, "write", None))
+            or not callable(getattr(transport, "is_closing", None))
+        ):
+            return None
+        return cls(cycle, flow, transport)
+
+    def ready(self) -> bool:
+        """True while the client is connected and the transport's buffer is below its high-water mark."""
+        return not (self._cycle.disconnected or self._flow.write_paused or self._transport.is_closing())
+
+    def write_chunk(self, parts: list[bytes], size: int) -> None:
+        """One HTTP chunk of ``parts`` (uvicorn's framing: hex size, CRLF, data, CRLF), in one write."""
+        self._transport.write(b"".join([b"%x\r\n" % size, *parts, b"\r\n"]))
+
+
 class WatchResponse(Response):
     """The chunked body of one downstream watch, written straight from :meth:`Watcher.stream`."""
 
@@ -84,6 +132,8 @@ class WatchResponse(Response):
         body_send = scope.get(RAW_SEND, send)
         try:
             await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            if self.transform is None and not w.closed:
+                w.sink = UvicornChunkSink.of(body_send)
             async for chunk in stream:
                 await body_send({"type": "http.response.body", "body": chunk, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
