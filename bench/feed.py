@@ -74,7 +74,7 @@ def _template(pod: dict[str, Any]) -> tuple[bytes, bytes, bytes]:
     line = b'{"type":"MODIFIED","object":' + orjson.dumps(pod) + b"}"
     head, rest = line.split(b'"' + _RV_MARK + b'"')
     mid, tail = rest.split(b'"' + _TS_MARK + b'"')
-    return head + b'"', b'"' + mid + b'"', b'"' + tail
+    return head + b'"', b'"' + mid + b'"', b'"' + tail + b"\n"
 
 
 async def paced(rate: float, count: int, batch: int) -> AsyncIterator[int]:
@@ -164,7 +164,10 @@ class FeedUpstream(PodsUpstream):
             burst["done"] = True
 
     def next_line(self) -> bytes:
-        """The next watch line (no newline): the next pod in turn, the next resourceVersion, sent now."""
+        """The next watch line: the next pod in turn, the next resourceVersion, sent now.
+
+        The newline is included, as the HTTP upstream's reader passes lines on.
+        """
         self.rv += 1
         head, mid, tail = self.templates[self.emitted % len(self.templates)]
         self.emitted += 1

@@ -52,7 +52,7 @@ async def _serve(rate: float, count: int, watchers: int) -> None:
     i = 0
     async for due in paced(rate, count, 48):
         for _ in range(due):
-            line = feed.next_line() + b"\n"
+            line = feed.next_line()
             writers[i % watchers].write(b"%x\r\n%s\r\n" % (len(line), line))
             i += 1
     for w in writers:

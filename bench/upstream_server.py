@@ -132,7 +132,7 @@ class FakeApiServer:
                 t0 = loop.time()
                 i = 0
                 async for due in paced(rate, count, 256):
-                    data = b"".join(feed.next_line() + b"\n" for _ in range(due))
+                    data = b"".join(feed.next_line() for _ in range(due))
                     writer.write(b"%x\r\n%s\r\n" % (len(data), data))
                     i += due
                     burst["emitted"] = i

@@ -205,11 +205,13 @@ class WatchCache:
             raise UpstreamError(f"{self.info.gvr}: unknown watch event type {event.type!r}")
         received = time.monotonic()
         self.stats.events_received += 1
-        wire, raw = event.wire, event.raw
-        if wire is not None and raw is not None:
-            cur = CachedObject.from_wire(wire, raw, self.info, self.objects)
+        wire, data = event.wire, event.data
+        if wire is not None and data is not None:
+            cur = CachedObject.from_wire(
+                wire, data, self.info, self.objects, start=event.start, end=event.end, line_type=event.line_type
+            )
         else:
-            cur = CachedObject.build(event.object, self.info, raw, self.objects)
+            cur = CachedObject.build(event.object, self.info, event.raw, self.objects)
         prev = self.objects.get(cur.key)
         if cur.rv <= self.rv:
             if event.type != "DELETED" or prev is None:

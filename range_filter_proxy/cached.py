@@ -77,14 +77,31 @@ class CachedObject:
     Only the JSON bytes are kept, not the decoded dict (which cost ~9x the
     JSON size in memory); the few fields filters need are extracted at build
     time, and :attr:`obj` decodes on demand (field selectors, ``at_rv``).
+
+    ``data`` is the object's JSON (``end == -1``) or, for an object that came
+    in a watch line read by the fast path, that whole line with the object at
+    ``data[start:end]``: the line is kept instead of a copy of the object.
+    When ``line_type`` is set, ``data`` is exactly the watch line
+    ``{"type":"<line_type>","object":<raw>}\\n`` and is what a watcher is sent
+    for that event (:meth:`CachedEvent.line`), again without a copy.
     """
 
-    raw: bytes
+    data: bytes
     hashes: ObjectHashes
     rv: int
     namespace: str | None
     name: str
     labels: Mapping[str, str]
+    start: int = 0
+    end: int = -1
+    line_type: str | None = None
+
+    @property
+    def raw(self) -> bytes | memoryview:
+        """The object's JSON (a zero-copy view when it sits inside a watch line)."""
+        if self.end < 0:
+            return self.data
+        return memoryview(self.data)[self.start : self.end]
 
     @classmethod
     def build(
@@ -137,14 +154,21 @@ class CachedObject:
     def from_wire(
         cls,
         wire: WireObject,
-        raw: bytes,
+        data: bytes,
         info: ResourceInfo,
         previous: Mapping[tuple[str, str], CachedObject] | None = None,
+        *,
+        start: int = 0,
+        end: int = -1,
+        line_type: str | None = None,
     ) -> CachedObject:
-        """The same as :meth:`build` for an object the fast decoder read (``raw`` is its exact JSON).
+        """The same as :meth:`build` for an object the fast decoder read.
 
-        ``wire`` carries kind, apiVersion and metadata (:func:`range_filter_proxy.wire.decode_line`
-        guarantees they are present), so nothing is filled in and ``raw`` is kept as it is.
+        ``data`` is its exact JSON, or the watch line holding it at
+        ``[start:end]`` (see the class docstring). ``wire`` carries kind,
+        apiVersion and metadata (:func:`range_filter_proxy.wire.decode_line`
+        guarantees they are present), so nothing is filled in and the bytes
+        are kept as they are.
         """
         meta = wire.metadata
         if meta is None:
@@ -168,7 +192,7 @@ class CachedObject:
             kept = {sys.intern(k): sys.intern(v) for k, v in labels.items()}
         if prev is not None and prev.hashes == hashes:
             hashes = prev.hashes
-        return cls(raw, hashes, rv, namespace, name, kept)
+        return cls(data, hashes, rv, namespace, name, kept, start, end, line_type)
 
     @property
     def obj(self) -> dict[str, Any]:
@@ -191,7 +215,7 @@ class CachedObject:
 _EVENT_PREFIXES = {t: b'{"type":"' + t.encode() + b'","object":' for t in ("ADDED", "MODIFIED", "DELETED", "BOOKMARK")}
 
 
-def event_line(etype: str, raw_object: bytes) -> bytes:
+def event_line(etype: str, raw_object: bytes | memoryview) -> bytes:
     """One line of a JSON watch stream (one copy of the object's bytes)."""
     prefix = _EVENT_PREFIXES.get(etype) or b'{"type":"' + etype.encode() + b'","object":'
     return b"".join((prefix, raw_object, b"}\n"))
@@ -225,6 +249,9 @@ class CachedEvent:
 
     def line(self, variant: str) -> bytes:
         """``ADDED``/``MODIFIED``/``DELETED`` of ``cur``, or ``DELETED_PREV`` (prev at this rv)."""
+        cur = self.cur
+        if variant == cur.line_type:
+            return cur.data  # the upstream's own line (see CachedObject)
         lines = self._lines
         if lines is None:
             lines = self._lines = {}

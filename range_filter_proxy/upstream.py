@@ -69,12 +69,16 @@ class WatchEvent:
     ``raw`` is the object's JSON exactly as the upstream sent it, when it could
     be cut out of the line without re-serialising (see :func:`decode_watch_line`);
     the cache then keeps those bytes instead of encoding ``object`` again.
-    ``wire`` is the object's metadata as the fast decoder read it
-    (:mod:`range_filter_proxy.wire`); then ``object`` is decoded from ``raw``
-    only if somebody asks for it (the watch cache never does).
+    On the fast path they are not cut out at all: ``data[start:end]`` holds
+    them inside the whole line (``data``), and ``line_type`` says that
+    ``data`` is exactly the line ``{"type":"<line_type>","object":<raw>}\\n``,
+    which a downstream watcher can be sent as it is. ``wire`` is the object's
+    metadata as the fast decoder read it (:mod:`range_filter_proxy.wire`);
+    then ``object`` is decoded from the bytes only if somebody asks for it
+    (the watch cache never does).
     """
 
-    __slots__ = ("_object", "raw", "type", "wire")
+    __slots__ = ("_object", "data", "end", "line_type", "start", "type", "wire")
 
     def __init__(
         self,
@@ -82,19 +86,38 @@ class WatchEvent:
         object: dict[str, Any] | None = None,
         raw: bytes | None = None,
         wire: WireObject | None = None,
+        *,
+        line: bytes | None = None,
+        start: int = 0,
+        end: int = -1,
+        line_type: str | None = None,
     ) -> None:
-        if object is None and (raw is None or wire is None):
+        data = raw if line is None else line
+        if object is None and (data is None or wire is None):
             raise ValueError("a WatchEvent needs its object, or its raw bytes and wire metadata")
         self.type = type
         self._object = object
-        self.raw = raw
         self.wire = wire
+        #: The object's bytes (``start == 0``, ``end == -1``) or a line holding them at ``[start:end]``.
+        self.data = data
+        self.start = start
+        self.end = end
+        self.line_type = line_type
+
+    @property
+    def raw(self) -> bytes | None:
+        """The object's JSON as received, if the line held it unambiguously (a copy when it sits in a line)."""
+        data = self.data
+        if data is None or self.end < 0:
+            return data
+        return data[self.start : self.end]
 
     @property
     def object(self) -> dict[str, Any]:
-        """The event's object as a dict (decoded from :attr:`raw` on first use when the fast path read it)."""
+        """The event's object as a dict (decoded from the bytes on first use when the fast path read it)."""
         if self._object is None:
-            decoded = orjson.loads(self.raw or b"")
+            data = self.data or b""
+            decoded = orjson.loads(data if self.end < 0 else memoryview(data)[self.start : self.end])
             self._object = decoded if isinstance(decoded, dict) else {}
         return self._object
 
@@ -132,11 +155,26 @@ def decode_watch_line(line: bytes, what: str) -> WatchEvent:
         wire = decode_line(line)
         if wire is not None:
             prefix = _LINE_PREFIXES.get(wire.type)
-            if prefix is not None:
+            if prefix is not None and line.startswith(prefix):
+                # The object's bytes stay inside the line: no copy. A line ending exactly
+                # in "}\n" is kube-apiserver's encoding, passed on to watchers as it is.
+                if line.endswith(b"}\n"):
+                    return WatchEvent(
+                        wire.type,
+                        None,
+                        None,
+                        wire.object,
+                        line=line,
+                        start=len(prefix),
+                        end=len(line) - 2,
+                        line_type=wire.type,
+                    )
                 if not line.endswith(b"}"):
                     line = line.rstrip()
-                if line.startswith(prefix) and line.endswith(b"}"):
-                    return WatchEvent(wire.type, None, line[len(prefix) : -1], wire.object)
+                if line.endswith(b"}"):
+                    return WatchEvent(
+                        wire.type, None, None, wire.object, line=line, start=len(prefix), end=len(line) - 1
+                    )
     try:
         doc = orjson.loads(line)
     except orjson.JSONDecodeError as e:

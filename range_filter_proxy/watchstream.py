@@ -70,23 +70,38 @@ class _Lines:
         self.size = 0
 
     def split(self, pieces: list[bytes]) -> list[bytes]:
-        """The complete non-blank lines in ``pieces`` (after what was pending)."""
+        """The complete non-blank lines in ``pieces`` (after what was pending), each with its ``\\n``.
+
+        Lines keep their line end so that a watch line can be passed on to
+        downstream watchers as it came (:mod:`range_filter_proxy.cached`),
+        without another copy. Only ``\\n`` ends a line: a lone ``\\r`` is JSON
+        whitespace (``bytes.splitlines`` would split there, so pieces holding
+        one are split the slow way).
+        """
         out: list[bytes] = []
         pending = self.pending
         for data in pieces:
-            lines = data.split(b"\n")
+            if b"\r" in data:
+                lines = [line + b"\n" for line in data.split(b"\n")]
+                lines[-1] = lines[-1][:-1]
+            else:
+                lines = data.splitlines(keepends=True)
+            if not lines:
+                continue
             if pending:
                 pending.append(lines[0])
                 lines[0] = b"".join(pending)
                 pending.clear()
                 self.size = 0
-            tail = lines.pop()
-            if tail:
-                pending.append(tail)
-                self.size += len(tail)
-                if self.size > self.max_line:
-                    raise UpstreamError(f"{self.what}: an event longer than {self.max_line} bytes")
-            out.extend([line for line in lines if line and not line.isspace()])
+            tail = lines[-1]
+            if not tail.endswith(b"\n"):
+                lines.pop()
+                if tail:
+                    pending.append(tail)
+                    self.size += len(tail)
+                    if self.size > self.max_line:
+                        raise UpstreamError(f"{self.what}: an event longer than {self.max_line} bytes")
+            out.extend([line for line in lines if not line.isspace()])
         return out
 
     def rest(self) -> bytes | None:

@@ -4,6 +4,9 @@
   controller, namespaced or not, unknown members anywhere), the cached object
   built from the fast path equals the one built from the fully decoded dict:
   bytes, hashes, resourceVersion, namespace, name, labels.
+* A line in kube-apiserver's exact encoding is kept whole: the cache stores
+  no copy of the object and sends that line itself to watchers of its type;
+  other line ends keep the object bytes and build the line.
 * Every line the fast path cannot vouch for (a wrong type anywhere it reads,
   an extra top-level member, a missing kind, BOOKMARK/ERROR, broken JSON) goes
   to the general path and gets exactly its answer or error.
@@ -19,11 +22,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hashing import ObjectHashes
-from range_filter_proxy.cached import CachedObject
+from range_filter_proxy.cache import WatchCache
+from range_filter_proxy.cached import CachedEvent, CachedObject, CacheSettings
 from range_filter_proxy.errors import UpstreamError, UpstreamGone
-from range_filter_proxy.upstream import WatchEvent, decode_watch_line
+from range_filter_proxy.metrics import ProxyMetrics
+from range_filter_proxy.upstream import ListResult, WatchEvent, decode_watch_line
+from range_filter_proxy.watchstream import _Lines
 from range_filter_proxy.wire import decode_line
-from tests.range_filter_proxy.fakes import INFOS, PODS
+from tests.range_filter_proxy.fakes import INFOS, PODS, FakeUpstream
+from tests.range_filter_proxy.helpers import async_test
 
 POD = INFOS[PODS]
 
@@ -186,3 +193,46 @@ def test_watch_event_needs_an_object_or_bytes_and_metadata() -> None:
     assert "name='a'" in repr(
         decode_watch_line(_line("ADDED", {"kind": "Pod", "apiVersion": "v1", "metadata": _POD_META}), "w")
     )
+
+
+# ---- the upstream's line kept whole: no copy of the object, the line passed on as it came ------------------
+
+
+def test_line_split_keeps_line_ends_and_only_lf_ends_a_line() -> None:
+    lines = _Lines(1 << 20, "w")
+    assert lines.split([b'{"a":1}\n{"b"', b':2}\r\n\n  \n{"c":\r3}\n{"d"']) == [
+        b'{"a":1}\n',
+        b'{"b":2}\r\n',
+        b'{"c":\r3}\n',
+    ]
+    assert lines.split([b":4}"]) == []
+    assert lines.rest() == b'{"d":4}'
+
+
+@async_test()
+async def test_a_canonical_line_is_stored_once_and_sent_as_it_came() -> None:
+    obj = {"kind": "Pod", "apiVersion": "v1", "metadata": {**_POD_META, "resourceVersion": "7"}}
+    line = _line("MODIFIED", obj) + b"\n"
+    ev = decode_watch_line(line, "w")
+    assert ev.wire is not None and ev.line_type == "MODIFIED" and ev.data is line
+    assert ev.raw == orjson.dumps(obj) and ev.object == obj
+    cache = WatchCache(POD, FakeUpstream(), ProxyMetrics(), CacheSettings())
+    cache.replace(ListResult([{**obj, "metadata": {**obj["metadata"], "resourceVersion": "6"}}], "6"))
+    cache.apply(ev)
+    stored = cache.objects[("ns", "a")]
+    assert stored.data is line and bytes(stored.raw) == orjson.dumps(obj)
+    event = cache.history[-1]
+    assert event.line("MODIFIED") is line, "the upstream's line itself, not a copy"
+    assert event.line("ADDED") == b'{"type":"ADDED","object":' + orjson.dumps(obj) + b"}\n"
+    assert orjson.loads(stored.at_rv(9))["metadata"]["resourceVersion"] == "9"
+
+
+@pytest.mark.parametrize("end", [b"}", b"} \r\n", b"}\r\n"])
+def test_other_line_ends_keep_the_object_but_build_the_line(end: bytes) -> None:
+    obj = {"kind": "Pod", "apiVersion": "v1", "metadata": _POD_META}
+    line = _line("ADDED", obj)[:-1] + end
+    ev = decode_watch_line(line, "w")
+    assert ev.wire is not None and ev.line_type is None and ev.raw == orjson.dumps(obj)
+    built = CachedObject.from_wire(ev.wire, ev.data or b"", POD, start=ev.start, end=ev.end)
+    assert built.raw == orjson.dumps(obj)
+    assert CachedEvent.of("ADDED", 5, built, None, 0.0).line("ADDED") == _line("ADDED", obj) + b"\n"
