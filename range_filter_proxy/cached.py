@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+import msgspec
 import orjson
 
 from hashing import ObjectHashes, ShardSelector
@@ -70,8 +71,7 @@ def parse_rv(value: Any) -> int:
 _NO_LABELS: Mapping[str, str] = MappingProxyType({})
 
 
-@dataclass(slots=True, eq=False)
-class CachedObject:
+class CachedObject(msgspec.Struct, eq=False, gc=False):
     """One object as stored: serialised once, hashes and filter fields precomputed.
 
     Only the JSON bytes are kept, not the decoded dict (which cost ~9x the
@@ -84,6 +84,14 @@ class CachedObject:
     When ``line_type`` is set, ``data`` is exactly the watch line
     ``{"type":"<line_type>","object":<raw>}\\n`` and is what a watcher is sent
     for that event (:meth:`CachedEvent.line`), again without a copy.
+
+    Cached objects and events are structs the cyclic garbage collector does
+    not track (``gc=False``): they refer only to bytes, strings, numbers,
+    shared immutable hashes and label mappings, and to each other from newer
+    to older, so they can never form a reference cycle; reference counting
+    frees them. With 100,000 history events tracked, every collection (and
+    the heap keeper's passes, :mod:`range_filter_proxy.heap`) walked two
+    objects per event: 4-8 ms pauses at 30,000 events/s (issue 17).
     """
 
     data: bytes
@@ -221,8 +229,7 @@ def event_line(etype: str, raw_object: bytes | memoryview) -> bytes:
     return b"".join((prefix, raw_object, b"}\n"))
 
 
-@dataclass(slots=True, eq=False)
-class CachedEvent:
+class CachedEvent(msgspec.Struct, eq=False, gc=False):
     """One event of the history; serialisations are computed lazily and shared."""
 
     type: str
