@@ -70,6 +70,8 @@ from range_filter_proxy.watcher import Watcher
 
 log = logging.getLogger(__name__)
 
+_OBJECT_EVENTS = frozenset(("ADDED", "MODIFIED", "DELETED"))
+
 
 class WatchCache:
     """The cache of one resource, fed by one upstream list+watch."""
@@ -97,6 +99,8 @@ class WatchCache:
         self._dirty: list[Watcher] = []
         self._flush_scheduled = False
         self._loop: asyncio.AbstractEventLoop | None = None
+        #: History length above which eviction is considered (checked inline per event).
+        self._evict_above = min(settings.history_events, settings.history_hard_cap)
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -201,43 +205,50 @@ class WatchCache:
                 self.rv = rv
                 self._notify_progress()
             return
-        if event.type not in ("ADDED", "MODIFIED", "DELETED"):
-            raise UpstreamError(f"{self.info.gvr}: unknown watch event type {event.type!r}")
+        etype = event.type
+        if etype not in _OBJECT_EVENTS:
+            raise UpstreamError(f"{self.info.gvr}: unknown watch event type {etype!r}")
         received = time.monotonic()
         self.stats.events_received += 1
+        objects = self.objects
         wire, data = event.wire, event.data
-        if wire is not None and data is not None:
-            cur = CachedObject.from_wire(
-                wire, data, self.info, self.objects, start=event.start, end=event.end, line_type=event.line_type
-            )
+        if wire is not None and data is not None and wire.metadata is not None:
+            meta = wire.metadata
+            key = (meta.namespace, meta.name)
+            prev = objects.get(key)
+            cur = CachedObject.from_wire(wire, data, self.info, prev, event.start, event.end, event.line_type)
         else:
-            cur = CachedObject.build(event.object, self.info, event.raw, self.objects)
-        prev = self.objects.get(cur.key)
-        if cur.rv <= self.rv:
-            if event.type != "DELETED" or prev is None:
-                log.debug("%s: ignoring event at rv %d <= cache rv %d", self.info.gvr, cur.rv, self.rv)
+            cur = CachedObject.build(event.object, self.info, event.raw, objects)
+            key = cur.key
+            prev = objects.get(key)
+        rv = cur.rv
+        if rv <= self.rv:
+            if etype != "DELETED" or prev is None:
+                log.debug("%s: ignoring event at rv %d <= cache rv %d", self.info.gvr, rv, self.rv)
                 return
             # A deletion reported with the object's last RV rather than the deletion's:
             # never keep a deleted object; file the event at the current RV.
-            log.warning("%s: DELETED event at stale rv %d (cache rv %d)", self.info.gvr, cur.rv, self.rv)
-            cur.rv = self.rv
-        if event.type == "DELETED":
-            self.objects.pop(cur.key, None)
+            log.warning("%s: DELETED event at stale rv %d (cache rv %d)", self.info.gvr, rv, self.rv)
+            rv = cur.rv = self.rv
+        if etype == "DELETED":
+            objects.pop(key, None)
         else:
-            self.objects[cur.key] = cur
-        ev = CachedEvent.of(event.type, cur.rv, cur, prev, received)
-        self.rv = max(self.rv, cur.rv)
-        self.history.append(ev)
-        self._evict(received)
+            # A new entry gets the object's interned key (an update keeps the entry's key anyway).
+            objects[key if prev is not None else cur.key] = cur
+        ev = CachedEvent.of(etype, rv, cur, prev, received)
+        self.rv = rv
+        history = self.history
+        history.append(ev)
+        if len(history) > self._evict_above:
+            self._evict(received)
         self._dispatch(ev)
-        self._notify_progress()
+        if self._progress is not None:
+            self._notify_progress()
 
     def _evict(self, now: float) -> None:
         s = self.settings
         history = self.history
         n = len(history)
-        if n <= s.history_events and n <= s.history_hard_cap:
-            return
         cap, keep, seconds = s.history_hard_cap, s.history_events, s.history_seconds
         while n and (n > cap or (n > keep and now - history[0].received > seconds)):
             self.history_start_rv = history.popleft().rv

@@ -164,13 +164,12 @@ class CachedObject(msgspec.Struct, eq=False, gc=False):
         wire: WireObject,
         data: bytes,
         info: ResourceInfo,
-        previous: Mapping[tuple[str, str], CachedObject] | None = None,
-        *,
+        prev: CachedObject | None = None,
         start: int = 0,
         end: int = -1,
         line_type: str | None = None,
     ) -> CachedObject:
-        """The same as :meth:`build` for an object the fast decoder read.
+        """The same as :meth:`build` for an object the fast decoder read (``prev``: its version in the store).
 
         ``data`` is its exact JSON, or the watch line holding it at
         ``[start:end]`` (see the class docstring). ``wire`` carries kind,
@@ -189,7 +188,6 @@ class CachedObject(msgspec.Struct, eq=False, gc=False):
         namespace = sys.intern(ns) if ns else None
         name = sys.intern(meta.name)
         hashes = ObjectHashes.of_fields(meta.uid, ns, meta.controller_uid())
-        prev = previous.get((namespace or "", name)) if previous is not None else None
         labels = meta.labels
         kept: Mapping[str, str]
         if not labels:

@@ -88,16 +88,15 @@ def test_fast_path_builds_the_same_cached_object(obj: dict[str, Any], etype: str
 def test_previous_version_lends_labels_and_hashes() -> None:
     meta = {"name": "a", "namespace": "ns", "uid": "u-1", "resourceVersion": "1", "labels": {"app": "x"}}
     first = CachedObject.from_wire(_wire({"kind": "Pod", "apiVersion": "v1", "metadata": meta}), b"{}", POD)
-    store = {first.key: first}
     second = CachedObject.from_wire(
-        _wire({"kind": "Pod", "apiVersion": "v1", "metadata": {**meta, "resourceVersion": "2"}}), b"{}", POD, store
+        _wire({"kind": "Pod", "apiVersion": "v1", "metadata": {**meta, "resourceVersion": "2"}}), b"{}", POD, first
     )
     assert second.labels is first.labels and second.hashes is first.hashes and second.rv == 2
     relabelled = CachedObject.from_wire(
         _wire({"kind": "Pod", "apiVersion": "v1", "metadata": {**meta, "resourceVersion": "3", "labels": {}}}),
         b"{}",
         POD,
-        store,
+        second,
     )
     assert dict(relabelled.labels) == {}
 
