@@ -37,7 +37,11 @@ Concurrency model
     watcher and registering a new watcher (with its replayed backlog) are
     synchronous (no ``await``), so no event is lost or duplicated between
     them. One named background task per cache runs the upstream loop; each
-    downstream watch is an async generator consuming its own bounded queue.
+    downstream watch is an async generator consuming its own bounded queue,
+    or, for live events under uvicorn's httptools protocol, is written by the
+    cache's end-of-turn flush (:meth:`WatchCache.schedule_flush`: one
+    ``call_soon`` callback per event-loop turn; see
+    :mod:`range_filter_proxy.watcher`).
 """
 
 from __future__ import annotations
