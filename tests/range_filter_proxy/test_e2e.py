@@ -202,7 +202,15 @@ def test_sixteen_range_watches_cause_one_upstream_watch(
         assert got == [*expected, "w16-done"]
     with httpx.Client(timeout=10) as c:
         assert _metric(c.get(local_apiserver.url + "/metrics").text, "local_apiserver_watches", "pods") == 1
-        assert _metric(c.get(proxy.url + "/metrics").text, "range_filter_proxy_upstream_watches", "pods") == 1
+        proxy_metrics = c.get(proxy.url + "/metrics").text
+        assert _metric(proxy_metrics, "range_filter_proxy_upstream_watches", "pods") == 1
+    # The `rangeshard proxy` process (uvicorn with httptools) writes live events straight to the connections.
+    direct = [
+        float(line.rsplit(" ", 1)[1])
+        for line in proxy_metrics.splitlines()
+        if line.startswith("range_filter_proxy_watch_writes_total{") and 'path="direct"' in line and '"pods"' in line
+    ]
+    assert direct and direct[0] > 0, "live watch events never took the direct path in the real proxy"
 
 
 def test_watch_in_range_resume_410_and_bookmarks(proxy: ProxyProcess, world: World, local_apiserver: Any) -> None:
