@@ -300,7 +300,12 @@ class WatchCache:
         self._flush_scheduled = False
         dirty, self._dirty = self._dirty, []
         for w in dirty:
-            w.flush()
+            try:
+                w.flush()
+            except Exception:  # a broken connection must not strand the other watchers' events
+                log.exception("watch %d of %s: direct write failed; cutting it off", w.id, self.info.gvr)
+                w.cut("write failed")
+                self.remove_watcher(w)
 
     def _notify_progress(self) -> None:
         if self._progress is not None:

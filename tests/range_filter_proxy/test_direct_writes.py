@@ -226,3 +226,34 @@ async def test_no_direct_write_after_a_watch_timed_out() -> None:
     w.offer(b"late\n", 0.0)
     await _turns()
     assert sink.chunks == []
+
+
+@async_test()
+async def test_a_failing_direct_write_cuts_that_watcher_only() -> None:
+    cache = WatchCache(INFOS[PODS], FakeUpstream(), ProxyMetrics(), CacheSettings())
+
+    class Broken(_Sink):
+        def write_chunk(self, parts: list[bytes], size: int) -> None:
+            raise RuntimeError("handler is closed")
+
+    watchers = [
+        cache.add_watcher(WatchFilter(), resume_from=0, bookmarks=False, initial_events_end=False, timeout=None)
+        for _ in range(2)
+    ]
+    broken, healthy = Broken(), _Sink()
+    watchers[0].sink, watchers[1].sink = broken, healthy
+    consumers = [asyncio.create_task(_drain(w)) for w in watchers]
+    await _turns()
+    for w in watchers:
+        w.offer(b"x\n", 0.0)
+    await _turns()
+    assert healthy.chunks == [b"x\n"]
+    assert watchers[0].closed and watchers[0].close_reason == "write failed"
+    assert list(cache.watchers.values()) == [watchers[1]]
+    watchers[1].close("test")
+    await asyncio.wait_for(asyncio.gather(*consumers), 5)
+
+
+async def _drain(w: Any) -> None:
+    async for _ in w.stream():
+        pass
