@@ -86,7 +86,6 @@ class WatchEvent:
         object: dict[str, Any] | None = None,
         raw: bytes | None = None,
         wire: WireObject | None = None,
-        *,
         line: bytes | None = None,
         start: int = 0,
         end: int = -1,
@@ -159,22 +158,12 @@ def decode_watch_line(line: bytes, what: str) -> WatchEvent:
                 # The object's bytes stay inside the line: no copy. A line ending exactly
                 # in "}\n" is kube-apiserver's encoding, passed on to watchers as it is.
                 if line.endswith(b"}\n"):
-                    return WatchEvent(
-                        wire.type,
-                        None,
-                        None,
-                        wire.object,
-                        line=line,
-                        start=len(prefix),
-                        end=len(line) - 2,
-                        line_type=wire.type,
-                    )
+                    kind = wire.type
+                    return WatchEvent(kind, None, None, wire.object, line, len(prefix), len(line) - 2, kind)
                 if not line.endswith(b"}"):
                     line = line.rstrip()
                 if line.endswith(b"}"):
-                    return WatchEvent(
-                        wire.type, None, None, wire.object, line=line, start=len(prefix), end=len(line) - 1
-                    )
+                    return WatchEvent(wire.type, None, None, wire.object, line, len(prefix), len(line) - 1)
     try:
         doc = orjson.loads(line)
     except orjson.JSONDecodeError as e:
