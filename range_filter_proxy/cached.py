@@ -185,9 +185,12 @@ class CachedObject(msgspec.Struct, eq=False, gc=False):
         except ValueError as e:
             raise UpstreamError(f"{info.gvr}: object {meta.name!r}: {e}") from e
         ns = meta.namespace
-        namespace = sys.intern(ns) if ns else None
-        name = sys.intern(meta.name)
-        hashes = ObjectHashes.of_fields(meta.uid, ns, meta.controller_uid())
+        if prev is not None and prev.name == meta.name and (prev.namespace or "") == ns:
+            namespace, name = prev.namespace, prev.name  # the previous version's interned strings
+        else:
+            namespace = sys.intern(ns) if ns else None
+            name = sys.intern(meta.name)
+        hashes = ObjectHashes.of_fields(meta.uid, ns, meta.controller_uid() if meta.ownerReferences else None)
         labels = meta.labels
         kept: Mapping[str, str]
         if not labels:
