@@ -41,7 +41,7 @@ from typing import Any
 
 from hashing import HashRange, hash_key, split_largest
 from registry.models import InstanceRecord, Snapshot, State
-from registry.rebalance import Plan, histogram, make_plan
+from registry.rebalance import Plan, gap_histogram, histogram, make_plan
 
 #: The controller type of the synthetic registry snapshots.
 CONTROLLER_TYPE = "bench"
@@ -93,13 +93,14 @@ def joins(keys: list[int], n: int) -> list[int]:
 
 def snapshot(keys: list[int], uppers: list[int]) -> Snapshot:
     """The registry as ``rangeshard rebalance`` reads it: instances with these upper bounds, each
-    publishing the 256-bucket histogram of the keys it owns (what the managers write)."""
+    publishing the histogram of the keys it owns (what the managers write: cut at gaps, plus the equal-width counts)."""
     items = []
     lo = 0
     for i, hi in enumerate(uppers):
         rng = HashRange(lo, hi)
         mine = keys[bisect.bisect_left(keys, lo) : bisect.bisect_right(keys, hi)]
-        counts = histogram(mine, rng)
+        hist = gap_histogram(mine, rng)
+        hist["counts"] = histogram(mine, rng)
         record = InstanceRecord.model_validate(
             {
                 "instanceId": f"bench-{i}",
@@ -107,7 +108,7 @@ def snapshot(keys: list[int], uppers: list[int]) -> Snapshot:
                 "hashKey": hi,
                 "workloadNum": len(mine),
                 "state": State.ACTIVE,
-                "histogram": {"lo": rng.lo, "hi": rng.hi, "counts": counts},
+                "histogram": hist,
             }
         )
         items.append((record, f"/bench/{i}", 1, 1, 0))

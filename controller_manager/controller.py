@@ -54,7 +54,7 @@ from rangeshard.core.clock import MONOTONIC, Clock
 from rangeshard.core.errors import ControllerError, ReconcileTimeout
 from rangeshard.core.etcd import EtcdConfig
 from rangeshard.core.ownertoken import OwnerToken
-from registry.rebalance import histogram
+from registry.rebalance import gap_histogram, histogram
 
 log = logging.getLogger(__name__)
 
@@ -259,10 +259,12 @@ class ControllerRuntime:
             uid = (obj.get("metadata") or {}).get("uid")
             if uid:
                 keys.append(hash_key(uid))
-        counts = histogram(keys, rng)
-        total = sum(counts)
+        hist = gap_histogram(keys, rng)
+        # The 256 equal-width counts of earlier versions too, for their readers (the planner reads the gaps).
+        hist["counts"] = histogram(keys, rng)
+        total = sum(hist["objects"])
         self.metrics.workload.labels(self.name).set(total)
-        return total, {"lo": rng.lo, "hi": rng.hi, "counts": counts}
+        return total, hist
 
     # -- events -----------------------------------------------------------------
     def _on_main(self, event: str, obj: dict[str, Any]) -> None:

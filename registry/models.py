@@ -64,13 +64,34 @@ class State(StrEnum):
 
 
 class HashHistogram(BaseModel):
-    """Counts of owned objects in equal-width buckets of ``[lo, hi]`` (for rebalancing)."""
+    """Counts of owned objects per bucket of ``[lo, hi]`` (for rebalancing).
+
+    Two layouts (``registry.rebalance.segments`` reads both):
+
+    * **cut at gaps** (written by current managers): ``[lo, hi]`` is cut into
+      ``cells`` equal-width cells (integer-exact, like the buckets below);
+      bucket ``j`` covers cells ``[ends[j-1], ends[j])`` (the first starts at
+      0, the last ends at ``cells``) and holds ``objects[j]`` objects. Bucket
+      edges lie in gaps between owned objects, so a boundary can be placed
+      between any two of them (at most ``HISTOGRAM_BUCKETS`` buckets; more
+      objects share buckets of about equal counts).
+    * **equal-width**: ``counts``, ``len(counts)`` buckets of equal width
+      (256). Earlier versions published only this; current managers publish
+      it next to the gap layout, so readers of earlier versions keep working.
+      When both are present the gap layout is read.
+
+    Validation is lenient on purpose: an inconsistent histogram is ignored by
+    the planner (whole range, ``workloadNum``), it never makes the record unreadable.
+    """
 
     model_config = ConfigDict(extra="ignore", populate_by_name=True, frozen=True)
 
     lo: int = Field(ge=0, le=MAX_HASH)
     hi: int = Field(ge=0, le=MAX_HASH)
     counts: list[int] = Field(default_factory=list)
+    cells: int | None = None
+    ends: list[int] | None = None
+    objects: list[int] | None = None
 
 
 class InstanceRecord(BaseModel):

@@ -16,6 +16,14 @@ Invariants
     * Histogram arithmetic is integer-exact: bucket ``j`` of ``[lo, hi]`` with
       ``B`` buckets holds keys ``k`` with ``(k - lo) * B // size == j``, so a
       boundary placed on a bucket edge splits counts exactly.
+    * Managers publish histograms cut at gaps (:func:`gap_histogram`): up to
+      :data:`HISTOGRAM_BUCKETS` buckets over a fine grid of
+      :data:`HISTOGRAM_CELLS` cells, each edge in the middle of a gap between
+      owned objects. With at most that many distinct hashes per instance every
+      gap has an edge, so the planner reaches the exact optimum; with more,
+      buckets hold about equal numbers of objects (error per boundary at most
+      one bucket, ~1/256 of the instance's objects). Equal-width histograms of
+      earlier versions are still read.
     * Every move is validated against the current keys before it is written;
       a failed or timed-out move leaves the registry consistent (the protocol
       finishes the handover by itself; nothing is half-written).
@@ -27,14 +35,16 @@ Concurrency model
 
 from __future__ import annotations
 
+import bisect
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from hashing import MAX_HASH, HashRange
 from rangeshard.core.errors import CompareFailed, ConfigError, RegistryError
-from registry.models import Member, Snapshot, State
+from registry.models import HashHistogram, Member, Snapshot, State
 from registry.registry import Registry
 
 log = logging.getLogger(__name__)
@@ -43,6 +53,15 @@ _MAX_MOVE_RACES = 10
 """How many lost races (concurrent registry writes) one :func:`apply_plan` run retries before giving up."""
 
 HISTOGRAM_BUCKETS = 256
+"""Most buckets one published histogram has (bounds a record at ~4 KB; see docs/rebalance.md)."""
+
+HISTOGRAM_CELLS = 2**32
+"""Equal-width cells of a range that the edges of a published histogram are placed on.
+
+Two distinct objects share a cell only if their hashes are within ``size / 2**32``
+of each other (for 256 uniform hashes in a range: probability ~1e-5); the
+indices stay 10 digits in the record, where raw keys would take 19.
+"""
 
 
 def bucket_of(key: int, rng: HashRange, buckets: int) -> int:
@@ -56,12 +75,70 @@ def bucket_start(j: int, rng: HashRange, buckets: int) -> int:
 
 
 def histogram(keys: Sequence[int], rng: HashRange, buckets: int = HISTOGRAM_BUCKETS) -> list[int]:
-    """Counts of ``keys`` inside ``rng`` per bucket."""
+    """Counts of ``keys`` inside ``rng`` per equal-width bucket (the layout earlier versions published)."""
     counts = [0] * buckets
     for k in keys:
         if rng.contains(k):
             counts[bucket_of(k, rng, buckets)] += 1
     return counts
+
+
+def gap_histogram(
+    keys: Iterable[int],
+    rng: HashRange,
+    max_buckets: int = HISTOGRAM_BUCKETS,
+    cells: int = HISTOGRAM_CELLS,
+) -> dict[str, Any]:
+    """The histogram a manager publishes for the ``keys`` it owns in ``rng`` (record field ``histogram``).
+
+    Keys are placed on ``cells`` equal-width cells; runs of objects in one
+    cell stay together (owner-hashed dependents share their owner's hash).
+    With at most ``max_buckets`` occupied cells each is its own bucket;
+    otherwise consecutive cells are grouped into at most ``max_buckets``
+    buckets of about equal counts. Each bucket edge goes to the middle of the
+    gap between the last occupied cell before it and the first after it, so
+    a boundary the planner places there leaves room for new objects on both
+    sides. No keys in ``rng``: one empty bucket.
+    """
+    if max_buckets < 1 or cells < 1:
+        raise ValueError("gap_histogram: need max_buckets >= 1 and cells >= 1")
+    ks = sorted(k for k in keys if rng.contains(k))
+    total = len(ks)
+    if not ks:
+        return {"lo": rng.lo, "hi": rng.hi, "cells": cells, "ends": [cells], "objects": [0]}
+
+    def run_end(i: int) -> int:
+        """Index of the last key in the same cell as ``ks[i]`` (keys are sorted, cells ascend with keys)."""
+        last_key = bucket_start(bucket_of(ks[i], rng, cells) + 1, rng, cells) - 1
+        return bisect.bisect_right(ks, last_key, i) - 1
+
+    # Index of the last key of each bucket. First one bucket per occupied cell...
+    lasts: list[int] = []
+    i = 0
+    while i < total and len(lasts) <= max_buckets:
+        lasts.append(run_end(i))
+        i = lasts[-1] + 1
+    if len(lasts) > max_buckets:
+        # ... too many: bucket j ends with the cell holding the (j * total / max_buckets)-th key
+        # (cells are never split, so a lump of one hash may cover several shares).
+        lasts = []
+        for j in range(1, max_buckets + 1):
+            share_end = -(-j * total // max_buckets) - 1
+            if not lasts or share_end > lasts[-1]:
+                lasts.append(run_end(share_end))
+    ends: list[int] = []
+    objects: list[int] = []
+    first = 0
+    for last in lasts:
+        if last + 1 < total:
+            gap_lo = bucket_of(ks[last], rng, cells) + 1
+            gap_hi = bucket_of(ks[last + 1], rng, cells)
+            ends.append((gap_lo + gap_hi) // 2)
+        else:
+            ends.append(cells)
+        objects.append(last + 1 - first)
+        first = last + 1
+    return {"lo": rng.lo, "hi": rng.hi, "cells": cells, "ends": ends, "objects": objects}
 
 
 @dataclass(frozen=True)
@@ -118,8 +195,10 @@ def owned(snap: Snapshot) -> list[Member]:
 def segments(snap: Snapshot) -> list[Segment]:
     """The space cut into histogram buckets with counts, in key order.
 
-    An instance without a histogram contributes one segment (its whole range)
-    with its ``workloadNum``.
+    Both published layouts are read (see :class:`registry.models.HashHistogram`).
+    An instance without a usable histogram (none, published for an earlier
+    range, or inconsistent) contributes one segment (its whole range) with its
+    ``workloadNum``.
     """
     out: list[Segment] = []
     for m in owned(snap):
@@ -127,15 +206,47 @@ def segments(snap: Snapshot) -> list[Segment]:
         if rng is None:
             continue
         hist = m.record.histogram
-        if hist is None or not hist.counts or hist.lo != rng.lo or hist.hi != rng.hi:
-            out.append(Segment(rng.lo, rng.hi, m.record.workload_num))
-            continue
-        n = len(hist.counts)
-        for j, count in enumerate(hist.counts):
-            lo = bucket_start(j, rng, n)
-            hi = bucket_start(j + 1, rng, n) - 1
-            if lo <= hi:
-                out.append(Segment(lo, hi, count))
+        mine = _histogram_segments(hist, rng) if hist is not None else None
+        out.extend(mine if mine is not None else [Segment(rng.lo, rng.hi, m.record.workload_num)])
+    return out
+
+
+def _histogram_segments(hist: HashHistogram, rng: HashRange) -> list[Segment] | None:
+    """The buckets of one published histogram as segments, or ``None`` when it does not describe ``rng``."""
+    if hist.lo != rng.lo or hist.hi != rng.hi:
+        return None  # published for an earlier range
+    if hist.ends is not None or hist.objects is not None or hist.cells is not None:
+        return _gap_segments(hist, rng)
+    if not hist.counts or any(c < 0 for c in hist.counts):
+        return None
+    n = len(hist.counts)
+    out: list[Segment] = []
+    for j, count in enumerate(hist.counts):
+        lo = bucket_start(j, rng, n)
+        hi = bucket_start(j + 1, rng, n) - 1
+        if lo <= hi:
+            out.append(Segment(lo, hi, count))
+    return out
+
+
+def _gap_segments(hist: HashHistogram, rng: HashRange) -> list[Segment] | None:
+    cells, ends, objects = hist.cells, hist.ends, hist.objects
+    if cells is None or cells < 1 or not ends or objects is None or len(ends) != len(objects):
+        return None
+    if ends[-1] != cells or any(c < 0 for c in objects):
+        return None
+    out: list[Segment] = []
+    start = 0
+    for end, count in zip(ends, objects, strict=True):
+        if end <= start:
+            return None  # edges must increase
+        lo = bucket_start(start, rng, cells)
+        hi = bucket_start(end, rng, cells) - 1
+        if lo <= hi:
+            out.append(Segment(lo, hi, count))
+        elif count:
+            return None  # objects in a bucket that holds no key
+        start = end
     return out
 
 

@@ -87,6 +87,11 @@ def test_sigkill_giver_and_receiver_mid_handover(cluster: Cluster, etcd_server: 
                 wait_until(lambda g=giver: locked_by(cluster, g), 30, "the receiver's locked join")
                 giver.kill()
                 wait_until(lambda: all_active(cluster, "replicaset", 1), 30, "the receiver takes everything")
+                # Active is not yet audited: its first reconcile ends (and is recorded) only after the
+                # 0.5 s delay, and the objects can look converged without it (the load may have put
+                # every replica count back). Keep work coming until the receiver has recorded one, so
+                # the audit checks below (and the next round's "giver reconciling") see its work.
+                wait_until(lambda r=receiver: reconciling(r), 30, "the receiver's first audited reconcile")
             assert receiver.handover()["self_unlocks"] >= 1
             wait_until(lambda: replicasets_converged(api, ns), 30, "converged after the giver died")
             receivers.append(receiver)

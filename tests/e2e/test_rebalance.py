@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 import subprocess
@@ -15,7 +16,7 @@ from hashing import MAX_HASH, hash_key
 from rangeshard.core.etcd import EtcdClient
 from rangeshard.core.process import EtcdServer
 from registry import Registry
-from registry.rebalance import max_over_mean
+from registry.rebalance import max_over_mean, owned, segments
 from tests.e2e.conftest import Cluster
 from tests.e2e.kube import create_namespace, create_replicaset, replicasets, scale_replicaset
 from tests.e2e.test_manager import all_active
@@ -63,9 +64,24 @@ def start_managers(cluster: Cluster, n: int) -> None:
         wait_until(lambda i=i: all_active(cluster, "replicaset", i + 1), 40, f"{i + 1} active instances")
 
 
-def published(cluster: Cluster, total: int) -> bool:
+def published(cluster: Cluster, ns: str, total: int) -> bool:
+    """``ns`` holds ``total`` replicasets and every record describes exactly those in its range.
+
+    Checked per instance and per histogram bucket, not as a sum: a sum can match while a
+    record is stale (a deleted object still counted by one instance, a new one not yet by
+    another), and a plan made from such records is off by those objects.
+    """
     snap = cluster.snapshot("replicaset")
-    return sum(m.record.workload_num for m in snap) == total and all(m.record.histogram for m in snap)
+    hashes = sorted(hash_key(rs["metadata"]["uid"]) for rs in replicasets(cluster.api, ns))
+    if len(hashes) != total or not all(m.record.histogram for m in snap):
+        return False
+
+    def count(lo: int, hi: int) -> int:
+        return bisect.bisect_right(hashes, hi) - bisect.bisect_left(hashes, lo)
+
+    return all(m.record.workload_num == count(m.range.lo, m.range.hi) for m in owned(snap) if m.range) and all(
+        seg.count == count(seg.lo, seg.hi) for seg in segments(snap)
+    )
 
 
 def unlocks(cluster: Cluster) -> float:
@@ -89,7 +105,7 @@ def test_apply_by_workload_three_instances_under_load(cluster: Cluster) -> None:
     names = [f"rs{i}" for i in range(60)]
     for name in names:
         create_replicaset(cluster.api, ns, name, 0)
-    wait_until(lambda: published(cluster, 60), 30, "workloads and histograms published")
+    wait_until(lambda: published(cluster, ns, 60), 30, "workloads and histograms published", interval=0.2)
     before = owned_by_hash(cluster, ns)
     show = cli(cluster, "show", "--type", "replicaset", "--json")
     assert show.returncode == 0, show.stderr
@@ -154,7 +170,7 @@ def test_apply_by_workload_five_instances_skewed(cluster: Cluster) -> None:
     for rs in upper[5:]:
         api.delete_namespaced_replica_set(rs["metadata"]["name"], ns)
     total = len(replicasets(apps, ns))
-    wait_until(lambda: published(cluster, total), 30, "workloads and histograms published")
+    wait_until(lambda: published(cluster, ns, total), 30, "workloads and histograms published", interval=0.2)
     assert max_over_mean(owned_by_hash(cluster, ns)) > 1.3
     applied = cli(cluster, "apply", "--type", "replicaset", "--by", "workload")
     assert applied.returncode == 0, applied.stdout + applied.stderr
@@ -162,7 +178,7 @@ def test_apply_by_workload_five_instances_skewed(cluster: Cluster) -> None:
     assert max_over_mean(after) <= 1.10, after
     cluster.assert_safe_handover(may_be_idle=cluster.without_objects(ns))
     # The automatic mode agrees there is nothing left to do (no flapping after a plan).
-    wait_until(lambda: published(cluster, total), 30, "workloads republished after the moves")
+    wait_until(lambda: published(cluster, ns, total), 30, "workloads republished after the moves", interval=0.2)
     auto = cli(cluster, "auto", "--type", "replicaset", "--threshold", "1.15", "--once")
     assert auto.returncode == 0, auto.stderr
     assert "balanced" in auto.stdout

@@ -22,7 +22,7 @@ from rangeshard.core.errors import RangeshardError
 from rangeshard.core.etcd import EtcdClient
 from rangeshard.core.process import EtcdServer
 from registry import Registry, State
-from registry.rebalance import histogram, max_over_mean, owned
+from registry.rebalance import gap_histogram, max_over_mean, owned
 from tests.helpers import wait_until
 
 CT = "replicaset"
@@ -46,14 +46,14 @@ class PlayedManagers:
                 self.registry.unlock(CT, m.instance_id, m.record.giver)
                 self.unlocks += 1
             assert m.range is not None
-            counts = histogram(self.objects, m.range)
+            hist = gap_histogram(self.objects, m.range)
             self.registry.heartbeat(
                 CT,
                 m.instance_id,
                 self.leases[m.instance_id],
-                workload_num=sum(counts),
+                workload_num=sum(hist["objects"]),
                 state=State.ACTIVE,
-                histogram={"lo": m.range.lo, "hi": m.range.hi, "counts": counts},
+                histogram=hist,
             )
 
     def _run(self) -> None:
