@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any, ParamSpec, TypeVar
 
@@ -89,3 +90,15 @@ async def assert_statuses(client: Any, path: str, cases: list[tuple[dict[str, st
         assert resp.status_code == code, (params, resp.text)
         body = resp.json()
         assert body["kind"] == "Status" and body["code"] == code and text in body["message"], (params, body)
+
+
+async def open_raw_watch(url: str, target: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """``GET target`` over a bare socket with a 4 KiB receive buffer (a reader that can stall the proxy)."""
+    port = int(url.rsplit(":", 1)[1])
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", port))
+    reader, writer = await asyncio.open_connection(sock=sock)
+    writer.write(f"GET {target} HTTP/1.1\r\nHost: proxy\r\n\r\n".encode())
+    await writer.drain()
+    return reader, writer

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 from typing import Any
 
 import httpx
@@ -14,7 +13,7 @@ from hypothesis import strategies as st
 from hashing import MAX_HASH, OWNER_PATH, HashRange, parse_shard_selector, range_to_selector
 from range_filter_proxy import CacheSettings, create_app
 from tests.range_filter_proxy.fakes import PODS, FakeUpstream, uid_in_lower_half
-from tests.range_filter_proxy.helpers import assert_statuses, async_test, eventually, read_events, serve
+from tests.range_filter_proxy.helpers import assert_statuses, async_test, eventually, open_raw_watch, read_events, serve
 
 LOWER = range_to_selector(HashRange(0, MAX_HASH // 2), OWNER_PATH)
 UPPER = range_to_selector(HashRange(MAX_HASH // 2 + 1, MAX_HASH), OWNER_PATH)
@@ -304,13 +303,7 @@ async def test_stalled_http_client_is_cut_off_while_others_keep_receiving() -> N
     app = create_app(fake, settings=CacheSettings(watcher_queue_size=20))
     manager = app.state.proxy.manager
     async with serve(app) as url, httpx.AsyncClient(base_url=url, timeout=10) as client:
-        port = int(url.rsplit(":", 1)[1])
-        sock = socket.socket()
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        sock.connect(("127.0.0.1", port))
-        reader, writer = await asyncio.open_connection(sock=sock)
-        writer.write(b"GET /api/v1/pods?watch=true&resourceVersion=0 HTTP/1.1\r\nHost: proxy\r\n\r\n")
-        await writer.drain()
+        reader, writer = await open_raw_watch(url, "/api/v1/pods?watch=true&resourceVersion=0")
         await eventually(lambda: sum(len(c.watchers) for c in manager.caches.values()) == 1, what="stalled watch open")
         blob = "x" * 100_000
         async with client.stream("GET", "/api/v1/pods", params={"watch": "1", "resourceVersion": "0"}) as resp:

@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 from typing import Any
 
 import httpx
@@ -27,7 +26,7 @@ from range_filter_proxy.cache import WatchCache
 from range_filter_proxy.cached import WatchFilter
 from range_filter_proxy.metrics import ProxyMetrics
 from tests.range_filter_proxy.fakes import INFOS, PODS, FakeUpstream
-from tests.range_filter_proxy.helpers import async_test, eventually, read_events, serve
+from tests.range_filter_proxy.helpers import async_test, eventually, open_raw_watch, read_events, serve
 
 
 def _writes(app: Any, path: str) -> float:
@@ -92,13 +91,7 @@ async def test_a_stalled_reader_gets_everything_in_order_once_it_reads_again() -
     app = create_app(fake, settings=CacheSettings(watcher_queue_size=100_000))
     manager = app.state.proxy.manager
     async with serve(app) as url:
-        port = int(url.rsplit(":", 1)[1])
-        sock = socket.socket()
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        sock.connect(("127.0.0.1", port))
-        reader, writer = await asyncio.open_connection(sock=sock)
-        writer.write(b"GET /api/v1/pods?watch=true&resourceVersion=0 HTTP/1.1\r\nHost: proxy\r\n\r\n")
-        await writer.drain()
+        reader, writer = await open_raw_watch(url, "/api/v1/pods?watch=true&resourceVersion=0")
         await eventually(lambda: sum(len(c.watchers) for c in manager.caches.values()) == 1, what="watch open")
         blob = "x" * 20_000
         n = 300
