@@ -63,7 +63,7 @@ from hashing import SelectorSyntaxError, ShardSelector, parse_shard_selector
 from range_filter_proxy.auth import AuthMode, AuthSettings, ProxyAuth
 from range_filter_proxy.cache import CacheManager, WatchCache
 from range_filter_proxy.cached import CachedObject, CacheSettings, WatchFilter, parse_rv
-from range_filter_proxy.errors import UpstreamError
+from range_filter_proxy.errors import UpstreamError, UpstreamUnavailable
 from range_filter_proxy.fencing import FenceSettings, WriteFence, shard_hash_of
 from range_filter_proxy.heap import HeapKeeper, HeapSettings
 from range_filter_proxy.metrics import ProxyMetrics
@@ -503,9 +503,18 @@ class ProxyState:
         if request.method == "GET":
             cp = parse_collection_path(request.url.path)
             if cp is not None:
+                # A shard-filtered request is served from a cache or by an upstream that knows the
+                # resource (which answers 404 otherwise), never passed through on a stale or failed discovery:
+                # an upstream without shardSelector support would answer it unfiltered.
+                sharded = "shardSelector" in request.query_params
                 try:
-                    info = await self.manager.resource_info(cp.group, cp.version, cp.resource)
+                    info = await self.manager.resource_info(cp.group, cp.version, cp.resource, fresh_miss=sharded)
                 except UpstreamError as e:
+                    if sharded:
+                        raise UpstreamUnavailable(
+                            f"discovery of {cp.group or 'core'}/{cp.version} failed ({e}); a request with a "
+                            "shardSelector is not passed through unfiltered"
+                        ) from e
                     log.warning("discovery of %s/%s failed: %s; passing through", cp.group, cp.version, e)
                     info = None
                 if info is not None and info.cacheable and (cp.namespace is None or info.namespaced):

@@ -474,16 +474,24 @@ class CacheManager:
         self._configure_task: asyncio.Task[None] | None = None
         self._configured_done = asyncio.Event()
 
-    async def resource_info(self, group: str, version: str, resource: str) -> ResourceInfo | None:
-        """Discovery information for a resource (cached; refreshed on a miss at most every 5 s)."""
+    async def resource_info(
+        self, group: str, version: str, resource: str, *, fresh_miss: bool = False
+    ) -> ResourceInfo | None:
+        """Discovery information for a resource (cached; refreshed on a miss at most every 5 s).
+
+        ``fresh_miss``: a miss is always checked with the upstream, never answered
+        from a remembered "not found" (a shard-filtered request must not be passed
+        through unfiltered just because a CRD appeared within the last 5 s).
+        """
         key = (group, version)
         now = time.monotonic()
+        window = 0.0 if fresh_miss else 5.0
         entry = self._discovery.get(key)
-        if entry is not None and (resource in entry[1] or now - entry[0] < 5.0):
+        if entry is not None and (resource in entry[1] or now - entry[0] < window):
             return entry[1].get(resource)
         async with self._discovery_lock:
             entry = self._discovery.get(key)
-            if entry is None or (resource not in entry[1] and now - entry[0] >= 5.0):
+            if entry is None or (resource not in entry[1] and now - entry[0] >= window):
                 try:
                     found = await self.upstream.discover(group, version)
                 except UpstreamError as e:

@@ -113,3 +113,56 @@ def test_upstream_config_needs_exactly_one_source(tmp_path: Path) -> None:
         load_upstream_config("ftp://a")
     with pytest.raises(ConfigError):
         load_upstream_config(kubeconfig=str(tmp_path / "missing"))
+
+
+@async_test(timeout=60)
+async def test_a_shard_filtered_request_is_never_passed_through_on_stale_or_failed_discovery() -> None:
+    """A resource that appears within the 5 s a "not found" is remembered, and a failing discovery.
+
+    Without a shardSelector the proxy passes such requests through (the upstream decides); with one
+    it checks discovery again at once, or answers 503: an upstream without shardSelector support
+    would answer it unfiltered.
+    """
+    state = {"widgets": False, "discovery_calls": 0, "discovery_status": 200}
+
+    async def discovery(_request: Request) -> Response:
+        state["discovery_calls"] += 1
+        resources = [{"name": "widgets", "namespaced": False, "kind": "Widget", "verbs": ["list", "watch"]}]
+        doc = {"kind": "APIResourceList", "groupVersion": "v1", "resources": resources if state["widgets"] else []}
+        return Response(orjson.dumps(doc), status_code=int(state["discovery_status"]), media_type="application/json")
+
+    async def widgets(request: Request) -> Response:
+        if request.query_params.get("watch") in ("1", "true"):
+            return Response(b"", media_type="application/json")  # an empty watch: the cache re-watches
+        items = [
+            {"kind": "Widget", "apiVersion": "v1", "metadata": {"name": "w", "uid": "u-w", "resourceVersion": "5"}}
+        ]
+        list_doc = {"kind": "WidgetList", "apiVersion": "v1", "metadata": {"resourceVersion": "5"}, "items": items}
+        return Response(orjson.dumps(list_doc), media_type="application/json")
+
+    upstream = Starlette(routes=[Route("/api/v1", discovery), Route("/api/v1/widgets", widgets)])
+    everything = "shardRange(object.metadata.uid, '0x0', '0x10000000000000000')"
+    async with serve(upstream) as upstream_url, serve(create_app(upstream_url)) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=20) as client:
+            # Unknown: passed through (the upstream's own answer), and "not found" is remembered.
+            resp = await client.get("/api/v1/widgets")
+            assert resp.json()["kind"] == "WidgetList" and "shardInfo" not in resp.json()["metadata"]
+            calls = state["discovery_calls"]
+            state["widgets"] = True
+            # Within the 5 s: a plain request still trusts the remembered answer...
+            await client.get("/api/v1/widgets")
+            assert state["discovery_calls"] == calls
+            # ... a shard-filtered one asks again and is served, filtered, from the new cache.
+            resp = await client.get("/api/v1/widgets", params={"shardSelector": everything})
+            assert resp.status_code == 200, resp.text
+            assert state["discovery_calls"] == calls + 1
+            assert resp.json()["metadata"]["shardInfo"]["selector"] == everything
+            assert [i["metadata"]["name"] for i in resp.json()["items"]] == ["w"]
+        # A failing discovery: 503 for a shard-filtered request, pass-through otherwise.
+        state["discovery_status"] = 500
+        async with serve(create_app(upstream_url)) as url2, httpx.AsyncClient(base_url=url2, timeout=20) as client:
+            resp = await client.get("/api/v1/widgets", params={"shardSelector": everything})
+            assert resp.status_code == 503 and resp.json()["kind"] == "Status"
+            assert "not passed through unfiltered" in resp.json()["message"]
+            resp = await client.get("/api/v1/widgets")
+            assert resp.status_code == 200 and "shardInfo" not in resp.json()["metadata"]
