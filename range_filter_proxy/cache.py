@@ -53,7 +53,7 @@ import logging
 import random
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import orjson
 
@@ -80,8 +80,19 @@ _OBJECT_EVENTS = frozenset(("ADDED", "MODIFIED", "DELETED"))
 class WatchCache:
     """The cache of one resource, fed by one upstream list+watch."""
 
-    def __init__(self, info: ResourceInfo, upstream: Upstream, metrics: ProxyMetrics, settings: CacheSettings) -> None:
+    def __init__(
+        self,
+        info: ResourceInfo,
+        upstream: Upstream,
+        metrics: ProxyMetrics,
+        settings: CacheSettings,
+        on_gone: Callable[[WatchCache], None] | None = None,
+    ) -> None:
         self.info = info
+        #: Called once if a relist finds the resource gone upstream (404): the cache has then
+        #: closed its watchers, dropped its store and ended its upstream loop (``gone`` is set).
+        self.on_gone = on_gone
+        self.gone = False
         self.upstream = upstream
         self.metrics = metrics
         self.settings = settings
@@ -142,9 +153,27 @@ class WatchCache:
                 await self._watch_until_gone()
                 log.info("upstream watch of %s expired (410); relisting", self.info.gvr)
             except UpstreamError as e:
+                if e.code == 404 and self.on_gone is not None:
+                    self._drop(f"the upstream no longer serves {self.info.gvr.label}: {e}")
+                    return
                 log.warning("upstream list/watch of %s failed: %s; relisting in %.1fs", self.info.gvr, e, backoff)
                 await asyncio.sleep(backoff * (0.5 + random.random()))  # jittered backoff, not synchronisation
                 backoff = min(backoff * 2, self.settings.relist_backoff_max)
+
+    def _drop(self, reason: str) -> None:
+        """The resource is gone upstream (e.g. its CRD was deleted): end every watch, forget everything."""
+        log.info("watch cache %s dropped: %s", self.info.gvr, reason)
+        self.gone = True
+        for w in list(self.watchers.values()):
+            w.close("resource no longer served by the upstream")
+        self.watchers.clear()
+        self._index = DispatchIndex(())
+        self.metrics.downstream_watches.labels(self._label).set(0)
+        self.objects = {}
+        self.history.clear()
+        self.synced.set()  # wakes requests waiting for a first sync: they answer 404 (wait_synced)
+        if self.on_gone is not None:
+            self.on_gone(self)
 
     async def _watch_until_gone(self) -> None:
         """Watch from the current RV; re-watch after a clean end; return on 410; raise on failures."""
@@ -315,15 +344,19 @@ class WatchCache:
     # ---- reading ----------------------------------------------------------------------------
 
     async def wait_synced(self) -> None:
-        """Wait for the first sync; 503 if it does not come in time."""
-        if self.synced.is_set():
+        """Wait for the first sync; 503 if it does not come in time, 404 if the resource went away upstream."""
+        if self.synced.is_set() and not self.gone:
             return
+        if self.gone:
+            raise ApiError(404, "NotFound", f"the upstream no longer serves {self.info.gvr.label}")
         try:
             await asyncio.wait_for(self.synced.wait(), timeout=self.settings.sync_timeout)
         except TimeoutError as e:
             raise ApiError(
                 503, "ServiceUnavailable", f"the watch cache of {self.info.gvr.label} is not synced yet; retry"
             ) from e
+        if self.gone:
+            raise ApiError(404, "NotFound", f"the upstream no longer serves {self.info.gvr.label}")
 
     async def wait_for_rv(self, rv: int, timeout: float) -> bool:
         """Wait until the cache has seen ``rv``; ``False`` on timeout."""
@@ -503,14 +536,31 @@ class CacheManager:
                 self._discovery[key] = entry
         return entry[1].get(resource)
 
-    def cache_for(self, info: ResourceInfo) -> WatchCache:
-        """The cache of a resource, started on first use."""
+    def cache_for(self, info: ResourceInfo, *, configured: bool = False) -> WatchCache:
+        """The cache of a resource, started on first use.
+
+        A cache started on demand is forgotten (with the discovery answer of
+        its group/version) when the upstream stops serving its resource, so a
+        deleted CRD's collection is passed through again (404 from the
+        upstream) instead of answered empty from a dead cache; a configured
+        one keeps relisting until the resource is back.
+        """
         cache = self.caches.get(info.gvr)
         if cache is None:
-            cache = WatchCache(info, self.upstream, self.metrics, self.settings)
+            cache = WatchCache(
+                info, self.upstream, self.metrics, self.settings, on_gone=None if configured else self._forget
+            )
             self.caches[info.gvr] = cache
             cache.start()
+        elif configured:
+            cache.on_gone = None  # first started by a request, then configured: keep it
         return cache
+
+    def _forget(self, cache: WatchCache) -> None:
+        gvr = cache.info.gvr
+        if self.caches.get(gvr) is cache:
+            del self.caches[gvr]
+        self._discovery.pop((gvr.group, gvr.version), None)
 
     async def resolve_spec(self, resource: str, version: str | None, group: str) -> ResourceInfo:
         """Resolve ``pods`` / ``replicasets.apps`` / ``deployments.v1.apps`` via discovery."""
@@ -547,7 +597,7 @@ class CacheManager:
                     backoff = min(backoff * 2, self.settings.relist_backoff_max)
                     continue
                 self.configured.append(info.gvr)
-                self.cache_for(info)
+                self.cache_for(info, configured=True)
                 pending.pop(0)
             self._configured_done.set()
 
