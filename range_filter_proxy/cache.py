@@ -23,6 +23,10 @@ Semantics (those of kube-apiserver's cacher, see docs/proxy.md)
       cacher does; clients re-watch and get 410 if their RV is older.
     * A modification that moves an object into a watcher's filter is sent as
       ``ADDED``, out of it as ``DELETED`` (of the previous state, at the new RV).
+    * A cache started on demand whose relist gets 404 (its CRD was deleted)
+      closes its watchers, empties itself, answers 404 and is forgotten by
+      the :class:`CacheManager` with its discovery answer; a configured one
+      keeps relisting.
 
 Invariants
     * ``rv`` never decreases between relists; every event in the history has
