@@ -19,11 +19,14 @@ Purpose
     chunked, :class:`UvicornChunkSink` also gives the watcher a direct sink:
     live events are then written from the cache's end-of-turn flush straight
     to the connection's transport, framed as HTTP chunks exactly as uvicorn
-    frames them (see :mod:`range_filter_proxy.watcher`). It reads four
+    frames them (see :mod:`range_filter_proxy.watcher`). It reads a few
     attributes of uvicorn's ``RequestResponseCycle`` (``transport``,
-    ``flow.write_paused``, ``disconnected``, ``chunked_encoding``); if any is
-    missing (another server, another uvicorn protocol or version) there is no
-    sink and every chunk takes the ASGI ``send``, as before.
+    ``flow.write_paused``, ``disconnected``, ``chunked_encoding``,
+    ``response_started``, ``response_complete``); if any is missing or not
+    as expected (another server, another uvicorn protocol or version) there
+    is no sink and every chunk takes the ASGI ``send``, as before
+    (``tests/range_filter_proxy/test_e2e.py`` checks that the ``rangeshard
+    proxy`` process does get one).
 
 Invariants
     * The middlewares between the server and the app only observe a response
