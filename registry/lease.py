@@ -76,6 +76,7 @@ class LeaseKeeper:
         self._deadline = 0.0
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._closed = False
         self._thread: threading.Thread | None = None
         self.lost = threading.Event()
 
@@ -109,10 +110,13 @@ class LeaseKeeper:
         return self.lease_id
 
     def stop(self, revoke: bool = False) -> None:
-        """Stop renewing; with ``revoke`` also revoke the lease (records vanish at once)."""
+        """Stop renewing; with ``revoke`` also revoke the lease (records vanish at once). Idempotent."""
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=self.interval + 5)
+        if self._closed:
+            return  # stopped before: the client is closed (a second revoke would hit a closed channel)
+        self._closed = True
         if revoke and self.lease_id:
             try:
                 self.client.revoke_lease(self.lease_id)

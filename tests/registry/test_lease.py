@@ -126,6 +126,17 @@ def test_renewing_a_revoked_lease_is_lease_lost(
     assert keeper.deadline == before
 
 
+def test_stop_twice_is_harmless_and_the_first_revoke_counts(
+    keeper_factory: Callable[..., LeaseKeeper], etcd_client: EtcdClient
+) -> None:
+    keeper = keeper_factory(10)
+    lease = keeper.start()
+    keeper.stop(revoke=True)
+    keeper.stop(revoke=True)  # was: grpc ValueError "Cannot invoke RPC on closed channel"
+    keeper.stop()
+    assert etcd_client.keepalive_once(lease) <= 0, "the lease was revoked by the first stop"
+
+
 @pytest.mark.parametrize(
     ("ttl", "margin", "problem"),
     [(1, None, "at least 2 seconds"), (5, 5.0, "must be below the TTL"), (5, 7.5, "must be below the TTL")],
