@@ -12,6 +12,8 @@ Concurrency model
 
 from __future__ import annotations
 
+import contextlib
+import faulthandler
 from pathlib import Path
 from typing import Annotated
 
@@ -46,6 +48,10 @@ def controller_manager_command(
         )
     except RangeshardError as e:
         fail(e)
+    # A crash of the process (SIGSEGV, SIGABRT, ...) prints every thread's Python stack to stderr
+    # (the manager's log), so a rare crash at exit can be told apart from the rest.
+    with contextlib.suppress(ValueError, OSError, AttributeError):  # stderr without a file descriptor
+        faulthandler.enable()
     manager.run_until_signal()
 
 
