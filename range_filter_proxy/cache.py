@@ -75,10 +75,9 @@ from range_filter_proxy.metrics import ProxyMetrics
 from range_filter_proxy.resources import GVR, ResourceInfo
 from range_filter_proxy.upstream import ListResult, Upstream, WatchEvent
 from range_filter_proxy.watcher import Watcher
+from range_filter_proxy.wire import OBJECT_EVENTS
 
 log = logging.getLogger(__name__)
-
-_OBJECT_EVENTS = frozenset(("ADDED", "MODIFIED", "DELETED"))
 
 
 class WatchCache:
@@ -243,7 +242,7 @@ class WatchCache:
                 self._notify_progress()
             return
         etype = event.type
-        if etype not in _OBJECT_EVENTS:
+        if etype not in OBJECT_EVENTS:
             raise UpstreamError(f"{self.info.gvr}: unknown watch event type {etype!r}")
         received = time.monotonic()
         self.stats.events_received += 1

@@ -85,7 +85,8 @@ class WireLine(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False
 
 
 _DECODER = msgspec.json.Decoder(WireLine)
-_OBJECT_EVENTS = frozenset(("ADDED", "MODIFIED", "DELETED"))
+#: The event types that carry an object (the others: BOOKMARK, ERROR).
+OBJECT_EVENTS = frozenset(("ADDED", "MODIFIED", "DELETED"))
 
 
 def decode_line(line: bytes) -> WireLine | None:
@@ -95,6 +96,6 @@ def decode_line(line: bytes) -> WireLine | None:
     except (msgspec.DecodeError, msgspec.ValidationError):
         return None
     obj = decoded.object
-    if decoded.type not in _OBJECT_EVENTS or obj.metadata is None or not obj.kind or not obj.apiVersion:
+    if decoded.type not in OBJECT_EVENTS or obj.metadata is None or not obj.kind or not obj.apiVersion:
         return None
     return decoded
