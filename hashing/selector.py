@@ -6,7 +6,10 @@ Purpose
         shardRange(<path>, '0x<start>', '0x<end>') [|| shardRange(...)]...
 
     over the 64-bit FNV-1a space ``[0, 2**64)``: start inclusive, end exclusive,
-    ``start < end <= 2**64``. Paths:
+    ``start < end <= 2**64``. Bounds are spelled as kube-apiserver 1.36 requires:
+    ``0x`` + exactly 16 lowercase hex digits (the end may be
+    ``0x10000000000000000``); any other spelling is refused with a message
+    naming the canonical form, and we print only that form. Paths:
 
     * ``object.metadata.uid``
     * ``object.metadata.namespace``
@@ -70,7 +73,7 @@ class ShardRange:
         return self.start <= value64 < self.end
 
     def __str__(self) -> str:
-        return f"shardRange({self.path}, '{self.start:#x}', '{self.end:#x}')"
+        return f"shardRange({self.path}, '{canonical_bound(self.start)}', '{canonical_bound(self.end)}')"
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,17 +197,32 @@ _TERM_RE = re.compile(
     re.VERBOSE,
 )
 _HEX_RE = re.compile(r"0x[0-9a-fA-F]{1,17}")
+#: The only spelling KEP-5866 (kube-apiserver 1.36) accepts: ``0x`` + 16 lowercase hex digits.
+_CANONICAL_RE = re.compile(r"0x[0-9a-f]{16}")
+#: The one 17-digit bound: the exclusive end of the whole space.
+_SPACE_END = "0x10000000000000000"
+
+
+def canonical_bound(value: int) -> str:
+    """The KEP-5866 spelling of a bound: ``0x`` + 16 lowercase hex digits (``2**64`` as ``0x10000000000000000``)."""
+    if value == UINT64_SPACE:
+        return _SPACE_END
+    return f"0x{value:016x}"
 
 
 def _parse_bound(token: str, name: str, pos: int) -> int:
+    # name is "hexStart" or "hexEnd", as kube-apiserver names them in its messages.
     if not (len(token) >= 2 and token[0] == "'" and token[-1] == "'"):
-        raise SelectorSyntaxError(f"at offset {pos}: {name} must be a single-quoted hex string like '0x0', got {token}")
-    body = token[1:-1]
-    if not _HEX_RE.fullmatch(body):
         raise SelectorSyntaxError(
-            f"at offset {pos}: {name} {token} is not a '0x'-prefixed hex number of at most 17 digits"
+            f"at offset {pos}: {name} must be a single-quoted hex string like '0x0000000000000000', got {token}"
         )
-    return int(body, 16)
+    body = token[1:-1]
+    if _CANONICAL_RE.fullmatch(body) or (name == "hexEnd" and body == _SPACE_END):
+        return int(body, 16)
+    hint = ""
+    if _HEX_RE.fullmatch(body) and int(body, 16) <= UINT64_SPACE:
+        hint = f' (did you mean "{canonical_bound(int(body, 16))}"?)'
+    raise SelectorSyntaxError(f'{name} must be a 0x-prefixed 16-digit hex value, got "{body}"{hint}')
 
 
 def parse_shard_selector(text: str) -> ShardSelector:
@@ -227,8 +245,8 @@ def parse_shard_selector(text: str) -> ShardSelector:
             raise SelectorSyntaxError(
                 f"at offset {m.start('path')}: unsupported path {path!r}; supported: {', '.join(PATHS)}"
             )
-        start = _parse_bound(m.group("start"), "start", m.start("start"))
-        end = _parse_bound(m.group("end"), "end", m.start("end"))
+        start = _parse_bound(m.group("start"), "hexStart", m.start("start"))
+        end = _parse_bound(m.group("end"), "hexEnd", m.start("end"))
         if end > UINT64_SPACE:
             raise SelectorSyntaxError(f"at offset {m.start('end')}: end {end:#x} exceeds 2**64 (0x10000000000000000)")
         if start >= end:

@@ -76,6 +76,10 @@ def test_invalid_names_per_kind(http: httpx.Client) -> None:
         ({"watch": "true", "timeoutSeconds": "soon"}, "timeoutSeconds"),
         ({"watch": "true", "resourceVersion": "x1"}, "resource version"),
         ({"shardSelector": "shardRange(object.metadata.uid, '0x0')"}, "shardSelector"),
+        (
+            {"shardSelector": "shardRange(object.metadata.uid, '0x0', '0x8000000000000002')"},
+            'hexStart must be a 0x-prefixed 16-digit hex value, got "0x0" (did you mean "0x0000000000000000"?)',
+        ),
         ({"dryRun": "All"}, "dryRun"),
     ],
 )

@@ -137,7 +137,7 @@ def cache_filter() -> WatchFilter:
 def test_real_upstream_a_deleted_crd_is_404_through_the_proxy(proxy: ProxyProcess, local_apiserver: Any) -> None:
     """The `rangeshard proxy` process in front of the local API server: create a CRD, read it, delete it."""
     group = f"t{uuid.uuid4().hex[:8]}.example.com"
-    everything = "shardRange(object.metadata.uid, '0x0', '0x10000000000000000')"
+    everything = "shardRange(object.metadata.uid, '0x0000000000000000', '0x10000000000000000')"
     with (
         httpx.Client(base_url=local_apiserver.url, timeout=10) as api,
         httpx.Client(base_url=proxy.url, timeout=10) as via_proxy,

@@ -141,7 +141,7 @@ async def test_a_shard_filtered_request_is_never_passed_through_on_stale_or_fail
         return Response(orjson.dumps(list_doc), media_type="application/json")
 
     upstream = Starlette(routes=[Route("/api/v1", discovery), Route("/api/v1/widgets", widgets)])
-    everything = "shardRange(object.metadata.uid, '0x0', '0x10000000000000000')"
+    everything = "shardRange(object.metadata.uid, '0x0000000000000000', '0x10000000000000000')"
     async with serve(upstream) as upstream_url, serve(create_app(upstream_url)) as url:
         async with httpx.AsyncClient(base_url=url, timeout=20) as client:
             # Unknown: passed through (the upstream's own answer), and "not found" is remembered.

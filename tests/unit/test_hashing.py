@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import itertools
 
+import re
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -148,11 +150,11 @@ def test_split_largest_tie_breaks() -> None:
 
 def test_selector_print_and_parse() -> None:
     sel = range_to_selector(HashRange(0, 2**62 - 1))
-    assert sel == "shardRange(object.metadata.uid, '0x0', '0x8000000000000000')"
+    assert sel == "shardRange(object.metadata.uid, '0x0000000000000000', '0x8000000000000000')"
     full = range_to_selector(HashRange.full(), OWNER_PATH)
     assert full.endswith("'0x10000000000000000')")
     parsed = parse_shard_selector(
-        "shardRange(object.metadata.uid,'0x0','0x8000000000000000') || "
+        "shardRange(object.metadata.uid,'0x0000000000000000','0x8000000000000000') || "
         " shardRange( object.metadata.namespace , '0x8000000000000000', '0x10000000000000000' ) "
     )
     assert [t.path for t in parsed.terms] == [UID_PATH, NAMESPACE_PATH]
@@ -163,22 +165,55 @@ def test_selector_print_and_parse() -> None:
     ("text", "message"),
     [
         ("", "empty selector"),
-        ("shardRange(object.metadata.name, '0x0', '0x1')", "unsupported path"),
-        ("shardRange(object.metadata.uid, 0x0, '0x1')", "single-quoted"),
-        ('shardRange(object.metadata.uid, "0x0", "0x1")', "single-quoted"),
-        ("shardRange(object.metadata.uid, '0', '0x1')", "hex number"),
-        ("shardRange(object.metadata.uid, '0xg', '0x1')", "hex number"),
-        ("shardRange(object.metadata.uid, '0x2', '0x1')", "less than end"),
-        ("shardRange(object.metadata.uid, '0x1', '0x1')", "less than end"),
-        ("shardRange(object.metadata.uid, '0x0', '0x10000000000000001')", r"exceeds 2\*\*64"),
-        ("shardRange(object.metadata.uid, '0x0', '0x1') &&", r"expected '\|\|'"),
-        ("shardRange(object.metadata.uid, '0x0', '0x1') ||", "expected shardRange"),
-        ("shardrange(object.metadata.uid, '0x0', '0x1')", "expected shardRange"),
+        ("shardRange(object.metadata.name, '0x0000000000000000', '0x0000000000000001')", "unsupported path"),
+        ("shardRange(object.metadata.uid, 0x0000000000000000, '0x0000000000000001')", "single-quoted"),
+        ('shardRange(object.metadata.uid, "0x0000000000000000", "0x0000000000000001")', "single-quoted"),
+        ("shardRange(object.metadata.uid, '0', '0x0000000000000001')", 'hexStart must be a 0x-prefixed 16-digit hex value, got "0"$'),
+        ("shardRange(object.metadata.uid, '0xg', '0x0000000000000001')", "hexStart must be a 0x-prefixed 16-digit hex value"),
+        ("shardRange(object.metadata.uid, '0x0000000000000002', '0x0000000000000001')", "less than end"),
+        ("shardRange(object.metadata.uid, '0x0000000000000001', '0x0000000000000001')", "less than end"),
+        ("shardRange(object.metadata.uid, '0x0000000000000000', '0x10000000000000001')", 'hexEnd .* got "0x10000000000000001"$'),
+        ("shardRange(object.metadata.uid, '0x0000000000000000', '0x0000000000000001') &&", r"expected '\|\|'"),
+        ("shardRange(object.metadata.uid, '0x0000000000000000', '0x0000000000000001') ||", "expected shardRange"),
+        ("shardrange(object.metadata.uid, '0x0000000000000000', '0x0000000000000001')", "expected shardRange"),
+        # KEP-5866 spelling: 0x + 16 lowercase hex digits; the message names the canonical form (issue 25).
+        (
+            "shardRange(object.metadata.uid, '0x0', '0x8000000000000002')",
+            r'hexStart must be a 0x-prefixed 16-digit hex value, got "0x0" \(did you mean "0x0000000000000000"\?\)',
+        ),
+        (
+            "shardRange(object.metadata.uid, '0x0000000000000000', '0x8000000000000000A')",
+            'hexEnd must be a 0x-prefixed 16-digit hex value, got "0x8000000000000000A"$',
+        ),
+        (
+            "shardRange(object.metadata.uid, '0x0000000000000000', '0x80000000000000FF')",
+            r'hexEnd .* got "0x80000000000000FF" \(did you mean "0x80000000000000ff"\?\)',
+        ),
+        (
+            "shardRange(object.metadata.uid, '0x00000000000000001', '0x0000000000000002')",
+            r'hexStart .* \(did you mean "0x0000000000000001"\?\)',
+        ),
+        ("shardRange(object.metadata.uid, '0x10000000000000000', '0x0000000000000002')", 'hexStart .* got "0x10000000000000000"'),
+        ("shardRange(object.metadata.uid, '0X0000000000000000', '0x0000000000000002')", "hexStart must be"),
     ],
 )
 def test_selector_errors(text: str, message: str) -> None:
     with pytest.raises(SelectorSyntaxError, match=message):
         parse_shard_selector(text)
+
+
+def test_printed_bounds_are_canonical() -> None:
+    """Everything we print is the only spelling a real kube-apiserver 1.36 accepts."""
+    canonical = re.compile(r"^0x(?:[0-9a-f]{16}|10000000000000000)$")
+    for rng in (HashRange(0, 0), HashRange(0, 2**62 - 1), HashRange(5, 2**40), HashRange.full()):
+        for path in (UID_PATH, OWNER_PATH, NAMESPACE_PATH):
+            sel = parse_shard_selector(range_to_selector(rng, path))
+            (term,) = sel.terms
+            text = str(term)
+            bounds = re.findall(r"'([^']*)'", text)
+            assert len(bounds) == 2
+            assert all(canonical.match(b) for b in bounds), text
+            assert parse_shard_selector(text) == sel
 
 
 @given(st.text(max_size=200))
