@@ -55,8 +55,16 @@ async def test_bad_input_is_a_status_never_a_500() -> None:
     fake = FakeUpstream()
     async with serve(create_app(fake, settings=_fast())) as url, httpx.AsyncClient(base_url=url) as client:
         cases: list[tuple[dict[str, str], int, str]] = [
-            ({"shardSelector": "shardRange(object.metadata.name, '0x0000000000000000', '0x0000000000000001')"}, 400, "unsupported path"),
-            ({"shardSelector": "shardRange(object.metadata.uid, '0x0000000000000005', '0x0000000000000001')"}, 400, "less than end"),
+            (
+                {"shardSelector": "shardRange(object.metadata.name, '0x0000000000000000', '0x0000000000000001')"},
+                400,
+                "unsupported path",
+            ),
+            (
+                {"shardSelector": "shardRange(object.metadata.uid, '0x0000000000000005', '0x0000000000000001')"},
+                400,
+                "less than end",
+            ),
             (
                 {"shardSelector": "shardRange(object.metadata.uid, '0x0', '0x8000000000000002')"},
                 400,
@@ -300,7 +308,9 @@ def test_list_body_is_valid_json_with_items() -> None:
     fake.create(PODS, "a")
     client = _FuzzClient()
     try:
-        resp = client.get({"shardSelector": "shardRange(object.metadata.uid, '0x0000000000000000', '0x10000000000000000')"})
+        resp = client.get(
+            {"shardSelector": "shardRange(object.metadata.uid, '0x0000000000000000', '0x10000000000000000')"}
+        )
         doc = orjson.loads(resp.content)
         assert doc["items"][0]["metadata"]["name"] == "a"
     finally:

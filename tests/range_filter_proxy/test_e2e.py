@@ -430,7 +430,10 @@ def test_passthrough_preserves_status_codes_and_bodies(proxy: ProxyProcess, worl
         assert again.status_code == 409 and again.headers["content-type"].startswith("application/json")
         got = c.get(f"/api/v1/namespaces/{ns}/pods/{name}")
         assert got.status_code == 200 and got.json()["metadata"]["uid"] == world.orphans[0]["metadata"]["uid"]
-        bad = c.get(f"/api/v1/namespaces/{ns}/pods", params={"shardSelector": "shardRange(object.spec, '0x0000000000000000', '0x0000000000000001')"})
+        bad = c.get(
+            f"/api/v1/namespaces/{ns}/pods",
+            params={"shardSelector": "shardRange(object.spec, '0x0000000000000000', '0x0000000000000001')"},
+        )
         assert bad.status_code == 400 and "unsupported path" in bad.json()["message"]
         text = c.get("/metrics").text
         assert _metric(text, "range_filter_proxy_upstream_watches", "replicasets.apps") == 1

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-
 import re
 
 import pytest
@@ -168,11 +167,20 @@ def test_selector_print_and_parse() -> None:
         ("shardRange(object.metadata.name, '0x0000000000000000', '0x0000000000000001')", "unsupported path"),
         ("shardRange(object.metadata.uid, 0x0000000000000000, '0x0000000000000001')", "single-quoted"),
         ('shardRange(object.metadata.uid, "0x0000000000000000", "0x0000000000000001")', "single-quoted"),
-        ("shardRange(object.metadata.uid, '0', '0x0000000000000001')", 'hexStart must be a 0x-prefixed 16-digit hex value, got "0"$'),
-        ("shardRange(object.metadata.uid, '0xg', '0x0000000000000001')", "hexStart must be a 0x-prefixed 16-digit hex value"),
+        (
+            "shardRange(object.metadata.uid, '0', '0x0000000000000001')",
+            'hexStart must be a 0x-prefixed 16-digit hex value, got "0"$',
+        ),
+        (
+            "shardRange(object.metadata.uid, '0xg', '0x0000000000000001')",
+            "hexStart must be a 0x-prefixed 16-digit hex value",
+        ),
         ("shardRange(object.metadata.uid, '0x0000000000000002', '0x0000000000000001')", "less than end"),
         ("shardRange(object.metadata.uid, '0x0000000000000001', '0x0000000000000001')", "less than end"),
-        ("shardRange(object.metadata.uid, '0x0000000000000000', '0x10000000000000001')", 'hexEnd .* got "0x10000000000000001"$'),
+        (
+            "shardRange(object.metadata.uid, '0x0000000000000000', '0x10000000000000001')",
+            'hexEnd .* got "0x10000000000000001"$',
+        ),
         ("shardRange(object.metadata.uid, '0x0000000000000000', '0x0000000000000001') &&", r"expected '\|\|'"),
         ("shardRange(object.metadata.uid, '0x0000000000000000', '0x0000000000000001') ||", "expected shardRange"),
         ("shardrange(object.metadata.uid, '0x0000000000000000', '0x0000000000000001')", "expected shardRange"),
@@ -193,7 +201,10 @@ def test_selector_print_and_parse() -> None:
             "shardRange(object.metadata.uid, '0x00000000000000001', '0x0000000000000002')",
             r'hexStart .* \(did you mean "0x0000000000000001"\?\)',
         ),
-        ("shardRange(object.metadata.uid, '0x10000000000000000', '0x0000000000000002')", 'hexStart .* got "0x10000000000000000"'),
+        (
+            "shardRange(object.metadata.uid, '0x10000000000000000', '0x0000000000000002')",
+            'hexStart .* got "0x10000000000000000"',
+        ),
         ("shardRange(object.metadata.uid, '0X0000000000000000', '0x0000000000000002')", "hexStart must be"),
     ],
 )
