@@ -633,10 +633,25 @@ def create_app(
         return PlainTextResponse("ok")
 
     @app.get("/readyz")
-    async def readyz() -> Response:
+    async def readyz(request: Request) -> Response:
         ok, missing = state.manager.ready()
-        if fence is not None and not fence.tracker.observed.is_set():
+        fencing_missing = fence is not None and not fence.tracker.observed.is_set()
+        if fencing_missing:
             ok, missing = False, [*missing, "write fencing: registry not listed yet"]
+        if "verbose" in request.query_params:
+            # kube-apiserver's verbose format: one [+]/[-] line per check, then the verdict.
+            caches_missing = [m for m in missing if not m.startswith("write fencing")]
+            lines = [
+                f"[{'-' if caches_missing else '+'}]watch-caches "
+                + ("failed: " + "; ".join(caches_missing) if caches_missing else "ok"),
+            ]
+            if fence is not None:
+                lines.append(
+                    "[-]write-fencing failed: registry not listed yet" if fencing_missing else "[+]write-fencing ok"
+                )
+            lines.append(f"[+]upstream-shard-selector ok: {state.manager.upstream_shard_selector_detail}")
+            lines.append("readyz check passed" if ok else "readyz check failed")
+            return PlainTextResponse("\n".join(lines) + "\n", status_code=200 if ok else 503)
         if ok:
             return PlainTextResponse("ok")
         return PlainTextResponse("not ready: " + "; ".join(missing), status_code=503)

@@ -61,6 +61,7 @@ from collections.abc import Callable, Iterable
 
 import orjson
 
+from hashing import UID_PATH, ShardRange, ShardSelector
 from range_filter_proxy.cached import (
     CachedEvent,
     CachedObject,
@@ -509,6 +510,12 @@ class CacheManager:
         self.configured: list[GVR] = []
         self._configure_task: asyncio.Task[None] | None = None
         self._configured_done = asyncio.Event()
+        #: Whether the upstream filters lists by ``shardSelector`` itself (KEP-5866):
+        #: ``None`` until probed (after the first cache synced), see :meth:`_probe_shard_selector`.
+        self.upstream_shard_selector: bool | None = None
+        #: What the probe saw, for ``/readyz?verbose``.
+        self.upstream_shard_selector_detail = "not probed yet (no watch cache has synced)"
+        self._probe_task: asyncio.Task[None] | None = None
 
     async def resource_info(
         self, group: str, version: str, resource: str, *, fresh_miss: bool = False
@@ -555,9 +562,66 @@ class CacheManager:
             )
             self.caches[info.gvr] = cache
             cache.start()
+            if self._probe_task is None:
+                self._probe_task = asyncio.create_task(
+                    self._probe_shard_selector(cache), name="watch-cache:probe-shard-selector"
+                )
+                self._probe_task.add_done_callback(self._probe_done)
         elif configured:
             cache.on_gone = None  # first started by a request, then configured: keep it
         return cache
+
+    async def _probe_shard_selector(self, cache: WatchCache) -> None:
+        """Ask the upstream once whether it is a native KEP-5866 server.
+
+        Lists one object of ``cache``'s resource (after it synced, so the
+        upstream is known to answer) with a ``shardSelector`` covering the whole
+        space: a server with ``ShardedListAndWatch`` answers with
+        ``metadata.shardInfo``, any other ignores the parameter (or refuses it
+        with 400/422). Transient errors are retried with the relist backoff.
+        The answer is only reported (``/readyz?verbose``, metrics): the proxy
+        filters from its own cache either way.
+        """
+        full = str(ShardSelector((ShardRange(UID_PATH, 0, 2**64),)))
+        backoff = self.settings.relist_backoff_initial
+        label = cache.info.gvr.label
+        while True:
+            await cache.synced.wait()
+            try:
+                listed = await self.upstream.list(cache.info.gvr, {"limit": "1", "shardSelector": full})
+            except UpstreamError as e:
+                if e.code == 404:  # the resource went away (deleted CRD): the next cache started probes again
+                    self._probe_task = None
+                    return
+                if e.code in (400, 422):
+                    self._shard_selector_probed(
+                        False,
+                        f"not supported: the upstream refused a list of {label} with a shardSelector ({e.code}: {e})",
+                    )
+                    return
+                log.debug("probing the upstream for shardSelector support failed: %s; retrying in %.1fs", e, backoff)
+                await asyncio.sleep(backoff)  # retry backoff, not synchronisation
+                backoff = min(backoff * 2, self.settings.relist_backoff_max)
+                continue
+            if listed.shard_info is not None:
+                self._shard_selector_probed(
+                    True, f"supported: native KEP-5866 upstream (a list of {label} answered with metadata.shardInfo)"
+                )
+            else:
+                self._shard_selector_probed(
+                    False, f"not supported: the upstream answered a list of {label} without metadata.shardInfo"
+                )
+            return
+
+    def _probe_done(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.error("probing the upstream for shardSelector support failed", exc_info=task.exception())
+
+    def _shard_selector_probed(self, supported: bool, detail: str) -> None:
+        self.upstream_shard_selector = supported
+        self.upstream_shard_selector_detail = detail
+        self.metrics.upstream_shard_selector_supported.set(1 if supported else 0)
+        log.info("upstream shardSelector %s", detail)
 
     def _forget(self, cache: WatchCache) -> None:
         gvr = cache.info.gvr
@@ -624,6 +688,10 @@ class CacheManager:
 
     async def stop(self) -> None:
         """Stop every cache and background task."""
+        if self._probe_task is not None:
+            self._probe_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._probe_task
         if self._configure_task is not None:
             self._configure_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

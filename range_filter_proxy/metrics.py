@@ -155,6 +155,12 @@ class ProxyMetrics:
         self.fencing_checks = Counter(
             f"{_PREFIX}_fencing_checks", "Writes with an owner token checked by write fencing", registry=r
         )
+        self.upstream_shard_selector_supported = Gauge(
+            f"{_PREFIX}_upstream_shard_selector_supported",
+            "1 when the upstream answered a probe list with a shardSelector with metadata.shardInfo"
+            " (a native KEP-5866 server), 0 when it did not or was not probed yet",
+            registry=r,
+        )
         self.fencing_reads = Counter(
             f"{_PREFIX}_fencing_registry_reads",
             "Linearizable registry reads of write fencing (one per batch of concurrent writes)",

@@ -56,11 +56,17 @@ UPSTREAM_WATCH_TIMEOUT_S = 300
 
 @dataclass(slots=True)
 class ListResult:
-    """A list response: its items (decoded) and the list's resourceVersion."""
+    """A list response: its items (decoded), the list's resourceVersion and continue token.
+
+    ``shard_info`` is the list's ``metadata.shardInfo`` when the upstream sent
+    one: a KEP-5866 server (``ShardedListAndWatch``) answers a list with a
+    ``shardSelector`` with it; anything else leaves it ``None``.
+    """
 
     items: list[dict[str, Any]]
     resource_version: str
     continue_token: str | None = None
+    shard_info: dict[str, Any] | None = None
 
 
 class WatchEvent:
@@ -387,8 +393,12 @@ class HttpUpstream:
         if not isinstance(items, list) or not isinstance(rv, str):
             raise UpstreamError(f"list {gvr}: no items or no metadata.resourceVersion")
         cont = (doc.get("metadata") or {}).get("continue")
+        shard_info = (doc.get("metadata") or {}).get("shardInfo")
         return ListResult(
-            [i for i in items if isinstance(i, dict)], rv, cont if isinstance(cont, str) and cont else None
+            [i for i in items if isinstance(i, dict)],
+            rv,
+            cont if isinstance(cont, str) and cont else None,
+            shard_info if isinstance(shard_info, dict) else None,
         )
 
     async def current_resource_version(self, gvr: GVR) -> str:

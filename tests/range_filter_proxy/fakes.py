@@ -43,6 +43,12 @@ class FakeUpstream:
         self.list_calls: dict[GVR, int] = dict.fromkeys(INFOS, 0)
         self._queues: list[tuple[GVR, asyncio.Queue[tuple[str, dict[str, Any]] | BaseException | None]]] = []
         self.fail_watches_with_gone = 0
+        #: Answer lists with a shardSelector as a KEP-5866 server does (with metadata.shardInfo), ...
+        self.native_shard_selector = False
+        #: ... or refuse them with this HTTP status (e.g. 400); else ignore the parameter, as an older server does.
+        self.refuse_shard_selector: int | None = None
+        #: Lists with a shardSelector (the proxy's probe), counted apart from list_calls.
+        self.shard_selector_lists: list[str] = []
 
     # ---- Upstream protocol ----------------------------------------------------------------
 
@@ -56,6 +62,14 @@ class FakeUpstream:
         return "v1"
 
     async def list(self, gvr: GVR, params: Mapping[str, str] | None = None) -> ListResult:
+        selector = (params or {}).get("shardSelector")
+        if selector is not None:
+            self.shard_selector_lists.append(selector)
+            if self.refuse_shard_selector is not None:
+                raise UpstreamError("shardSelector: unknown parameter (forced)", self.refuse_shard_selector)
+            items = [copy.deepcopy(o) for _, o in sorted(self.objects[gvr].items())][:1]
+            info = {"selector": selector} if self.native_shard_selector else None
+            return ListResult(items, str(self.rv), None, info)
         self.list_calls[gvr] += 1
         items = [copy.deepcopy(o) for _, o in sorted(self.objects[gvr].items())]
         return ListResult(items, str(self.rv))

@@ -438,6 +438,12 @@ def test_passthrough_preserves_status_codes_and_bodies(proxy: ProxyProcess, worl
         text = c.get("/metrics").text
         assert _metric(text, "range_filter_proxy_upstream_watches", "replicasets.apps") == 1
         assert c.get("/readyz").status_code == 200
+        # The local API server implements KEP-5866 itself: the proxy's probe finds it native.
+        deadline = time.monotonic() + 10
+        while "upstream-shard-selector ok: supported: native KEP-5866" not in c.get("/readyz?verbose").text:
+            assert time.monotonic() < deadline, c.get("/readyz?verbose").text
+            time.sleep(0.05)  # poll interval of a poll-with-deadline
+        assert re.search(r"^range_filter_proxy_upstream_shard_selector_supported 1\.0$", c.get("/metrics").text, re.M)
 
 
 def test_upstream_restart_relists_and_keeps_serving(etcd_server: Any, tmp_path: Path) -> None:
