@@ -47,6 +47,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from local_apiserver.audit import AuditLog, facts_from_info
 from local_apiserver.auth import TokenAuthenticator
@@ -143,6 +144,16 @@ def create_app(
         reason = reasons.get(exc.status_code, "BadRequest" if exc.status_code < 500 else "InternalError")
         return json_response(status_object(exc.status_code, reason, str(exc.detail)), exc.status_code)
 
+    def client_gone(request: Request) -> Response:
+        # Expected (a killed client mid-write): a counter and a DEBUG line, no traceback. Nobody reads the answer.
+        state.metrics.client_disconnects.inc()
+        log.debug("client disconnected during %s %s", request.method, request.url.path)
+        return json_response(status_object(400, "BadRequest", "client disconnected before the body was read"), 400)
+
+    @app.exception_handler(ClientDisconnect)
+    async def client_gone_handler(request: Request, exc: ClientDisconnect) -> Response:
+        return client_gone(request)
+
     @app.exception_handler(Exception)
     async def bug_handler(request: Request, exc: Exception) -> Response:
         log.error("bug while serving %s %s", request.method, request.url.path, exc_info=exc)
@@ -229,6 +240,8 @@ def create_app(
                 response = await dispatch(state, request, path, info)
         except ApiError as e:
             response = status_response(e)
+        except ClientDisconnect:
+            response = client_gone(request)
         except Exception as e:  # a bug: answer a Status 500, log the traceback, count it
             log.error("bug while serving %s %s", request.method, request.url.path, exc_info=e)
             response = json_response(status_object(500, "InternalError", f"internal error: {type(e).__name__}"), 500)

@@ -55,6 +55,11 @@ class Metrics:
         )
         for spec in resources.RESOURCES:
             self.watches.labels(resource=spec.resource).set(0)
+        self.client_disconnects = Counter(
+            "local_apiserver_client_disconnects",
+            "Requests whose client went away before its body was read (an expected event, logged at DEBUG)",
+            registry=self.registry,
+        )
 
 
 class State:

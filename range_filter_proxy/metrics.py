@@ -155,6 +155,11 @@ class ProxyMetrics:
         self.fencing_checks = Counter(
             f"{_PREFIX}_fencing_checks", "Writes with an owner token checked by write fencing", registry=r
         )
+        self.client_disconnects = Counter(
+            f"{_PREFIX}_client_disconnects",
+            "Requests whose client went away before its body was read (an expected event, logged at DEBUG)",
+            registry=r,
+        )
         self.upstream_shard_selector_supported = Gauge(
             f"{_PREFIX}_upstream_shard_selector_supported",
             "1 when the upstream answered a probe list with a shardSelector with metadata.shardInfo"
