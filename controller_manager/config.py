@@ -218,6 +218,15 @@ class ControllerSection(_Section):
         description="Fault injection for tests: every reconcile holds its key this long before doing its work "
         "(a slow controller). Must be less than `reconcileTimeoutSeconds`; leave 0 in production.",
     )
+    reconcile_hold_file: str | None = Field(
+        None,
+        alias="reconcileHoldFile",
+        min_length=1,
+        strict=True,
+        description="Fault injection for tests: while this file exists, every reconcile holds its claimed key "
+        "(at most until its deadline; a reconcile held to its deadline times out) before doing its work, so a "
+        "test can keep keys in flight until a handover has happened. Leave unset in production.",
+    )
     class_: str | None = Field(
         None,
         alias="class",

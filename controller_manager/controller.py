@@ -19,7 +19,11 @@ Invariants
     * Fault injection for tests: with ``reconcile_delay`` (config
       ``reconcileDelaySeconds``) every reconcile holds its claimed key that long
       (bounded by its deadline) before running, so handovers happen with keys
-      mid-reconcile. 0 in production.
+      mid-reconcile. 0 in production. With ``reconcile_hold_file`` (config
+      ``reconcileHoldFile``) every reconcile holds its key while that file
+      exists (bounded by its deadline, polled every 20 ms): a test creates the
+      file, makes work, sees it in flight (``rangeshard_reconciles_in_flight``),
+      moves a range, then removes the file.
     * A key is hashed by its main object's uid (remembered after deletion so
       cleanup stays with the owner of the range).
 
@@ -37,8 +41,10 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, ClassVar
 
+import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from controller_manager.audit import AuditLog
@@ -65,6 +71,30 @@ class Requeue(ControllerError):
     def __init__(self, after: float | None = None, reason: str = "") -> None:
         super().__init__(reason or "requeue")
         self.after = after
+
+
+def timed_out(exc: BaseException) -> str | None:
+    """What timed out, if ``exc`` (or what caused it) is a timeout; else ``None``.
+
+    Timeouts are :class:`ReconcileTimeout` (the reconcile's deadline), the
+    socket/urllib3 timeouts of an API call given ``ctx.timeout()`` (the
+    official client raises urllib3's ``ReadTimeoutError``/``ConnectTimeoutError``,
+    possibly inside ``MaxRetryError``) and Python's ``TimeoutError``.
+    """
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, ReconcileTimeout):
+            return f"the reconcile deadline ({cur})"
+        if isinstance(cur, urllib3.exceptions.TimeoutError | TimeoutError):
+            return f"an API call ({type(cur).__name__}: {cur})"
+        reason = getattr(cur, "reason", None)  # urllib3's MaxRetryError carries the timeout as .reason
+        if isinstance(reason, BaseException) and id(reason) not in seen:
+            cur = reason
+            continue
+        cur = cur.__cause__ or cur.__context__
+    return None
 
 
 class ReconcileContext:
@@ -178,6 +208,7 @@ class ControllerRuntime:
         host: str | None = None,
         pid: int | None = None,
         reconcile_delay: float = 0.0,
+        reconcile_hold_file: str | None = None,
     ) -> None:
         self.api_client = api_client
         self.name = controller_type or controller_cls.name
@@ -188,6 +219,8 @@ class ControllerRuntime:
         self.resync_period = resync_period
         # Fault injection (``reconcileDelaySeconds``): every reconcile holds its key this long first.
         self.reconcile_delay = reconcile_delay
+        # Fault injection (``reconcileHoldFile``): while this file exists, every reconcile holds its key.
+        self.reconcile_hold_file = Path(reconcile_hold_file) if reconcile_hold_file else None
         self.queue: WorkQueue[str] = WorkQueue(self.name)
         self._uids: dict[str, str] = {}
         self._uids_lock = threading.Lock()
@@ -359,6 +392,12 @@ class ControllerRuntime:
             log.exception("worker %s: thread died unexpectedly", self.name)
             raise
 
+    def _hold(self, ctx: ReconcileContext) -> None:
+        """Fault injection: hold the key while the hold file exists, at most until the reconcile's deadline."""
+        hold = self.reconcile_hold_file
+        while hold is not None and hold.exists() and ctx.remaining() > 0 and not self._stop.is_set():
+            self._stop.wait(min(0.02, max(0.0, ctx.remaining())))
+
     def _process(self, key: str) -> None:
         key_hash = self.key_hash(key)
         if key_hash is None:
@@ -374,6 +413,7 @@ class ControllerRuntime:
                 self.queue.add_after(key, 0.25)
             return
         ctx = ReconcileContext(key, deadline, self.shard.clock)
+        in_flight = self.metrics.in_flight.labels(self.name)
         start = audit_now()
         t0 = time.monotonic()
         result = "ok"
@@ -382,11 +422,14 @@ class ControllerRuntime:
             if isinstance(self.api_client, FencedApiClient)
             else contextlib.nullcontext()
         )
+        in_flight.inc()
         try:
             with declare:
                 if self.reconcile_delay > 0:
                     # A slow reconcile: the key is held (in flight) for the whole delay, then acted on.
                     self._stop.wait(min(self.reconcile_delay, max(0.0, ctx.remaining())))
+                if self.reconcile_hold_file is not None:
+                    self._hold(ctx)
                 self.controller.reconcile(key, ctx)
             self.queue.forget(key)
         except WriteFenced as e:
@@ -406,24 +449,39 @@ class ControllerRuntime:
                 self.queue.add_after(key, r.after)
             else:
                 self.queue.add_rate_limited(key)
-        except ReconcileTimeout as e:
-            result = "timeout"
-            log.info("%s: %s", self.name, e)
-            self.queue.add_rate_limited(key)
         except ApiException as e:
             result = "conflict" if e.status == 409 else "error"
+            self.metrics.reconcile_errors.labels(self.name, "conflict" if e.status == 409 else "api").inc()
             if e.status != 409:
                 log.warning("%s: reconcile %s: API error %s %s", self.name, key, e.status, (e.reason or "")[:200])
             self.queue.add_rate_limited(key)
-        except Exception:
-            result = "error"
-            log.exception("%s: reconcile %s failed", self.name, key)
+        except Exception as e:
+            what = timed_out(e)
+            if what is not None:
+                # An expected operational event (a slow API server, a deadline near the lease's end):
+                # one WARNING line, no traceback.
+                result = "timeout"
+                self.metrics.reconcile_errors.labels(self.name, "timeout").inc()
+                log.warning(
+                    "%s: reconcile %s timed out after %.2fs (reconcile timeout %.2fs): %s",
+                    self.name,
+                    key,
+                    time.monotonic() - t0,
+                    self.shard.reconcile_timeout,
+                    what,
+                )
+            else:
+                result = "error"
+                self.metrics.reconcile_errors.labels(self.name, "exception").inc()
+                log.debug("%s: reconcile %s failed", self.name, key, exc_info=True)
+                log.error("%s: reconcile %s failed: %s: %s (traceback at DEBUG)", self.name, key, type(e).__name__, e)
             self.queue.add_rate_limited(key)
         finally:
             end = audit_now()
             if self.audit is not None:
                 self.audit.record(self.name, self.instance_id, key, start, end)
             self.shard.end(key)
+            in_flight.dec()
             self.metrics.reconciles.labels(self.name, result).inc()
             self.metrics.reconcile_seconds.labels(self.name).observe(time.monotonic() - t0)
 

@@ -145,6 +145,7 @@ class ControllerManager:
                     host=socket.gethostname(),
                     pid=os.getpid(),
                     reconcile_delay=section.reconcile_delay_seconds,
+                    reconcile_hold_file=section.reconcile_hold_file,
                 )
             )
         self.status: StatusServer | None = None

@@ -46,6 +46,13 @@ class Metrics:
         self.reconciles = Counter(
             "rangeshard_reconciles_total", "Reconciles by result", ["controller", "result"], registry=r
         )
+        self.reconcile_errors = Counter(
+            "rangeshard_reconcile_errors_total",
+            "Failed reconciles by reason: timeout (the deadline or an API call timed out), conflict (409),"
+            " api (another API error), exception (any other error; traceback at DEBUG)",
+            ["controller", "reason"],
+            registry=r,
+        )
         self.reconcile_seconds = Histogram(
             "rangeshard_reconcile_duration_seconds",
             "Reconcile duration",
@@ -69,6 +76,12 @@ class Metrics:
             "rangeshard_handover_events_total",
             "Handover paths taken: fences, rejoins, unlocks, self_unlocks, drain_waits, epochs",
             ["controller", "event"],
+            registry=r,
+        )
+        self.in_flight = Gauge(
+            "rangeshard_reconciles_in_flight",
+            "Keys being reconciled now (claimed by a worker; a handover's giver drains these first)",
+            ["controller"],
             registry=r,
         )
         self.queue_depth = Gauge("rangeshard_workqueue_depth", "Queued keys", ["controller"], registry=r)

@@ -142,6 +142,12 @@ class WatchResponse(Response):
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         except OSError:
             log.debug("watch %d: client connection lost", w.id)
+        except RuntimeError as e:
+            # uvloop's transport refuses a write once the peer is gone ("... the handler is closed"):
+            # a client killed mid-watch, an expected event.
+            if "closed" not in str(e):
+                raise
+            log.debug("watch %d: client connection lost (%s)", w.id, e)
         finally:
             listener.cancel()
             await stream.aclose()

@@ -44,14 +44,29 @@ def _version(value: bool) -> None:
         raise typer.Exit(0)
 
 
+#: Long-running commands whose INFO lines (joins, handovers, state changes) are their output.
+INFO_BY_DEFAULT = {"controller-manager"}
+
+
 @app.callback()
 def root(
-    log_level: Annotated[str, typer.Option("--log-level", help="debug, info, warning or error.")] = "warning",
+    ctx: typer.Context,
+    log_level: Annotated[
+        str | None,
+        typer.Option(
+            "--log-level",
+            help="debug, info, warning or error (default: info for controller-manager, whose state changes "
+            "an operator wants to see; warning for the rest).",
+            show_default=False,
+        ),
+    ] = None,
     version: Annotated[
         bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
     ] = False,
 ) -> None:
     """rangeshard: hash-range sharding for Kubernetes controllers."""
+    if log_level is None:
+        log_level = "info" if ctx.invoked_subcommand in INFO_BY_DEFAULT else "warning"
     configure_logging(log_level)
 
 

@@ -65,6 +65,18 @@ class Manager(ManagerProcess):
         assert found, f"{self.name} logged no metrics address"
         return found.group(1)
 
+    hold_file: Path | None = None
+
+    def metric(self, name: str, **labels: str) -> float:
+        """One sample of this manager's ``/metrics`` (0 when absent)."""
+        with httpx.Client(timeout=5) as c:
+            text = c.get(self.metrics_url() + "/metrics").text
+        for m in re.finditer(rf"^{name}(?:{{([^}}]*)}})? (\S+)$", text, re.MULTILINE):
+            have = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1) or ""))
+            if all(have.get(k) == v for k, v in labels.items()):
+                return float(m.group(2))
+        return 0.0
+
     def handover(self, controller: str = "replicaset") -> dict[str, float]:
         """This manager's ``rangeshard_handover_events_total`` counters of one controller, by event."""
         with httpx.Client(timeout=5) as c:
@@ -98,18 +110,30 @@ class Cluster:
         name: str | None = None,
         reconcile_delay: float = 0.0,
         lease_ttl: int = 0,
+        hold: bool = False,
+        reconcile_timeout: float = 0.0,
+        log_level: str | None = "info",
     ) -> Manager:
-        """Start a manager; ``reconcile_delay`` makes every reconcile of every controller that slow."""
+        """Start a manager; ``reconcile_delay`` makes every reconcile of every controller that slow.
+
+        ``hold``: every controller gets ``reconcileHoldFile`` = ``manager.hold_file``
+        (absent at start): while the test makes that file exist, reconciles hold
+        their keys, up to ``reconcile_timeout`` (default ``RECONCILE_TIMEOUT``).
+        ``log_level=None`` runs it as a user would by hand, without ``--log-level``.
+        """
         self.counter += 1
         name = name or f"m{self.counter}"
         controllers = controllers or {"replicaset": {"workers": 2}, "deployment": {"workers": 1}}
         if reconcile_delay:
             controllers = {k: {**v, "reconcileDelaySeconds": reconcile_delay} for k, v in controllers.items()}
+        hold_file = self.workdir / f"{name}.hold"
+        if hold:
+            controllers = {k: {**v, "reconcileHoldFile": str(hold_file)} for k, v in controllers.items()}
         cfg = {
             "etcd": {"endpoints": [etcd_url or self.registry_etcd_url]},
             "proxy": {"url": self.proxy.url},
             "leaseTTLSeconds": lease_ttl or LEASE_TTL,
-            "reconcileTimeoutSeconds": RECONCILE_TIMEOUT,
+            "reconcileTimeoutSeconds": reconcile_timeout or RECONCILE_TIMEOUT,
             "registryPrefix": self.registry_prefix,
             "controllers": controllers,
         }
@@ -119,13 +143,15 @@ class Cluster:
         log = self.workdir / f"{name}.log"
         proc = run_cli(
             [
-                *("--log-level", "info", "controller-manager"),
+                *(("--log-level", log_level) if log_level else ()),
+                "controller-manager",
                 *("--config", str(path), "--audit-log", str(audit), "--instance-prefix", name),
             ],
             log,
             new_session=True,
         )
         m = Manager(name, proc, path, audit, log)
+        m.hold_file = hold_file
         self.managers.append(m)
         return m
 
@@ -180,6 +206,18 @@ class Cluster:
         overlaps = self.overlaps(idle)
         assert overlaps == [], f"{len(overlaps)} overlapping reconcile(s), first: {overlaps[:2]}"
         assert self.handed_over(idle), "no key was reconciled by two different instances: nothing was handed over"
+
+    def logs(self) -> list[Path]:
+        """Every log this cluster's processes wrote: managers, proxy, local API server."""
+        paths = [m.log for m in self.managers] + [Path(self.proxy.log_path), Path(self.apiserver.log_path)]
+        return [p for p in paths if p.exists()]
+
+    def assert_no_tracebacks(self) -> None:
+        """Expected events (kills, timeouts, disconnects, fencing) are log lines, never a ``Traceback``."""
+        for path in self.logs():
+            text = path.read_text(errors="replace")
+            at = text.find("Traceback")
+            assert at < 0, f"{path.name} has a traceback:\n{text[max(0, at - 1500) : at + 3000]}"
 
     def stop(self) -> None:
         for m in self.managers:

@@ -98,6 +98,7 @@ def test_sigkill_giver_and_receiver_mid_handover(cluster: Cluster, etcd_server: 
             giver = receiver
         assert receivers[-1].alive
         cluster.assert_safe_handover()
+        cluster.assert_no_tracebacks()
     finally:
         for relay in relays:
             relay.close()
@@ -126,6 +127,7 @@ def test_proxy_restart_during_watches(cluster: Cluster) -> None:
         "the proxy cache equal to the upstream",
     )
     assert cluster.overlaps(may_be_idle=cluster.without_objects("proxyrestart")) == []
+    cluster.assert_no_tracebacks()
 
 
 @pytest.fixture
@@ -181,3 +183,40 @@ def test_upstream_restart_and_cut_streams(relayed_cluster: tuple[Cluster, TcpRel
         "the proxy cache equal to the upstream",
     )
     assert cluster.overlaps(may_be_idle=cluster.without_objects("upstream")) == []
+    cluster.assert_no_tracebacks()
+
+
+def test_reconcile_timeouts_are_one_warning_line_each(cluster: Cluster) -> None:
+    """Reconciles held past their deadline: a WARNING line each and a counter, no traceback, then convergence."""
+    api = cluster.api
+    ns = "timeouts"
+    create_namespace(api, ns)
+    for i in range(3):
+        create_replicaset(api, ns, f"rs{i}", 1)
+    hold = cluster.workdir / "held.hold"
+    hold.touch()  # every reconcile holds its key until its deadline: each one times out
+    m = cluster.start_manager(RS_ONLY, name="held", hold=True, log_level=None)  # run by hand: INFO by default
+    assert m.hold_file == hold
+    wait_until(lambda: all_active(cluster, "replicaset", 1), 30, "the instance active")
+    timeouts = 'rangeshard_reconcile_errors_total{controller="replicaset",reason="timeout"}'
+    wait_until(
+        lambda: m.metric("rangeshard_reconcile_errors_total", controller="replicaset", reason="timeout") >= 3,
+        30,
+        timeouts + " >= 3",
+    )
+    assert m.metric("rangeshard_reconciles_in_flight", controller="replicaset") >= 1
+    lines = [line for line in m.log.read_text().splitlines() if " timed out after " in line]
+    assert lines and all(" WARNING " in line for line in lines), lines[:3]
+    first = lines[0]
+    # key, the reconcile timeout, and what timed out
+    assert f"reconcile {ns}/rs" in first and "reconcile timeout 1.00s" in first and "deadline" in first, first
+    assert m.metric("rangeshard_reconciles_total", controller="replicaset", result="timeout") >= 3
+    assert not replicasets_converged(api, ns)  # nothing was done while held
+    hold.unlink()
+    wait_until(lambda: replicasets_converged(api, ns), 30, "converged once released")
+    wait_until(lambda: m.metric("rangeshard_reconciles_in_flight", controller="replicaset") == 0, 10, "nothing held")
+    assert m.metric("rangeshard_reconcile_errors_total", controller="replicaset", reason="exception") == 0
+    cluster.assert_no_tracebacks()
+    # The manager's state changes are INFO lines without asking for them.
+    text = m.log.read_text()
+    assert " INFO " in text and "caches synced at epoch" in text, text[-2000:]

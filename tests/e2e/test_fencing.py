@@ -211,6 +211,7 @@ def test_paused_managers_never_write_as_stale_owners(fenced_cluster: Cluster) ->
     assert " 0 unattributed," in check.stdout, check.stdout  # the check looked at every write
     writes = int(check.stdout.strip().splitlines()[-1].split()[0])
     assert writes > 0
+    fenced_cluster.assert_no_tracebacks()
     print(
         f"fenced writes during the pauses: {natural:g} (managers counted {seen_by_managers:g}); "
         f"token writes audited: {writes}; reconcile-level overlaps: {len(cluster.overlaps())}"

@@ -210,6 +210,7 @@ def test_etcd_outage_fences_everyone(private_registry_cluster: Cluster) -> None:
     wait_until(lambda: all_active(cluster, "replicaset", 2), 40, "both instances active again")
     wait_until(lambda: replicasets_converged(api, ns), 40, "converged after the outage")
     cluster.assert_safe_handover()
+    cluster.assert_no_tracebacks()
 
 
 def test_partitioned_instance_is_taken_over(cluster: Cluster, etcd_server: EtcdServer) -> None:
@@ -238,6 +239,7 @@ def test_partitioned_instance_is_taken_over(cluster: Cluster, etcd_server: EtcdS
             scale_replicaset(api, "part", f"rs{i}", 1)
         wait_until(lambda: replicasets_converged(api, "part"), 30, "converged after the rejoin")
         cluster.assert_safe_handover()
+        cluster.assert_no_tracebacks()
     finally:
         relay.close()
 
