@@ -1,7 +1,7 @@
 """Run the local API server as a child process (tests, benchmarks, ``rangeshard up``).
 
 Purpose
-    :class:`LocalApiServerProcess` spawns ``sys.executable -m local_apiserver``
+    :class:`LocalApiServerProcess` spawns ``sys.executable -P -m local_apiserver``
     in its own session on a free loopback port, waits until ``/readyz``
     answers 200, and stops it (SIGTERM, then SIGKILL after a grace period).
 
@@ -19,7 +19,6 @@ from __future__ import annotations
 import logging
 import os
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Mapping
@@ -28,7 +27,7 @@ from pathlib import Path
 import httpx
 
 from rangeshard.core.errors import RangeshardError
-from rangeshard.core.process import ManagedProcess, free_port
+from rangeshard.core.process import ManagedProcess, free_port, python_module_command
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +78,7 @@ class LocalApiServerProcess(ManagedProcess):
         return f"{scheme}://{self.host}:{self.port}"
 
     def command(self) -> list[str]:
-        cmd = [sys.executable, "-m", "local_apiserver", "--etcd", self.etcd_url, "--port", str(self.port)]
+        cmd = python_module_command("local_apiserver", "--etcd", self.etcd_url, "--port", str(self.port))
         cmd += ["--host", self.host]
         if self.prefix:
             cmd += ["--prefix", self.prefix]

@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
@@ -28,7 +27,7 @@ from pathlib import Path
 import httpx
 
 from range_filter_proxy.errors import ProxyError
-from rangeshard.core.process import ManagedProcess, free_port
+from rangeshard.core.process import ManagedProcess, free_port, python_module_command
 
 
 class ProxyProcessError(ProxyError):
@@ -85,7 +84,7 @@ class ProxyProcess(ManagedProcess):
             fd, name = tempfile.mkstemp(prefix="range-filter-proxy-", suffix=".log")
             os.close(fd)
             self.log_path = Path(name)
-        cmd = [sys.executable, "-m", "range_filter_proxy"]
+        cmd = python_module_command("range_filter_proxy")
         if self.kubeconfig is not None:
             cmd += ["--kubeconfig", self.kubeconfig]
         else:

@@ -6,7 +6,8 @@ Purpose
     code is wrong. Each :class:`Mutant` below is one single-line change to
     ``controller_manager/sharding.py``, ``registry/lease.py``,
     ``registry/registry.py`` or ``controller_manager/workqueue.py`` that breaks
-    a handover rule (or, for the ``equivalent`` ones, is believed not to change
+    a handover rule, or to ``range_filter_proxy/fencing.py`` that breaks the
+    write fence (or, for the ``equivalent`` ones, is believed not to change
     behaviour: the reason is stated). The script copies the source tree to a
     temporary directory once, applies each mutant there in turn, runs the named
     tests with this interpreter and reports ``killed`` (the tests failed),
@@ -16,6 +17,7 @@ Purpose
 Usage
     ``.venv/bin/python scripts/mutants.py``            every mutant (a few minutes)
     ``.venv/bin/python scripts/mutants.py --key``      the four mutants issue 18 names (CI: ~30 s)
+    ``.venv/bin/python scripts/mutants.py --fencing``  the five write-fence mutants of issue 30 (CI)
     ``.venv/bin/python scripts/mutants.py --list``     list the mutants
     ``.venv/bin/python scripts/mutants.py ID...``      only these
 
@@ -51,11 +53,13 @@ SHARDING = "controller_manager/sharding.py"
 LEASE = "registry/lease.py"
 REGISTRY = "registry/registry.py"
 WORKQUEUE = "controller_manager/workqueue.py"
+FENCING = "range_filter_proxy/fencing.py"
 
 T_SHARD = "tests/controller_manager/test_sharding.py"
 T_LEASE = "tests/registry/test_lease.py"
 T_REGISTRY = "tests/registry/test_registry.py"
 T_QUEUE = "tests/controller_manager/test_workqueue.py"
+T_FENCE = "tests/fencing/test_fence_decision.py"
 
 
 @dataclass(frozen=True)
@@ -67,6 +71,7 @@ class Mutant:
     tests: tuple[str, ...]
     what: str
     key: bool = False  # one of the four mutants issue 18 names
+    fencing: bool = False  # one of the write-fence mutants of issue 30 (``--fencing``, also run in CI)
     equivalent: str = ""  # why it cannot change behaviour (expected to survive)
 
 
@@ -330,6 +335,52 @@ MUTANTS: tuple[Mutant, ...] = (
         (T_QUEUE,),
         "wait_idle returns while matching keys are processing",
     ),
+    # -- range_filter_proxy/fencing.py: the write fence (issue 30; ``--fencing``, run in CI) ---------
+    Mutant(
+        "fence-epoch-off-by-one",
+        FENCING,
+        "    if token.epoch < owner.epoch:",
+        "    if token.epoch < owner.epoch - 1:",
+        (f"{T_FENCE}::test_current_owner_passes_and_stale_writers_are_fenced", f"{T_FENCE}::test_decide"),
+        "a token of the previous ownership period still passes",
+        fencing=True,
+    ),
+    Mutant(
+        "fence-no-locked",
+        FENCING,
+        "    if owner.locked:",
+        "    if False:",
+        (f"{T_FENCE}::test_current_owner_passes_and_stale_writers_are_fenced", f"{T_FENCE}::test_decide"),
+        "a locked receiver may write before its giver unlocked it",
+        fencing=True,
+    ),
+    Mutant(
+        "fence-no-range",
+        FENCING,
+        "    if shard_hash is not None and (owner.range is None or not owner.range.contains(shard_hash)):",
+        "    if False:",
+        (f"{T_FENCE}::test_current_owner_passes_and_stale_writers_are_fenced", f"{T_FENCE}::test_decide"),
+        "a write outside the writer's range passes",
+        fencing=True,
+    ),
+    Mutant(
+        "batched-read-joins-running",
+        FENCING,
+        "                fut, self._next = self._next, None",
+        "                fut = self._next",
+        (f"{T_FENCE}::test_batched_read_never_serves_a_read_started_before_the_caller",),
+        "callers arriving while a registry read runs are given that (stale) read's result",
+        fencing=True,
+    ),
+    Mutant(
+        "shard-hash-cache-first",
+        FENCING,
+        "    for h in (body_owner, body_uid, cached_owner, cached_uid):",
+        "    for h in (cached_owner, cached_uid, body_owner, body_uid):",
+        (f"{T_FENCE}::test_undeclared_shard_hash_prefers_the_request_body_over_the_cache",),
+        "an undeclared write's shard hash is taken from the cached object before the request body",
+        fencing=True,
+    ),
 )
 
 IGNORE = shutil.ignore_patterns(
@@ -362,6 +413,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], prog="scripts/mutants.py")
     parser.add_argument("ids", nargs="*", help="only these mutants")
     parser.add_argument("--key", action="store_true", help="only the four mutants named in issue 18")
+    parser.add_argument("--fencing", action="store_true", help="only the write-fence mutants (issue 30)")
     parser.add_argument("--list", action="store_true", help="list the mutants and exit")
     parser.add_argument("--timeout", type=float, default=300, help="seconds per test run (default 300)")
     args = parser.parse_args(argv)
@@ -370,7 +422,12 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"mutants: unknown mutant id(s): {', '.join(unknown)}", file=sys.stderr)
         return 2
-    chosen = [known[i] for i in args.ids] if args.ids else [m for m in MUTANTS if m.key or not args.key]
+    if args.ids:
+        chosen = [known[i] for i in args.ids]
+    elif args.key or args.fencing:
+        chosen = [m for m in MUTANTS if (args.key and m.key) or (args.fencing and m.fencing)]
+    else:
+        chosen = list(MUTANTS)
     if args.list:
         for m in chosen:
             flag = " (key)" if m.key else " (equivalent)" if m.equivalent else ""

@@ -1,4 +1,4 @@
-"""Mutation check in CI: the four handover mutants issue 18 names must each make their tests fail.
+"""Mutation checks in CI: the handover mutants issue 18 names and the write-fence mutants of issue 30 are killed.
 
 ``scripts/mutants.py --key`` copies the tree, applies each mutant (giver
 unlocks without draining; no fencing-deadline check in ``try_begin``; no lease
@@ -9,6 +9,7 @@ without ``--key``) takes a few minutes and is documented in docs/testing.md.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -32,3 +33,28 @@ def test_the_four_key_handover_mutants_are_killed() -> None:
     for mutant in ("drain-skipped", "no-fencing-check", "no-margin-renew", "reply-time-renew"):
         assert f"{mutant}: killed" in out, out
     assert "4 mutants: 4 killed, 0 survived" in out, out
+
+
+@pytest.mark.slow
+def test_the_write_fence_mutants_are_killed_within_seconds() -> None:
+    """Issue 30: the three fence mutants, the stale batched read and the cache-first shard hash."""
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "mutants.py"), "--fencing", "--timeout", "60"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out
+    for mutant in (
+        "fence-epoch-off-by-one",
+        "fence-no-locked",
+        "fence-no-range",
+        "batched-read-joins-running",
+        "shard-hash-cache-first",
+    ):
+        found = re.search(rf"^{mutant}: killed \(([0-9.]+)s\)", out, re.MULTILINE)
+        assert found, out
+        assert float(found.group(1)) < 60, f"{mutant} was only killed by the timeout:\n{out}"
+    assert "5 mutants: 5 killed, 0 survived" in out, out

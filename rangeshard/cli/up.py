@@ -36,7 +36,6 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -64,7 +63,7 @@ from rangeshard.cli.tables import table_console
 from rangeshard.cli.updown import demo_summary, plan_ports, wait_healthy
 from rangeshard.core.errors import ConfigError, RangeshardError
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
-from rangeshard.core.process import EtcdServer, free_port, terminate
+from rangeshard.core.process import EtcdServer, free_port, python_module_command, terminate
 from registry import MembershipWatch, RegistryView
 
 DEFAULT_MANAGER_CONFIG: dict[str, Any] = {
@@ -334,6 +333,9 @@ def up_command(
             _component("proxy", "proxy", proxy.pid, ports.proxy, proxy.url, f"{proxy.url}/readyz"),
         ]
         procs.update({"etcd": etcd.proc, "local API server": api.proc, "proxy": proxy.proc})
+        # For managers started by hand against this `up` (metrics on any free port).
+        extra_cfg = state_dir / "manager.yaml"
+        extra_cfg.write_text(yaml.safe_dump(_manager_config(config, etcd.url, proxy.url, 0), sort_keys=False))
         for i, metrics_port in enumerate(ports.managers):
             manager_cfg = _manager_config(config, etcd.url, proxy.url, metrics_port)
             cfg_path = state_dir / f"manager-m{i}.yaml"
@@ -341,7 +343,7 @@ def up_command(
             with open(state_dir / f"manager-{i}.log", "ab") as logf:
                 proc = subprocess.Popen(
                     [
-                        *(sys.executable, "-m", "rangeshard.cli.main", "--log-level", "info", "controller-manager"),
+                        *python_module_command("rangeshard.cli.main", "--log-level", "info", "controller-manager"),
                         *("--config", str(cfg_path), "--instance-prefix", f"m{i}"),
                         *("--audit-log", str(state_dir / f"audit-m{i}.jsonl")),
                     ],
@@ -385,6 +387,7 @@ def up_command(
             f"  managers        {managers} (logs {state_dir}/manager-*.log, config {state_dir}/manager-m*.yaml)"
         )
         console.print(f"  registry        RANGESHARD_ETCD={etcd.url} rangeshard registry list --watch")
+        console.print(f"  more managers   rangeshard controller-manager --config {extra_cfg} --instance-prefix extra")
 
         def exited(c: Component) -> str | None:
             p = procs.get(c.name)
@@ -431,6 +434,32 @@ def _pod_count(api_url: str) -> str:
         return "API server not answering"
 
 
+def registry_changes(shown: dict[tuple[str, str], str], view: RegistryView) -> list[str]:
+    """Lines for what changed since ``shown`` (updated in place): ``registry: TYPE INSTANCE STATE range R``.
+
+    One line per instance whose state, lock or range changed (``joined`` the first time it is seen),
+    and ``left`` for one that is gone.
+    """
+    lines: list[str] = []
+    now: dict[tuple[str, str], str] = {}
+    for ctype, snap in sorted(view.snapshots.items()):
+        for m in snap:
+            state = m.record.state.value
+            if m.record.is_locked:
+                state += f" (locked by {m.record.giver})"
+            now[(ctype, m.instance_id)] = f"{state} range {m.range if m.range is not None else '-'}"
+    for key, what in now.items():
+        if shown.get(key) != what:
+            verb = "" if key in shown else "joined, "
+            lines.append(f"registry: {key[0]} {key[1]} {verb}{what} (revision {view.revision})")
+    for key in shown:
+        if key not in now:
+            lines.append(f"registry: {key[0]} {key[1]} left (revision {view.revision})")
+    shown.clear()
+    shown.update(now)
+    return lines
+
+
 def _live(etcd_url: str, api_url: str, stop: threading.Event, console: Console) -> None:
     from rangeshard.cli.registry_cmds import render  # noqa: PLC0415
 
@@ -450,11 +479,11 @@ def _live(etcd_url: str, api_url: str, stop: threading.Event, console: Console) 
                                 refresh=True,
                             )
             else:
-                shown = -1
+                # Not a terminal (a log file, a pipe): one line per instance change, never whole tables.
+                shown: dict[tuple[str, str], str] = {}
                 while not stop.wait(0.5):
-                    if latest and latest[0].revision != shown:
-                        view = latest[0]
-                        shown = view.revision
-                        console.print(render(view.snapshots, client, view.revision))
+                    if latest:
+                        for line in registry_changes(shown, latest[0]):
+                            console.print(line, markup=False, highlight=False, soft_wrap=True)
     finally:
         watch.stop()

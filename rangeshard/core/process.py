@@ -17,6 +17,7 @@ Purpose
     :func:`terminate` and :class:`ManagedProcess` (pid, running, stop, kill,
     log tail) are how every child process of ours is stopped: etcd here, the
     local API server, the proxy and ``up``'s managers.
+    :func:`python_module_command` is how each Python child is started.
 
 Invariants
     * Binds only to the given host (127.0.0.1 by default).
@@ -38,6 +39,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -47,6 +49,17 @@ from rangeshard.core.errors import EtcdServerError, RangeshardError
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
 
 log = logging.getLogger(__name__)
+
+
+def python_module_command(module: str, *args: str) -> list[str]:
+    """``python -P -m MODULE ARGS`` with this interpreter.
+
+    ``-P`` keeps the working directory off the child's ``sys.path``: started
+    from the directory that holds a clone named ``rangeshard``, ``-m`` would
+    otherwise import that directory as a namespace package instead of the
+    installed one (``cannot import name '__version__' from 'rangeshard'``).
+    """
+    return [sys.executable, "-P", "-m", module, *args]
 
 
 def find_etcd_binary() -> str:

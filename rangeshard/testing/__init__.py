@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import io
 import os
 import signal
 import subprocess
@@ -49,10 +50,13 @@ from controller_manager.audit import AuditRecord, find_overlaps, read_records
 from controller_manager.controller import Controller
 from controller_manager.plugins import controller_type
 from controller_manager.resources import raw_request
+from controller_manager.write_audit import check as check_writes
+from controller_manager.write_audit import print_report, read_events
 from local_apiserver.process import LocalApiServerProcess
 from range_filter_proxy.process import ProxyProcess
 from rangeshard.core.errors import RangeshardError
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
+from rangeshard.core.ownertoken import OwnerToken
 from rangeshard.core.process import EtcdServer
 from registry import Registry, Snapshot
 
@@ -61,6 +65,7 @@ __all__ = [
     "Managers",
     "TestCluster",
     "assert_no_overlap",
+    "assert_no_stale_writes",
     "overlaps",
     "wait_until",
 ]
@@ -108,6 +113,31 @@ def assert_no_overlap(audit_logs: Iterable[str | Path]) -> int:
         ]
         raise AssertionError(f"{len(found)} overlapping reconcile(s) in the audit logs:\n" + "\n".join(lines))
     return len(records)
+
+
+def assert_no_stale_writes(apiserver_audit_log: str | Path, controller_type: str | None = None) -> int:
+    """Fail if any shard key was written by a stale owner, per the API server's own audit log.
+
+    The write-level check (:mod:`controller_manager.write_audit`): it trusts
+    nothing the managers say. Every successful write with an owner token in
+    its User-Agent is attributed to a shard key; a token writing a key again
+    after another token wrote it in between (``A, B, A``) wrote as a stale
+    owner. ``controller_type`` limits the check to that type's tokens.
+    Returns the number of token writes checked.
+    """
+    events, _skipped = read_events([apiserver_audit_log])
+    if controller_type is not None:
+        events = [
+            e
+            for e in events
+            if (t := OwnerToken.parse(e.get("userAgent"))) is None or t.controller_type == controller_type
+        ]
+    report = check_writes(events)
+    if report.stale:
+        out = io.StringIO()
+        print_report(report, out)
+        raise AssertionError(f"{len(report.stale)} stale-owner write(s) in {apiserver_audit_log}:\n{out.getvalue()}")
+    return report.writes
 
 
 def _target(controller: type[Controller] | str) -> str:
@@ -242,6 +272,10 @@ class Managers:
         """:func:`assert_no_overlap` over this group's audit logs; the number of reconciles recorded."""
         return assert_no_overlap(self.audit_logs)
 
+    def assert_no_stale_writes(self) -> int:
+        """:func:`assert_no_stale_writes` over the API server's audit log, for this group's controller type."""
+        return assert_no_stale_writes(self.cluster.apiserver_audit_log, self.controller_type)
+
     def stop(self) -> None:
         """Graceful leave of every manager at once (SIGTERM to all, then wait; SIGKILL after 20 s)."""
         for m in self.processes:
@@ -279,6 +313,7 @@ class TestCluster:
                 prefix=self.storage_prefix,
                 log_file=self.workdir / "apiserver.log",
                 bookmark_interval=0.2,
+                extra_args=["--audit-log-path", str(self.apiserver_audit_log), "--audit-level", "RequestResponse"],
             )
             self.apiserver.start()
             self.proxy = ProxyProcess(self.apiserver.url, log_file=self.workdir / "proxy.log")
@@ -309,6 +344,15 @@ class TestCluster:
         self.stop()
 
     # -- addresses and clients -------------------------------------------------------
+    @property
+    def apiserver_audit_log(self) -> Path:
+        """The local API server's ``audit.k8s.io/v1`` log (level ``RequestResponse``): every request, one JSON line."""
+        return self.workdir / "apiserver-audit.jsonl"
+
+    def assert_no_stale_writes(self, controller_type: str | None = None) -> int:
+        """:func:`assert_no_stale_writes` over this cluster's API server audit log; the token writes checked."""
+        return assert_no_stale_writes(self.apiserver_audit_log, controller_type)
+
     @property
     def etcd_url(self) -> str:
         if self._etcd_url is None:

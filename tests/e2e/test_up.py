@@ -117,7 +117,16 @@ def test_up_demo_kubectl_and_clean_stop(tmp_path: Path) -> None:
         proc.send_signal(signal.SIGINT)
         code = proc.wait(60)
     assert code == 0, out.read_text()[-2000:]
-    assert "stopped" in out.read_text()
+    text = out.read_text()
+    assert "stopped" in text
+    # stdout is not a terminal: one line per registry change, never the whole table again and again
+    changes = [line for line in text.splitlines() if line.startswith("registry: ")]
+    joined = [line for line in changes if " joined, " in line]
+    assert {line.split()[1] for line in joined} == {"replicaset", "deployment"}, text[-3000:]
+    assert len({line.split()[2] for line in joined}) == 4, changes  # two managers, two controller types each
+    assert all(" range " in line and "(revision " in line for line in changes), changes
+    assert "INSTANCE" not in text and "RANGE START" not in text  # no registry table
+    assert len(changes) < 60, changes
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and any(port_open(p) for p in ports):
         time.sleep(0.1)
@@ -126,16 +135,31 @@ def test_up_demo_kubectl_and_clean_stop(tmp_path: Path) -> None:
     assert not (state / "up.json").exists()
 
 
-def run_cli_sync(args: list[str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    """The CLI as a child, waited for, with stdout and stderr kept apart."""
+def run_cli_sync(args: list[str], timeout: float = 60, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """The CLI as a child, waited for, with stdout and stderr kept apart.
+
+    With ``cwd`` it is run as a user runs it, by the console script, from that directory.
+    """
+    command = (
+        [str(Path(sys.executable).parent / "rangeshard")] if cwd else [sys.executable, "-m", "rangeshard.cli.main"]
+    )
     return subprocess.run(
-        [sys.executable, "-m", "rangeshard.cli.main", *args],
+        [*command, *args],
         capture_output=True,
         text=True,
         timeout=timeout,
         stdin=subprocess.DEVNULL,
         check=False,
+        cwd=cwd,
     )
+
+
+def shadowing_directory(tmp_path: Path) -> Path:
+    """A directory holding a clone-like ``rangeshard/`` (no ``__init__.py``), as the parent of a clone does."""
+    parent = tmp_path / "work"
+    (parent / "rangeshard").mkdir(parents=True)
+    (parent / "rangeshard" / "README.md").write_text("a clone of rangeshard\n")
+    return parent
 
 
 def in_process(args: list[str]) -> subprocess.CompletedProcess[str]:
@@ -162,6 +186,7 @@ def test_port_in_use_fails_fast_naming_the_port_and_holder(tmp_path: Path) -> No
 
 def test_up_detach_status_down(tmp_path: Path) -> None:
     state = tmp_path / "state"
+    # Started from the directory that holds the clone: the children must still import the installed packages.
     up = run_cli_sync(
         [
             *("up", "--detach", "--managers", "1", "--state-dir", str(state)),
@@ -169,6 +194,7 @@ def test_up_detach_status_down(tmp_path: Path) -> None:
             *("--etcd-port", "0", "--apiserver-port", "0", "--proxy-port", "0"),
         ],
         timeout=150,
+        cwd=shadowing_directory(tmp_path),
     )
     recorded = json.loads((state / "up.json").read_text()) if (state / "up.json").exists() else None
     try:
@@ -177,6 +203,15 @@ def test_up_detach_status_down(tmp_path: Path) -> None:
         assert recorded is not None and recorded["detached"] is True
         kinds = sorted(c["kind"] for c in recorded["components"])
         assert kinds == ["apiserver", "etcd", "manager", "proxy"]
+        # The config for managers started by hand (examples/widgets/README.md): this up's etcd and proxy.
+        from controller_manager.config import load_config  # noqa: PLC0415
+
+        extra = load_config(state / "manager.yaml")
+        proxy_url = next(c["url"] for c in recorded["components"] if c["kind"] == "proxy")
+        etcd_url = next(c["url"] for c in recorded["components"] if c["kind"] == "etcd")
+        assert extra.proxy.url == proxy_url and list(extra.etcd.endpoints) == [etcd_url]
+        assert extra.metrics is not None and extra.metrics.port == 0
+        assert "more managers" in up.stdout and "manager.yaml" in up.stdout
         ports = [c["port"] for c in recorded["components"]]
         assert all(port_open(p) for p in ports), "`up --detach` must leave everything running"
 

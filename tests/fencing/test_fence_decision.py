@@ -183,32 +183,97 @@ def test_concurrent_writes_share_one_read_per_batch(
     run(scenario())
 
 
+class _HandDrivenRead:
+    """A read function driven by hand: read ``n`` starts, waits for ``release(n)``, returns ``n`` (1-based)."""
+
+    def __init__(self) -> None:
+        self.started = 0
+        self._events: list[asyncio.Event] = []
+        self._changed = asyncio.Event()
+
+    async def __call__(self) -> int:
+        self.started += 1
+        n = self.started
+        ev = asyncio.Event()
+        self._events.append(ev)
+        self._changed.set()
+        await ev.wait()
+        return n
+
+    async def until_started(self, n: int) -> None:
+        """Wait (at most 2 s: a broken batcher fails here, never hangs) until read ``n`` has started."""
+
+        async def wait() -> None:
+            while self.started < n:
+                self._changed.clear()
+                await self._changed.wait()
+
+        try:
+            await asyncio.wait_for(wait(), 2)
+        except TimeoutError:
+            raise AssertionError(f"read {n} never started ({self.started} started)") from None
+
+    def release(self, n: int) -> None:
+        self._events[n - 1].set()
+
+
+async def _turns(n: int = 5) -> None:
+    for _ in range(n):
+        await asyncio.sleep(0)  # let ready tasks run (event-loop turns, not time)
+
+
 def test_batched_read_never_serves_a_read_started_before_the_caller() -> None:
+    """Each caller gets a read that started after it called; callers arriving together share one read."""
+
     async def scenario() -> None:
-        started: list[int] = []
-        release: list[asyncio.Event] = []
+        read = _HandDrivenRead()
+        batched: BatchedRead[int] = BatchedRead(read)
+        first = asyncio.create_task(batched.get())
+        await read.until_started(1)
+        late = [asyncio.create_task(batched.get()) for _ in range(3)]  # arrive while read 1 runs
+        await _turns()
+        read.release(1)
+        assert await asyncio.wait_for(first, 2) == 1
+        await _turns()
+        served_early = [t.result() for t in late if t.done() and not t.exception()]
+        assert served_early == [], f"callers that arrived during read 1 got its result: {served_early}"
+        await read.until_started(2)
+        later = asyncio.create_task(batched.get())  # arrives while read 2 runs: read 3, not 2
+        await _turns()
+        read.release(2)
+        assert await asyncio.wait_for(asyncio.gather(*late), 2) == [2, 2, 2]
+        await _turns()
+        assert not later.done(), "a caller that arrived during read 2 got its result"
+        await read.until_started(3)
+        read.release(3)
+        assert await asyncio.wait_for(later, 2) == 3
+        assert batched.reads == 3 and read.started == 3
+
+    run(scenario())
+
+
+def test_batched_read_failure_reaches_its_batch_only() -> None:
+    async def scenario() -> None:
+        calls = 0
+        gate = asyncio.Event()
 
         async def read() -> int:
-            started.append(len(started))
-            ev = asyncio.Event()
-            release.append(ev)
-            await ev.wait()
-            return len(started)
+            nonlocal calls
+            calls += 1
+            if calls == 1:
+                await gate.wait()
+                raise ConnectionError("etcd down")
+            return calls
 
         batched: BatchedRead[int] = BatchedRead(read)
         first = asyncio.create_task(batched.get())
-        await asyncio.sleep(0)
-        while not release:
-            await asyncio.sleep(0)
-        late = [asyncio.create_task(batched.get()) for _ in range(3)]  # arrive while read 1 runs
-        await asyncio.sleep(0)
-        release[0].set()
-        assert await first == 1
-        while len(release) < 2:
-            await asyncio.sleep(0)
-        release[1].set()
-        assert await asyncio.gather(*late) == [2, 2, 2]
-        assert batched.reads == 2
+        await _turns()
+        late = asyncio.create_task(batched.get())
+        await _turns()
+        gate.set()
+        with pytest.raises(ConnectionError):
+            await asyncio.wait_for(first, 2)
+        assert await asyncio.wait_for(late, 2) == 2  # the next read, not the failed one
 
     run(scenario())
 
@@ -265,3 +330,86 @@ def test_fenced_status_is_told_apart_from_an_ordinary_conflict() -> None:
     assert token.user_agent().startswith("rangeshard-controller-manager/")
     assert token.user_agent().endswith("(replicaset/a; lease abc; epoch 7)")
     assert OwnerToken.parse("kubectl/v1.32.0 (linux/amd64)") is None
+
+
+def _uid_in(rng: HashRange, tag: str) -> str:
+    """A uid whose hash falls in ``rng``."""
+    for i in range(10_000):
+        uid = f"{tag}-{i:04d}-0000-4000-8000-000000000000"
+        if rng.contains(hash_key(uid)):
+            return uid
+    raise AssertionError(f"no uid hashes into {rng}")
+
+
+def _pod(uid: str, owner_uid: str | None = None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": "p", "namespace": "ns", "uid": uid}
+    if owner_uid is not None:
+        meta["ownerReferences"] = [
+            {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "rs", "uid": owner_uid, "controller": True}
+        ]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta}
+
+
+def test_undeclared_shard_hash_prefers_the_request_body_over_the_cache(
+    registry: Registry, etcd_client: EtcdClient, etcd_config: EtcdConfig, key_prefix: str
+) -> None:
+    """Writes without ``X-Rangeshard-Shard-Hash`` (external controllers, kubectl adoption): body first, then cache.
+
+    Two instances split the space; every object below has its own uid in
+    ``a``'s half and its (old or new) controller in ``b``'s, so the verdict
+    says which hash was checked.
+    """
+    registry.join(CTYPE, "a", etcd_client.grant_lease(30))
+    registry.join(CTYPE, "b", etcd_client.grant_lease(30))
+    registry.unlock(CTYPE, "b", "a")  # the handover is over: both own their halves
+    snap = registry.snapshot(CTYPE)
+    ranges = {m.instance_id: m.range for m in snap}
+    assert ranges["a"] is not None and ranges["b"] is not None
+    own = _uid_in(ranges["a"], "pod")
+    owner = _uid_in(ranges["b"], "rs")
+    orphan_before, adopted, owned_before, orphaned = _pod(own), _pod(own, owner), _pod(own, owner), _pod(own)
+    cases = [
+        # (what, declared, body, cached, hash that must be checked, instance it belongs to)
+        ("adoption: the update sets a controller ownerReference", adopted, orphan_before, hash_key(owner), "b"),
+        ("orphaning: the update removes it", orphaned, owned_before, hash_key(own), "a"),
+        ("create of an owned object (nothing cached)", adopted, None, hash_key(owner), "b"),
+        ("create of an unowned object (nothing cached)", orphaned, None, hash_key(own), "a"),
+        ("delete (no body): the cached object's controller", None, owned_before, hash_key(owner), "b"),
+        ("delete (no body) of an unowned cached object", None, orphan_before, hash_key(own), "a"),
+        (
+            "a patch body naming no uid: the cache decides",
+            {"metadata": {"labels": {"x": "y"}}},
+            owned_before,
+            hash_key(owner),
+            "b",
+        ),
+    ]
+
+    async def scenario() -> None:
+        fence = await _started(FenceSettings(etcd_config, key_prefix))
+        try:
+            for what, body, cached, expected_hash, holder in cases:
+                shard_hash, mismatch = shard_hash_of(None, body, cached)
+                assert mismatch is None, what
+                assert shard_hash == expected_hash, f"{what}: checked {shard_hash:#x}, expected {expected_hash:#x}"
+                other = "a" if holder == "b" else "b"
+                assert await fence.check(_token(fence, holder), shard_hash) is None, what
+                refused = await fence.check(_token(fence, other), shard_hash)
+                assert refused is not None and refused.reason == "OutOfRange", what
+        finally:
+            await fence.stop()
+
+    run(scenario())
+
+
+def test_declared_shard_hash_must_be_one_of_the_body_or_cache_hashes() -> None:
+    own = "11111111-0000-4000-8000-000000000000"
+    owner = "22222222-0000-4000-8000-000000000000"
+    stranger = "33333333-0000-4000-8000-000000000000"
+    body, cached = _pod(own, owner), _pod(own)
+    assert shard_hash_of(hash_key(owner), body, cached) == (hash_key(owner), None)
+    assert shard_hash_of(hash_key(own), body, cached) == (hash_key(own), None)  # the object's own uid
+    h, verdict = shard_hash_of(hash_key(stranger), body, cached)
+    assert h is None and verdict is not None and verdict.reason == "ShardHashMismatch"
+    assert shard_hash_of(hash_key(stranger), None, None) == (hash_key(stranger), None)  # nothing to compare with
+    assert shard_hash_of(None, None, None) == (None, None)

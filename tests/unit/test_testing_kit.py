@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import orjson
 import pytest
 
 from controller_manager.audit import AuditLog
-from rangeshard.testing import assert_no_overlap, overlaps, wait_until
+from rangeshard.core.ownertoken import OwnerToken
+from rangeshard.testing import assert_no_overlap, assert_no_stale_writes, overlaps, wait_until
 
 
 def write(path: Path, instance: str, spans: list[tuple[str, float, float]]) -> Path:
@@ -32,3 +34,32 @@ def test_wait_until_returns_the_value_or_fails_with_the_message() -> None:
     assert wait_until(lambda: next(calls), 5, "seven") == 7
     with pytest.raises(AssertionError, match=r"timed out after 0\.1s waiting for nothing"):
         wait_until(lambda: False, 0.1, "nothing")
+
+
+def _event(token: OwnerToken, uid: str, n: int, code: int = 200) -> dict[str, object]:
+    return {
+        "kind": "Event",
+        "apiVersion": "audit.k8s.io/v1",
+        "auditID": f"a{n}",
+        "verb": "update",
+        "userAgent": token.user_agent(),
+        "objectRef": {"resource": "widgets", "namespace": "ns", "name": f"w-{uid}", "uid": uid},
+        "responseStatus": {"code": code},
+        "stageTimestamp": f"2026-11-24T00:00:{n:02d}.000000Z",
+    }
+
+
+def test_assert_no_stale_writes_reads_the_apiserver_audit_log(tmp_path: Path) -> None:
+    a = OwnerToken("widget", "m1-widget", 0x10, 1)
+    b = OwnerToken("widget", "m2-widget", 0x20, 1)
+    other = OwnerToken("gadget", "m3-gadget", 0x30, 1)
+    log = tmp_path / "audit.jsonl"
+    fine = [_event(a, "u1", 1), _event(b, "u1", 2), _event(b, "u1", 3), _event(other, "u2", 4)]
+    log.write_bytes(b"".join(orjson.dumps(e) + b"\n" for e in fine) + b'{"partial')
+    assert assert_no_stale_writes(log) == 4
+    # a wrote u1 again after b had: a stale owner. A failed write (409) changed nothing and does not count.
+    stale = [*fine, _event(a, "u1", 5, code=409), _event(a, "u1", 6)]
+    log.write_bytes(b"".join(orjson.dumps(e) + b"\n" for e in stale))
+    with pytest.raises(AssertionError, match=r"(?s)1 stale-owner write\(s\).*STALE OWNER widget shard key u1"):
+        assert_no_stale_writes(log)
+    assert assert_no_stale_writes(log, "gadget") == 1  # limited to one controller type

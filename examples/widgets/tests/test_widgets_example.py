@@ -75,3 +75,9 @@ def test_three_managers_shard_widgets_without_overlap(
     assert records >= 2 * N_WIDGETS
     reconcilers = {r.instance_id for r in managers.audit_records()}
     assert len(reconcilers) == 3  # every manager reconciled its share
+
+    # The write-level check over the API server's own audit log: no Widget or ConfigMap was written
+    # by an instance after another instance had written it (no stale owner).
+    assert managers.cluster.apiserver_audit_log.is_file()
+    writes = managers.assert_no_stale_writes()
+    assert writes >= N_WIDGETS  # every ConfigMap create at least
