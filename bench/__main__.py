@@ -38,7 +38,7 @@ from rich.table import Table
 
 log = logging.getLogger(__name__)
 
-SECTIONS = ("balance", "cache", "throughput", "fanout", "scaleout")
+SECTIONS = ("balance", "cache", "throughput", "fanout", "scaleout", "rolling")
 
 
 def machine() -> dict[str, Any]:
@@ -277,6 +277,37 @@ def render(result: dict[str, Any], console: Console) -> None:
                 ],
             )
         )
+    if "rolling" in result:
+        console.print(
+            _table(
+                "Rolling restart, one manager at a time, same instance ids, under steady load",
+                [
+                    "managers",
+                    "rejoinGraceSeconds",
+                    "key moves",
+                    "keys moved",
+                    "layout changes",
+                    "hashKeys changed",
+                    "longest unserved s",
+                    "converged keys",
+                    "restart s",
+                ],
+                [
+                    [
+                        r["managers"],
+                        r["rejoinGraceSeconds"],
+                        r["keyMoves"],
+                        r["keysMoved"],
+                        r["layoutChanges"],
+                        r["hashKeysChanged"],
+                        r["longestUnservedSeconds"],
+                        f"{r['convergedKeys']}/{r['objects']}",
+                        r["restartSeconds"],
+                    ]
+                    for r in result["rolling"]["rows"]
+                ],
+            )
+        )
     if "scaleout" in result:
         s = result["scaleout"]
         console.print(
@@ -370,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         p.error(f"unknown sections: {', '.join(unknown)}")
 
-    from bench import balance, cache, fanout, scaleout, throughput  # noqa: PLC0415 (after logging setup)
+    from bench import balance, cache, fanout, rolling, scaleout, throughput  # noqa: PLC0415 (after logging setup)
     from bench.common import BenchCluster  # noqa: PLC0415
 
     own_workdir = args.workdir is None
@@ -404,7 +435,7 @@ def main(argv: list[str] | None = None) -> int:
     guarded("balance", lambda: balance.run(quick))
     guarded("cache", lambda: cache.run(quick))
     guarded("throughput", lambda: throughput.run(quick, workdir))
-    if "fanout" in sections or "scaleout" in sections:
+    if "fanout" in sections or "scaleout" in sections or "rolling" in sections:
         cluster = BenchCluster(workdir / "cluster")
         try:
             c0 = time.monotonic()
@@ -423,6 +454,16 @@ def main(argv: list[str] | None = None) -> int:
                     window=1.5 if quick else 5.0,
                     latency=0.05,
                     workers=4,
+                    objects=32 if quick else 128,
+                ),
+            )
+            guarded(
+                "rolling",
+                lambda: rolling.run(
+                    cluster,
+                    workdir / "rolling",
+                    counts=[2] if quick else [4, 8],
+                    grace=10.0 if quick else 15.0,
                     objects=32 if quick else 128,
                 ),
             )

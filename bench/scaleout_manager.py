@@ -30,6 +30,7 @@ Concurrency model
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import logging
 import signal
 import threading
@@ -81,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reconcile-timeout", type=float, default=1.0)
     p.add_argument("--resync-seconds", type=float, default=0.5)
     p.add_argument("--max-seconds", type=float, default=900.0)
+    p.add_argument("--rejoin-grace", type=float, default=0.0, help="rejoinGraceSeconds: park on SIGTERM")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
@@ -100,7 +102,9 @@ def main(argv: list[str] | None = None) -> int:
         metrics=Metrics(),
         audit=audit,
         resync_period=args.resync_seconds,
+        rejoin_grace=args.rejoin_grace,
     )
+    faulthandler.register(signal.SIGUSR1)  # the benchmark asks for every thread's stack when a stop hangs
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

@@ -252,6 +252,18 @@ class ManagerConfig(_Section):
         strict=True,
         description="TTL of the instance's etcd lease: a dead manager's range is taken over after at most this long.",
     )
+    rejoin_grace_seconds: float = Field(
+        0.0,
+        alias="rejoinGraceSeconds",
+        ge=0,
+        le=86400,
+        strict=True,
+        description="How long a gracefully stopped manager's instances stay *parked*: each record keeps its "
+        "`hashKey` (no neighbour absorbs the range, nobody owns it) so a process with the same instance ids "
+        "(`--instance-prefix`, e.g. the StatefulSet pod name) takes the same ranges back with no split and no "
+        "handover. When the grace runs out the record expires and the range is taken over as after a crash. "
+        "0 (the default) leaves the registry on a graceful stop. A crash is never parked.",
+    )
     registry_prefix: str = Field(
         "/rangeshard",
         alias="registryPrefix",

@@ -209,6 +209,7 @@ class ControllerRuntime:
         pid: int | None = None,
         reconcile_delay: float = 0.0,
         reconcile_hold_file: str | None = None,
+        rejoin_grace: float = 0.0,
     ) -> None:
         self.api_client = api_client
         self.name = controller_type or controller_cls.name
@@ -242,6 +243,7 @@ class ControllerRuntime:
             host=host,
             pid=pid,
             on_count=lambda event: metrics.handover.labels(self.name, event).inc(),
+            rejoin_grace=rejoin_grace,
         )
         main = controller_cls.main
         self.informers: dict[str, Informer] = {

@@ -146,6 +146,7 @@ class ControllerManager:
                     pid=os.getpid(),
                     reconcile_delay=section.reconcile_delay_seconds,
                     reconcile_hold_file=section.reconcile_hold_file,
+                    rejoin_grace=config.rejoin_grace_seconds,
                 )
             )
         self.status: StatusServer | None = None
@@ -182,13 +183,22 @@ class ControllerManager:
             api_client.close()
         log.info("controller manager %s stopped", self.prefix)
 
-    def run_until_signal(self) -> None:
+    def fatal(self) -> str | None:
+        """Why this manager must not run (another live process has one of its instance ids), if so."""
+        return next((rt.shard.fatal for rt in self.runtimes if rt.shard.fatal is not None), None)
+
+    def run_until_signal(self) -> int:
+        """Run until SIGTERM/SIGINT (exit code 0) or a fatal condition (1); always stops gracefully."""
         stop = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
         self.start()
+        code = 0
         try:
             while not stop.wait(0.5):
-                pass
+                if self.fatal() is not None:
+                    code = 1
+                    break
         finally:
             self.stop()
+        return code

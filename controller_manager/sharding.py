@@ -47,6 +47,10 @@ State machine (``state`` is published in the registry record)::
     any ──(fencing deadline passed)──► fenced (local only: nothing runs)
     fenced ──(keepalive succeeded again, record intact)─────────► previous state, caches relisted
     fenced ──(lease lost / record gone)──► rejoin ──► init | locked
+    any ──(graceful stop, rejoinGraceSeconds > 0, drained)──► parked (the record
+          moves to a grace lease; the process exits)
+    (start) ──(our instance id is parked)──► active | locked (same key, no handover)
+    (start) ──(our instance id is held by a live process)──► fatal: the manager exits 1
 
 Concurrency model
     One named thread per instance (``shard-<type>``) owns the state machine
@@ -68,7 +72,10 @@ Observability
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import math
+import os
 import queue
 import threading
 import time
@@ -78,7 +85,7 @@ from typing import Any
 
 from hashing import HashRange
 from rangeshard.core.clock import MONOTONIC, Clock
-from rangeshard.core.errors import CompareFailed, NotRegistered, RangeshardError
+from rangeshard.core.errors import AlreadyRegistered, CompareFailed, NotRegistered, RangeshardError
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
 from rangeshard.core.ownertoken import OwnerToken
 from registry import LeaseKeeper, MembershipWatch, Registry, RegistryView, Snapshot, State
@@ -111,8 +118,14 @@ class ShardInstance:
         tick: float = 0.1,
         clock: Clock = MONOTONIC,
         on_count: Callable[[str], None] | None = None,
+        rejoin_grace: float = 0.0,
     ) -> None:
         self.etcd_config = etcd_config
+        #: ``rejoinGraceSeconds``: > 0 parks the record on a graceful stop instead of leaving.
+        self.rejoin_grace = rejoin_grace
+        #: Set when this instance must not run at all (another live process has its id); the manager exits 1.
+        self.fatal: str | None = None
+        self._foreign_heartbeat: float | None = None
         self.registry_prefix = registry_prefix
         self.controller_type = controller_type
         self.instance_id = instance_id
@@ -238,11 +251,40 @@ class ShardInstance:
             self._thread.join(timeout=self.lease_ttl + 5)
         if self.watch is not None:
             self.watch.stop()
+        parked = False
+        if self.keeper is not None and not left and self.rejoin_grace > 0 and self.keeper.lease_id and not self.fenced:
+            parked = self._park(self.keeper.lease_id)
         if self.keeper is not None:
-            # Revoking only after the drain: the neighbour inherits without a lock.
+            # Revoking only after the drain: the neighbour inherits without a lock. A parked
+            # record lives on its grace lease: revoking this one no longer deletes it.
             self.keeper.stop(revoke=not left)
         self.client.close()
-        log.info("%s: left the registry", self.name)
+        if not parked:
+            log.info("%s: left the registry", self.name)
+
+    def _park(self, lease_id: int) -> bool:
+        """Graceful stop with ``rejoinGraceSeconds``: keep the record (and range) for our successor process."""
+        try:
+            grace_lease = self.client.grant_lease(max(1, math.ceil(self.rejoin_grace)))
+        except RangeshardError as e:
+            log.warning("%s: cannot park (%s): leaving instead", self.name, e)
+            return False
+        try:
+            self.registry.park(self.controller_type, self.instance_id, lease_id, grace_lease, self.rejoin_grace)
+        except RangeshardError as e:
+            log.warning("%s: cannot park (%s): leaving instead", self.name, e)
+            with contextlib.suppress(RangeshardError):
+                self.client.revoke_lease(grace_lease)
+            return False
+        self._set_state(State.PARKED.value)
+        log.info(
+            "%s: parked: range %s kept for %gs (rejoinGraceSeconds) for a process with instance id %s",
+            self.name,
+            self.range,
+            self.rejoin_grace,
+            self.instance_id,
+        )
+        return True
 
     @property
     def name(self) -> str:
@@ -252,6 +294,8 @@ class ShardInstance:
     def _run(self) -> None:
         try:
             while not self._stop.is_set() and not self._register():
+                if self.fatal is not None:
+                    return
                 self._stop.wait(1.0)
             while not self._stop.is_set():
                 try:
@@ -290,7 +334,14 @@ class ShardInstance:
             lease = keeper.grant()
             member = self.registry.join(self.controller_type, self.instance_id, lease, host=self.host, pid=self.pid)
         except RangeshardError as e:
-            log.warning("%s: cannot join yet: %s", self.name, e)
+            if isinstance(e, AlreadyRegistered) and self._registered_elsewhere():
+                self.fatal = (
+                    f"{self.name}: another live process is registered with this instance id ({e}); "
+                    "two processes with one instance id must never run: give each its own --instance-prefix"
+                )
+                log.error("%s", self.fatal)
+            else:
+                log.warning("%s: cannot join yet: %s", self.name, e)
             if keeper.lease_id:
                 keeper.stop(revoke=True)
             else:
@@ -321,6 +372,32 @@ class ShardInstance:
         self.joined.set()
         log.info("%s: joined with range %s (locked=%s)", self.name, member.range, self.locked)
         return True
+
+    def _registered_elsewhere(self) -> bool:
+        """Whether the record holding our instance id belongs to a live process (not a crashed predecessor).
+
+        Live: on this host with a running pid that is not ours, or its heartbeat
+        moved since we first saw it (a live owner heartbeats every TTL/3; a
+        crashed one's record only waits for its lease to expire, as before).
+        """
+        try:
+            member = self.registry.snapshot(self.controller_type).get(self.instance_id)
+        except RangeshardError:
+            return False
+        if member is None or member.record.is_parked:
+            return False
+        rec = member.record
+        if rec.host is not None and rec.host == self.host and rec.pid and rec.pid != os.getpid():
+            try:
+                os.kill(rec.pid, 0)
+            except ProcessLookupError:
+                pass
+            except PermissionError:
+                return True
+            else:
+                return True
+        seen, self._foreign_heartbeat = self._foreign_heartbeat, rec.heartbeat_at
+        return seen is not None and rec.heartbeat_at is not None and rec.heartbeat_at != seen
 
     def _set_state(self, state: str) -> None:
         if state != self.state:
@@ -408,7 +485,8 @@ class ShardInstance:
         if locked:
             self._set_state(State.LOCKED.value)
             giver = me.record.giver
-            if giver is None or snap.get(giver) is None:
+            giver_member = snap.get(giver) if giver is not None else None
+            if giver_member is None or giver_member.record.is_parked:  # gone, or parked (it drained first)
                 try:
                     self.registry.unlock_orphaned(self.controller_type, self.instance_id)
                     self._count("self_unlocks")

@@ -22,6 +22,17 @@ controller manager, the registry only stores them)::
     active ──(its range shrank: a receiver names it as giver)───► wait
     wait ──(in-flight reconciles outside its range drained,
             receivers unlocked)────────────────────────────────► active
+    active|wait|locked ──(graceful stop with rejoinGraceSeconds > 0:
+            drained, receivers unlocked; the record moves to a
+            lease of the grace)─────────────────────────────────► parked
+    parked ──(the same instance id registers within the grace:
+            same hashKey, no split, no handover)────────────────► active (locked if it was)
+    parked ──(the grace runs out: the lease expires, the record
+            is deleted, the neighbour absorbs the range)────────► (gone, as after a crash)
+
+A parked record keeps its ``hashKey`` and so its range, which nobody owns
+meanwhile: no newcomer splits it and no neighbour absorbs it, and write fencing
+refuses every token for it (the record's lease is the grace lease).
 
 Concurrency model
     Immutable values; safe to share between threads.
@@ -61,6 +72,7 @@ class State(StrEnum):
     LOCKED = "locked"
     WAIT = "wait"
     ACTIVE = "active"
+    PARKED = "parked"
 
 
 class HashHistogram(BaseModel):
@@ -111,6 +123,13 @@ class InstanceRecord(BaseModel):
     started_at: float | None = Field(default=None, alias="startedAt")
     heartbeat_at: float | None = Field(default=None, alias="heartbeatAt")
     histogram: HashHistogram | None = None
+    parked_until: float | None = Field(
+        default=None, alias="parkedUntil", description="wall-clock time the grace of a parked record ends"
+    )
+
+    @property
+    def is_parked(self) -> bool:
+        return self.state is State.PARKED
 
     def to_json(self) -> bytes:
         return orjson.dumps(self.model_dump(by_alias=True, exclude_none=True, mode="json"))

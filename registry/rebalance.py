@@ -200,15 +200,7 @@ def segments(snap: Snapshot) -> list[Segment]:
     range, or inconsistent) contributes one segment (its whole range) with its
     ``workloadNum``.
     """
-    out: list[Segment] = []
-    for m in owned(snap):
-        rng = m.range
-        if rng is None:
-            continue
-        hist = m.record.histogram
-        mine = _histogram_segments(hist, rng) if hist is not None else None
-        out.extend(mine if mine is not None else [Segment(rng.lo, rng.hi, m.record.workload_num)])
-    return out
+    return [s for m in owned(snap) for s in _member_segments(m)]
 
 
 def _histogram_segments(hist: HashHistogram, rng: HashRange) -> list[Segment] | None:
@@ -284,6 +276,46 @@ def min_max_load(counts: Sequence[int], parts: int) -> int:
     return lo
 
 
+def _member_segments(m: Member) -> list[Segment]:
+    """One member's buckets as segments (its whole range with ``workloadNum`` without a usable histogram)."""
+    rng = m.range
+    if rng is None:
+        return []
+    hist = m.record.histogram
+    mine = _histogram_segments(hist, rng) if hist is not None else None
+    return mine if mine is not None else [Segment(rng.lo, rng.hi, m.record.workload_num)]
+
+
+def movable_runs(members: Sequence[Member]) -> list[tuple[int, int]]:
+    """``[i, j)`` index runs of consecutive members that are not parked.
+
+    A parked record's range waits for its own instance: neither its key nor
+    its predecessor's may move, so each run is balanced on its own, within
+    the space its members own now (its last member's key stays).
+    """
+    runs: list[tuple[int, int]] = []
+    start = 0
+    for i, m in enumerate(members):
+        if m.record.is_parked:
+            if start < i:
+                runs.append((start, i))
+            start = i + 1
+    if start < len(members):
+        runs.append((start, len(members)))
+    return runs
+
+
+def _run_targets(members: Sequence[Member], fn: Callable[[list[Member], int, int], list[int]]) -> list[int]:
+    """Target keys of every member: parked ones keep theirs, each movable run is planned by ``fn``."""
+    targets = [m.record.hash_key if m.range is None else m.range.hi for m in members]
+    for i, j in movable_runs(members):
+        run = list(members[i:j])
+        lo = run[0].range.lo if run[0].range is not None else 0
+        hi = run[-1].range.hi if run[-1].range is not None else MAX_HASH
+        targets[i:j] = fn(run, lo, hi)
+    return targets
+
+
 def plan_by_workload(snap: Snapshot) -> Plan:
     """Boundaries on bucket edges: the smallest possible maximum load, then as even as possible.
 
@@ -293,19 +325,29 @@ def plan_by_workload(snap: Snapshot) -> Plan:
     keep every part within the cap and leave enough room for the remaining
     instances; among equally near edges, one that leaves no instance idle.
     Equally good edges lie in one gap between objects: the middle one is
-    taken, so new objects land evenly.
+    taken, so new objects land evenly. Parked records are planned around
+    (:func:`movable_runs`).
     """
     members = owned(snap)
-    n = len(members)
     segs = segments(snap)
     current = [m.record.hash_key for m in members[:-1]] + [MAX_HASH]
+
+    def run_targets(run: list[Member], _lo: int, hi: int) -> list[int]:
+        return _workload_targets(snap.controller_type, [s for m in run for s in _member_segments(m)], len(run), hi)
+
+    targets = _run_targets(members, run_targets)
+    return _plan(snap, "workload", members, current, targets, segs)
+
+
+def _workload_targets(controller_type: str, segs: Sequence[Segment], n: int, end_key: int) -> list[int]:
+    """Keys of ``n`` instances sharing ``segs`` (see :func:`plan_by_workload`); the last is ``end_key``."""
     counts = [s.count for s in segs]
     total = sum(counts)
     size = len(segs)
     targets: list[int] = []
     if n > 1:
         if size < n:
-            raise ConfigError(f"{snap.controller_type}: not enough histogram resolution to place {n - 1} boundaries")
+            raise ConfigError(f"{controller_type}: not enough histogram resolution to place {n - 1} boundaries")
         cap = min_max_load(counts, n)
         # suffix_parts[j]: fewest parts covering segments j.. within the cap (greedy from the right).
         suffix_parts = [0] * (size + 1)
@@ -341,20 +383,24 @@ def plan_by_workload(snap: Snapshot) -> Plan:
                 elif rank == best_rank:
                     best_idx.append(idx)
             if not best_idx:
-                raise ConfigError(f"{snap.controller_type}: cannot place boundary {i} of {n - 1}")
+                raise ConfigError(f"{controller_type}: cannot place boundary {i} of {n - 1}")
             chosen = best_idx[len(best_idx) // 2]
             targets.append(segs[chosen].hi)
             start = chosen + 1
-    targets.append(MAX_HASH)
-    return _plan(snap, "workload", members, current, targets, segs)
+    targets.append(end_key)
+    return targets
 
 
 def plan_by_range(snap: Snapshot) -> Plan:
-    """Equal key ranges."""
+    """Equal key ranges (each run between parked records shares its own space equally)."""
     members = owned(snap)
-    n = len(members)
     current = [m.record.hash_key for m in members[:-1]] + [MAX_HASH]
-    targets = [(MAX_HASH + 1) * i // n - 1 for i in range(1, n)] + [MAX_HASH]
+
+    def run_targets(run: list[Member], lo: int, hi: int) -> list[int]:
+        n, size = len(run), hi - lo + 1
+        return [lo + size * i // n - 1 for i in range(1, n)] + [hi]
+
+    targets = _run_targets(members, run_targets)
     segs = segments(snap)
     # Predicted loads assume objects spread evenly inside each bucket.
     return _plan(snap, "range", members, current, targets, _split_segments(segs, targets))
@@ -404,8 +450,8 @@ def make_plan(snap: Snapshot, by: str) -> Plan:
 
 
 def handover_done(snap: Snapshot) -> bool:
-    """No instance locked and every owner active."""
-    return all(not m.record.is_locked and m.record.state is State.ACTIVE for m in owned(snap))
+    """No instance locked and every owner active (or parked: it waits for its own instance, not a handover)."""
+    return all(not m.record.is_locked and m.record.state in (State.ACTIVE, State.PARKED) for m in owned(snap))
 
 
 def wait_settled(registry: Registry, controller_type: str, timeout: float, poll: float = 0.2) -> Snapshot:
@@ -419,7 +465,7 @@ def wait_settled(registry: Registry, controller_type: str, timeout: float, poll:
             busy = [
                 f"{m.instance_id} ({m.record.state.value}{', locked' if m.record.is_locked else ''})"
                 for m in owned(snap)
-                if m.record.is_locked or m.record.state is not State.ACTIVE
+                if m.record.is_locked or m.record.state not in (State.ACTIVE, State.PARKED)
             ]
             raise RegistryError(f"{controller_type}: handover not finished after {timeout:.0f}s: {', '.join(busy)}")
         time.sleep(poll)

@@ -31,6 +31,7 @@ Concurrency model
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import time
@@ -40,7 +41,14 @@ from pyetcd import transactions as txn
 from pyetcd.utils import prefix_range_end
 
 from hashing import MAX_HASH, split_largest
-from rangeshard.core.errors import AlreadyRegistered, CompareFailed, ConfigError, NoSplittableRange, NotRegistered
+from rangeshard.core.errors import (
+    AlreadyRegistered,
+    CompareFailed,
+    ConfigError,
+    NoSplittableRange,
+    NotRegistered,
+    RangeshardError,
+)
 from rangeshard.core.etcd import KV, EtcdClient
 from registry.models import InstanceRecord, Member, Snapshot, State, check_name, now
 
@@ -145,8 +153,18 @@ class Registry:
         key = self.layout.record_key(controller_type, instance_id)
         for attempt in range(_MAX_ATTEMPTS):
             snap = self.snapshot(controller_type)
-            if snap.get(instance_id) is not None:
-                raise AlreadyRegistered(f"{controller_type}/{instance_id} is already registered")
+            mine = snap.get(instance_id)
+            if mine is not None and mine.record.is_parked:
+                taken = self._unpark(mine, lease_id, host=host, pid=pid, workload_num=workload_num)
+                if taken is not None:
+                    return taken
+                continue  # the record changed (or expired) between the read and the write: look again
+            if mine is not None:
+                rec = mine.record
+                raise AlreadyRegistered(
+                    f"{controller_type}/{instance_id} is already registered (state {rec.state.value}, host "
+                    f"{rec.host or '?'}, pid {rec.pid or '?'}, lease {mine.lease_id:x})"
+                )
             stamp = now()
             base = {
                 "instance_id": instance_id,
@@ -157,7 +175,13 @@ class Registry:
                 "started_at": stamp,
                 "heartbeat_at": stamp,
             }
-            owned = [(m, m.range) for m in snap.members if m.range is not None]
+            # A parked range waits for its own instance: it is never split.
+            owned = [(m, m.range) for m in snap.members if m.range is not None and not m.record.is_parked]
+            if not owned and any(m.record.is_parked for m in snap.members):
+                raise NoSplittableRange(
+                    f"{controller_type}: every range is parked (waiting for its instance to rejoin); "
+                    "a newcomer joins after one rejoined or its grace ran out"
+                )
             if not owned:
                 record = InstanceRecord.model_validate(
                     {**base, "hash_key": MAX_HASH, "is_locked": False, "state": State.INIT}
@@ -201,6 +225,110 @@ class Registry:
                 return rng
             time.sleep(random.uniform(0.001, 0.02) * min(attempt + 1, 10))
         raise CompareFailed(f"joining {controller_type}/{instance_id}: lost {_MAX_ATTEMPTS} races in a row")
+
+    def _unpark(
+        self, member: Member, lease_id: int, *, host: str | None, pid: int | None, workload_num: int
+    ) -> Member | None:
+        """Take a parked record back: same ``hashKey``, the new lease, no split and no handover.
+
+        ``None`` when the record changed between the read and the write (retry).
+        The grace lease it was parked on is revoked afterwards (nothing else is on it).
+        """
+        rec = member.record
+        stamp = now()
+        new = rec.evolve(
+            state=State.LOCKED if rec.is_locked else State.ACTIVE,
+            parked_until=None,
+            host=host,
+            pid=pid,
+            workload_num=workload_num,
+            started_at=stamp,
+            heartbeat_at=stamp,
+        )
+        what = f"rejoining {rec.controller_type}/{rec.instance_id} (parked)"
+        ok, _ = self.client.transaction(
+            compare=[txn.Mod(member.key) == member.mod_revision],
+            success=[txn.Put(member.key, new.to_json(), lease_id)],
+            what=what,
+        )
+        if not ok:
+            return None
+        with contextlib.suppress(RangeshardError):
+            self.client.revoke_lease(member.lease_id)
+        log.info("%s: took key %s back (no split, no handover)", what, rec.hash_key)
+        back = self.snapshot(rec.controller_type).get(rec.instance_id)
+        if back is None:
+            raise NotRegistered(f"{what}: the record vanished right after rejoining")
+        return back
+
+    def park(self, controller_type: str, instance_id: str, lease_id: int, grace_lease_id: int, grace: float) -> None:
+        """Park a drained instance: its record moves to ``grace_lease_id`` with state ``parked``.
+
+        The record keeps its ``hashKey`` (so its range, owned by nobody until it
+        rejoins) and vanishes with the grace lease. In the same transaction the
+        receivers it still has to unlock are unlocked (the caller has drained:
+        nothing of the range it gave away is in flight), so no receiver waits
+        for a parked giver. Guarded by the whole type's revision (no record of
+        the type changed since the read; retried), and the record must still be
+        bound to ``lease_id`` (:class:`NotRegistered`). The caller then revokes
+        ``lease_id``.
+        """
+        what = f"parking {controller_type}/{instance_id}"
+        prefix = self.layout.type_prefix(controller_type)
+        for attempt in range(_MAX_ATTEMPTS):
+            snap = self.snapshot(controller_type)
+            me = snap.get(instance_id)
+            if me is None or me.lease_id != lease_id:
+                raise NotRegistered(f"{what}: the record is gone or belongs to another lease")
+            stamp = now()
+            parked = me.record.evolve(state=State.PARKED, parked_until=stamp + grace, heartbeat_at=stamp)
+            puts = [txn.Put(me.key, parked.to_json(), grace_lease_id)]
+            receivers = snap.receivers_of(instance_id)
+            for r in receivers:
+                unlocked = r.record.evolve(is_locked=False, giver=None)
+                puts.append(txn.Put(r.key, unlocked.to_json(), r.lease_id))
+            ok, _ = self.client.transaction(
+                compare=[txn.Mod(prefix, prefix_range_end(prefix.encode())) < snap.revision + 1],
+                success=puts,
+                what=what,
+            )
+            if ok:
+                log.info(
+                    "%s: key %s kept for %.0fs%s",
+                    what,
+                    parked.hash_key,
+                    grace,
+                    f"; unlocked {', '.join(r.instance_id for r in receivers)}" if receivers else "",
+                )
+                return
+            time.sleep(random.uniform(0.001, 0.02) * min(attempt + 1, 10))
+        raise CompareFailed(f"{what}: lost {_MAX_ATTEMPTS} races in a row")
+
+    def release(self, controller_type: str, instance_id: str) -> Member:
+        """End a parked record's grace now (e.g. after a scale-in): the neighbour absorbs its range at once.
+
+        Only a parked record may be released (:class:`ConfigError` otherwise: a
+        live instance leaves by a graceful stop); guarded by its mod revision.
+        Returns the record as it was.
+        """
+        what = f"releasing {controller_type}/{instance_id}"
+        member = self._read(controller_type, instance_id)
+        if not member.record.is_parked:
+            raise ConfigError(
+                f"{controller_type}/{instance_id} is {member.record.state.value}, not parked: only a parked record "
+                "is released (a running instance leaves the registry when it is stopped)"
+            )
+        ok, _ = self.client.transaction(
+            compare=[txn.Mod(member.key) == member.mod_revision],
+            success=[txn.Delete(member.key)],
+            what=what,
+        )
+        if not ok:
+            raise CompareFailed(f"{what}: the record changed concurrently (its instance rejoined?)")
+        with contextlib.suppress(RangeshardError):
+            self.client.revoke_lease(member.lease_id)
+        log.info("%s: deleted; the neighbour absorbs %s", what, member.range)
+        return member
 
     def leave(self, lease_id: int) -> None:
         """Revoke the instance's lease: etcd deletes its records, peers see it at once."""
@@ -324,7 +452,7 @@ class Registry:
         log.info("%s: unlocked", what)
 
     def unlock_orphaned(self, controller_type: str, receiver: str) -> None:
-        """A locked receiver whose giver's record is gone unlocks itself.
+        """A locked receiver whose giver's record is gone (or parked: drained) unlocks itself.
 
         The transaction checks both that the receiver is unchanged and that the
         giver's key does not exist, so a giver that is still registered can
@@ -337,7 +465,12 @@ class Registry:
             return
         extra: list[object] = []
         if giver:
-            extra.append(txn.Version(self.layout.record_key(controller_type, giver)) == 0)
+            giver_member = self.snapshot(controller_type).get(giver)
+            if giver_member is not None and giver_member.record.is_parked:
+                # A parked giver drained before parking: guard that it is still that parked record.
+                extra.append(txn.Mod(giver_member.key) == giver_member.mod_revision)
+            else:
+                extra.append(txn.Version(self.layout.record_key(controller_type, giver)) == 0)
         new = member.record.evolve(is_locked=False, giver=None)
         if not self._cas(member, new, what, extra):
             raise CompareFailed(f"{what}: giver {giver} is still registered or the record changed")
@@ -380,6 +513,11 @@ class Registry:
         else:
             receiver, giver = succ, me
         for party in (me, succ):
+            if party.record.is_parked:
+                raise ConfigError(
+                    f"{party.instance_id} is parked (waiting up to its rejoin grace for its instance): "
+                    "its keys do not move; retry after it rejoined or its grace ran out"
+                )
             if party.record.is_locked:
                 raise CompareFailed(f"{party.instance_id} is locked (handover in progress); retry when it is active")
         if dry_run:

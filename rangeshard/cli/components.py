@@ -52,7 +52,9 @@ def controller_manager_command(
     # (the manager's log), so a rare crash at exit can be told apart from the rest.
     with contextlib.suppress(ValueError, OSError, AttributeError):  # stderr without a file descriptor
         faulthandler.enable()
-    manager.run_until_signal()
+    if manager.run_until_signal() != 0:
+        typer.echo(f"error: {manager.fatal()}", err=True)
+        raise typer.Exit(1)
 
 
 def register(app: typer.Typer) -> None:

@@ -41,7 +41,7 @@ from registry.models import check_name
 
 app = typer.Typer(help="Inspect the instance registry in etcd.", no_args_is_help=True)
 
-STATE_STYLE = {"init": "cyan", "locked": "yellow", "wait": "magenta", "active": "green"}
+STATE_STYLE = {"init": "cyan", "locked": "yellow", "wait": "magenta", "active": "green", "parked": "blue"}
 
 
 def rows(snapshots: dict[str, Snapshot], client: EtcdClient | None) -> list[dict[str, Any]]:
@@ -78,6 +78,12 @@ def rows(snapshots: dict[str, Snapshot], client: EtcdClient | None) -> list[dict
                     "ageSeconds": round(now - rec.started_at, 1) if rec.started_at else None,
                     "host": rec.host,
                     "pid": rec.pid,
+                    # Parked: seconds left of its rejoin grace (its lease's TTL when known).
+                    "parkedSecondsLeft": (
+                        (ttl if ttl is not None else max(0, round((rec.parked_until or now) - now)))
+                        if rec.is_parked
+                        else None
+                    ),
                 }
             )
     return out
@@ -123,7 +129,10 @@ def render(snapshots: dict[str, Snapshot], client: EtcdClient | None, revision: 
             locked = f"yes (by {r['giver']})" if r["isLocked"] and r["giver"] else ("yes" if r["isLocked"] else "no")
             table.add_row(
                 r["instanceId"],
-                Text(r["state"], style=STATE_STYLE.get(r["state"], "")),
+                Text(
+                    f"PARKED ({r['parkedSecondsLeft']}s left)" if r["state"] == "parked" else r["state"],
+                    style=STATE_STYLE.get(r["state"], ""),
+                ),
                 locked,
                 "-" if r["rangeStart"] is None else str(r["rangeStart"]),
                 "-" if r["rangeEnd"] is None else str(r["rangeEnd"]),
@@ -229,6 +238,30 @@ def _watch(config: EtcdConfig, prefix: str, controller_type: str | None, as_json
         pass
     finally:
         watch.stop()
+
+
+@app.command("release")
+@with_etcd_options
+def release_command(
+    controller_type: Annotated[str, typer.Option("--type", "-t", help="The controller type.", show_default=False)],
+    instance: Annotated[str, typer.Option("--instance", "-i", help="The parked instance id.", show_default=False)],
+    *,
+    etcd_options: EtcdOptions,
+) -> None:
+    """End a parked instance's rejoin grace now: its record is deleted and the neighbour absorbs its range.
+
+    For a pod that will not come back (a StatefulSet scaled in): without this its
+    range waits out `rejoinGraceSeconds`, served by nobody. Refused (exit 2) for
+    an instance that is not parked.
+    """
+    try:
+        check_name("--type", controller_type)
+        check_name("--instance", instance)
+        with EtcdClient(etcd_options.config()) as client:
+            member = Registry(client, etcd_options.prefix).release(controller_type, instance)
+        typer.echo(f"released {controller_type}/{instance}: range {member.range} goes to its neighbour")
+    except RangeshardError as e:
+        fail(e)
 
 
 @app.command("dump")

@@ -39,7 +39,7 @@ def result(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 @pytest.mark.slow
 def test_every_section_present_without_errors(result: dict[str, Any]) -> None:
     assert "errors" not in result, result.get("errors")
-    for section in ("meta", "fanout", "fanoutRatios", "throughput", "cache", "scaleout", "balance"):
+    for section in ("meta", "fanout", "fanoutRatios", "throughput", "cache", "scaleout", "balance", "rolling"):
         assert section in result, section
     meta = result["meta"]
     assert meta["quick"] is True
@@ -144,3 +144,17 @@ def test_balance_plans_keep_every_object(result: dict[str, Any]) -> None:
             assert r["maxOverMeanAfterRebalance"] <= 1.01
         else:
             assert r["largestLump"] > 1
+
+
+@pytest.mark.slow
+def test_rolling_restart_with_a_grace_moves_no_key(result: dict[str, Any]) -> None:
+    rows = result["rolling"]["rows"]
+    without = [r for r in rows if r["rejoinGraceSeconds"] == 0]
+    with_grace = [r for r in rows if r["rejoinGraceSeconds"] > 0]
+    assert without and with_grace
+    for r in with_grace:
+        assert r["keyMoves"] == 0 and r["keysMoved"] == 0, r
+        assert r["layoutChanges"] == 0 and r["hashKeysChanged"] == 0, r
+    for r in rows:
+        assert r["convergedKeys"] == r["objects"] > 0, r
+        assert r["hungStops"] == 0, r

@@ -150,7 +150,8 @@ def test_kinds_present(rendered: tuple[str, list[dict[str, Any]]]) -> None:
         ("PodDisruptionBudget", "rangeshard-etcd"),
         ("Deployment", "rangeshard-proxy"),
         ("Service", "rangeshard-proxy"),
-        ("Deployment", "rangeshard-controller-manager"),
+        ("StatefulSet", "rangeshard-controller-manager"),
+        ("Service", "rangeshard-controller-manager"),
         ("ConfigMap", "rangeshard-manager-config"),
         ("ServiceAccount", "rangeshard-proxy"),
         ("ServiceAccount", "rangeshard-controller-manager"),
@@ -187,8 +188,8 @@ def test_workloads_have_probes_and_resources(rendered: tuple[str, list[dict[str,
 
 def test_probe_paths(rendered: tuple[str, list[dict[str, Any]]]) -> None:
     _, docs = rendered
-    for name in ("rangeshard-proxy", "rangeshard-controller-manager"):
-        (c,) = containers(one(docs, "Deployment", name))
+    for kind, name in (("Deployment", "rangeshard-proxy"), ("StatefulSet", "rangeshard-controller-manager")):
+        (c,) = containers(one(docs, kind, name))
         assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
         assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
 
@@ -227,7 +228,7 @@ def test_manager_config_validates_and_points_at_the_services(
     rendered: tuple[str, list[dict[str, Any]]], tmp_path: Path
 ) -> None:
     _, docs = rendered
-    mgr = one(docs, "Deployment", "rangeshard-controller-manager")
+    mgr = one(docs, "StatefulSet", "rangeshard-controller-manager")
     (c,) = containers(mgr)
     i = c["args"].index("controller-manager")
     assert c["args"][i : i + 3] == ["controller-manager", "--config", "/etc/rangeshard/manager.yaml"]
@@ -302,8 +303,8 @@ def test_etcd_members(rendered: tuple[str, list[dict[str, Any]]]) -> None:
 
 def test_replicas_and_requests_per_variant() -> None:
     base, dev = render(DEPLOY / "base"), render(DEPLOY / "overlays" / "dev")
-    assert one(base, "Deployment", "rangeshard-controller-manager")["spec"]["replicas"] == 3
-    assert one(dev, "Deployment", "rangeshard-controller-manager")["spec"]["replicas"] == 1
+    assert one(base, "StatefulSet", "rangeshard-controller-manager")["spec"]["replicas"] == 3
+    assert one(dev, "StatefulSet", "rangeshard-controller-manager")["spec"]["replicas"] == 1
     assert one(dev, "Deployment", "rangeshard-proxy")["spec"]["replicas"] == 1
 
     def mem_mi(docs: list[dict[str, Any]]) -> int:
@@ -347,7 +348,7 @@ def test_rbac_least_privilege(rendered: tuple[str, list[dict[str, Any]]]) -> Non
     assert proxy_c["args"][proxy_c["args"].index("--auth-mode") + 1] == "delegate"
     mgr_sa = one(docs, "ServiceAccount", "rangeshard-controller-manager")
     assert mgr_sa["automountServiceAccountToken"] is False
-    mgr = one(docs, "Deployment", "rangeshard-controller-manager")
+    mgr = one(docs, "StatefulSet", "rangeshard-controller-manager")
     pod = mgr["spec"]["template"]["spec"]
     assert pod["automountServiceAccountToken"] is False
     projected = [v for v in pod["volumes"] if "projected" in v]
@@ -365,3 +366,26 @@ def test_dockerfile() -> None:
     for pkg in (p.rstrip("*") for p in packages):
         assert f"COPY {pkg} ./{pkg}" in text, pkg
         assert f"!{pkg}/**" in ignore, pkg
+
+
+def test_managers_have_a_stable_identity_for_rolling_restarts(rendered: tuple[str, list[dict[str, Any]]]) -> None:
+    """StatefulSet pod names as instance prefixes + rejoinGraceSeconds: a rolling update moves no key."""
+    _, docs = rendered
+    sts = one(docs, "StatefulSet", "rangeshard-controller-manager")
+    assert sts["spec"]["serviceName"] == "rangeshard-controller-manager"
+    headless = one(docs, "Service", "rangeshard-controller-manager")
+    assert headless["spec"]["clusterIP"] == "None"
+    assert headless["spec"]["selector"].items() <= sts["spec"]["template"]["metadata"]["labels"].items()
+    assert sts["spec"]["updateStrategy"]["type"] == "RollingUpdate"
+    (c,) = containers(sts)
+    env = {e["name"]: e for e in c["env"]}
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    args = c["args"]
+    assert args[args.index("--instance-prefix") + 1] == "$(POD_NAME)"
+    config = next(
+        d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("rangeshard-manager")
+    )
+    manager_yaml = yaml.safe_load(config["data"]["manager.yaml"])
+    assert manager_yaml["rejoinGraceSeconds"] > 0
+    # The pod can drain within its termination grace period.
+    assert sts["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] > manager_yaml["reconcileTimeoutSeconds"]

@@ -113,6 +113,8 @@ class Cluster:
         hold: bool = False,
         reconcile_timeout: float = 0.0,
         log_level: str | None = "info",
+        config_extra: dict[str, Any] | None = None,
+        files: str | None = None,
     ) -> Manager:
         """Start a manager; ``reconcile_delay`` makes every reconcile of every controller that slow.
 
@@ -120,6 +122,9 @@ class Cluster:
         (absent at start): while the test makes that file exist, reconciles hold
         their keys, up to ``reconcile_timeout`` (default ``RECONCILE_TIMEOUT``).
         ``log_level=None`` runs it as a user would by hand, without ``--log-level``.
+        ``config_extra``: top-level config fields added; ``files``: the stem of its
+        config, log and audit files (default ``name``; a restart of the same
+        instance ids under another stem keeps each incarnation's audit apart).
         """
         self.counter += 1
         name = name or f"m{self.counter}"
@@ -136,11 +141,13 @@ class Cluster:
             "reconcileTimeoutSeconds": reconcile_timeout or RECONCILE_TIMEOUT,
             "registryPrefix": self.registry_prefix,
             "controllers": controllers,
+            **(config_extra or {}),
         }
-        path = self.workdir / f"{name}.yaml"
+        stem = files or name
+        path = self.workdir / f"{stem}.yaml"
         path.write_text(yaml.safe_dump(cfg))
-        audit = self.workdir / f"{name}.audit.jsonl"
-        log = self.workdir / f"{name}.log"
+        audit = self.workdir / f"{stem}.audit.jsonl"
+        log = self.workdir / f"{stem}.log"
         proc = run_cli(
             [
                 *(("--log-level", log_level) if log_level else ()),
@@ -160,7 +167,8 @@ class Cluster:
             return Registry(client, self.registry_prefix).snapshot(controller_type)
 
     def manager_of(self, instance_id: str) -> Manager:
-        return next(m for m in self.managers if instance_id.startswith(m.name + "-"))
+        """The manager (its latest incarnation, when one was restarted under the same name) of an instance."""
+        return next(m for m in reversed(self.managers) if instance_id.startswith(m.name + "-"))
 
     def without_objects(self, ns: str, controller: str = "replicaset") -> list[Manager]:
         """Registered managers whose range holds none of ``ns``'s replicasets (they may rightly be idle)."""
@@ -319,3 +327,44 @@ class Load:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join(30)
+
+
+#: Lease TTL of the fenced cluster's managers (short: pauses past it are the point).
+FENCED_LEASE_TTL = 3
+
+
+@pytest.fixture
+def fenced_cluster(etcd_server: EtcdServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Cluster]:
+    """A cluster whose proxy fences writes and whose API server writes a RequestResponse audit log."""
+    monkeypatch.setitem(globals(), "LEASE_TTL", FENCED_LEASE_TTL)
+    storage = f"/e2e-{uuid.uuid4().hex[:8]}"
+    registry_prefix = f"/rs-{uuid.uuid4().hex[:8]}"
+    audit = tmp_path / "apiserver-audit.jsonl"
+    apiserver = LocalApiServerProcess(
+        etcd_server.url,
+        prefix=storage,
+        log_file=tmp_path / "apiserver.log",
+        bookmark_interval=0.2,
+        extra_args=["--audit-log-path", str(audit), "--audit-level", "RequestResponse"],
+    )
+    apiserver.start()
+    proxy = ProxyProcess(
+        apiserver.url,
+        log_file=tmp_path / "proxy.log",
+        extra_args=["--etcd", etcd_server.url, "--registry-prefix", registry_prefix],
+    )
+    try:
+        proxy.start()
+        cluster = Cluster(etcd_server.url, etcd_server.url, registry_prefix, apiserver, proxy, tmp_path)
+        try:
+            yield cluster
+        finally:
+            for m in cluster.managers:
+                if m.alive:
+                    os.killpg(m.proc.pid, signal.SIGCONT)
+            cluster.stop()
+    finally:
+        proxy.stop()
+        apiserver.stop()
+        with EtcdClient(EtcdConfig.from_urls(etcd_server.url)) as c:
+            c.delete_prefix(storage + "/")

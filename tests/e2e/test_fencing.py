@@ -22,23 +22,15 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 from kubernetes import client as k8s
 from prometheus_client.parser import text_string_to_metric_families
 
-from local_apiserver.process import LocalApiServerProcess
-from range_filter_proxy.process import ProxyProcess
-from rangeshard.core.etcd import EtcdClient, EtcdConfig
 from rangeshard.core.ownertoken import FENCED_HEADER, OwnerToken
-from rangeshard.core.process import EtcdServer
-from tests.e2e import conftest as e2e
-from tests.e2e.conftest import Cluster, Manager, dump_logs
+from tests.e2e.conftest import FENCED_LEASE_TTL, Cluster, Manager, dump_logs
 from tests.e2e.kube import (
     create_deployment,
     create_namespace,
@@ -49,44 +41,8 @@ from tests.e2e.kube import (
 )
 from tests.helpers import wait_until
 
-LEASE_TTL = 3
+LEASE_TTL = FENCED_LEASE_TTL
 PAUSE = LEASE_TTL + 1.5
-
-
-@pytest.fixture
-def fenced_cluster(etcd_server: EtcdServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Cluster]:
-    monkeypatch.setattr(e2e, "LEASE_TTL", LEASE_TTL)
-    storage = f"/e2e-{uuid.uuid4().hex[:8]}"
-    registry_prefix = f"/rs-{uuid.uuid4().hex[:8]}"
-    audit = tmp_path / "apiserver-audit.jsonl"
-    apiserver = LocalApiServerProcess(
-        etcd_server.url,
-        prefix=storage,
-        log_file=tmp_path / "apiserver.log",
-        bookmark_interval=0.2,
-        extra_args=["--audit-log-path", str(audit), "--audit-level", "RequestResponse"],
-    )
-    apiserver.start()
-    proxy = ProxyProcess(
-        apiserver.url,
-        log_file=tmp_path / "proxy.log",
-        extra_args=["--etcd", etcd_server.url, "--registry-prefix", registry_prefix],
-    )
-    try:
-        proxy.start()
-        cluster = Cluster(etcd_server.url, etcd_server.url, registry_prefix, apiserver, proxy, tmp_path)
-        try:
-            yield cluster
-        finally:
-            for m in cluster.managers:
-                if m.alive:
-                    os.killpg(m.proc.pid, signal.SIGCONT)
-            cluster.stop()
-    finally:
-        proxy.stop()
-        apiserver.stop()
-        with EtcdClient(EtcdConfig.from_urls(etcd_server.url)) as c:
-            c.delete_prefix(storage + "/")
 
 
 def _fenced_total(proxy_url: str) -> float:

@@ -329,3 +329,62 @@ def test_auto_policy_hysteresis_never_flaps() -> None:
     assert policy.decide(1.3, None) == "no-gain"
     with pytest.raises(ConfigError, match="threshold"):
         AutoPolicy(threshold=0.9)
+
+
+def _park(snap: Snapshot, *instance_ids: str) -> Snapshot:
+    """The same snapshot with ``instance_ids`` parked (their records keep their keys)."""
+    items = []
+    for m in snap:
+        rec = m.record.evolve(state=State.PARKED) if m.instance_id in instance_ids else m.record
+        items.append((rec, m.key, m.mod_revision, m.create_revision, m.lease_id))
+    return Snapshot.build(snap.controller_type, snap.revision, items)
+
+
+@pytest.mark.parametrize("by", ["workload", "range"])
+@pytest.mark.parametrize("parked", [("i0",), ("i2",), ("i5",), ("i1", "i4"), ("i0", "i1", "i2", "i3", "i4", "i5")])
+def test_parked_records_are_planned_around(by: str, parked: tuple[str, ...]) -> None:
+    """A parked range waits for its own instance: its key and its predecessor's never move."""
+    rnd = random.Random(7)
+    objects = [rnd.randrange(MAX_HASH // 3) for _ in range(600)] + [rnd.randrange(MAX_HASH) for _ in range(60)]
+    base = snapshot(halving_keys(6), objects)
+    snap = _park(base, *parked)
+    plan = make_plan(snap, by)
+    members = list(snap)
+    keys = [m.record.hash_key for m in members[:-1]] + [MAX_HASH]
+    fixed = set()
+    for i, m in enumerate(members):
+        if m.record.is_parked:
+            fixed.add(i)
+            if i > 0:
+                fixed.add(i - 1)
+    for i in fixed:
+        assert plan.targets[i] == keys[i], (i, plan.targets, keys)
+    assert not any(mv.instance_id in parked for mv in plan.moves)
+    assert list(plan.targets) == sorted(plan.targets) and len(set(plan.targets)) == len(plan.targets)
+    assert plan.targets[-1] == MAX_HASH
+    # Every planned move is valid in some order (the apply loop can carry it out).
+    moved = snap
+    for _ in range(len(plan.moves) + 1):
+        mv = next_move(moved, plan.targets)
+        if mv is None:
+            break
+        items = [
+            (m.record.evolve(hash_key=mv.new_key) if m.instance_id == mv.instance_id else m.record, m.key, 1, 1, 0)
+            for m in moved
+        ]
+        moved = Snapshot.build(CT, 1, items)
+    assert [m.record.hash_key for m in moved][:-1] == list(plan.targets[:-1])
+
+
+def test_parked_records_leave_the_rest_balanced() -> None:
+    """With the middle instance parked, each side is balanced within its own space."""
+    rnd = random.Random(3)
+    objects = [rnd.randrange(MAX_HASH) for _ in range(2000)]
+    snap = _park(snapshot(halving_keys(5), objects), "i2")
+    plan = plan_by_workload(snap)
+    members = list(snap)
+    loads = plan.predicted_loads
+    left, right = loads[:2], loads[3:]
+    assert max(left) - min(left) <= max(3, sum(left) // 20)
+    assert max(right) - min(right) <= max(3, sum(right) // 20)
+    assert plan.targets[1] == members[1].record.hash_key and plan.targets[2] == members[2].record.hash_key
