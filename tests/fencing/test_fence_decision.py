@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,9 +19,12 @@ import pytest
 from hashing import MAX_HASH, HashRange, hash_key
 from range_filter_proxy.fencing import BatchedRead, FenceSettings, Verdict, WriteFence, decide, shard_hash_of
 from rangeshard.core.etcd import KV, EtcdClient, EtcdConfig
+from rangeshard.core.kubeapi import ApiError
 from rangeshard.core.ownertoken import OwnerToken, fence_reason, fenced_status
+from rangeshard.core.process import free_port
 from registry import Registry
 from registry.epochs import Ownership
+from tests.fencing.test_epochs import PREFIX, FakeEtcd
 
 CTYPE = "replicaset"
 
@@ -188,16 +192,23 @@ class _HandDrivenRead:
 
     def __init__(self) -> None:
         self.started = 0
+        self.running = 0
+        self.most_running = 0
         self._events: list[asyncio.Event] = []
         self._changed = asyncio.Event()
 
     async def __call__(self) -> int:
         self.started += 1
+        self.running += 1
+        self.most_running = max(self.most_running, self.running)
         n = self.started
         ev = asyncio.Event()
         self._events.append(ev)
         self._changed.set()
-        await ev.wait()
+        try:
+            await ev.wait()
+        finally:
+            self.running -= 1
         return n
 
     async def until_started(self, n: int) -> None:
@@ -240,6 +251,7 @@ def test_batched_read_never_serves_a_read_started_before_the_caller() -> None:
         await read.until_started(2)
         later = asyncio.create_task(batched.get())  # arrives while read 2 runs: read 3, not 2
         await _turns()
+        assert read.started == 2, "a read started while another one runs"
         read.release(2)
         assert await asyncio.wait_for(asyncio.gather(*late), 2) == [2, 2, 2]
         await _turns()
@@ -247,7 +259,7 @@ def test_batched_read_never_serves_a_read_started_before_the_caller() -> None:
         await read.until_started(3)
         read.release(3)
         assert await asyncio.wait_for(later, 2) == 3
-        assert batched.reads == 3 and read.started == 3
+        assert batched.reads == 3 and read.started == 3 and read.most_running == 1
 
     run(scenario())
 
@@ -302,6 +314,37 @@ def _owner(lease: int = 5, rng: HashRange | None = RANGE, locked: bool = False, 
 def test_decide(token: OwnerToken, owner: Ownership | None, shard_hash: int | None, reason: str | None) -> None:
     verdict = decide(token, owner, shard_hash)
     assert (verdict.reason if verdict else None) == reason
+    if verdict is not None:
+        # The sentence names the writer and what is wrong (it reaches the client in the 409 Status).
+        assert isinstance(verdict.why, str) and token.owner in verdict.why
+        expected = {
+            "NotRegistered": "has no registry record",
+            "LeaseMismatch": f"now holds lease {owner.lease_id:x}, not {token.lease_id:x}" if owner else "",
+            "Locked": "is locked",
+            "StaleEpoch": f"epoch {token.epoch} is over",
+            "OutOfRange": "is outside the range",
+        }[verdict.reason]
+        assert expected in verdict.why, verdict.why
+
+
+def test_only_a_controller_owner_reference_with_a_string_uid_counts() -> None:
+    own = "11111111-0000-4000-8000-000000000000"
+    other = "44444444-0000-4000-8000-000000000000"
+
+    def pod(refs: list[object], uid: object = own) -> dict[str, Any]:
+        return {"metadata": {"uid": uid, "ownerReferences": refs}}
+
+    not_controller = {"apiVersion": "v1", "kind": "X", "name": "x", "uid": other}
+    assert shard_hash_of(None, pod([not_controller]), None) == (hash_key(own), None)
+    assert shard_hash_of(None, pod([{**not_controller, "controller": False}]), None) == (hash_key(own), None)
+    assert shard_hash_of(None, pod([{**not_controller, "controller": True, "uid": 7}]), None) == (hash_key(own), None)
+    assert shard_hash_of(None, pod(["not a mapping", {**not_controller, "controller": True}]), None) == (
+        hash_key(other),
+        None,
+    )
+    # A uid that is not a non-empty string is no uid.
+    assert shard_hash_of(None, pod([], uid=12345), None) == (None, None)
+    assert shard_hash_of(None, pod([], uid=""), None) == (None, None)
 
 
 def test_shard_hash_of_body_cache_and_declaration() -> None:
@@ -411,5 +454,131 @@ def test_declared_shard_hash_must_be_one_of_the_body_or_cache_hashes() -> None:
     assert shard_hash_of(hash_key(own), body, cached) == (hash_key(own), None)  # the object's own uid
     h, verdict = shard_hash_of(hash_key(stranger), body, cached)
     assert h is None and verdict is not None and verdict.reason == "ShardHashMismatch"
+    assert verdict.why == (
+        f"declared shard hash {hash_key(stranger):#x} is neither the object's uid hash nor its controller's"
+    )
     assert shard_hash_of(hash_key(stranger), None, None) == (hash_key(stranger), None)  # nothing to compare with
     assert shard_hash_of(None, None, None) == (None, None)
+
+
+def test_a_registry_read_failure_is_a_503_naming_write_fencing() -> None:
+    """etcd unreachable: the write is neither passed nor fenced but answered 503 ServiceUnavailable."""
+    dead = EtcdConfig.from_urls(f"http://127.0.0.1:{free_port()}", timeout=0.5)
+
+    async def scenario() -> None:
+        fence = WriteFence(FenceSettings(dead, "/nowhere"))
+        await fence.start()
+        try:
+            with pytest.raises(ApiError) as caught:
+                await asyncio.wait_for(fence.check(OwnerToken(CTYPE, "a", 1, 1), 5), 20)
+            e = caught.value
+            assert (e.code, e.reason) == (503, "ServiceUnavailable")
+            assert e.message.startswith("write fencing: cannot read the registry: ")
+        finally:
+            await fence.stop()
+
+    run(scenario())
+
+
+def test_a_view_that_does_not_catch_up_is_a_503_after_the_catch_up_timeout(
+    registry: Registry, etcd_client: EtcdClient, etcd_config: EtcdConfig, key_prefix: str
+) -> None:
+    lease = etcd_client.grant_lease(30)
+    registry.join(CTYPE, "a", lease)
+    gate = threading.Event()
+    gate.set()
+
+    class GatedFence(WriteFence):
+        def _observe(self, revision: int, kvs: Mapping[str, KV], relisted: bool) -> None:
+            gate.wait(30)
+            super()._observe(revision, kvs, relisted)
+
+    async def scenario() -> None:
+        fence = GatedFence(FenceSettings(etcd_config, key_prefix, catch_up_timeout=1.5))
+        await fence.start()
+        await asyncio.to_thread(fence.tracker.observed.wait, 10)
+        try:
+            token = _token(fence, "a")
+            gate.clear()
+            await asyncio.to_thread(etcd_client.revoke_lease, lease)
+            t0 = time.monotonic()
+            with pytest.raises(ApiError) as caught:
+                await asyncio.wait_for(fence.check(token, 7), 10)
+            took = time.monotonic() - t0
+            e = caught.value
+            assert (e.code, e.reason) == (503, "ServiceUnavailable")
+            assert "did not reach revision" in e.message and "within 1.5s; retry" in e.message
+            assert 1.4 <= took < 4.0, took  # the catch-up timeout, not more, not less
+        finally:
+            gate.set()
+            await fence.stop()
+
+    run(scenario())
+
+
+def test_a_waiting_decision_is_woken_by_the_view_not_by_its_timeout(
+    registry: Registry, etcd_client: EtcdClient, etcd_config: EtcdConfig, key_prefix: str
+) -> None:
+    """The watch catching up wakes the waiting decision at once (a long catch-up timeout never elapses)."""
+    lease = etcd_client.grant_lease(30)
+    registry.join(CTYPE, "a", lease)
+    gate = threading.Event()
+    gate.set()
+
+    class GatedFence(WriteFence):
+        def _observe(self, revision: int, kvs: Mapping[str, KV], relisted: bool) -> None:
+            gate.wait(60)
+            super()._observe(revision, kvs, relisted)
+
+    async def scenario() -> None:
+        fence = GatedFence(FenceSettings(etcd_config, key_prefix, catch_up_timeout=30.0))
+        await fence.start()
+        await asyncio.to_thread(fence.tracker.observed.wait, 10)
+        try:
+            token = _token(fence, "a")
+            gate.clear()
+            await asyncio.to_thread(etcd_client.revoke_lease, lease)
+            pending = asyncio.create_task(fence.check(token, 7))
+            done, _ = await asyncio.wait({pending}, timeout=0.5)
+            assert not done
+            gate.set()
+            t0 = time.monotonic()
+            verdict = await asyncio.wait_for(pending, 10)
+            assert time.monotonic() - t0 < 3.0, "the decision waited for its timeout instead of the view"
+            assert verdict is not None and verdict.reason == "NotRegistered"
+        finally:
+            gate.set()
+            await fence.stop()
+
+    run(scenario())
+
+
+def test_every_batched_registry_read_is_reported_to_on_read(etcd_config: EtcdConfig, key_prefix: str) -> None:
+    """``on_read`` (the proxy's ``range_filter_proxy_fencing_registry_reads_total``) counts each read."""
+    reads: list[int] = []
+
+    async def scenario() -> None:
+        fence = WriteFence(FenceSettings(etcd_config, key_prefix), on_read=lambda: reads.append(1))
+        await fence.start()
+        await asyncio.to_thread(fence.tracker.observed.wait, 10)
+        try:
+            await fence.fresh_view()
+            await fence.fresh_view()
+            assert len(reads) == fence.reads.reads == 2
+        finally:
+            await fence.stop()
+
+    run(scenario())
+
+
+def test_the_fence_passes_relists_on_to_its_tracker() -> None:
+    """A relist seen by the fence's watch gives lower-bound epochs (not the relist's revision)."""
+    etcd = FakeEtcd()
+    created = etcd.put("a", MAX_HASH, lease=1)
+    fence = WriteFence(FenceSettings(EtcdConfig.from_urls("http://127.0.0.1:1"), PREFIX))
+    fence._observe(etcd.revision, dict(etcd.kvs), True)
+    etcd.put("b", MAX_HASH // 2, lease=2)  # missed by the watch
+    etcd.bump()
+    fence._observe(etcd.revision, dict(etcd.kvs), True)
+    a = fence.tracker.get("replicaset", "a")
+    assert a is not None and a.exact is False and a.epoch < etcd.revision and a.epoch >= created
