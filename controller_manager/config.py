@@ -264,6 +264,15 @@ class ManagerConfig(_Section):
         "handover. When the grace runs out the record expires and the range is taken over as after a crash. "
         "0 (the default) leaves the registry on a graceful stop. A crash is never parked.",
     )
+    cost_window_seconds: float = Field(
+        300.0,
+        alias="costWindowSeconds",
+        gt=0,
+        le=86400,
+        strict=True,
+        description="Window of the measured reconcile cost each instance publishes with its histogram (for "
+        "`rangeshard rebalance --by cost`): a measurement `t` seconds old counts `exp(-t / costWindowSeconds)`.",
+    )
     registry_prefix: str = Field(
         "/rangeshard",
         alias="registryPrefix",

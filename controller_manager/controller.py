@@ -49,6 +49,7 @@ from kubernetes.client.exceptions import ApiException
 
 from controller_manager.audit import AuditLog
 from controller_manager.audit import now as audit_now
+from controller_manager.cost import CostTracker
 from controller_manager.fencing import FencedApiClient, WriteFenced
 from controller_manager.informer import Informer
 from controller_manager.metrics import Metrics
@@ -60,7 +61,7 @@ from rangeshard.core.clock import MONOTONIC, Clock
 from rangeshard.core.errors import ControllerError, ReconcileTimeout
 from rangeshard.core.etcd import EtcdConfig
 from rangeshard.core.ownertoken import OwnerToken
-from registry.rebalance import gap_histogram, histogram
+from registry.rebalance import add_cost, gap_histogram, histogram
 
 log = logging.getLogger(__name__)
 
@@ -210,6 +211,7 @@ class ControllerRuntime:
         reconcile_delay: float = 0.0,
         reconcile_hold_file: str | None = None,
         rejoin_grace: float = 0.0,
+        cost_window: float = 300.0,
     ) -> None:
         self.api_client = api_client
         self.name = controller_type or controller_cls.name
@@ -223,6 +225,8 @@ class ControllerRuntime:
         # Fault injection (``reconcileHoldFile``): while this file exists, every reconcile holds its key.
         self.reconcile_hold_file = Path(reconcile_hold_file) if reconcile_hold_file else None
         self.queue: WorkQueue[str] = WorkQueue(self.name)
+        #: Measured reconcile seconds per key hash (published with the histogram, for rebalance --by cost).
+        self.costs = CostTracker(cost_window)
         self._uids: dict[str, str] = {}
         self._uids_lock = threading.Lock()
         self._fenced_tokens: set[OwnerToken | None] = set()  # one log line per fenced epoch
@@ -297,8 +301,12 @@ class ControllerRuntime:
         hist = gap_histogram(keys, rng)
         # The 256 equal-width counts of earlier versions too, for their readers (the planner reads the gaps).
         hist["counts"] = histogram(keys, rng)
+        # Measured reconcile seconds per gap bucket (rebalance --by cost); older readers ignore it.
+        add_cost(hist, self.costs.snapshot())
+        hist["costWindowSeconds"] = self.costs.window
         total = sum(hist["objects"])
         self.metrics.workload.labels(self.name).set(total)
+        self.metrics.cost.labels(self.name).set(round(sum(hist["cost"]), 6))
         return total, hist
 
     # -- events -----------------------------------------------------------------
@@ -425,6 +433,7 @@ class ControllerRuntime:
             else contextlib.nullcontext()
         )
         in_flight.inc()
+        cpu0 = time.thread_time()
         try:
             with declare:
                 if self.reconcile_delay > 0:
@@ -484,8 +493,12 @@ class ControllerRuntime:
                 self.audit.record(self.name, self.instance_id, key, start, end)
             self.shard.end(key)
             in_flight.dec()
+            took = time.monotonic() - t0
+            self.costs.record(key_hash, took)
+            self.metrics.reconcile_seconds_total.labels(self.name).inc(took)
+            self.metrics.reconcile_cpu_seconds_total.labels(self.name).inc(max(0.0, time.thread_time() - cpu0))
             self.metrics.reconciles.labels(self.name, result).inc()
-            self.metrics.reconcile_seconds.labels(self.name).observe(time.monotonic() - t0)
+            self.metrics.reconcile_seconds.labels(self.name).observe(took)
 
     @property
     def ready(self) -> bool:

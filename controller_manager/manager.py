@@ -147,6 +147,7 @@ class ControllerManager:
                     reconcile_delay=section.reconcile_delay_seconds,
                     reconcile_hold_file=section.reconcile_hold_file,
                     rejoin_grace=config.rejoin_grace_seconds,
+                    cost_window=config.cost_window_seconds,
                 )
             )
         self.status: StatusServer | None = None

@@ -53,6 +53,25 @@ class Metrics:
             ["controller", "reason"],
             registry=r,
         )
+        self.reconcile_seconds_total = Counter(
+            "rangeshard_reconcile_seconds_total",
+            "Wall time spent reconciling (every reconcile, whatever its result)",
+            ["controller"],
+            registry=r,
+        )
+        self.reconcile_cpu_seconds_total = Counter(
+            "rangeshard_reconcile_cpu_seconds_total",
+            "CPU time of the worker threads while reconciling (time.thread_time)",
+            ["controller"],
+            registry=r,
+        )
+        self.cost = Gauge(
+            "rangeshard_reconcile_cost_seconds",
+            "Measured reconcile cost of the keys in this instance's range, decayed over costWindowSeconds "
+            "(what rebalance --by cost balances)",
+            ["controller"],
+            registry=r,
+        )
         self.reconcile_seconds = Histogram(
             "rangeshard_reconcile_duration_seconds",
             "Reconcile duration",

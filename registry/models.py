@@ -45,6 +45,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -92,6 +93,10 @@ class HashHistogram(BaseModel):
       it next to the gap layout, so readers of earlier versions keep working.
       When both are present the gap layout is read.
 
+    Current managers also publish ``cost``: the measured reconcile seconds of
+    the keys in each gap bucket, decayed over ``costWindowSeconds`` (for
+    ``rangeshard rebalance --by cost``). Readers that do not know it ignore it.
+
     Validation is lenient on purpose: an inconsistent histogram is ignored by
     the planner (whole range, ``workloadNum``), it never makes the record unreadable.
     """
@@ -104,6 +109,10 @@ class HashHistogram(BaseModel):
     cells: int | None = None
     ends: list[int] | None = None
     objects: list[int] | None = None
+    #: Measured reconcile seconds per gap bucket (aligned with ``objects``), decayed over
+    #: ``costWindowSeconds``; ``None`` from managers that do not measure. Ignored when malformed.
+    cost: Any = None
+    cost_window_seconds: Any = Field(default=None, alias="costWindowSeconds")
 
 
 class InstanceRecord(BaseModel):

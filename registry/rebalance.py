@@ -37,8 +37,9 @@ from __future__ import annotations
 
 import bisect
 import logging
+import math
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -139,6 +140,26 @@ def gap_histogram(
         objects.append(last + 1 - first)
         first = last + 1
     return {"lo": rng.lo, "hi": rng.hi, "cells": cells, "ends": ends, "objects": objects}
+
+
+#: Cost units per second: the planner balances integers (microseconds of measured reconcile time).
+COST_UNITS_PER_SECOND = 1_000_000
+
+
+def add_cost(hist: dict[str, Any], costs: Mapping[int, float]) -> dict[str, Any]:
+    """Add ``cost`` (seconds per gap bucket, aligned with ``objects``) to a :func:`gap_histogram` result.
+
+    ``costs`` maps key hashes to measured reconcile seconds; keys outside the
+    histogram's range are left out. Returns ``hist`` (changed in place).
+    """
+    rng = HashRange(hist["lo"], hist["hi"])
+    cells, ends = hist["cells"], hist["ends"]
+    out = [0.0] * len(ends)
+    for key, seconds in costs.items():
+        if rng.contains(key) and seconds > 0:
+            out[bisect.bisect_right(ends, bucket_of(key, rng, cells))] += seconds
+    hist["cost"] = [round(c, 6) for c in out]
+    return hist
 
 
 @dataclass(frozen=True)
@@ -276,14 +297,69 @@ def min_max_load(counts: Sequence[int], parts: int) -> int:
     return lo
 
 
-def _member_segments(m: Member) -> list[Segment]:
-    """One member's buckets as segments (its whole range with ``workloadNum`` without a usable histogram)."""
+def _member_segments(m: Member, by: str = "workload") -> list[Segment]:
+    """One member's buckets as segments, weighed by object count or (``by="cost"``) by measured cost units.
+
+    Without a usable histogram: its whole range with ``workloadNum`` (by
+    count) or with its total cost (by cost; 0 when it publishes none).
+    """
     rng = m.range
     if rng is None:
         return []
     hist = m.record.histogram
     mine = _histogram_segments(hist, rng) if hist is not None else None
+    if by == "cost":
+        weighted = None
+        units = _cost_units(hist) if hist is not None and mine is not None else None
+        if hist is not None and units is not None and hist.ends is not None and len(units) == len(hist.ends):
+            weighted = _weighted(hist, rng, units)
+        return weighted if weighted is not None else [Segment(rng.lo, rng.hi, member_cost_units(m))]
     return mine if mine is not None else [Segment(rng.lo, rng.hi, m.record.workload_num)]
+
+
+def _cost_units(hist: HashHistogram) -> list[int] | None:
+    """``cost`` as integer units, or ``None`` when it is missing or malformed (then it is ignored)."""
+    raw = hist.cost
+    if not isinstance(raw, list) or not raw:
+        return None
+    out: list[int] = []
+    for c in raw:
+        if isinstance(c, bool) or not isinstance(c, int | float) or not math.isfinite(c) or c < 0:
+            return None
+        out.append(round(c * COST_UNITS_PER_SECOND))
+    return out
+
+
+def _weighted(hist: HashHistogram, rng: HashRange, weights: list[int]) -> list[Segment] | None:
+    """The gap buckets of ``hist`` (already checked by :func:`_gap_segments`) with ``weights`` as their loads."""
+    cells, ends = hist.cells or 1, hist.ends or []
+    out: list[Segment] = []
+    start = 0
+    for end, w in zip(ends, weights, strict=True):
+        lo = bucket_start(start, rng, cells)
+        hi = bucket_start(end, rng, cells) - 1
+        if lo <= hi:
+            out.append(Segment(lo, hi, w))
+        elif w:
+            return None  # cost in a bucket that holds no key
+        start = end
+    return out
+
+
+def member_cost_units(m: Member) -> int:
+    """The measured cost an instance publishes for its current range (0 when none or malformed)."""
+    hist = m.record.histogram
+    if hist is None or m.range is None or hist.lo != m.range.lo or hist.hi != m.range.hi:
+        return 0
+    units = _cost_units(hist)
+    return sum(units) if units is not None else 0
+
+
+def loads_of(snap: Snapshot, by: str) -> list[int]:
+    """Per owning instance: objects (``workloadNum``; also for ``range``) or measured cost units."""
+    if by == "cost":
+        return [member_cost_units(m) for m in owned(snap)]
+    return [m.record.workload_num for m in owned(snap)]
 
 
 def movable_runs(members: Sequence[Member]) -> list[tuple[int, int]]:
@@ -328,15 +404,34 @@ def plan_by_workload(snap: Snapshot) -> Plan:
     taken, so new objects land evenly. Parked records are planned around
     (:func:`movable_runs`).
     """
+    return _plan_by_weight(snap, "workload")
+
+
+def plan_by_cost(snap: Snapshot) -> Plan:
+    """:func:`plan_by_workload` on measured reconcile cost instead of object counts (loads in microseconds).
+
+    Each instance publishes the decayed reconcile seconds per gap bucket of
+    its histogram; an instance without a usable cost histogram counts as one
+    segment with its total cost. Nothing measured yet is a :class:`ConfigError`.
+    """
+    if not any(member_cost_units(m) for m in owned(snap)):
+        raise ConfigError(
+            f"{snap.controller_type}: no reconcile cost has been measured yet (the managers publish it with "
+            "their histograms; older managers do not): use --by workload"
+        )
+    return _plan_by_weight(snap, "cost")
+
+
+def _plan_by_weight(snap: Snapshot, by: str) -> Plan:
     members = owned(snap)
-    segs = segments(snap)
+    segs = [s for m in members for s in _member_segments(m, by)]
     current = [m.record.hash_key for m in members[:-1]] + [MAX_HASH]
 
     def run_targets(run: list[Member], _lo: int, hi: int) -> list[int]:
-        return _workload_targets(snap.controller_type, [s for m in run for s in _member_segments(m)], len(run), hi)
+        return _workload_targets(snap.controller_type, [s for m in run for s in _member_segments(m, by)], len(run), hi)
 
     targets = _run_targets(members, run_targets)
-    return _plan(snap, "workload", members, current, targets, segs)
+    return _plan(snap, by, members, current, targets, segs)
 
 
 def _workload_targets(controller_type: str, segs: Sequence[Segment], n: int, end_key: int) -> list[int]:
@@ -436,7 +531,7 @@ def _plan(
         by=by,
         targets=tuple(targets),
         moves=moves,
-        current_loads=tuple(m.record.workload_num for m in members),
+        current_loads=tuple(member_cost_units(m) if by == "cost" else m.record.workload_num for m in members),
         predicted_loads=tuple(loads_for(targets, segs)),
     )
 
@@ -446,7 +541,9 @@ def make_plan(snap: Snapshot, by: str) -> Plan:
         return plan_by_workload(snap)
     if by == "range":
         return plan_by_range(snap)
-    raise ConfigError(f"--by: {by!r} is not one of workload, range")
+    if by == "cost":
+        return plan_by_cost(snap)
+    raise ConfigError(f"--by: {by!r} is not one of workload, range, cost")
 
 
 def handover_done(snap: Snapshot) -> bool:

@@ -45,12 +45,29 @@ from rangeshard.core.errors import ConfigError, RangeshardError
 from rangeshard.core.etcd import EtcdClient
 from registry import Registry, Snapshot
 from registry.models import check_name
-from registry.rebalance import AutoPolicy, Move, Plan, apply_plan, make_plan, max_over_mean, owned, wait_settled
+from registry.rebalance import (
+    COST_UNITS_PER_SECOND,
+    AutoPolicy,
+    Move,
+    Plan,
+    apply_plan,
+    loads_of,
+    make_plan,
+    max_over_mean,
+    owned,
+    wait_settled,
+)
 
 app = typer.Typer(help="Show and fix the balance of hash ranges between instances.", no_args_is_help=True)
 
 TypeOpt = Annotated[str, typer.Option("--type", "-t", help="Controller type, e.g. replicaset.")]
-ByOpt = Annotated[str, typer.Option("--by", help="workload (equal owned objects) or range (equal key ranges).")]
+ByOpt = Annotated[
+    str,
+    typer.Option(
+        "--by",
+        help="workload (equal owned objects), cost (equal measured reconcile time) or range (equal key ranges).",
+    ),
+]
 TimeoutOpt = Annotated[float, typer.Option("--timeout", help="Seconds to wait for each handover.")]
 #: A plan whose predicted max/mean improvement is below this proposes nothing.
 DEFAULT_MIN_GAIN = 0.05
@@ -97,6 +114,8 @@ def gated(plan: Plan, min_gain: float) -> tuple[Plan, bool]:
 def show_data(snap: Snapshot) -> dict[str, Any]:
     members = owned(snap)
     loads = [m.record.workload_num for m in members]
+    costs = loads_of(snap, "cost")
+    total_objects, total_cost = sum(loads), sum(costs)
     instances = [
         {
             "instanceId": m.instance_id,
@@ -107,13 +126,17 @@ def show_data(snap: Snapshot) -> dict[str, Any]:
             "rangeEnd": m.range.hi if m.range else None,
             "share": round(m.range.share, 6) if m.range else 0.0,
             "workloadNum": m.record.workload_num,
+            "objectShare": round(m.record.workload_num / total_objects, 6) if total_objects else 0.0,
+            "costSeconds": round(cost / COST_UNITS_PER_SECOND, 6),
+            "costShare": round(cost / total_cost, 6) if total_cost else 0.0,
         }
-        for m in members
+        for m, cost in zip(members, costs, strict=True)
     ]
     return {
         "controllerType": snap.controller_type,
         "instances": instances,
         "maxOverMean": round(max_over_mean(loads), 4),
+        "costMaxOverMean": round(max_over_mean(costs), 4),
     }
 
 
@@ -135,8 +158,12 @@ def show_command(
     if as_json:
         sys.stdout.write(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode() + "\n")
         return
-    table = Table(title=f"{controller_type}: max/mean {data['maxOverMean']:.2f}", title_justify="left")
-    for col in ("INSTANCE", "STATE", "LOCKED", "RANGE START", "RANGE END", "SHARE", "WORKLOAD"):
+    table = Table(
+        title=f"{controller_type}: max/mean {data['maxOverMean']:.2f} (objects), "
+        f"{data['costMaxOverMean']:.2f} (measured cost)",
+        title_justify="left",
+    )
+    for col in ("INSTANCE", "STATE", "LOCKED", "RANGE START", "RANGE END", "SHARE", "WORKLOAD", "OBJECTS", "COST"):
         table.add_column(col)
     for i in data["instances"]:
         table.add_row(
@@ -147,6 +174,8 @@ def show_command(
             str(i["rangeEnd"]),
             f"{i['share'] * 100:.2f}%",
             str(i["workloadNum"]),
+            f"{i['objectShare'] * 100:.1f}%",
+            f"{i['costShare'] * 100:.1f}%",
         )
     table_console().print(table)
 
@@ -312,8 +341,8 @@ def auto_command(
         check_name("--type", controller_type)
         if interval <= 0 or cooldown < 0:
             raise ConfigError("auto: need --interval > 0 and --cooldown >= 0")
-        if by not in ("workload", "range"):
-            raise ConfigError(f"--by: {by!r} is not one of workload, range")
+        if by not in ("workload", "range", "cost"):
+            raise ConfigError(f"--by: {by!r} is not one of workload, range, cost")
         policy = AutoPolicy(threshold, hysteresis, min_gain)
         client, reg = _registry(etcd_options)
     except RangeshardError as e:
@@ -327,7 +356,7 @@ def auto_command(
             wait = interval
             try:
                 snap = reg.snapshot(controller_type)
-                ratio = max_over_mean([m.record.workload_num for m in owned(snap)])
+                ratio = max_over_mean(loads_of(snap, by))
                 plan = make_plan(snap, by) if ratio > threshold and len(owned(snap)) > 1 else None
                 decision = policy.decide(ratio, plan)
                 if decision == "apply" and plan is not None:

@@ -112,6 +112,17 @@ def test_apply_by_workload_three_instances_under_load(cluster: Cluster) -> None:
     data = json.loads(show.stdout)
     assert [i["workloadNum"] for i in data["instances"]] == before
     assert data["maxOverMean"] == pytest.approx(max_over_mean(before), abs=1e-3)
+    # Measured reconcile cost is published with the histograms (issue 26) and shown next to the object share.
+    for m in cluster.snapshot("replicaset"):
+        hist = m.record.histogram
+        assert hist is not None and isinstance(hist.cost, list) and len(hist.cost) == len(hist.objects or [])
+        assert hist.cost_window_seconds == 300
+    assert sum(i["costSeconds"] for i in data["instances"]) > 0
+    assert sum(i["costShare"] for i in data["instances"]) == pytest.approx(1.0, abs=1e-3)
+    assert sum(i["objectShare"] for i in data["instances"]) == pytest.approx(1.0, abs=1e-3)
+    by_cost = cli(cluster, "plan", "--type", "replicaset", "--by", "cost", "--json")
+    assert by_cost.returncode == 0, by_cost.stderr
+    assert json.loads(by_cost.stdout)["by"] == "cost"
 
     plan = cli(cluster, "plan", "--type", "replicaset", "--by", "workload", "--json")
     assert plan.returncode == 0, plan.stderr
