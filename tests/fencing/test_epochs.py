@@ -75,7 +75,7 @@ def test_epoch_is_the_revision_of_the_change_and_ignores_heartbeats() -> None:
     a0 = t.get(CT, "a")
     assert a0 is not None and a0.range == HashRange(0, MAX_HASH) and a0.exact is False
     joined = etcd.put("b", HALF, lease=2, locked=True)  # b splits a: a's range shrinks at this revision
-    etcd.feed(t)
+    t.observe(etcd.revision, dict(etcd.kvs))  # the watch's call: not a relist unless it says so
     a1, b1 = t.get(CT, "a"), t.get(CT, "b")
     assert a1 is not None and a1.epoch == joined and a1.exact is True and a1.range == HashRange(HALF + 1, MAX_HASH)
     assert (a1.controller_type, a1.instance_id, a1.lease_id, a1.locked) == (CT, "a", 1, False)

@@ -582,3 +582,34 @@ def test_the_fence_passes_relists_on_to_its_tracker() -> None:
     fence._observe(etcd.revision, dict(etcd.kvs), True)
     a = fence.tracker.get("replicaset", "a")
     assert a is not None and a.exact is False and a.epoch < etcd.revision and a.epoch >= created
+
+
+def test_a_decision_before_the_first_registry_view_waits_for_it(
+    registry: Registry, etcd_client: EtcdClient, etcd_config: EtcdConfig, key_prefix: str
+) -> None:
+    """A write arriving right after start, before the watch delivered anything, waits (no instant 503)."""
+    registry.join(CTYPE, "a", etcd_client.grant_lease(30))
+    gate = threading.Event()  # closed: the first view is held back
+
+    class GatedFence(WriteFence):
+        def _observe(self, revision: int, kvs: Mapping[str, KV], relisted: bool) -> None:
+            gate.wait(30)
+            super()._observe(revision, kvs, relisted)
+
+    async def scenario() -> None:
+        fence = GatedFence(FenceSettings(etcd_config, key_prefix, catch_up_timeout=20.0))
+        await fence.start()
+        try:
+            member = await asyncio.to_thread(registry.snapshot(CTYPE).get, "a")
+            assert member is not None
+            token = OwnerToken(CTYPE, "a", member.lease_id, member.mod_revision)
+            pending = asyncio.create_task(fence.check(token, 7))
+            done, _ = await asyncio.wait({pending}, timeout=0.5)
+            assert not done, "decided (or refused) before the registry view existed"
+            gate.set()
+            assert await asyncio.wait_for(pending, 10) is None
+        finally:
+            gate.set()
+            await fence.stop()
+
+    run(scenario())
