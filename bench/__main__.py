@@ -277,6 +277,26 @@ def render(result: dict[str, Any], console: Console) -> None:
                 ],
             )
         )
+    if "balanceByCost" in result:
+        bc = result["balanceByCost"]
+        console.print(
+            _table(
+                f"Balance by measured cost: {bc['managers']} managers, {bc['objects']} objects, "
+                f"{int(bc['expensiveShare'] * 100)}% cost {bc['expensiveFactor']}x (reconcile seconds per instance "
+                f"in a {bc['windowSeconds']:g} s window)",
+                ["layout", "measured cost max/mean", "objects max/mean", "moves", "reconcile s per instance"],
+                [
+                    [
+                        p["phase"],
+                        p["measuredCostMaxOverMean"],
+                        p["objectsMaxOverMean"],
+                        p.get("moves", "-"),
+                        " ".join(f"{x:.1f}" for x in p["reconcileSecondsPerInstance"]),
+                    ]
+                    for p in bc["phases"]
+                ],
+            )
+        )
     if "rolling" in result:
         console.print(
             _table(
@@ -401,7 +421,15 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         p.error(f"unknown sections: {', '.join(unknown)}")
 
-    from bench import balance, cache, fanout, rolling, scaleout, throughput  # noqa: PLC0415 (after logging setup)
+    from bench import (  # noqa: PLC0415 (after logging setup)
+        balance,
+        cache,
+        costbalance,
+        fanout,
+        rolling,
+        scaleout,
+        throughput,
+    )
     from bench.common import BenchCluster  # noqa: PLC0415
 
     own_workdir = args.workdir is None
@@ -422,7 +450,7 @@ def main(argv: list[str] | None = None) -> int:
     section_seconds: dict[str, float] = {}
 
     def guarded(name: str, fn: Callable[[], Any]) -> None:
-        if name not in sections:
+        if name not in sections and not (name == "balanceByCost" and "balance" in sections):
             return
         s0 = time.monotonic()
         try:
@@ -435,7 +463,8 @@ def main(argv: list[str] | None = None) -> int:
     guarded("balance", lambda: balance.run(quick))
     guarded("cache", lambda: cache.run(quick))
     guarded("throughput", lambda: throughput.run(quick, workdir))
-    if "fanout" in sections or "scaleout" in sections or "rolling" in sections:
+    measured_balance = "balance" in sections and not quick  # the measured part (by cost) needs ~2 min
+    if "fanout" in sections or "scaleout" in sections or "rolling" in sections or measured_balance:
         cluster = BenchCluster(workdir / "cluster")
         try:
             c0 = time.monotonic()
@@ -457,6 +486,8 @@ def main(argv: list[str] | None = None) -> int:
                     objects=32 if quick else 128,
                 ),
             )
+            if measured_balance:
+                guarded("balanceByCost", lambda: costbalance.run(cluster, workdir / "costbalance"))
             guarded(
                 "rolling",
                 lambda: rolling.run(

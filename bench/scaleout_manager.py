@@ -61,11 +61,22 @@ class SleepController(Controller):
     def __init__(self, runtime: ControllerRuntime) -> None:
         super().__init__(runtime)
 
+    #: With ``--period P`` every key is reconciled again P seconds after its last reconcile (a steady,
+    #: unsaturated demand) instead of at once; the sleep is ``latency`` x the object's ``data.cost`` (1 when absent).
+    period: ClassVar[float] = 0.0
+
     def reconcile(self, key: str, ctx: ReconcileContext) -> None:
         if not key.startswith(self.namespace + "/"):
             return
-        time.sleep(max(0.0, min(self.latency, ctx.remaining() - 0.05)))
-        raise Requeue(after=0.0, reason="benchmark: reconcile again")
+        factor = 1.0
+        if self.period > 0:
+            obj = self.rt.informers[CONFIGMAPS.name].get(key) or {}
+            try:
+                factor = float((obj.get("data") or {}).get("cost", 1))
+            except (TypeError, ValueError):
+                factor = 1.0
+        time.sleep(max(0.0, min(self.latency * factor, ctx.remaining() - 0.05)))
+        raise Requeue(after=self.period, reason="benchmark: reconcile again")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,11 +94,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--resync-seconds", type=float, default=0.5)
     p.add_argument("--max-seconds", type=float, default=900.0)
     p.add_argument("--rejoin-grace", type=float, default=0.0, help="rejoinGraceSeconds: park on SIGTERM")
+    p.add_argument("--period", type=float, default=0.0, help="requeue each key after this long (0: at once)")
+    p.add_argument("--cost-window", type=float, default=300.0, help="costWindowSeconds")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     SleepController.latency = args.latency
     SleepController.namespace = args.namespace
+    SleepController.period = args.period
     api: Any = api_client_for(args.proxy)
     audit = AuditLog(args.audit)
     rt = ControllerRuntime(
@@ -103,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         audit=audit,
         resync_period=args.resync_seconds,
         rejoin_grace=args.rejoin_grace,
+        cost_window=args.cost_window,
     )
     faulthandler.register(signal.SIGUSR1)  # the benchmark asks for every thread's stack when a stop hangs
     stop = threading.Event()
