@@ -503,3 +503,14 @@ class ControllerRuntime:
     @property
     def ready(self) -> bool:
         return self.shard.allowed is not None
+
+    def not_ready_reason(self) -> str | None:
+        """Why this controller processes nothing now (``None`` when it does): a failing informer, else its state."""
+        if self.ready:
+            return None
+        failing = [f"informer {inf.name}: {inf.last_error}" for inf in self.informers.values() if inf.last_error]
+        if failing:
+            return "; ".join(failing)
+        if self.shard.fatal is not None:
+            return self.shard.fatal
+        return f"{self.shard.state} (caches relisting or waiting for a handover)"

@@ -29,6 +29,7 @@ Concurrency model
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import threading
 from collections.abc import Callable, Iterator
@@ -81,6 +82,9 @@ class Informer:
         self.synced_epoch = -1
         self.lists = 0
         self.errors = 0
+        #: The last list/watch failure (``404 no resource 'secrets' in core/v1``), ``None`` once a list succeeded:
+        #: what the manager's ``/readyz`` (and ``rangeshard up``) say when this informer keeps it not ready.
+        self.last_error: str | None = None
 
     def _list(self, *, shard_selector: str, _request_timeout: Any, **params: Any) -> Any:
         """``GET`` the collection (all namespaces) with ``shardSelector``; the raw urllib3 response."""
@@ -150,10 +154,12 @@ class Informer:
                 selector = range_to_selector(rng, self.path)
                 try:
                     rv = self._list_once(selector, epoch)
+                    self.last_error = None
                     backoff = 0.2
                     self._watch(selector, rv)
                 except ApiException as e:
                     self.errors += 1
+                    self.last_error = f"{e.status} {_status_message(e)}"
                     log.warning("informer %s: API error %s: %s", self.name, e.status, (e.body or e.reason or "")[:200])
                     self._stop.wait(backoff)
                     backoff = min(backoff * 2, 5.0)
@@ -161,6 +167,7 @@ class Informer:
                     if self._stop.is_set() or self._reset.is_set():
                         continue
                     self.errors += 1
+                    self.last_error = f"{type(e).__name__}: {e}"[:300]
                     log.warning("informer %s: %s: %s; relisting", self.name, type(e).__name__, e)
                     self._stop.wait(backoff)
                     backoff = min(backoff * 2, 5.0)
@@ -262,3 +269,18 @@ class Informer:
                 self._resp = None
                 with contextlib.suppress(Exception):
                     getattr(resp, "response", resp).release_conn()
+
+
+def _status_message(e: ApiException) -> str:
+    """The ``message`` of the Kubernetes ``Status`` in an API error's body, else its reason."""
+    body = e.body
+    if isinstance(body, bytes):
+        body = body.decode("utf-8", "replace")
+    if isinstance(body, str) and body.startswith("{"):
+        try:
+            message = json.loads(body).get("message")
+        except (ValueError, AttributeError):
+            message = None
+        if isinstance(message, str) and message:
+            return message[:300]
+    return str(e.reason or "")[:300]

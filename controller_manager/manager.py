@@ -152,10 +152,16 @@ class ControllerManager:
             )
         self.status: StatusServer | None = None
         if config.metrics is not None:
-            self.status = StatusServer(self.metrics, self.ready, config.metrics.host, config.metrics.port)
+            self.status = StatusServer(
+                self.metrics, self.ready, config.metrics.host, config.metrics.port, detail=self.not_ready
+            )
 
     def ready(self) -> bool:
         return all(rt.ready for rt in self.runtimes)
+
+    def not_ready(self) -> list[str]:
+        """One ``<controller>: <why>`` per controller that processes nothing now (``/readyz``'s 503 body)."""
+        return [f"{rt.name}: {why}" for rt in self.runtimes if (why := rt.not_ready_reason()) is not None]
 
     def start(self) -> None:
         if self.status is not None:

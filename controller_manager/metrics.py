@@ -118,7 +118,14 @@ class Metrics:
 class StatusServer:
     """``/metrics``, ``/healthz`` (process alive) and ``/readyz`` (every controller processing)."""
 
-    def __init__(self, metrics: Metrics, ready: Callable[[], bool], host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self,
+        metrics: Metrics,
+        ready: Callable[[], bool],
+        host: str = "127.0.0.1",
+        port: int = 0,
+        detail: Callable[[], list[str]] | None = None,
+    ) -> None:
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -130,7 +137,9 @@ class StatusServer:
                     self._send(200, b"ok", "text/plain")
                 elif path == "/readyz":
                     ok = outer.ready()
-                    self._send(200 if ok else 503, b"ok" if ok else b"not ready", "text/plain")
+                    why = [] if ok or outer.detail is None else outer.detail()
+                    text = "ok" if ok else "not ready" + (": " + "; ".join(why) if why else "")
+                    self._send(200 if ok else 503, text.encode(), "text/plain")
                 else:
                     self._send(404, b"not found", "text/plain")
 
@@ -146,6 +155,7 @@ class StatusServer:
 
         self.metrics = metrics
         self.ready = ready
+        self.detail = detail
         self.server = ThreadingHTTPServer((host, port), Handler)
         self.server.daemon_threads = True
         self.port = int(self.server.server_address[1])

@@ -132,7 +132,7 @@ def probe(url: str | None, kind: str, timeout: float = 2.0) -> tuple[bool, str]:
     except httpx.HTTPError as e:
         return False, f"no answer ({type(e).__name__})"
     if resp.status_code != 200:
-        return False, f"{resp.status_code} {resp.text.strip()[:80]}"
+        return False, f"{resp.status_code} {resp.text.strip()[:300]}"
     if kind == "etcd":
         try:
             ok = str(resp.json().get("health")) == "true"

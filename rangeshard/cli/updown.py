@@ -106,7 +106,10 @@ def wait_healthy(
             unhealthy = []
             for c in components:
                 ok, detail = probe(c.health_url, c.kind, timeout=1.0)
-                if not ok:
+                if not ok and c.kind == "manager" and detail.startswith("503 not ready: "):
+                    # The manager says why: `manager m0: informer certificate-secrets: 404 no resource ...`
+                    unhealthy.append(f"{c.name}: {detail.removeprefix('503 not ready: ')}")
+                elif not ok:
                     unhealthy.append(f"{c.name} {detail}")
             if not unhealthy:
                 _, snaps = reg.snapshots()

@@ -10,8 +10,10 @@ import random
 import re
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -258,3 +260,30 @@ def test_bad_config_exits_2(tmp_path: Path, controllers: dict[str, object]) -> N
     assert result.returncode == 2
     assert f"{cfg}: leaseTTLSeconds:" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_readyz_and_up_name_the_informer_that_keeps_a_manager_not_ready(cluster: Cluster, etcd_server: Any) -> None:
+    """A manager whose controller's resource is not served says why on /readyz (and `up` repeats it)."""
+    from rangeshard.cli.state import Component  # noqa: PLC0415
+    from rangeshard.cli.updown import NotReadyError, wait_healthy  # noqa: PLC0415
+
+    m = cluster.start_manager({"certificate": {"class": "tests.e2e.secret_controller:CertificateController"}})
+
+    def body() -> str:
+        try:
+            resp = httpx.get(m.metrics_url() + "/readyz", timeout=5)
+        except (httpx.HTTPError, AssertionError):
+            return ""
+        return f"{resp.status_code} {resp.text}"
+
+    wait_until(lambda: "informer certificate-secrets: 404" in body(), 40, "the informer's error on /readyz")
+    text = body()
+    assert text.startswith("503 not ready: certificate: informer certificate-secrets: 404 "), text
+    assert "secrets" in text.split("404", 1)[1]
+    component = Component.model_validate(
+        {"name": "manager m9", "kind": "manager", "pid": m.proc.pid, "port": 0, "url": m.metrics_url(),
+         "healthUrl": m.metrics_url() + "/readyz"}
+    )  # fmt: skip
+    with pytest.raises(NotReadyError) as caught:
+        wait_healthy([component], lambda _c: None, etcd_server.url, ["certificate"], 1, threading.Event(), timeout=1)
+    assert "manager m9: certificate: informer certificate-secrets: 404 " in str(caught.value), str(caught.value)
