@@ -1,4 +1,4 @@
-"""A controller whose main resource the local API server does not serve (Secrets): for the not-ready reason test."""
+"""A controller whose main resource the local API server does not serve: for the not-ready reason test."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from controller_manager.resources import Resource
 
 
 class CertificateController(Controller):
-    """Owns Secrets; does nothing (its informer never lists: 404 on the local API server)."""
+    """Watches ReplicationControllers; does nothing (its informer never lists: 404 on the local API server)."""
 
     name: ClassVar[str] = "certificate"
-    main: ClassVar[Resource] = Resource("secrets", "", "v1", "Secret")
+    main: ClassVar[Resource] = Resource("replicationcontrollers", "", "v1", "ReplicationController")
 
     def reconcile(self, key: str, ctx: ReconcileContext) -> None:
         return None

@@ -92,7 +92,9 @@ def test_unknown_paths_and_methods(http: httpx.Client) -> None:
     _status(http.get("/apis/nope.example.com/v1/things"), 404)
     _status(http.get("/apis/apps/v2/deployments"), 404)
     _status(http.get("/openapi/v3/apis/nope.example.com/v1"), 404)
-    assert "no resource 'secrets' in core/v1" in _status(http.get("/api/v1/namespaces/default/secrets"), 404)["message"]
+    assert (
+        "no resource 'bindings' in core/v1" in _status(http.get("/api/v1/namespaces/default/bindings"), 404)["message"]
+    )
     _status(
         http.get("/openapi/v2", headers={"accept": "application/com.github.proto-openapi.spec.v2@v1.0+protobuf"}), 406
     )

@@ -31,6 +31,14 @@ def test_discovery_documents(http: httpx.Client) -> None:
         "apiextensions.k8s.io",
         "authentication.k8s.io",
         "authorization.k8s.io",
+        "batch",
+        "rbac.authorization.k8s.io",
+        "networking.k8s.io",
+        "policy",
+        "autoscaling",
+        "discovery.k8s.io",
+        "storage.k8s.io",
+        "scheduling.k8s.io",
     }
     assert groups["apps"]["preferredVersion"]["groupVersion"] == "apps/v1"
     assert http.get("/apis/apps").json()["kind"] == "APIGroup"
@@ -46,6 +54,15 @@ def test_discovery_documents(http: httpx.Client) -> None:
     assert [r["kind"] for r in leases] == ["Lease"]
     assert "deletecollection" not in core["pods"]["verbs"]
     assert core["nodes"]["namespaced"] is False and core["nodes"]["shortNames"] == ["no"]
+    # More built-in kinds (issue 23, first part): scope, short names, subresources, the `all` category.
+    assert core["secrets"]["namespaced"] is True and core["secrets"]["kind"] == "Secret"
+    assert core["services"]["shortNames"] == ["svc"] and core["services"]["categories"] == ["all"]
+    assert core["serviceaccounts"]["shortNames"] == ["sa"] and core["persistentvolumes"]["namespaced"] is False
+    assert apps["statefulsets"]["shortNames"] == ["sts"] and "statefulsets/scale" in apps
+    batch = {r["name"]: r for r in http.get("/apis/batch/v1").json()["resources"]}
+    assert set(batch) == {"jobs", "jobs/status", "cronjobs", "cronjobs/status"}
+    rbac = {r["name"]: r for r in http.get("/apis/rbac.authorization.k8s.io/v1").json()["resources"]}
+    assert rbac["clusterroles"]["namespaced"] is False and rbac["roles"]["namespaced"] is True
     events = http.get("/apis/events.k8s.io/v1").json()["resources"]
     assert [(r["name"], r["kind"], r["namespaced"]) for r in events] == [("events", "Event", True)]
 

@@ -1,0 +1,110 @@
+"""More built-in kinds served generically (issue 23, first part): kubectl and the official client on them.
+
+Stored and served like ConfigMaps (CRUD, list/watch with resourceVersions,
+label selectors, status/scale where kube has them, the ``all`` category); the
+kind-specific semantics of issue 23 (Secret ``stringData``, Service IP
+allocation, default ServiceAccounts, ...) are not implemented yet.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+from kubernetes import client as k8s
+from kubernetes import watch as k8s_watch
+
+MANIFESTS = """
+apiVersion: v1
+kind: Secret
+metadata: {name: tls, labels: {app: web}}
+type: Opaque
+data: {key: SECRET_B64}
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: web}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web, labels: {app: web}}
+spec: {selector: {app: web}, ports: [{port: 80, targetPort: 8080}]}
+---
+apiVersion: apps/v1
+kind: StatefulSet
+metadata: {name: db}
+spec:
+  serviceName: db
+  replicas: 2
+  selector: {matchLabels: {app: db}}
+  template:
+    metadata: {labels: {app: db}}
+    spec: {containers: [{name: db, image: registry.local/db:1}]}
+---
+apiVersion: batch/v1
+kind: Job
+metadata: {name: migrate}
+spec:
+  template:
+    spec:
+      restartPolicy: Never
+      containers: [{name: m, image: registry.local/m:1}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: reader}
+rules: [{apiGroups: [""], resources: [secrets], verbs: [get]}]
+""".replace("SECRET_B64", base64.b64encode(b"secret-bytes").decode())
+
+
+def test_kubectl_applies_and_lists_the_new_kinds(
+    kubectl: Callable[..., Any], namespace: str, kube: Any, http: httpx.Client
+) -> None:
+    applied = kubectl("apply", "-n", namespace, "-f", "-", input=MANIFESTS)
+    for what in ("secret/tls", "serviceaccount/web", "service/web", "statefulset.apps/db", "job.batch/migrate",
+                 "role.rbac.authorization.k8s.io/reader"):  # fmt: skip
+        assert f"{what} created" in applied.stdout, applied.stdout
+    names = kubectl("get", "secrets,sa,svc,sts,jobs,roles", "-n", namespace, "-o", "name").stdout.split()
+    assert {"secret/tls", "serviceaccount/web", "service/web", "statefulset.apps/db", "job.batch/migrate",
+            "role.rbac.authorization.k8s.io/reader"} <= set(names)  # fmt: skip
+    # `kubectl get all` lists what kube lists in the category (services, statefulsets, jobs here).
+    everything = kubectl("get", "all", "-n", namespace, "-o", "name").stdout.split()
+    assert {"service/web", "statefulset.apps/db", "job.batch/migrate"} <= set(everything), everything
+    assert not any(n.startswith("secret/") for n in everything)
+    # The official client reads them back; the Secret's data is what was sent.
+    core = k8s.CoreV1Api(kube)
+    secret = core.read_namespaced_secret("tls", namespace)
+    assert base64.b64decode(secret.data["key"]) == b"secret-bytes"
+    assert [s.metadata.name for s in core.list_namespaced_secret(namespace, label_selector="app=web").items] == ["tls"]
+    sts = k8s.AppsV1Api(kube).read_namespaced_stateful_set("db", namespace)
+    assert sts.spec.replicas == 2 and sts.metadata.generation == 1
+    scaled = kubectl("scale", "statefulset/db", "-n", namespace, "--replicas", "3")
+    assert "scaled" in scaled.stdout
+    assert k8s.AppsV1Api(kube).read_namespaced_stateful_set_scale("db", namespace).spec.replicas == 3
+    # A watch from a list's resourceVersion sees a change, as for any served kind.
+    listed = core.list_namespaced_service(namespace)
+    w = k8s_watch.Watch()
+    kubectl("label", "service/web", "-n", namespace, "tier=front")
+    seen = []
+    for ev in w.stream(
+        core.list_namespaced_service, namespace, resource_version=listed.metadata.resource_version, timeout_seconds=5
+    ):
+        seen.append((ev["type"], ev["object"].metadata.labels.get("tier")))
+        if ev["type"] == "MODIFIED":
+            w.stop()
+    assert ("MODIFIED", "front") in seen
+    # Cluster-scoped kinds are cluster-scoped.
+    created = http.post(
+        "/apis/rbac.authorization.k8s.io/v1/clusterroles",
+        json={
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": {"name": f"cr-{namespace}"},
+        },
+    )
+    assert created.status_code == 201, created.text
+    assert http.get(f"/apis/rbac.authorization.k8s.io/v1/clusterroles/cr-{namespace}").status_code == 200
+    kubectl("delete", "-n", namespace, "secret/tls", "svc/web", "sts/db", "job/migrate")
+    assert core.list_namespaced_secret(namespace).items == []
