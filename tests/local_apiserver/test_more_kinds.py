@@ -69,6 +69,8 @@ def test_kubectl_applies_and_lists_the_new_kinds(
     names = kubectl("get", "secrets,sa,svc,sts,jobs,roles", "-n", namespace, "-o", "name").stdout.split()
     assert {"secret/tls", "serviceaccount/web", "service/web", "statefulset.apps/db", "job.batch/migrate",
             "role.rbac.authorization.k8s.io/reader"} <= set(names)  # fmt: skip
+    table = kubectl("get", "secrets,svc", "-n", namespace).stdout
+    assert "NAME" in table and "AGE" in table and "tls" in table and "web" in table, table
     # `kubectl get all` lists what kube lists in the category (services, statefulsets, jobs here).
     everything = kubectl("get", "all", "-n", namespace, "-o", "name").stdout.split()
     assert {"service/web", "statefulset.apps/db", "job.batch/migrate"} <= set(everything), everything
