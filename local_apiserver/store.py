@@ -53,7 +53,7 @@ from local_apiserver.errors import (
     timeout,
     unavailable,
 )
-from local_apiserver.resources import ResourceSpec, ResourceTable, namespaces_spec
+from local_apiserver.resources import ResourceSpec, ResourceTable, lookup, namespaces_spec
 from local_apiserver.validation import apply_defaults, check_body_shape, validate_object
 from rangeshard.core.errors import RegistryError, RegistryUnavailable
 from rangeshard.core.etcd import KV, EtcdClient
@@ -320,7 +320,20 @@ class Store:
         meta["resourceVersion"] = str(responses[0].response_put.header.revision)
         if self.on_created is not None:
             self.on_created(spec, obj)
+        if spec.resource == "namespaces" and spec.group == "":
+            self._default_service_account(str(meta["name"]))
         return obj
+
+    def _default_service_account(self, namespace: str) -> None:
+        """Every namespace gets a ServiceAccount ``default``, as kube-controller-manager creates one."""
+        sa = lookup("", "v1", "serviceaccounts")
+        if sa is None:
+            return
+        try:
+            self.create(sa, namespace, {"metadata": {"name": "default"}})
+        except ApiError as e:
+            if e.code not in (403, 409):  # already there, or the namespace is already terminating
+                raise
 
     def _namespace_for(self, spec: ResourceSpec, namespace: str | None, meta: dict[str, Any]) -> str | None:
         if not spec.namespaced:

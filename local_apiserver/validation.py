@@ -21,6 +21,8 @@ Concurrency model
 
 from __future__ import annotations
 
+import base64
+import binascii
 import copy
 import re
 from typing import Any
@@ -274,6 +276,8 @@ def apply_defaults(spec: ResourceSpec, obj: dict[str, Any]) -> None:
         status = obj.setdefault("status", {})
         if isinstance(status, dict):
             status.setdefault("phase", "Pending")
+    elif spec.resource == "secrets" and spec.group == "":
+        _secret_defaults(obj)
     elif spec.resource == "namespaces":
         meta = obj.setdefault("metadata", {})
         meta.setdefault("labels", {})["kubernetes.io/metadata.name"] = meta.get("name", "")
@@ -283,6 +287,43 @@ def apply_defaults(spec: ResourceSpec, obj: dict[str, Any]) -> None:
             status = {}
         status.setdefault("phase", "Active")
         obj["status"] = status
+
+
+def _secret_defaults(obj: dict[str, Any]) -> None:
+    """kube's Secret handling: ``stringData`` merged into base64 ``data`` (not stored), ``type`` defaulted.
+
+    Invalid base64 in ``data`` is a 422 naming the key, like kube-apiserver's.
+    """
+    name = str((obj.get("metadata") or {}).get("name") or "")
+    data = obj.get("data")
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise invalid("Secret", name, [("data", f"Invalid value: {type(data).__name__}: must be a map")])
+    causes: list[tuple[str, str]] = []
+    for key, value in data.items():
+        if not isinstance(value, str):
+            causes.append((f"data[{key}]", "Invalid value: must be a base64 string"))
+            continue
+        try:
+            base64.b64decode(value, validate=True)
+        except (binascii.Error, ValueError):
+            causes.append((f"data[{key}]", f"Invalid value: {value[:20]!r}: illegal base64 data"))
+    string_data = obj.pop("stringData", None)
+    if string_data is not None:
+        if not isinstance(string_data, dict):
+            causes.append(("stringData", "Invalid value: must be a map of strings"))
+        else:
+            for key, value in string_data.items():
+                if not isinstance(value, str):
+                    causes.append((f"stringData[{key}]", "Invalid value: must be a string"))
+                else:
+                    data[key] = base64.b64encode(value.encode()).decode()  # stringData wins over data
+    if causes:
+        raise invalid("Secret", name, causes)
+    if data:
+        obj["data"] = data
+    obj.setdefault("type", "Opaque")
 
 
 __all__ = ["apply_defaults", "check_body_shape", "check_scale_body", "name_problem", "validate_object"]

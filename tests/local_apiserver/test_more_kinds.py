@@ -9,6 +9,7 @@ allocation, default ServiceAccounts, ...) are not implemented yet.
 from __future__ import annotations
 
 import base64
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -110,3 +111,53 @@ def test_kubectl_applies_and_lists_the_new_kinds(
     assert http.get(f"/apis/rbac.authorization.k8s.io/v1/clusterroles/cr-{namespace}").status_code == 200
     kubectl("delete", "-n", namespace, "secret/tls", "svc/web", "sts/db", "job/migrate")
     assert core.list_namespaced_secret(namespace).items == []
+
+
+def test_secret_string_data_base64_and_type(kube: Any, namespace: str, http: httpx.Client) -> None:
+    core = k8s.CoreV1Api(kube)
+    body = {
+        "metadata": {"name": "s1"},
+        "data": {"a": base64.b64encode(b"A").decode()},
+        "stringData": {"b": "B", "a": "X"},
+    }
+    created = core.create_namespaced_secret(namespace, body)
+    assert created.type == "Opaque"
+    assert {k: base64.b64decode(v) for k, v in created.data.items()} == {"a": b"X", "b": b"B"}  # stringData wins
+    raw = http.get(f"/api/v1/namespaces/{namespace}/secrets/s1").json()
+    assert "stringData" not in raw  # merged, never stored
+    # stringData on an update is merged too.
+    raw["stringData"] = {"c": "C"}
+    updated = http.put(f"/api/v1/namespaces/{namespace}/secrets/s1", json=raw)
+    assert updated.status_code == 200, updated.text
+    assert base64.b64decode(updated.json()["data"]["c"]) == b"C" and "stringData" not in updated.json()
+    bad = http.post(
+        f"/api/v1/namespaces/{namespace}/secrets",
+        json={"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s2"}, "data": {"k": "not base64!"}},
+    )
+    assert bad.status_code == 422, bad.text
+    status = bad.json()
+    assert status["reason"] == "Invalid" and status["details"]["causes"][0]["field"] == "data[k]"
+    typed = core.create_namespaced_secret(namespace, {"metadata": {"name": "s3"}, "type": "kubernetes.io/tls"})
+    assert typed.type == "kubernetes.io/tls"
+
+
+def test_every_namespace_gets_a_default_service_account(kube: Any, namespace: str, http: httpx.Client) -> None:
+    core = k8s.CoreV1Api(kube)
+    names = [sa.metadata.name for sa in core.list_namespaced_service_account(namespace).items]
+    assert names == ["default"]
+    assert core.read_namespaced_service_account("default", "default").metadata.name == "default"
+    # Deleting the namespace deletes it with everything else.
+    ns = f"{namespace}-gone"
+    assert (
+        http.post(
+            "/api/v1/namespaces", json={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
+        ).status_code
+        == 201
+    )
+    assert http.get(f"/api/v1/namespaces/{ns}/serviceaccounts/default").status_code == 200
+    assert http.delete(f"/api/v1/namespaces/{ns}").status_code == 200
+    deadline = time.monotonic() + 15
+    while http.get(f"/api/v1/namespaces/{ns}").status_code != 404:
+        assert time.monotonic() < deadline, "the namespace was not deleted"
+        time.sleep(0.1)  # poll interval
+    assert http.get(f"/api/v1/namespaces/{ns}/serviceaccounts/default").status_code == 404
