@@ -164,7 +164,9 @@ RESOURCES: tuple[ResourceSpec, ...] = (
     # has it); no built-in controller acts on them (issue 23: the first part).
     ResourceSpec("", "v1", "secrets", "Secret", True, "secret"),
     ResourceSpec("", "v1", "serviceaccounts", "ServiceAccount", True, "serviceaccount", ("sa",)),
-    ResourceSpec("", "v1", "services", "Service", True, "service", ("svc",), ("all",), status=True),
+    ResourceSpec(
+        "", "v1", "services", "Service", True, "service", ("svc",), ("all",), status=True, return_deleted_object=True
+    ),
     ResourceSpec("", "v1", "endpoints", "Endpoints", True, "endpoints", ("ep",)),
     ResourceSpec(
         "",

@@ -41,6 +41,7 @@ from typing import Any
 import orjson
 
 from hashing import ShardSelector
+from local_apiserver import services
 from local_apiserver.conversion import to_api, to_storage
 from local_apiserver.errors import (
     ApiError,
@@ -293,6 +294,9 @@ class Store:
         if spec.status:
             obj.pop("status", None)
         apply_defaults(spec, obj)
+        if spec.resource == "services" and spec.group == "":
+            ips, node_ports = services.in_use(self.iter_all(spec))
+            services.allocate(obj, ips, node_ports)
         meta["uid"] = str(uuid.uuid4())
         meta["creationTimestamp"] = now_rfc3339()
         for transient in ("deletionTimestamp", "deletionGracePeriodSeconds", "managedFields", "selfLink"):
@@ -483,6 +487,8 @@ class Store:
                 )
         validate_object(spec, new)
         apply_defaults(spec, new)
+        if spec.resource == "services" and spec.group == "":
+            services.keep_on_update(current, new)
         if spec.generation and _spec_changed(current, new):
             meta["generation"] = int(cur_meta.get("generation") or 0) + 1
         return new

@@ -9,6 +9,7 @@ allocation, default ServiceAccounts, ...) are not implemented yet.
 from __future__ import annotations
 
 import base64
+import ipaddress
 import time
 from collections.abc import Callable
 from typing import Any
@@ -161,3 +162,53 @@ def test_every_namespace_gets_a_default_service_account(kube: Any, namespace: st
         assert time.monotonic() < deadline, "the namespace was not deleted"
         time.sleep(0.1)  # poll interval
     assert http.get(f"/api/v1/namespaces/{ns}/serviceaccounts/default").status_code == 404
+
+
+def test_service_cluster_ips_and_node_ports(kube: Any, namespace: str, http: httpx.Client) -> None:
+    core = k8s.CoreV1Api(kube)
+
+    def svc(name: str, **spec: Any) -> dict[str, Any]:
+        return {"metadata": {"name": name}, "spec": {"selector": {"app": name}, "ports": [{"port": 80}], **spec}}
+
+    a = core.create_namespaced_service(namespace, svc("a"))
+    b = core.create_namespaced_service(namespace, svc("b"))
+    for s in (a, b):
+        assert ipaddress.IPv4Address(s.spec.cluster_ip) in ipaddress.IPv4Network("10.96.0.0/12")
+        assert s.spec.cluster_ips == [s.spec.cluster_ip] and s.spec.type == "ClusterIP"
+        assert s.spec.ports[0].target_port == 80 and s.spec.ports[0].protocol == "TCP"
+    assert a.spec.cluster_ip != b.spec.cluster_ip
+    headless = core.create_namespaced_service(namespace, svc("h", clusterIP="None"))
+    assert headless.spec.cluster_ip == "None"
+    # Asking for an IP: it must be free and in range.
+    taken = http.post(
+        f"/api/v1/namespaces/{namespace}/services",
+        json={"apiVersion": "v1", "kind": "Service", **svc("c", clusterIP=a.spec.cluster_ip)},
+    )
+    assert taken.status_code == 422 and "provided IP is already allocated" in taken.text, taken.text
+    outside = http.post(
+        f"/api/v1/namespaces/{namespace}/services",
+        json={"apiVersion": "v1", "kind": "Service", **svc("d", clusterIP="192.168.0.1")},
+    )
+    assert outside.status_code == 422 and "not in the valid range" in outside.text
+    # NodePorts from 30000-32767, kept across an update that omits them.
+    np = core.create_namespaced_service(namespace, svc("np", type="NodePort"))
+    port = np.spec.ports[0].node_port
+    assert 30000 <= port <= 32767
+    raw = http.get(f"/api/v1/namespaces/{namespace}/services/np").json()
+    raw["spec"].pop("clusterIP")
+    raw["spec"].pop("clusterIPs")
+    raw["spec"]["ports"][0].pop("nodePort")
+    kept = http.put(f"/api/v1/namespaces/{namespace}/services/np", json=raw)
+    assert kept.status_code == 200, kept.text
+    assert (
+        kept.json()["spec"]["clusterIP"] == np.spec.cluster_ip and kept.json()["spec"]["ports"][0]["nodePort"] == port
+    )
+    # spec.clusterIP is immutable.
+    raw = kept.json()
+    raw["spec"]["clusterIP"] = "10.96.0.77"
+    changed = http.put(f"/api/v1/namespaces/{namespace}/services/np", json=raw)
+    assert changed.status_code == 422 and "spec.clusterIP" in changed.text and "field is immutable" in changed.text
+    # Deleting a Service frees its IP: it can be asked for again.
+    core.delete_namespaced_service("a", namespace)
+    again = core.create_namespaced_service(namespace, svc("a2", clusterIP=a.spec.cluster_ip))
+    assert again.spec.cluster_ip == a.spec.cluster_ip
