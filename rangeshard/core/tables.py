@@ -441,6 +441,221 @@ BUILTIN_COLUMNS: dict[tuple[str, str], tuple[Column, ...]] = {
     ),
 }
 BUILTIN_COLUMNS[("events.k8s.io", "events")] = BUILTIN_COLUMNS[("", "events")]
+
+# ---- more built-in kinds (kubectl's columns, from kube's printers) ------------------------------------
+
+
+def _svc_external_ip(obj: Obj, now: dt.datetime) -> str:
+    spec = _get(obj, "spec") or {}
+    kind = spec.get("type") or "ClusterIP"
+    if kind == "ExternalName":
+        return str(spec.get("externalName") or "<none>")
+    ips = [str(ip) for ip in _list(spec.get("externalIPs"))]
+    if kind == "LoadBalancer":
+        ingress = [i.get("ip") or i.get("hostname") for i in _list(_get(obj, "status", "loadBalancer", "ingress"))]
+        ips += [str(i) for i in ingress if i]
+        return ",".join(ips) if ips else "<pending>"
+    return ",".join(ips) if ips else "<none>"
+
+
+def _svc_ports(obj: Obj, now: dt.datetime) -> str:
+    out = []
+    for p in _list(_get(obj, "spec", "ports")):
+        if not isinstance(p, dict):
+            continue
+        port = f"{p.get('port')}:{p['nodePort']}" if p.get("nodePort") else f"{p.get('port')}"
+        out.append(f"{port}/{p.get('protocol') or 'TCP'}")
+    return ",".join(out) if out else "<none>"
+
+
+def _ready_of(obj: Obj, now: dt.datetime) -> str:
+    return f"{_int(_get(obj, 'status', 'readyReplicas'))}/{_int(_get(obj, 'spec', 'replicas'))}"
+
+
+def _job_status(obj: Obj, now: dt.datetime) -> str:
+    for c in _list(_get(obj, "status", "conditions")):
+        if isinstance(c, dict) and c.get("status") == "True" and c.get("type") in ("Complete", "Failed", "Suspended"):
+            return str(c["type"])
+    return "Running"
+
+
+def _job_completions(obj: Obj, now: dt.datetime) -> str:
+    completions = _get(obj, "spec", "completions")
+    succeeded = _int(_get(obj, "status", "succeeded"))
+    return (
+        f"{succeeded}/{completions}"
+        if completions is not None
+        else f"{succeeded}/1 of {_int(_get(obj, 'spec', 'parallelism')) or 1}"
+    )
+
+
+def _job_duration(obj: Obj, now: dt.datetime) -> str:
+    start = _parse_time(_get(obj, "status", "startTime"))
+    if start is None:
+        return ""
+    end = _parse_time(_get(obj, "status", "completionTime")) or now
+    return human_duration(max(0.0, (end - start).total_seconds()))
+
+
+def _cronjob_last(obj: Obj, now: dt.datetime) -> str:
+    last = _get(obj, "status", "lastScheduleTime")
+    return since(last, now) if last else "<none>"
+
+
+def _pvc_modes(obj: Obj, now: dt.datetime) -> str:
+    short = {"ReadWriteOnce": "RWO", "ReadOnlyMany": "ROX", "ReadWriteMany": "RWX", "ReadWriteOncePod": "RWOP"}
+    return ",".join(short.get(str(m), str(m)) for m in _list(_get(obj, "status", "accessModes")))
+
+
+def _ingress_hosts(obj: Obj, now: dt.datetime) -> str:
+    hosts = [str(r.get("host")) for r in _list(_get(obj, "spec", "rules")) if isinstance(r, dict) and r.get("host")]
+    return ",".join(hosts) if hosts else "*"
+
+
+def _ingress_address(obj: Obj, now: dt.datetime) -> str:
+    out = [i.get("ip") or i.get("hostname") for i in _list(_get(obj, "status", "loadBalancer", "ingress"))]
+    return ",".join(str(a) for a in out if a)
+
+
+def _ingress_ports(obj: Obj, now: dt.datetime) -> str:
+    return "80, 443" if _list(_get(obj, "spec", "tls")) else "80"
+
+
+def _created_at(obj: Obj, now: dt.datetime) -> str:
+    return str(_get(obj, "metadata", "creationTimestamp") or "")
+
+
+def _role_ref(obj: Obj, now: dt.datetime) -> str:
+    ref = _get(obj, "roleRef") or {}
+    return f"{ref.get('kind', '')}/{ref.get('name', '')}"
+
+
+def _subjects(kind: str) -> Callable[[Obj, dt.datetime], str]:
+    def cell(obj: Obj, now: dt.datetime) -> str:
+        names = []
+        for s in _list(_get(obj, "subjects")):
+            if isinstance(s, dict) and s.get("kind") == kind:
+                ns = s.get("namespace")
+                names.append(f"{ns}/{s.get('name')}" if kind == "ServiceAccount" and ns else str(s.get("name")))
+        return ", ".join(names)
+
+    return cell
+
+
+_BINDING = (
+    _NAME,
+    Column("Role", "string", _role_ref, "", "Role of the binding."),
+    _AGE,
+    Column("Users", "string", _subjects("User"), "", "Users in the binding.", 1),
+    Column("Groups", "string", _subjects("Group"), "", "Groups in the binding.", 1),
+    Column("ServiceAccounts", "string", _subjects("ServiceAccount"), "", "ServiceAccounts in the binding.", 1),
+)
+_ROLE = (_NAME, Column("Created At", "date", _created_at, "", "Time the role was created."))
+
+BUILTIN_COLUMNS.update(
+    {
+        ("", "secrets"): (
+            _NAME,
+            Column("Type", "string", lambda o, n: _get(o, "type") or "", "", "The type of the secret."),
+            Column("Data", "integer", lambda o, n: len(_get(o, "data") or {}), "", "The number of keys."),
+            _AGE,
+        ),
+        ("", "serviceaccounts"): (
+            _NAME,
+            Column("Secrets", "integer", lambda o, n: len(_list(_get(o, "secrets"))), "", "The number of secrets."),
+            _AGE,
+        ),
+        ("", "services"): (
+            _NAME,
+            Column(
+                "Type", "string", lambda o, n: _get(o, "spec", "type") or "ClusterIP", "", "The type of the service."
+            ),
+            Column(
+                "Cluster-IP", "string", lambda o, n: _get(o, "spec", "clusterIP") or "<none>", "", "The cluster IP."
+            ),
+            Column("External-IP", "string", _svc_external_ip, "", "The external IPs."),
+            Column("Port(s)", "string", _svc_ports, "", "The ports of the service."),
+            _AGE,
+            Column(
+                "Selector",
+                "string",
+                lambda o, n: format_selector({"matchLabels": _get(o, "spec", "selector") or {}}) or "<none>",
+                "",
+                "The selector.",
+                1,
+            ),
+        ),
+        ("", "persistentvolumeclaims"): (
+            _NAME,
+            Column("Status", "string", lambda o, n: _get(o, "status", "phase") or "", "", "The phase of the claim."),
+            Column("Volume", "string", lambda o, n: _get(o, "spec", "volumeName") or "", "", "The bound volume."),
+            Column(
+                "Capacity", "string", lambda o, n: _get(o, "status", "capacity", "storage") or "", "", "The capacity."
+            ),
+            Column("Access Modes", "string", _pvc_modes, "", "The access modes."),
+            Column("StorageClass", "string", lambda o, n: _get(o, "spec", "storageClassName") or "", "", "The class."),
+            _AGE,
+        ),
+        ("apps", "statefulsets"): (
+            _NAME,
+            Column("Ready", "string", _ready_of, "", "Ready replicas."),
+            _AGE,
+            *_WIDE_WORKLOAD[:2],
+        ),
+        ("apps", "daemonsets"): (
+            _NAME,
+            Column("Desired", "integer", _integer("status", "desiredNumberScheduled"), "", "Desired pods."),
+            Column("Current", "integer", _integer("status", "currentNumberScheduled"), "", "Current pods."),
+            Column("Ready", "integer", _integer("status", "numberReady"), "", "Ready pods."),
+            Column("Up-to-date", "integer", _integer("status", "updatedNumberScheduled"), "", "Updated pods."),
+            Column("Available", "integer", _integer("status", "numberAvailable"), "", "Available pods."),
+            Column(
+                "Node Selector",
+                "string",
+                lambda o, n: (
+                    ",".join(
+                        f"{k}={v}"
+                        for k, v in sorted((_get(o, "spec", "template", "spec", "nodeSelector") or {}).items())
+                    )
+                    or "<none>"
+                ),
+                "",
+                "The node selector.",
+            ),
+            _AGE,
+            *_WIDE_WORKLOAD,
+        ),
+        ("batch", "jobs"): (
+            _NAME,
+            Column("Status", "string", _job_status, "", "The status of the job."),
+            Column("Completions", "string", _job_completions, "", "The completions."),
+            Column("Duration", "string", _job_duration, "", "How long the job ran."),
+            _AGE,
+            *_WIDE_WORKLOAD,
+        ),
+        ("batch", "cronjobs"): (
+            _NAME,
+            Column("Schedule", "string", lambda o, n: _get(o, "spec", "schedule") or "", "", "The schedule."),
+            Column("Timezone", "string", lambda o, n: _get(o, "spec", "timeZone") or "<none>", "", "The time zone."),
+            Column("Suspend", "boolean", lambda o, n: bool(_get(o, "spec", "suspend")), "", "Suspended."),
+            Column("Active", "integer", lambda o, n: len(_list(_get(o, "status", "active"))), "", "Active jobs."),
+            Column("Last Schedule", "string", _cronjob_last, "", "When the job was last scheduled."),
+            _AGE,
+        ),
+        ("networking.k8s.io", "ingresses"): (
+            _NAME,
+            Column("Class", "string", lambda o, n: _get(o, "spec", "ingressClassName") or "<none>", "", "The class."),
+            Column("Hosts", "string", _ingress_hosts, "", "The hosts."),
+            Column("Address", "string", _ingress_address, "", "The addresses."),
+            Column("Ports", "string", _ingress_ports, "", "The ports."),
+            _AGE,
+        ),
+        ("rbac.authorization.k8s.io", "roles"): _ROLE,
+        ("rbac.authorization.k8s.io", "clusterroles"): _ROLE,
+        ("rbac.authorization.k8s.io", "rolebindings"): _BINDING,
+        ("rbac.authorization.k8s.io", "clusterrolebindings"): _BINDING,
+    }
+)
 DEFAULT_COLUMNS: tuple[Column, ...] = (_NAME, _AGE)
 
 

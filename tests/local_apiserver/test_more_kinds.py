@@ -71,8 +71,27 @@ def test_kubectl_applies_and_lists_the_new_kinds(
     names = kubectl("get", "secrets,sa,svc,sts,jobs,roles", "-n", namespace, "-o", "name").stdout.split()
     assert {"secret/tls", "serviceaccount/web", "service/web", "statefulset.apps/db", "job.batch/migrate",
             "role.rbac.authorization.k8s.io/reader"} <= set(names)  # fmt: skip
-    table = kubectl("get", "secrets,svc", "-n", namespace).stdout
-    assert "NAME" in table and "AGE" in table and "tls" in table and "web" in table, table
+
+    # kubectl's own columns (kube's printers) for the common kinds.
+    def header_and_row(what: str, name: str) -> tuple[list[str], str]:
+        lines = kubectl("get", what, "-n", namespace).stdout.splitlines()
+        row = next(line for line in lines[1:] if line.split()[0] == name)
+        return lines[0].split(), row
+
+    head, row = header_and_row("secrets", "tls")
+    assert head == ["NAME", "TYPE", "DATA", "AGE"] and row.split()[1:3] == ["Opaque", "1"], (head, row)
+    head, row = header_and_row("svc", "web")
+    assert head == ["NAME", "TYPE", "CLUSTER-IP", "EXTERNAL-IP", "PORT(S)", "AGE"], head
+    cells = row.split()
+    assert cells[1] == "ClusterIP" and cells[2].startswith("10.") and cells[3] == "<none>" and cells[4] == "80/TCP"
+    head, row = header_and_row("sts", "db")
+    assert head == ["NAME", "READY", "AGE"] and row.split()[1] == "0/2", (head, row)
+    head, row = header_and_row("jobs", "migrate")
+    assert head == ["NAME", "STATUS", "COMPLETIONS", "DURATION", "AGE"] and row.split()[1] == "Running", (head, row)
+    head, row = header_and_row("sa", "web")
+    assert head == ["NAME", "SECRETS", "AGE"], head
+    head, _ = header_and_row("roles", "reader")
+    assert head == ["NAME", "CREATED", "AT"], head  # "CREATED AT"
     # `kubectl get all` lists what kube lists in the category (services, statefulsets, jobs here).
     everything = kubectl("get", "all", "-n", namespace, "-o", "name").stdout.split()
     assert {"service/web", "statefulset.apps/db", "job.batch/migrate"} <= set(everything), everything

@@ -143,3 +143,52 @@ def test_event_columns_for_core_and_events_k8s_io() -> None:
     doc = tables.build_table(tables.columns_for("events.k8s.io", "events"), [new_event], include="None", now=NOW)
     assert doc["rows"][0]["cells"][:4] == ["5m", "Normal", "ScalingReplicaSet", "deployment/web"]
     assert doc["rows"][0]["cells"][5:7] == ["deployment-controller", "Scaled up"]
+
+
+def _cells(group: str, resource: str, obj: dict[str, object]) -> dict[str, object]:
+    return {c.name: c.cell(obj, NOW) for c in tables.columns_for(group, resource)}
+
+
+def test_service_columns() -> None:
+    lb = {
+        "spec": {"type": "LoadBalancer", "clusterIP": "10.96.0.9", "ports": [{"port": 443, "nodePort": 30443}]},
+        "status": {"loadBalancer": {"ingress": [{"ip": "1.2.3.4"}]}},
+    }
+    c = _cells("", "services", lb)
+    assert (c["Type"], c["Cluster-IP"], c["External-IP"], c["Port(s)"]) == (
+        "LoadBalancer",
+        "10.96.0.9",
+        "1.2.3.4",
+        "443:30443/TCP",
+    )
+    pending = _cells("", "services", {"spec": {"type": "LoadBalancer", "ports": []}})
+    assert pending["External-IP"] == "<pending>" and pending["Port(s)"] == "<none>"
+    ext = _cells("", "services", {"spec": {"type": "ExternalName", "externalName": "db.example.com"}})
+    assert ext["External-IP"] == "db.example.com"
+    assert _cells("", "services", {"spec": {"clusterIP": "None", "selector": {"app": "x"}}})["Selector"] == "app=x"
+
+
+def test_job_cronjob_and_binding_columns() -> None:
+    done = {
+        "spec": {"completions": 3},
+        "status": {
+            "succeeded": 3,
+            "startTime": "2026-01-10T11:00:00Z",
+            "completionTime": "2026-01-10T11:02:05Z",
+            "conditions": [{"type": "Complete", "status": "True"}],
+        },
+    }
+    c = _cells("batch", "jobs", done)
+    assert (c["Status"], c["Completions"], c["Duration"]) == ("Complete", "3/3", "2m5s")
+    cj = _cells("batch", "cronjobs", {"spec": {"schedule": "*/5 * * * *"}, "status": {}})
+    assert (cj["Schedule"], cj["Suspend"], cj["Active"], cj["Last Schedule"]) == ("*/5 * * * *", False, 0, "<none>")
+    binding = {
+        "roleRef": {"kind": "ClusterRole", "name": "view"},
+        "subjects": [{"kind": "User", "name": "ann"}, {"kind": "ServiceAccount", "name": "sa", "namespace": "ns"}],
+    }
+    b = _cells("rbac.authorization.k8s.io", "rolebindings", binding)
+    assert (b["Role"], b["Users"], b["ServiceAccounts"], b["Groups"]) == ("ClusterRole/view", "ann", "ns/sa", "")
+    pvc = _cells(
+        "", "persistentvolumeclaims", {"status": {"phase": "Bound", "accessModes": ["ReadWriteOnce", "ReadOnlyMany"]}}
+    )
+    assert pvc["Status"] == "Bound" and pvc["Access Modes"] == "RWO,ROX"
