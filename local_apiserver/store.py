@@ -55,7 +55,7 @@ from local_apiserver.errors import (
     unavailable,
 )
 from local_apiserver.resources import ResourceSpec, ResourceTable, lookup, namespaces_spec
-from local_apiserver.validation import apply_defaults, check_body_shape, validate_object
+from local_apiserver.validation import apply_defaults, check_body_shape, check_secret_update, validate_object
 from rangeshard.core.errors import RegistryError, RegistryUnavailable
 from rangeshard.core.etcd import KV, EtcdClient
 from rangeshard.core.selectors import FieldSelector, LabelSelector
@@ -489,6 +489,8 @@ class Store:
         apply_defaults(spec, new)
         if spec.resource == "services" and spec.group == "":
             services.keep_on_update(current, new)
+        if spec.resource == "secrets" and spec.group == "":
+            check_secret_update(current, new)
         if spec.generation and _spec_changed(current, new):
             meta["generation"] = int(cur_meta.get("generation") or 0) + 1
         return new

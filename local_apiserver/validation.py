@@ -326,4 +326,26 @@ def _secret_defaults(obj: dict[str, Any]) -> None:
     obj.setdefault("type", "Opaque")
 
 
-__all__ = ["apply_defaults", "check_body_shape", "check_scale_body", "name_problem", "validate_object"]
+def check_secret_update(current: dict[str, Any], new: dict[str, Any]) -> None:
+    """kube's Secret update rules: ``type`` never changes; with ``immutable: true`` nor do ``data`` and ``immutable``."""
+    name = str((current.get("metadata") or {}).get("name") or "")
+    causes: list[tuple[str, str]] = []
+    if new.get("type", current.get("type")) != current.get("type"):
+        causes.append(("type", f'Invalid value: "{new.get("type")}": field is immutable'))
+    if current.get("immutable") is True:
+        if (new.get("data") or {}) != (current.get("data") or {}):
+            causes.append(("data", "Forbidden: field is immutable when `immutable` is set"))
+        if new.get("immutable") is not True:
+            causes.append(("immutable", "Forbidden: field is immutable when `immutable` is set"))
+    if causes:
+        raise invalid("Secret", name, causes)
+
+
+__all__ = [
+    "apply_defaults",
+    "check_body_shape",
+    "check_scale_body",
+    "check_secret_update",
+    "name_problem",
+    "validate_object",
+]

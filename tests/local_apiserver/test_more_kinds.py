@@ -231,3 +231,30 @@ def test_service_cluster_ips_and_node_ports(kube: Any, namespace: str, http: htt
     core.delete_namespaced_service("a", namespace)
     again = core.create_namespaced_service(namespace, svc("a2", clusterIP=a.spec.cluster_ip))
     assert again.spec.cluster_ip == a.spec.cluster_ip
+
+
+def test_secret_type_and_immutable_data_cannot_change(namespace: str, http: httpx.Client) -> None:
+    base = f"/api/v1/namespaces/{namespace}/secrets"
+    one = base64.b64encode(b"1").decode()
+    made = http.post(
+        base,
+        json={
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "fixed"},
+            "data": {"k": one},
+            "immutable": True,
+        },
+    )
+    assert made.status_code == 201, made.text
+    obj = made.json()
+    retyped = {**obj, "type": "kubernetes.io/tls"}
+    bad = http.put(f"{base}/fixed", json=retyped)
+    assert bad.status_code == 422 and "type" in bad.text and "field is immutable" in bad.text, bad.text
+    changed = {**obj, "data": {"k": base64.b64encode(b"2").decode()}}
+    bad = http.put(f"{base}/fixed", json=changed)
+    assert bad.status_code == 422 and "field is immutable when `immutable` is set" in bad.text, bad.text
+    relabeled = {**obj, "metadata": {**obj["metadata"], "labels": {"a": "b"}}}
+    ok = http.put(f"{base}/fixed", json=relabeled)
+    assert ok.status_code == 200, ok.text  # metadata may still change
+    assert http.delete(f"{base}/fixed").status_code == 200  # and it may be deleted
