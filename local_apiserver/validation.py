@@ -327,7 +327,7 @@ def _secret_defaults(obj: dict[str, Any]) -> None:
 
 
 def check_secret_update(current: dict[str, Any], new: dict[str, Any]) -> None:
-    """kube's Secret update rules: ``type`` never changes; with ``immutable: true`` nor do ``data`` and ``immutable``."""
+    """kube's Secret update rules: ``type`` never changes; ``immutable: true`` freezes ``data`` and itself."""
     name = str((current.get("metadata") or {}).get("name") or "")
     causes: list[tuple[str, str]] = []
     if new.get("type", current.get("type")) != current.get("type"):
