@@ -267,7 +267,7 @@ def test_readyz_and_up_name_the_informer_that_keeps_a_manager_not_ready(cluster:
     from rangeshard.cli.state import Component  # noqa: PLC0415
     from rangeshard.cli.updown import NotReadyError, wait_healthy  # noqa: PLC0415
 
-    m = cluster.start_manager({"certificate": {"class": "tests.e2e.secret_controller:CertificateController"}})
+    m = cluster.start_manager({"certificate": {"class": "tests.e2e.unserved_controller:CertificateController"}})
 
     def body() -> str:
         try:
@@ -276,18 +276,13 @@ def test_readyz_and_up_name_the_informer_that_keeps_a_manager_not_ready(cluster:
             return ""
         return f"{resp.status_code} {resp.text}"
 
-    wait_until(
-        lambda: "informer certificate-replicationcontrollers: 404" in body(), 40, "the informer's error on /readyz"
-    )
+    wait_until(lambda: "informer certificate-gizmos: 404" in body(), 40, "the informer's error on /readyz")
     text = body()
-    assert text.startswith("503 not ready: certificate: informer certificate-replicationcontrollers: 404 "), text
-    assert "replicationcontrollers" in text.split("404", 1)[1]
+    assert text.startswith("503 not ready: certificate: informer certificate-gizmos: 404 "), text
     component = Component.model_validate(
         {"name": "manager m9", "kind": "manager", "pid": m.proc.pid, "port": 0, "url": m.metrics_url(),
          "healthUrl": m.metrics_url() + "/readyz"}
     )  # fmt: skip
     with pytest.raises(NotReadyError) as caught:
         wait_healthy([component], lambda _c: None, etcd_server.url, ["certificate"], 1, threading.Event(), timeout=1)
-    assert "manager m9: certificate: informer certificate-replicationcontrollers: 404 " in str(caught.value), str(
-        caught.value
-    )
+    assert "manager m9: certificate: informer certificate-gizmos: 404 " in str(caught.value), str(caught.value)

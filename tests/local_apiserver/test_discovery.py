@@ -39,6 +39,10 @@ def test_discovery_documents(http: httpx.Client) -> None:
         "discovery.k8s.io",
         "storage.k8s.io",
         "scheduling.k8s.io",
+        "node.k8s.io",
+        "admissionregistration.k8s.io",
+        "certificates.k8s.io",
+        "flowcontrol.apiserver.k8s.io",
     }
     assert groups["apps"]["preferredVersion"]["groupVersion"] == "apps/v1"
     assert http.get("/apis/apps").json()["kind"] == "APIGroup"

@@ -9,10 +9,10 @@ from controller_manager.resources import Resource
 
 
 class CertificateController(Controller):
-    """Watches ReplicationControllers; does nothing (its informer never lists: 404 on the local API server)."""
+    """Watches a resource nobody serves; does nothing (its informer never lists: 404 on the local API server)."""
 
     name: ClassVar[str] = "certificate"
-    main: ClassVar[Resource] = Resource("replicationcontrollers", "", "v1", "ReplicationController")
+    main: ClassVar[Resource] = Resource("gizmos", "example.org", "v1", "Gizmo")
 
     def reconcile(self, key: str, ctx: ReconcileContext) -> None:
         return None
