@@ -36,6 +36,7 @@ Concurrency model
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -57,6 +58,7 @@ from local_apiserver.kubelet import SimulatedNode
 from local_apiserver.middleware import Authenticate
 from local_apiserver.openapi import OpenAPIDocuments, OpenAPIUnavailable
 from local_apiserver.routing import KUBE_VERSION, SUBJECT_ACCESS_REVIEWS, TOKEN_REVIEWS, group_document, named_groups
+from local_apiserver.services import DEFAULT_SERVICE_RANGE
 from local_apiserver.state import State, in_thread, json_response, status_response
 from rangeshard.core.errors import RangeshardError
 from rangeshard.core.etcd import EtcdConfig
@@ -76,6 +78,7 @@ def create_app(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     audit_log: AuditLog | None = None,
     simulate_node: str | None = None,
+    service_range: ipaddress.IPv4Network = DEFAULT_SERVICE_RANGE,
 ) -> FastAPI:
     """Build the local API server application (see module docstring).
 
@@ -87,10 +90,11 @@ def create_app(
     bodies (413 beyond); ``audit_log`` (from ``--audit-log-path``) receives
     one audit event per API request and is closed at shutdown; ``simulate_node``
     names a simulated node that binds, runs and stops pods
-    (:mod:`local_apiserver.kubelet`).
+    (:mod:`local_apiserver.kubelet`); ``service_range`` is where Services'
+    cluster IPs come from (:mod:`local_apiserver.services`).
     """
     config = etcd if isinstance(etcd, EtcdConfig) else EtcdConfig.from_urls(etcd)
-    state = State(config, prefix, bookmark_interval, authenticator)
+    state = State(config, prefix, bookmark_interval, authenticator, service_range)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -91,6 +91,10 @@ def local_apiserver_command(
         str,
         typer.Option("--audit-level", help="Metadata, Request (plus requestObject) or RequestResponse (plus both)."),
     ] = "Metadata",
+    service_cluster_ip_range: Annotated[
+        str,
+        typer.Option("--service-cluster-ip-range", help="IPv4 CIDR Services' cluster IPs are allocated from."),
+    ] = "10.96.0.0/12",
 ) -> None:
     """Serve a small Kubernetes-compatible API stored in etcd."""
     import uvicorn  # noqa: PLC0415 (keep `--help` fast)
@@ -99,6 +103,7 @@ def local_apiserver_command(
     from local_apiserver.audit import AuditLevel, AuditLog  # noqa: PLC0415
     from local_apiserver.auth import TokenAuthenticator  # noqa: PLC0415
     from local_apiserver.resources import lookup  # noqa: PLC0415
+    from local_apiserver.services import parse_range  # noqa: PLC0415
     from local_apiserver.validation import name_problem  # noqa: PLC0415
     from rangeshard.core.kubeapi import load_token_file  # noqa: PLC0415
 
@@ -120,6 +125,10 @@ def local_apiserver_command(
         problem = name_problem(nodes, simulate_node) if simulate_node is not None and nodes else None
         if problem:
             raise ConfigError(f"--simulate-node: {problem}")
+        try:
+            service_range = parse_range(service_cluster_ip_range)
+        except ValueError as e:
+            raise ConfigError(f"--service-cluster-ip-range: {e}") from None
         if max_request_body_bytes < 1024:
             raise ConfigError("--max-request-body-bytes must be at least 1024")
         config = config_from_options(etcd, etcd_cacert, etcd_cert, etcd_key, etcd_user, etcd_password)
@@ -147,6 +156,7 @@ def local_apiserver_command(
         max_body_bytes=max_request_body_bytes,
         audit_log=audit_log,
         simulate_node=simulate_node,
+        service_range=service_range,
     )
     uvicorn.run(
         app,

@@ -2,8 +2,8 @@
 
 Purpose
     A created Service of type ClusterIP, NodePort or LoadBalancer gets a free
-    ``spec.clusterIP`` from the service range (default ``10.96.0.0/12``, as
-    kube's ``--service-cluster-ip-range``) unless it asks for one (then it
+    ``spec.clusterIP`` from the service range (``--service-cluster-ip-range``,
+    default ``10.96.0.0/12`` as kube's) unless it asks for one (then it
     must be free and in range) or for ``None`` (headless, kept).
     NodePort/LoadBalancer ports get a free ``nodePort`` from 30000-32767 unless
     they name one. An update may not change ``spec.clusterIP`` (422, "field is
@@ -51,7 +51,13 @@ def in_use(services: Iterable[dict[str, Any]]) -> tuple[set[str], set[int]]:
     return ips, ports
 
 
-def allocate(obj: dict[str, Any], ips: set[str], node_ports: set[int], rng: random.Random | None = None) -> None:
+def allocate(
+    obj: dict[str, Any],
+    ips: set[str],
+    node_ports: set[int],
+    rng: random.Random | None = None,
+    network: ipaddress.IPv4Network = DEFAULT_SERVICE_RANGE,
+) -> None:
     """Fill ``spec.clusterIP(s)``, port defaults and ``nodePort``s of a Service being created (422 on a conflict)."""
     rnd = rng or random.SystemRandom()
     name = str((obj.get("metadata") or {}).get("name") or "")
@@ -68,9 +74,9 @@ def allocate(obj: dict[str, Any], ips: set[str], node_ports: set[int], rng: rand
     if svc_type != "ExternalName":
         ip = spec.get("clusterIP")
         if ip in (None, ""):
-            ip = _free_ip(rnd, ips, name)
+            ip = _free_ip(rnd, ips, name, network)
         elif ip != "None":
-            _check_ip(str(ip), ips, name)
+            _check_ip(str(ip), ips, name, network)
         spec["clusterIP"] = ip
         spec["clusterIPs"] = [ip]
         if ip != "None":
@@ -136,8 +142,18 @@ def keep_on_update(current: dict[str, Any], new: dict[str, Any]) -> None:
     spec.setdefault("sessionAffinity", cur.get("sessionAffinity", "None"))
 
 
-def _free_ip(rnd: random.Random, ips: set[str], name: str) -> str:
-    net = DEFAULT_SERVICE_RANGE
+def parse_range(text: str) -> ipaddress.IPv4Network:
+    """``--service-cluster-ip-range``: an IPv4 CIDR with room for a Service (ValueError with the reason)."""
+    try:
+        net = ipaddress.IPv4Network(text, strict=True)
+    except ValueError as e:
+        raise ValueError(f"{text!r} is not an IPv4 CIDR such as 10.96.0.0/12 ({e})") from None
+    if net.num_addresses < 8:
+        raise ValueError(f"{text!r} is too small (at least a /29)")
+    return net
+
+
+def _free_ip(rnd: random.Random, ips: set[str], name: str, net: ipaddress.IPv4Network) -> str:
     # .0 is the network address and .1 is kube's "kubernetes" Service: start after them.
     for _ in range(1000):
         candidate = str(net.network_address + rnd.randrange(2, net.num_addresses - 1))
@@ -148,14 +164,14 @@ def _free_ip(rnd: random.Random, ips: set[str], name: str) -> str:
     )
 
 
-def _check_ip(ip: str, ips: set[str], name: str) -> None:
+def _check_ip(ip: str, ips: set[str], name: str, network: ipaddress.IPv4Network) -> None:
     try:
         addr = ipaddress.IPv4Address(ip)
     except ValueError:
         raise invalid(
             "Service", name, [("spec.clusterIP", f'Invalid value: "{ip}": must be a valid IP address')]
         ) from None
-    if addr not in DEFAULT_SERVICE_RANGE:
+    if addr not in network:
         raise invalid(
             "Service",
             name,
@@ -163,7 +179,7 @@ def _check_ip(ip: str, ips: set[str], name: str) -> None:
                 (
                     "spec.clusterIP",
                     f'Invalid value: "{ip}": provided IP is not in the valid range. '
-                    f"The range of valid IPs is {DEFAULT_SERVICE_RANGE}",
+                    f"The range of valid IPs is {network}",
                 )
             ],
         )

@@ -19,6 +19,7 @@ Concurrency model
 from __future__ import annotations
 
 import functools
+import ipaddress
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -28,7 +29,7 @@ import orjson
 from fastapi.responses import Response
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from local_apiserver import resources
+from local_apiserver import resources, services
 from local_apiserver.auth import TokenAuthenticator
 from local_apiserver.crd import CrdSync
 from local_apiserver.errors import ApiError
@@ -71,8 +72,10 @@ class State:
         prefix: str | None,
         bookmark_interval: float,
         authenticator: TokenAuthenticator | None = None,
+        service_range: ipaddress.IPv4Network = services.DEFAULT_SERVICE_RANGE,
     ) -> None:
         self.config = config
+        self.service_range = service_range
         self.authenticator = authenticator
         self.prefix = prefix
         self.bookmark_interval = bookmark_interval
@@ -92,7 +95,7 @@ class State:
             if self.store is None:
                 client = EtcdClient(self.config)
                 self.client = client
-                self.store = Store(client, self.prefix, self.table)
+                self.store = Store(client, self.prefix, self.table, self.service_range)
                 self.gc = GarbageCollector(self.store)
                 self.gc.start()
             return self.store

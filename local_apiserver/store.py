@@ -30,6 +30,7 @@ from __future__ import annotations
 import base64
 import binascii
 import copy
+import ipaddress
 import logging
 import secrets
 import uuid
@@ -119,8 +120,16 @@ class ListResult:
 class Store:
     """The storage layer (see module docstring)."""
 
-    def __init__(self, client: EtcdClient, prefix: str | None = None, table: ResourceTable | None = None) -> None:
+    def __init__(
+        self,
+        client: EtcdClient,
+        prefix: str | None = None,
+        table: ResourceTable | None = None,
+        service_range: ipaddress.IPv4Network = services.DEFAULT_SERVICE_RANGE,
+    ) -> None:
         self.client = client
+        #: Cluster IPs of Services come from here (``--service-cluster-ip-range``).
+        self.service_range = service_range
         self.prefix = (prefix or DEFAULT_PREFIX).rstrip("/")
         # Built-ins plus served CRDs; shared with the app's routing (local_apiserver.crd keeps it current).
         self.table = table or ResourceTable()
@@ -296,7 +305,7 @@ class Store:
         apply_defaults(spec, obj)
         if spec.resource == "services" and spec.group == "":
             ips, node_ports = services.in_use(self.iter_all(spec))
-            services.allocate(obj, ips, node_ports)
+            services.allocate(obj, ips, node_ports, network=self.service_range)
         meta["uid"] = str(uuid.uuid4())
         meta["creationTimestamp"] = now_rfc3339()
         for transient in ("deletionTimestamp", "deletionGracePeriodSeconds", "managedFields", "selfLink"):

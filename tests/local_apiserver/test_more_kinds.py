@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import base64
 import ipaddress
+import subprocess
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -258,3 +261,67 @@ def test_secret_type_and_immutable_data_cannot_change(namespace: str, http: http
     ok = http.put(f"{base}/fixed", json=relabeled)
     assert ok.status_code == 200, ok.text  # metadata may still change
     assert http.delete(f"{base}/fixed").status_code == 200  # and it may be deleted
+
+
+def test_service_cluster_ip_range_flag(etcd_server: Any, tmp_path: Path) -> None:
+    from local_apiserver.process import LocalApiServerProcess  # noqa: PLC0415
+
+    server = LocalApiServerProcess(
+        etcd_server.url,
+        prefix=f"/svc-range-{tmp_path.name}",
+        log_file=tmp_path / "apiserver.log",
+        extra_args=["--service-cluster-ip-range", "10.200.0.0/29"],
+    )
+    server.start(timeout=30)
+    try:
+        with httpx.Client(base_url=server.url, timeout=10) as c:
+            got = set()
+            for i in range(5):  # a /29 has 8 addresses: .0 and .1 and .7 are not handed out
+                body = {
+                    "apiVersion": "v1",
+                    "kind": "Service",
+                    "metadata": {"name": f"s{i}"},
+                    "spec": {"ports": [{"port": 80}]},
+                }
+                r = c.post("/api/v1/namespaces/default/services", json=body)
+                assert r.status_code == 201, r.text
+                got.add(r.json()["spec"]["clusterIP"])
+            assert got == {f"10.200.0.{n}" for n in range(2, 7)}
+            full = c.post(
+                "/api/v1/namespaces/default/services",
+                json={
+                    "apiVersion": "v1",
+                    "kind": "Service",
+                    "metadata": {"name": "s9"},
+                    "spec": {"ports": [{"port": 80}]},
+                },
+            )
+            assert full.status_code == 422 and "range is full" in full.text, full.text
+            outside = c.post(
+                "/api/v1/namespaces/default/services",
+                json={
+                    "apiVersion": "v1",
+                    "kind": "Service",
+                    "metadata": {"name": "s8"},
+                    "spec": {"clusterIP": "10.96.0.10"},
+                },
+            )
+            assert outside.status_code == 422 and "10.200.0.0/29" in outside.text
+    finally:
+        server.stop()
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "local_apiserver",
+            "--etcd",
+            etcd_server.url,
+            "--service-cluster-ip-range",
+            "10.0.0.0/33",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert bad.returncode == 2 and "--service-cluster-ip-range" in bad.stderr and "Traceback" not in bad.stderr
