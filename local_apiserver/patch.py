@@ -44,7 +44,7 @@ def _pointer(path: str) -> list[str]:
 def _index(container: list[Any], token: str, allow_end: bool, path: str) -> int:
     if token == "-" and allow_end:  # noqa: S105 (a JSON pointer token, not a secret)
         return len(container)
-    if not token.isdigit() or (len(token) > 1 and token.startswith("0")):
+    if not (token.isascii() and token.isdigit()) or (len(token) > 1 and token.startswith("0")):
         raise ApiError(422, "Invalid", f"invalid array index {token!r} in {path!r}")
     idx = int(token)
     limit = len(container) if allow_end else len(container) - 1

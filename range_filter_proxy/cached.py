@@ -61,7 +61,7 @@ class CacheSettings:
 def parse_rv(value: Any) -> int:
     """Parse a resourceVersion; ``ValueError`` if it is not a non-negative integer."""
     if isinstance(value, str):  # the usual case first
-        if value.isdigit() and len(value) < 40:
+        if value.isascii() and value.isdigit() and len(value) < 40:
             return int(value)
     elif isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return value

@@ -212,7 +212,7 @@ class BodyLimit:
         for key, value in scope.get("headers") or []:
             if key.lower() == b"content-length":
                 text = bytes(value).decode("latin-1").strip()
-                if text.isdigit() and int(text) > self.max_bytes:
+                if text.isascii() and text.isdigit() and int(text) > self.max_bytes:
                     await send_status(send, RequestTooLarge(self.max_bytes), [(b"connection", b"close")])
                     return
         seen = 0

@@ -677,7 +677,7 @@ def _json_path(obj: Any, path: str) -> Any:
         while index:
             number, _, index = index.partition("]")
             index = index.removeprefix("[")
-            if not isinstance(obj, list) or not number.strip("-").isdigit():
+            if not isinstance(obj, list) or not (number.isascii() and number.strip("-").isdigit()):
                 return None
             try:
                 obj = obj[int(number)]
