@@ -61,7 +61,7 @@ from collections.abc import Callable, Iterable
 
 import orjson
 
-from hashing import UID_PATH, ShardRange, ShardSelector
+from hashing import HashRange, range_to_selector
 from range_filter_proxy.cached import (
     CachedEvent,
     CachedObject,
@@ -582,7 +582,7 @@ class CacheManager:
         The answer is only reported (``/readyz?verbose``, metrics): the proxy
         filters from its own cache either way.
         """
-        full = str(ShardSelector((ShardRange(UID_PATH, 0, 2**64),)))
+        full = range_to_selector(HashRange.full())
         backoff = self.settings.relist_backoff_initial
         label = cache.info.gvr.label
         while True:

@@ -242,15 +242,19 @@ def _histogram_segments(hist: HashHistogram, rng: HashRange) -> list[Segment] | 
     return out
 
 
-def _gap_segments(hist: HashHistogram, rng: HashRange) -> list[Segment] | None:
+def _gap_segments(hist: HashHistogram, rng: HashRange, weights: list[int] | None = None) -> list[Segment] | None:
+    """The gap buckets as segments holding their ``objects`` (or ``weights`` of the same length instead)."""
     cells, ends, objects = hist.cells, hist.ends, hist.objects
     if cells is None or cells < 1 or not ends or objects is None or len(ends) != len(objects):
         return None
     if ends[-1] != cells or any(c < 0 for c in objects):
         return None
+    loads = objects if weights is None else weights
+    if len(loads) != len(ends):
+        return None
     out: list[Segment] = []
     start = 0
-    for end, count in zip(ends, objects, strict=True):
+    for end, count in zip(ends, loads, strict=True):
         if end <= start:
             return None  # edges must increase
         lo = bucket_start(start, rng, cells)
@@ -311,8 +315,8 @@ def _member_segments(m: Member, by: str = "workload") -> list[Segment]:
     if by == "cost":
         weighted = None
         units = _cost_units(hist) if hist is not None and mine is not None else None
-        if hist is not None and units is not None and hist.ends is not None and len(units) == len(hist.ends):
-            weighted = _weighted(hist, rng, units)
+        if hist is not None and units is not None:
+            weighted = _gap_segments(hist, rng, units)
         return weighted if weighted is not None else [Segment(rng.lo, rng.hi, member_cost_units(m))]
     return mine if mine is not None else [Segment(rng.lo, rng.hi, m.record.workload_num)]
 
@@ -327,22 +331,6 @@ def _cost_units(hist: HashHistogram) -> list[int] | None:
         if isinstance(c, bool) or not isinstance(c, int | float) or not math.isfinite(c) or c < 0:
             return None
         out.append(round(c * COST_UNITS_PER_SECOND))
-    return out
-
-
-def _weighted(hist: HashHistogram, rng: HashRange, weights: list[int]) -> list[Segment] | None:
-    """The gap buckets of ``hist`` (already checked by :func:`_gap_segments`) with ``weights`` as their loads."""
-    cells, ends = hist.cells or 1, hist.ends or []
-    out: list[Segment] = []
-    start = 0
-    for end, w in zip(ends, weights, strict=True):
-        lo = bucket_start(start, rng, cells)
-        hi = bucket_start(end, rng, cells) - 1
-        if lo <= hi:
-            out.append(Segment(lo, hi, w))
-        elif w:
-            return None  # cost in a bucket that holds no key
-        start = end
     return out
 
 
