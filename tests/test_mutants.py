@@ -19,10 +19,10 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.mark.slow
-def test_the_four_key_handover_mutants_are_killed() -> None:
+def run_mutants(*args: str) -> str:
+    """``scripts/mutants.py ARGS``: its output, after asserting it exited 0."""
     result = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "mutants.py"), "--key"],
+        [sys.executable, str(ROOT / "scripts" / "mutants.py"), *args],
         capture_output=True,
         text=True,
         timeout=600,
@@ -30,6 +30,12 @@ def test_the_four_key_handover_mutants_are_killed() -> None:
     )
     out = result.stdout + result.stderr
     assert result.returncode == 0, out
+    return out
+
+
+@pytest.mark.slow
+def test_the_four_key_handover_mutants_are_killed() -> None:
+    out = run_mutants("--key")
     for mutant in ("drain-skipped", "no-fencing-check", "no-margin-renew", "reply-time-renew"):
         assert f"{mutant}: killed" in out, out
     assert "4 mutants: 4 killed, 0 survived" in out, out
@@ -38,15 +44,7 @@ def test_the_four_key_handover_mutants_are_killed() -> None:
 @pytest.mark.slow
 def test_the_write_fence_mutants_are_killed_within_seconds() -> None:
     """Issue 30: the three fence mutants, the stale batched read and the cache-first shard hash."""
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "mutants.py"), "--fencing", "--timeout", "60"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    out = result.stdout + result.stderr
-    assert result.returncode == 0, out
+    out = run_mutants("--fencing", "--timeout", "60")
     for mutant in (
         "fence-epoch-off-by-one",
         "fence-no-locked",

@@ -45,6 +45,18 @@ async def _started(settings: FenceSettings) -> WriteFence:
     return fence
 
 
+class GatedFence(WriteFence):
+    """A fence whose own watch hook waits for ``gate`` (our interface): its view is held behind etcd on purpose."""
+
+    def __init__(self, gate: threading.Event, settings: FenceSettings) -> None:
+        super().__init__(settings)
+        self.gate = gate
+
+    def _observe(self, revision: int, kvs: Mapping[str, KV], relisted: bool) -> None:
+        self.gate.wait(60)
+        super()._observe(revision, kvs, relisted)
+
+
 def _token(fence: WriteFence, instance: str, lease: int | None = None, epoch: int | None = None) -> OwnerToken:
     owner = fence.tracker.get(CTYPE, instance)
     assert owner is not None
@@ -122,13 +134,8 @@ def test_decision_waits_for_a_view_as_new_as_etcd_at_arrival(
     gate = threading.Event()
     gate.set()
 
-    class GatedFence(WriteFence):
-        def _observe(self, revision: int, kvs: Mapping[str, KV], relisted: bool) -> None:
-            gate.wait(30)
-            super()._observe(revision, kvs, relisted)
-
     async def scenario() -> None:
-        fence = GatedFence(FenceSettings(etcd_config, key_prefix))
+        fence = GatedFence(gate, FenceSettings(etcd_config, key_prefix))
         await fence.start()
         await asyncio.to_thread(fence.tracker.observed.wait, 10)
         try:
@@ -488,13 +495,8 @@ def test_a_view_that_does_not_catch_up_is_a_503_after_the_catch_up_timeout(
     gate = threading.Event()
     gate.set()
 
-    class GatedFence(WriteFence):
-        def _observe(self, revision: int, kvs: Mapping[str, KV], relisted: bool) -> None:
-            gate.wait(30)
-            super()._observe(revision, kvs, relisted)
-
     async def scenario() -> None:
-        fence = GatedFence(FenceSettings(etcd_config, key_prefix, catch_up_timeout=1.5))
+        fence = GatedFence(gate, FenceSettings(etcd_config, key_prefix, catch_up_timeout=1.5))
         await fence.start()
         await asyncio.to_thread(fence.tracker.observed.wait, 10)
         try:
@@ -525,13 +527,8 @@ def test_a_waiting_decision_is_woken_by_the_view_not_by_its_timeout(
     gate = threading.Event()
     gate.set()
 
-    class GatedFence(WriteFence):
-        def _observe(self, revision: int, kvs: Mapping[str, KV], relisted: bool) -> None:
-            gate.wait(60)
-            super()._observe(revision, kvs, relisted)
-
     async def scenario() -> None:
-        fence = GatedFence(FenceSettings(etcd_config, key_prefix, catch_up_timeout=30.0))
+        fence = GatedFence(gate, FenceSettings(etcd_config, key_prefix, catch_up_timeout=30.0))
         await fence.start()
         await asyncio.to_thread(fence.tracker.observed.wait, 10)
         try:
@@ -591,13 +588,8 @@ def test_a_decision_before_the_first_registry_view_waits_for_it(
     registry.join(CTYPE, "a", etcd_client.grant_lease(30))
     gate = threading.Event()  # closed: the first view is held back
 
-    class GatedFence(WriteFence):
-        def _observe(self, revision: int, kvs: Mapping[str, KV], relisted: bool) -> None:
-            gate.wait(30)
-            super()._observe(revision, kvs, relisted)
-
     async def scenario() -> None:
-        fence = GatedFence(FenceSettings(etcd_config, key_prefix, catch_up_timeout=20.0))
+        fence = GatedFence(gate, FenceSettings(etcd_config, key_prefix, catch_up_timeout=20.0))
         await fence.start()
         try:
             member = await asyncio.to_thread(registry.snapshot(CTYPE).get, "a")

@@ -12,7 +12,6 @@ import base64
 import ipaddress
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,8 @@ from typing import Any
 import httpx
 from kubernetes import client as k8s
 from kubernetes import watch as k8s_watch
+
+from tests.helpers import wait_until
 
 MANIFESTS = """
 apiVersion: v1
@@ -179,10 +180,7 @@ def test_every_namespace_gets_a_default_service_account(kube: Any, namespace: st
     )
     assert http.get(f"/api/v1/namespaces/{ns}/serviceaccounts/default").status_code == 200
     assert http.delete(f"/api/v1/namespaces/{ns}").status_code == 200
-    deadline = time.monotonic() + 15
-    while http.get(f"/api/v1/namespaces/{ns}").status_code != 404:
-        assert time.monotonic() < deadline, "the namespace was not deleted"
-        time.sleep(0.1)  # poll interval
+    wait_until(lambda: http.get(f"/api/v1/namespaces/{ns}").status_code == 404, 15, "the namespace deleted")
     assert http.get(f"/api/v1/namespaces/{ns}/serviceaccounts/default").status_code == 404
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 
 from range_filter_proxy.process import ProxyProcess
+from tests.helpers import wait_until
 
 
 def _cut_short(url: str, path: str) -> None:
@@ -34,10 +35,7 @@ def _counter(url: str, name: str) -> float:
 
 
 def _wait_counter(url: str, name: str, at_least: float) -> None:
-    deadline = time.monotonic() + 10
-    while _counter(url, name) < at_least:
-        assert time.monotonic() < deadline, f"{name} stayed below {at_least}"
-        time.sleep(0.05)  # poll interval
+    wait_until(lambda: _counter(url, name) >= at_least, 10, f"{name} >= {at_least}")
 
 
 def test_proxy_and_apiserver_count_client_disconnects_without_traceback(

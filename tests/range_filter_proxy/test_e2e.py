@@ -22,6 +22,7 @@ from kubernetes import watch as k8s_watch
 
 from hashing import MAX_HASH, OWNER_PATH, UID_PATH, HashRange, hash_key, parse_shard_selector, range_to_selector
 from range_filter_proxy.process import ProxyProcess
+from tests.helpers import wait_until
 from tests.range_filter_proxy.helpers import read_events
 
 HALF = MAX_HASH // 2
@@ -439,10 +440,11 @@ def test_passthrough_preserves_status_codes_and_bodies(proxy: ProxyProcess, worl
         assert _metric(text, "range_filter_proxy_upstream_watches", "replicasets.apps") == 1
         assert c.get("/readyz").status_code == 200
         # The local API server implements KEP-5866 itself: the proxy's probe finds it native.
-        deadline = time.monotonic() + 10
-        while "upstream-shard-selector ok: supported: native KEP-5866" not in c.get("/readyz?verbose").text:
-            assert time.monotonic() < deadline, c.get("/readyz?verbose").text
-            time.sleep(0.05)  # poll interval of a poll-with-deadline
+        wait_until(
+            lambda: "upstream-shard-selector ok: supported: native KEP-5866" in c.get("/readyz?verbose").text,
+            10,
+            "the proxy's shardSelector probe",
+        )
         assert re.search(r"^range_filter_proxy_upstream_shard_selector_supported 1\.0$", c.get("/metrics").text, re.M)
 
 
