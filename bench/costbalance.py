@@ -25,7 +25,6 @@ Concurrency model
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import random
 import signal
@@ -36,10 +35,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from bench.common import BenchCluster
-from bench.scaleout import RECONCILE_TIMEOUT
+from bench.scaleout import RECONCILE_TIMEOUT, _create_configmaps
 from bench.scaleout_manager import CONTROLLER_TYPE
 from controller_manager.audit import read_records
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
@@ -56,30 +53,7 @@ def _create(api: str, objects: int, dear_share: float, dear_cost: int, seed: int
     rnd = random.Random(seed)
     dear = set(rnd.sample(range(objects), int(objects * dear_share)))
     costs = {f"cm-{i}": (dear_cost if i in dear else 1) for i in range(objects)}
-
-    async def go() -> None:
-        async with httpx.AsyncClient(base_url=api, timeout=30) as client:
-            ns = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
-            r = await client.post("/api/v1/namespaces", json=ns)
-            if r.status_code not in (201, 409):
-                raise RuntimeError(f"create namespace: HTTP {r.status_code}")
-            sem = asyncio.Semaphore(8)
-
-            async def one(name: str, cost: int) -> None:
-                async with sem:
-                    body = {
-                        "apiVersion": "v1",
-                        "kind": "ConfigMap",
-                        "metadata": {"name": name},
-                        "data": {"cost": str(cost)},
-                    }
-                    r = await client.post(f"/api/v1/namespaces/{NAMESPACE}/configmaps", json=body)
-                    if r.status_code not in (201, 409):
-                        raise RuntimeError(f"create configmap: HTTP {r.status_code}: {r.text[:200]}")
-
-            await asyncio.gather(*(one(n, c) for n, c in costs.items()))
-
-    asyncio.run(go())
+    _create_configmaps(api, objects, NAMESPACE, lambda i: {"cost": str(costs[f"cm-{i}"])})
     return costs
 
 

@@ -38,6 +38,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -70,12 +71,16 @@ class ManagerProc:
     active: float | None = None
 
 
-def _create_configmaps(api: str, n: int) -> None:
+def _create_configmaps(
+    api: str, n: int, namespace: str = NAMESPACE, data: Callable[[int], dict[str, str]] | None = None
+) -> None:
+    """Namespace ``namespace`` and ConfigMaps ``cm-0`` .. ``cm-{n-1}`` (``data(i)``, default ``{"i": i}``)."""
+
     async def go() -> None:
         async with httpx.AsyncClient(base_url=api, timeout=30) as client:
             resp = await client.post(
                 "/api/v1/namespaces",
-                json={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}},
+                json={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
             )
             if resp.status_code not in (201, 409):
                 raise RuntimeError(f"create namespace: HTTP {resp.status_code}")
@@ -87,9 +92,9 @@ def _create_configmaps(api: str, n: int) -> None:
                         "apiVersion": "v1",
                         "kind": "ConfigMap",
                         "metadata": {"name": f"cm-{i}"},
-                        "data": {"i": str(i)},
+                        "data": data(i) if data is not None else {"i": str(i)},
                     }
-                    r = await client.post(f"/api/v1/namespaces/{NAMESPACE}/configmaps", json=body)
+                    r = await client.post(f"/api/v1/namespaces/{namespace}/configmaps", json=body)
                     if r.status_code not in (201, 409):
                         raise RuntimeError(f"create configmap: HTTP {r.status_code}: {r.text[:200]}")
 
