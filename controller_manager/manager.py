@@ -160,8 +160,17 @@ class ControllerManager:
         return all(rt.ready for rt in self.runtimes)
 
     def not_ready(self) -> list[str]:
-        """One ``<controller>: <why>`` per controller that processes nothing now (``/readyz``'s 503 body)."""
-        return [f"{rt.name}: {why}" for rt in self.runtimes if (why := rt.not_ready_reason()) is not None]
+        """Why each controller that processes nothing now does not (``/readyz``'s 503 body).
+
+        A failing informer is named as ``informer <controller>-<resource>: <error>`` (its name says
+        the controller); any other reason is ``<controller>: <why>``.
+        """
+        out = []
+        for rt in self.runtimes:
+            why = rt.not_ready_reason()
+            if why is not None:
+                out.append(why if why.startswith("informer ") else f"{rt.name}: {why}")
+        return out
 
     def start(self) -> None:
         if self.status is not None:
