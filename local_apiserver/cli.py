@@ -97,8 +97,6 @@ def local_apiserver_command(
     ] = "10.96.0.0/12",
 ) -> None:
     """Serve a small Kubernetes-compatible API stored in etcd."""
-    import uvicorn  # noqa: PLC0415 (keep `--help` fast)
-
     from local_apiserver.app import create_app  # noqa: PLC0415
     from local_apiserver.audit import AuditLevel, AuditLog  # noqa: PLC0415
     from local_apiserver.auth import TokenAuthenticator  # noqa: PLC0415
@@ -106,6 +104,7 @@ def local_apiserver_command(
     from local_apiserver.services import parse_range  # noqa: PLC0415
     from local_apiserver.validation import name_problem  # noqa: PLC0415
     from rangeshard.core.kubeapi import load_token_file  # noqa: PLC0415
+    from rangeshard.core.serving import serve  # noqa: PLC0415 (keep `--help` fast)
 
     try:
         if not 0 < port < 65536:
@@ -158,8 +157,9 @@ def local_apiserver_command(
         simulate_node=simulate_node,
         service_range=service_range,
     )
-    uvicorn.run(
+    serve(
         app,
+        app.state.local.shutdown,
         host=host,
         port=port,
         ssl_certfile=tls_cert,

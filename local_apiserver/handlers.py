@@ -323,6 +323,7 @@ async def _watch(
         bookmark_interval=state.bookmark_interval,
         on_open=gauge.inc,
         on_close=gauge.dec,
+        shutdown=state.shutdown,
     )
     if table is not None:
         stream = table.watch(stream)

@@ -36,6 +36,7 @@ from local_apiserver.errors import ApiError
 from local_apiserver.gc import GarbageCollector
 from local_apiserver.store import Store
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
+from rangeshard.core.serving import ShutdownSignal
 
 T = TypeVar("T")
 
@@ -87,6 +88,8 @@ class State:
         self.store: Store | None = None
         self.gc: GarbageCollector | None = None
         self.bootstrapped = False
+        #: Set when SIGINT/SIGTERM begins the shutdown: open watches end at once (see rangeshard.core.serving).
+        self.shutdown = ShutdownSignal()
         self._connect_lock = threading.Lock()
 
     def connect(self) -> Store:

@@ -53,6 +53,7 @@ from local_apiserver.store import Obj, Store, parse_resource_version
 from rangeshard.core.errors import RegistryError
 from rangeshard.core.etcd import EtcdClient, EtcdConfig, translate
 from rangeshard.core.selectors import FieldSelector, LabelSelector
+from rangeshard.core.serving import ShutdownSignal
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +72,8 @@ class RawEvent:
     prev_value: bytes | None
 
 
-# Items put on the queue: ("events", [RawEvent]), ("progress", rev), ("compacted", rev), ("error", text)
+# Items put on the queue: ("events", [RawEvent]), ("progress", rev), ("compacted", rev), ("error", text),
+# ("closed", reason): the server is shutting down.
 Item = tuple[str, Any]
 
 
@@ -88,7 +90,7 @@ class EtcdWatch:
         self._watch_id: int | None = None
         self._closed = False
 
-    def _deliver(self, item: Item) -> None:
+    def deliver(self, item: Item) -> None:
         if self._closed:
             return
         with contextlib.suppress(RuntimeError):  # the loop is closing
@@ -99,16 +101,16 @@ class EtcdWatch:
         if self._closed:
             return
         if response is None:
-            self._deliver(("error", "etcd closed the watch stream"))
+            self.deliver(("error", "etcd closed the watch stream"))
             return
         if isinstance(response, etcd_exc.RevisionCompactedError):
-            self._deliver(("compacted", response.compacted_revision))
+            self.deliver(("compacted", response.compacted_revision))
             return
         if isinstance(response, BaseException):
-            self._deliver(("error", str(translate(response, "watching"))))
+            self.deliver(("error", str(translate(response, "watching"))))
             return
         if not response.events:
-            self._deliver(("progress", int(response.header.revision)))
+            self.deliver(("progress", int(response.header.revision)))
             return
         events = []
         for ev in response.events:
@@ -124,7 +126,7 @@ class EtcdWatch:
                     prev_value=bytes(raw.prev_kv.value) if has_prev else None,
                 )
             )
-        self._deliver(("events", events))
+        self.deliver(("events", events))
 
     def open(self) -> None:
         """Create the client and the etcd watch (blocking: run in a thread).
@@ -166,7 +168,7 @@ class EtcdWatch:
                 return
             if rs.canceled and not rs.compact_revision and rs.watch_id == self._watch_id:
                 # pyetcd drops cancellations other than compaction; end the stream instead of hanging.
-                self._deliver(("error", f"etcd canceled the watch: {rs.cancel_reason or 'no reason given'}"))
+                self.deliver(("error", f"etcd canceled the watch: {rs.cancel_reason or 'no reason given'}"))
                 return
             original(rs)
 
@@ -275,8 +277,11 @@ async def watch_events(
     bookmark_interval: float,
     on_open: Callable[[], None],
     on_close: Callable[[], None],
+    shutdown: ShutdownSignal | None = None,
 ) -> AsyncIterator[bytes]:
     """Validate and open a watch; return the async iterator of JSON lines.
+
+    The stream ends cleanly (the client re-watches) when ``shutdown`` is set.
 
     Raises ``ApiError`` for bad requests before anything is streamed, so the
     caller can still answer a plain Status.
@@ -326,6 +331,14 @@ async def watch_events(
     except RegistryError as e:
         raise ApiError(503, "ServiceUnavailable", f"cannot watch: {e}") from e
     on_open()
+    if shutdown is not None:
+        forget = shutdown.on_set(lambda: etcd_watch.deliver(("closed", "the server is shutting down")))
+        closed = on_close
+
+        def on_close() -> None:
+            forget()
+            closed()
+
     return _stream(etcd_watch, req, store, initial, start - 1, compacted, bookmark_interval, on_close)
 
 
@@ -380,6 +393,9 @@ async def _stream(
                     "ERROR",
                     status_object(410, "Expired", f"too old resource version: {last_rev} ({payload})"),
                 )
+                return
+            elif kind == "closed":
+                log.debug("watch on %s ends: %s", etcd_watch.prefix, payload)
                 return
             else:
                 log.info("watch on %s ends: %s", etcd_watch.prefix, payload)

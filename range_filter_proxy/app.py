@@ -92,6 +92,7 @@ from rangeshard.core.ownertoken import (
     parse_shard_hash,
 )
 from rangeshard.core.selectors import SelectorParseError, parse_field_selector, parse_label_selector
+from rangeshard.core.serving import ShutdownSignal, until_shutdown
 
 log = logging.getLogger(__name__)
 
@@ -303,6 +304,14 @@ class ProxyState:
         self.pages: dict[str, PageSnapshots] = {}
         self.resource_specs = [parse_resource_spec(r) for r in resources if r.strip()]
         self.tables = ProxyTables(upstream)
+        #: Set when SIGINT/SIGTERM begins the shutdown: every downstream stream ends at once.
+        self.shutdown = ShutdownSignal()
+        self.shutdown.on_set(self._end_streams)
+
+    def _end_streams(self) -> None:
+        for cache in list(self.manager.caches.values()):
+            for w in list(cache.watchers.values()):
+                w.close("proxy shutting down")
 
     # ---- cache-served collection requests ------------------------------------------------
 
@@ -410,6 +419,8 @@ class ProxyState:
             initial_events_end=bool(opts.send_initial_events),
             timeout=timeout,
         )
+        if self.shutdown.is_set:
+            w.close("proxy shutting down")
         return WatchResponse(w)
 
     # ---- write fencing ---------------------------------------------------------------------
@@ -497,7 +508,10 @@ class ProxyState:
                 await resp.aclose()
 
         return StreamingResponse(
-            relay(), status_code=resp.status_code, headers=out_headers, background=BackgroundTask(resp.aclose)
+            until_shutdown(relay(), self.shutdown),
+            status_code=resp.status_code,
+            headers=out_headers,
+            background=BackgroundTask(resp.aclose),
         )
 
     async def dispatch(self, request: Request) -> Response:

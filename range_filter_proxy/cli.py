@@ -127,8 +127,6 @@ def proxy_command(
     etcd_password: PasswordOpt = None,
 ) -> None:
     """Serve the range filter proxy: shard-filtered list/watch from one shared watch per resource."""
-    import uvicorn  # noqa: PLC0415  (keep `rangeshard --help` fast)
-
     from range_filter_proxy.app import create_app  # noqa: PLC0415
     from range_filter_proxy.auth import AuthMode, AuthSettings  # noqa: PLC0415
     from range_filter_proxy.cached import CacheSettings  # noqa: PLC0415
@@ -136,6 +134,7 @@ def proxy_command(
     from range_filter_proxy.heap import HeapSettings  # noqa: PLC0415
     from range_filter_proxy.upstream import load_upstream_config  # noqa: PLC0415
     from rangeshard.core.kubeapi import load_token_file  # noqa: PLC0415
+    from rangeshard.core.serving import serve  # noqa: PLC0415  (keep `rangeshard --help` fast)
 
     level = getattr(logging, log_level.upper(), None)
     if not isinstance(level, int):
@@ -212,8 +211,9 @@ def proxy_command(
             "with the proxy's credentials (see docs/security.md)",
             host,
         )
-    uvicorn.run(
+    serve(
         app,
+        app.state.proxy.shutdown,
         host=host,
         port=port,
         log_level=log_level.lower(),

@@ -54,22 +54,22 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
-from types import FrameType
 from typing import Annotated, Any
 
 import orjson
 import typer
-import uvicorn
 from fastapi import FastAPI
 from fastapi.responses import HTMLResponse, PlainTextResponse, Response, StreamingResponse
 
 from hashing import MAX_HASH
 from rangeshard.cli.common import DEFAULT_REGISTRY_PREFIX, EtcdOptions, fail, with_etcd_options
+from rangeshard.core import serving
 from rangeshard.core.errors import ConfigError, RangeshardError
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
 from rangeshard.core.process import free_port
+from rangeshard.core.serving import ShutdownSignal
 from registry import MembershipWatch, RegistryView
 from registry.models import check_name
 
@@ -378,26 +378,6 @@ def create_app(
     return app
 
 
-class _Server(uvicorn.Server):
-    """uvicorn server that ends open event streams as soon as shutdown begins."""
-
-    def __init__(self, config: uvicorn.Config, hub: RingHub) -> None:
-        super().__init__(config)
-        self.hub = hub
-
-    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        self.hub.close_threadsafe()
-        super().handle_exit(sig, frame)
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        with super().capture_signals():
-            yield
-            # A signal asked for the shutdown that just completed: exit 0 instead of
-            # re-raising it (which would end the process by SIGTERM or print "Aborted!").
-            self._captured_signals.clear()
-
-
 def serve(
     config: EtcdConfig,
     *,
@@ -410,8 +390,11 @@ def serve(
     hub = RingHub(prefix)
     app = create_app(config, prefix=prefix, controller_type=controller_type, hub=hub)
     level = logging.getLogger().getEffectiveLevel()
-    uv_config = uvicorn.Config(
+    shutdown = ShutdownSignal()
+    shutdown.on_set(hub.close)
+    serving.serve(
         app,
+        shutdown,
         host=host,
         port=port,
         log_level=level,
@@ -419,7 +402,6 @@ def serve(
         timeout_graceful_shutdown=3,
         log_config=None,  # keep the handlers the CLI configured
     )
-    _Server(uv_config, hub).run()
 
 
 # -- the command -----------------------------------------------------------------
