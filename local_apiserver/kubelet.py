@@ -52,8 +52,8 @@ from typing import Any
 from local_apiserver.errors import ApiError
 from local_apiserver.resources import lookup
 from local_apiserver.store import Obj, Store
-from rangeshard.core.errors import RangeshardError
-from rangeshard.core.etcd import KV, EtcdClient, EtcdConfig
+from rangeshard.core.errors import RangeshardError, RegistryError
+from rangeshard.core.etcd import EtcdClient, EtcdConfig, WatchBatch
 from rangeshard.core.events import event_body
 
 log = logging.getLogger(__name__)
@@ -273,36 +273,21 @@ class SimulatedNode:
             self._handle(self.store.decode(self.pods, kv))
         watcher = EtcdClient(self.etcd)
         try:
-            watch_id = watcher.raw.add_watch_prefix_callback(prefix, self._on_watch, start_revision=revision + 1)
+            watch = watcher.watch_prefix(prefix, self._on_watch, start_revision=revision + 1)
             try:
                 self._loop()
             finally:
-                try:
-                    watcher.raw.cancel_watch(watch_id)
-                except Exception:  # the client is closed next anyway
-                    log.debug("cancelling the pod watch failed", exc_info=True)
+                watch.cancel()
         finally:
             watcher.close()
 
-    def _on_watch(self, response: Any) -> None:
+    def _on_watch(self, response: WatchBatch | RegistryError) -> None:
         """Runs on the etcd client's watch thread: only enqueue."""
-        if response is None or isinstance(response, BaseException):
+        if isinstance(response, RegistryError):
             self._queue.put(("error", response))
             return
         for ev in response.events:
-            raw = ev._event
-            if type(ev).__name__ == "DeleteEvent":
-                self._queue.put(("deleted", raw.kv.key.decode()))
-                continue
-            kv = KV(
-                raw.kv.key.decode(),
-                bytes(raw.kv.value),
-                int(raw.kv.mod_revision),
-                int(raw.kv.create_revision),
-                int(raw.kv.version),
-                int(raw.kv.lease),
-            )
-            self._queue.put(("put", kv))
+            self._queue.put(("deleted", ev.kv.key) if ev.deleted else ("put", ev.kv))
 
     def _loop(self) -> None:
         while not self._stop.is_set():

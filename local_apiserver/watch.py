@@ -22,8 +22,9 @@ Invariants
       re-lists/re-watches); it never hangs silently.
 
 Concurrency model
-    pyetcd delivers watch responses on its own thread; the callback converts
-    them to plain tuples and hands them to the event loop with
+    The etcd client delivers watch batches on its own thread
+    (:meth:`rangeshard.core.etcd.EtcdClient.watch_prefix`); the callback turns
+    them into plain tuples and hands them to the event loop with
     ``loop.call_soon_threadsafe``. Blocking etcd calls (watch creation,
     cancellation, the initial list) run in worker threads.
 """
@@ -41,17 +42,14 @@ from typing import Any
 
 import anyio
 import orjson
-import pyetcd.events as etcd_events
-import pyetcd.exceptions as etcd_exc
-from pyetcd import etcdrpc
 
 from hashing import ShardSelector
 from local_apiserver.conversion import to_api
 from local_apiserver.errors import ApiError, status_object
 from local_apiserver.resources import ResourceSpec
 from local_apiserver.store import Obj, Store, parse_resource_version
-from rangeshard.core.errors import RegistryError
-from rangeshard.core.etcd import EtcdClient, EtcdConfig, translate
+from rangeshard.core.errors import RegistryError, WatchCompacted
+from rangeshard.core.etcd import EtcdClient, EtcdConfig, PrefixWatch, WatchBatch, WatchEvent
 from rangeshard.core.selectors import FieldSelector, LabelSelector
 from rangeshard.core.serving import ShutdownSignal
 
@@ -60,19 +58,7 @@ log = logging.getLogger(__name__)
 DEFAULT_WATCH_TIMEOUT = 1800.0
 
 
-@dataclass(frozen=True)
-class RawEvent:
-    """One etcd event, copied out of the gRPC message on the watch thread."""
-
-    deleted: bool
-    key: str
-    value: bytes
-    mod_revision: int
-    version: int
-    prev_value: bytes | None
-
-
-# Items put on the queue: ("events", [RawEvent]), ("progress", rev), ("compacted", rev), ("error", text),
+# Items put on the queue: ("events", [WatchEvent]), ("progress", rev), ("compacted", rev), ("error", text),
 # ("closed", reason): the server is shutting down.
 Item = tuple[str, Any]
 
@@ -87,7 +73,7 @@ class EtcdWatch:
         self.queue: asyncio.Queue[Item] = asyncio.Queue()
         self._loop = asyncio.get_running_loop()
         self._client: EtcdClient | None = None
-        self._watch_id: int | None = None
+        self._watch: PrefixWatch | None = None
         self._closed = False
 
     def deliver(self, item: Item) -> None:
@@ -96,37 +82,16 @@ class EtcdWatch:
         with contextlib.suppress(RuntimeError):  # the loop is closing
             self._loop.call_soon_threadsafe(self.queue.put_nowait, item)
 
-    def _callback(self, response: Any) -> None:
-        """Runs on pyetcd's watch thread."""
-        if self._closed:
-            return
-        if response is None:
-            self.deliver(("error", "etcd closed the watch stream"))
-            return
-        if isinstance(response, etcd_exc.RevisionCompactedError):
+    def _callback(self, response: WatchBatch | RegistryError) -> None:
+        """Runs on the etcd client's watch thread."""
+        if isinstance(response, WatchCompacted):
             self.deliver(("compacted", response.compacted_revision))
-            return
-        if isinstance(response, BaseException):
-            self.deliver(("error", str(translate(response, "watching"))))
-            return
-        if not response.events:
-            self.deliver(("progress", int(response.header.revision)))
-            return
-        events = []
-        for ev in response.events:
-            raw = ev._event
-            has_prev = raw.HasField("prev_kv") and raw.prev_kv.version > 0
-            events.append(
-                RawEvent(
-                    deleted=isinstance(ev, etcd_events.DeleteEvent),
-                    key=raw.kv.key.decode("utf-8", "replace"),
-                    value=bytes(raw.kv.value),
-                    mod_revision=int(raw.kv.mod_revision),
-                    version=int(raw.kv.version),
-                    prev_value=bytes(raw.prev_kv.value) if has_prev else None,
-                )
-            )
-        self.deliver(("events", events))
+        elif isinstance(response, RegistryError):
+            self.deliver(("error", str(response)))
+        elif not response.events:
+            self.deliver(("progress", response.revision))
+        else:
+            self.deliver(("events", list(response.events)))
 
     def open(self) -> None:
         """Create the client and the etcd watch (blocking: run in a thread).
@@ -135,66 +100,36 @@ class EtcdWatch:
         ``RegistryError`` if etcd is unreachable.
         """
         self._client = EtcdClient(self.config)
-        self._route_progress(self._client.raw.watcher)
         try:
-            self._watch_id = self._client.raw.add_watch_prefix_callback(
+            self._watch = self._client.watch_prefix(
                 self.prefix, self._callback, start_revision=self.start_revision, prev_kv=True
             )
-        except etcd_exc.RevisionCompactedError as e:
+        except WatchCompacted as e:
             self.close()
             raise ApiError(
                 410,
                 "Expired",
                 f"too old resource version: {self.start_revision - 1} ({e.compacted_revision})",
             ) from e
-        except Exception as e:
+        except BaseException:
             self.close()
-            if isinstance(e, etcd_exc.Etcd3Exception) or type(e).__module__.startswith("grpc"):
-                raise translate(e, f"watching {self.prefix}") from e
             raise
-
-    def _route_progress(self, watcher: Any) -> None:
-        """Deliver stream-level progress notifications (watch id -1) to our callback.
-
-        etcd answers a ``WatchProgressRequest`` with one response whose watch
-        id is -1; pyetcd drops responses of unknown ids. This stream carries
-        exactly one watch (a dedicated client), so such a response is ours.
-        """
-        original = watcher._handle_response
-
-        def handle(rs: Any) -> None:
-            if rs.watch_id == -1 and not rs.events and not rs.created and not rs.canceled:
-                self._callback(rs)
-                return
-            if rs.canceled and not rs.compact_revision and rs.watch_id == self._watch_id:
-                # pyetcd drops cancellations other than compaction; end the stream instead of hanging.
-                self.deliver(("error", f"etcd canceled the watch: {rs.cancel_reason or 'no reason given'}"))
-                return
-            original(rs)
-
-        watcher._handle_response = handle
 
     def request_progress(self) -> None:
         """Ask etcd for a progress notification on this stream (for bookmarks)."""
-        client = self._client
-        if client is None or self._closed:
-            return
-        try:
-            watcher = client.raw.watcher
-            watcher._request_queue.put_nowait(etcdrpc.WatchRequest(progress_request=etcdrpc.WatchProgressRequest()))
-        except Exception:  # best effort: no bookmark this time
-            log.debug("progress request failed for %s", self.prefix, exc_info=True)
+        watch = self._watch
+        if watch is not None and not self._closed:
+            watch.request_progress()
 
     def close(self) -> None:
         """Cancel the watch and close the client (blocking; idempotent)."""
         self._closed = True
         client, self._client = self._client, None
-        if client is None:
-            return
-        if self._watch_id is not None:
-            with contextlib.suppress(Exception):
-                client.raw.cancel_watch(self._watch_id)
-        client.close()
+        watch, self._watch = self._watch, None
+        if watch is not None:
+            watch.cancel()
+        if client is not None:
+            client.close()
 
 
 def event_line(kind: str, obj: Obj) -> bytes:
@@ -249,16 +184,17 @@ class _Matcher:
             and (self.req.shard is None or self.req.shard.matches(obj))
         )
 
-    def convert(self, ev: RawEvent) -> tuple[str, Obj] | None:
-        prev = self.decode(ev.prev_value, ev.key, ev.mod_revision) if ev.prev_value is not None else None
+    def convert(self, ev: WatchEvent) -> tuple[str, Obj] | None:
+        kv = ev.kv
+        prev = self.decode(ev.prev_value, kv.key, kv.mod_revision) if ev.prev_value is not None else None
         if ev.deleted:
             return ("DELETED", prev) if prev is not None and self.matches(prev) else None
-        cur = self.decode(ev.value, ev.key, ev.mod_revision)
+        cur = self.decode(kv.value, kv.key, kv.mod_revision)
         if cur is None:
             return None
         cur_ok = self.matches(cur)
         prev_ok = self.matches(prev)
-        if ev.version == 1 or prev is None:
+        if kv.version == 1 or prev is None:
             return ("ADDED", cur) if cur_ok else None
         if cur_ok and prev_ok:
             return ("MODIFIED", cur)
@@ -380,7 +316,7 @@ async def _stream(
                 continue
             if kind == "events":
                 for ev in payload:
-                    last_rev = max(last_rev, ev.mod_revision)
+                    last_rev = max(last_rev, ev.kv.mod_revision)
                     converted = matcher.convert(ev)
                     if converted is not None:
                         yield event_line(converted[0], converted[1])

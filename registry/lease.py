@@ -1,4 +1,4 @@
-"""Lease keepalive we own: renew at TTL/3, report failures and the fencing deadline.
+"""Lease keepalive we own: renew at TTL/3 (sooner for small TTLs), report failures and the fencing deadline.
 
 Purpose
     pyetcd does not renew leases by itself. :class:`LeaseKeeper` grants a
@@ -13,8 +13,13 @@ Invariants
       ``send_time + granted_ttl``, so stopping all work by
       ``send_time + granted_ttl - margin`` (monotonic clock) is safe even if
       the answer arrived late.
-    * Each keepalive call has its own deadline (``< ttl / 3``), so a hung
-      connection is noticed before the fencing deadline.
+    * Each keepalive call has its own deadline (``< interval``), so a hung
+      connection is noticed before the fencing deadline; within it the etcd
+      client tries the next member of the cluster when one cannot answer
+      (:mod:`rangeshard.core.etcd`).
+    * Renewals are frequent enough (:func:`renewal_interval`) that a failure
+      streak of :data:`ELECTION_ALLOWANCE` seconds (an etcd leader election)
+      ends before the fencing deadline for every TTL we accept (>= 3 s).
     * Once etcd answers TTL <= 0 the lease is lost; the keeper stops and calls
       ``on_lost``. It never re-grants by itself: rejoining is the owner's call.
 
@@ -43,6 +48,25 @@ def default_margin(ttl: float) -> float:
     return max(1.0, 0.3 * ttl)
 
 
+#: How long renewals may keep failing without costing the lease: an etcd leader election after the
+#: leader died (about 1 s at etcd's default 1 s election timeout) plus the retry that follows it.
+ELECTION_ALLOWANCE = 1.5
+#: Wait between attempts while renewals fail (each attempt is bounded by its own deadline).
+RETRY_WAIT = 0.2
+
+
+def renewal_interval(ttl: float, margin: float) -> float:
+    """Seconds between keepalives: ``ttl / 3``, shorter when the TTL is small.
+
+    After the last renewal the fencing deadline is ``ttl - margin`` away; a
+    failure is noticed at most one interval later and must leave
+    :data:`ELECTION_ALLOWANCE` of retries before the deadline, so the interval
+    is at most ``ttl - margin - ELECTION_ALLOWANCE`` (never below 0.5 s):
+    0.5 s for a TTL of 3, 1.3 s for 4, ``ttl / 3`` from 5 on.
+    """
+    return min(ttl / 3, max(0.5, ttl - margin - ELECTION_ALLOWANCE))
+
+
 class LeaseKeeper:
     """Grant a lease and keep it alive (see module docstring)."""
 
@@ -61,10 +85,10 @@ class LeaseKeeper:
         if ttl < 2:
             raise ValueError(f"lease TTL must be at least 2 seconds, got {ttl}")
         self.ttl = ttl
-        self.interval = ttl / 3
         self.margin = default_margin(ttl) if margin is None else margin
         if self.margin >= ttl:
             raise ValueError(f"fencing margin {self.margin}s must be below the TTL {ttl}s")
+        self.interval = renewal_interval(ttl, self.margin)
         # Calls must finish well within one renewal interval.
         self.client = EtcdClient(replace(config, timeout=max(0.5, min(config.timeout, self.interval * 0.8))))
         self.name = name
@@ -79,6 +103,9 @@ class LeaseKeeper:
         self._closed = False
         self._thread: threading.Thread | None = None
         self.lost = threading.Event()
+        #: The longest time between two successful renewals (or the grant and the first), in seconds.
+        self.longest_gap = 0.0
+        self._last_renewed = 0.0
 
     @property
     def deadline(self) -> float:
@@ -96,6 +123,7 @@ class LeaseKeeper:
         self.lease_id = self.client.grant_lease(self.ttl)
         with self._lock:
             self._deadline = sent + self.ttl - self.margin
+        self._last_renewed = sent
         self.lost.clear()
         log.info("lease %x granted (ttl %ss) for %s", self.lease_id, self.ttl, self.name)
         return self.lease_id
@@ -133,11 +161,16 @@ class LeaseKeeper:
             raise LeaseLost(f"lease {self.lease_id:x} expired or was revoked")
         with self._lock:
             self._deadline = max(self._deadline, sent + ttl - self.margin)
-            return self._deadline
+            deadline = self._deadline
+        if self._last_renewed:
+            self.longest_gap = max(self.longest_gap, sent - self._last_renewed)
+        self._last_renewed = sent
+        return deadline
 
     def _run(self) -> None:
         try:
             wait = self.interval
+            failures = 0
             while not self._stop.wait(wait):
                 try:
                     deadline = self.renew_once()
@@ -148,8 +181,11 @@ class LeaseKeeper:
                         self.on_lost()
                     return
                 except RangeshardError as e:
+                    failures += 1
                     remaining = self.remaining()
-                    log.warning(
+                    # One WARNING per streak of failures (retries come every RETRY_WAIT), then DEBUG.
+                    log.log(
+                        logging.WARNING if failures == 1 else logging.DEBUG,
                         "%s: lease %x renewal failed (%s); fencing deadline in %.1fs",
                         self.name,
                         self.lease_id,
@@ -158,8 +194,17 @@ class LeaseKeeper:
                     )
                     if self.on_failure is not None:
                         self.on_failure(e, self.deadline)
-                    wait = min(self.interval, 0.5)
+                    wait = min(self.interval, RETRY_WAIT)
                     continue
+                if failures:
+                    log.info(
+                        "%s: lease %x renewed again after %d failed attempt(s); deadline in %.1fs",
+                        self.name,
+                        self.lease_id,
+                        failures,
+                        deadline - self.clock.monotonic(),
+                    )
+                    failures = 0
                 wait = self.interval
                 log.debug(
                     "%s: lease %x renewed, deadline in %.1fs",

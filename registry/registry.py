@@ -37,9 +37,6 @@ import random
 import time
 from collections.abc import Callable
 
-from pyetcd import transactions as txn
-from pyetcd.utils import prefix_range_end
-
 from hashing import MAX_HASH, split_largest
 from rangeshard.core.errors import (
     AlreadyRegistered,
@@ -49,7 +46,7 @@ from rangeshard.core.errors import (
     NotRegistered,
     RangeshardError,
 )
-from rangeshard.core.etcd import KV, EtcdClient
+from rangeshard.core.etcd import KV, EtcdClient, prefix_end, txn
 from registry.models import InstanceRecord, Member, Snapshot, State, check_name, now
 
 log = logging.getLogger(__name__)
@@ -206,7 +203,7 @@ class Registry:
                         {**base, "hash_key": lower.hi, "is_locked": True, "state": State.LOCKED, "giver": giver}
                     )
             ok, _ = self.client.transaction(
-                compare=[txn.Mod(prefix, prefix_range_end(prefix.encode())) < snap.revision + 1],
+                compare=[txn.Mod(prefix, prefix_end(prefix)) < snap.revision + 1],
                 success=[txn.Put(key, record.to_json(), lease_id)],
                 what=f"joining {controller_type}/{instance_id}",
             )
@@ -288,7 +285,7 @@ class Registry:
                 unlocked = r.record.evolve(is_locked=False, giver=None)
                 puts.append(txn.Put(r.key, unlocked.to_json(), r.lease_id))
             ok, _ = self.client.transaction(
-                compare=[txn.Mod(prefix, prefix_range_end(prefix.encode())) < snap.revision + 1],
+                compare=[txn.Mod(prefix, prefix_end(prefix)) < snap.revision + 1],
                 success=puts,
                 what=what,
             )
@@ -533,7 +530,7 @@ class Registry:
         if receiver is not me:
             puts.append(txn.Put(receiver.key, recv_rec.to_json(), receiver.lease_id))
         ok, _ = self.client.transaction(
-            compare=[txn.Mod(prefix, prefix_range_end(prefix.encode())) < snap.revision + 1],
+            compare=[txn.Mod(prefix, prefix_end(prefix)) < snap.revision + 1],
             success=puts,
             what=f"moving the key of {controller_type}/{instance_id}",
         )

@@ -9,8 +9,11 @@ Purpose
     * stream error (etcd restarted, connection cut) -> re-watch from the last
       seen revision + 1 on a new connection, keeping the local state;
     * the revision was compacted meanwhile -> relist, then watch again;
-    * no response for ``probe_interval`` seconds -> a cheap read checks that
-      etcd is still reachable (a silent partition does not error the stream).
+    * no response for ``probe_interval`` seconds -> a cheap read on the
+      watch's own member checks that it still answers (a silent partition or
+      a hung member does not error the stream); if not, re-watch on another
+      member of the cluster (:meth:`EtcdClient.watch_prefix` asks the
+      healthiest first).
 
 Invariants
     * Every delivered view reflects etcd at exactly one revision: all events of
@@ -37,12 +40,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import grpc
-import pyetcd.exceptions as etcd_exc
-from pyetcd import events as etcd_events
-
-from rangeshard.core.errors import RangeshardError, RegistryUnavailable
-from rangeshard.core.etcd import KV, EtcdClient, EtcdConfig, translate
+from rangeshard.core.errors import RangeshardError, WatchCompacted
+from rangeshard.core.etcd import KV, EtcdClient, EtcdConfig, WatchBatch
 from registry.models import Snapshot
 from registry.registry import DEFAULT_PREFIX, Layout, parse_members
 
@@ -148,28 +147,20 @@ class MembershipWatch:
         except Exception:
             log.exception("membership watch %s: on_revision failed", self.name)
 
-    def _apply(self, response: Any) -> None:
+    def _apply(self, batch: WatchBatch) -> None:
         current: int | None = None
-        for ev in response.events:
-            rev = int(ev.mod_revision)
+        for ev in batch.events:
+            rev = ev.kv.mod_revision
             if current is not None and rev != current:
                 self._revision_applied(current)
             current = rev
-            key = ev.key.decode("utf-8", "replace")
-            if isinstance(ev, etcd_events.DeleteEvent):
-                self._kvs.pop(key, None)
+            if ev.deleted:
+                self._kvs.pop(ev.kv.key, None)
             else:
-                self._kvs[key] = KV(
-                    key=key,
-                    value=bytes(ev.value),
-                    mod_revision=int(ev.mod_revision),
-                    create_revision=int(ev.create_revision),
-                    version=int(ev.version),
-                    lease_id=int(ev.lease),
-                )
+                self._kvs[ev.kv.key] = ev.kv
         if current is not None:
             self._revision_applied(current)
-        self._revision = max(self._revision, int(response.header.revision))
+        self._revision = max(self._revision, batch.revision)
 
     def _run(self) -> None:
         try:
@@ -208,31 +199,24 @@ class MembershipWatch:
         q: queue.Queue[Any] = queue.Queue()
         self._stream_queue = q
         try:
-            watch_id = client.raw.add_watch_prefix_callback(self.watch_prefix, q.put, start_revision=self._revision + 1)
-        except etcd_exc.RevisionCompactedError as e:
+            watch = client.watch_prefix(self.watch_prefix, q.put, start_revision=self._revision + 1)
+        except WatchCompacted as e:
             raise _Resync from e
-        except (etcd_exc.Etcd3Exception, grpc.RpcError) as e:
-            raise translate(e, f"watching {self.watch_prefix}") from e
         try:
             while not self._stop.is_set():
                 try:
                     item = q.get(timeout=self.probe_interval)
                 except queue.Empty:
-                    client.revision()  # liveness probe; raises RegistryUnavailable
+                    watch.probe()  # the watch's own member still answers? raises RegistryUnavailable
                     continue
                 if item is _WAKE:
                     continue
-                if item is None:  # pyetcd's signal that the stream ended without an error
-                    raise RegistryUnavailable(f"watching {self.watch_prefix}: etcd ended the watch stream")
-                if isinstance(item, etcd_exc.RevisionCompactedError):
+                if isinstance(item, WatchCompacted):
                     raise _Resync
-                if isinstance(item, BaseException):
-                    raise translate(item, f"watching {self.watch_prefix}") from item
+                if isinstance(item, RangeshardError):
+                    raise item
                 self._apply(item)
                 if item.events:
                     self._deliver()
         finally:
-            try:
-                client.raw.cancel_watch(watch_id)
-            except Exception as e:
-                log.debug("membership watch %s: cancel failed: %s", self.name, e)
+            watch.cancel()

@@ -149,8 +149,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "renew-interval",
         LEASE,
-        "        self.interval = ttl / 3",
-        "        self.interval = ttl / 2",
+        "    return min(ttl / 3, max(0.5, ttl - margin - ELECTION_ALLOWANCE))",
+        "    return min(ttl / 2, max(0.5, ttl - margin - ELECTION_ALLOWANCE))",
         (T_LEASE,),
         "keepalives every TTL/2 instead of TTL/3",
     ),

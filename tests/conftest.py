@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
-from rangeshard.core.process import EtcdServer
+from rangeshard.core.process import EtcdCluster, EtcdServer
 
 
 @pytest.fixture(scope="session")
@@ -62,3 +62,27 @@ def key_prefix(etcd_client: EtcdClient) -> Iterator[str]:
     prefix = f"/test-{uuid.uuid4().hex[:12]}"
     yield prefix
     etcd_client.delete_prefix(prefix + "/")
+
+
+@pytest.fixture(scope="session")
+def etcd_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdCluster]:
+    """Three etcd members on loopback with etcd's default timing (1 s election timeout), once per session.
+
+    Tests stop, kill and pause members; :func:`etcd_members` puts them all back afterwards.
+    """
+    cluster = EtcdCluster(tmp_path_factory.mktemp("etcd-cluster"))
+    cluster.start()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture
+def etcd_members(etcd_cluster: EtcdCluster) -> Iterator[EtcdCluster]:
+    """The session's three-member cluster, every member running and answering again after the test."""
+    etcd_cluster.start()
+    etcd_cluster.leader()
+    yield etcd_cluster
+    for m in etcd_cluster.members:
+        m.resume()
+    etcd_cluster.start()
+    etcd_cluster.leader()

@@ -2,12 +2,15 @@
 
 Owns
     * :mod:`rangeshard.core.errors` - the project's one error tree.
-    * :mod:`rangeshard.core.etcd` - the etcd client (``EtcdClient``), its
-      configuration (``EtcdConfig``: endpoints, TLS, auth) and the translation
-      of gRPC/etcd failures into the error tree.
+    * :mod:`rangeshard.core.etcd` - the etcd client (``EtcdClient``: member
+      failover, prefix watches), its configuration (``EtcdConfig``: endpoints,
+      TLS, auth) and the translation of gRPC/etcd failures into the error
+      tree; the only module that imports pyetcd or grpc.
     * :mod:`rangeshard.core.process` - child-process management
-      (``ManagedProcess``, the embedded ``EtcdServer``, ``free_port``,
-      ``terminate``).
+      (``ManagedProcess``, the embedded ``EtcdServer``, a multi-member
+      ``EtcdCluster``, ``free_port``, ``terminate``).
+    * :mod:`rangeshard.core.serving` - running an ASGI app under uvicorn so
+      open streams end as soon as SIGINT/SIGTERM begins the shutdown.
     * :mod:`rangeshard.core.kubeapi` - Kubernetes API helpers shared by the
       two HTTP servers: ``ApiError``/``Status`` bodies, token files,
       ``UserInfo``, the request-body limit.

@@ -27,6 +27,7 @@ The tree::
     └── RegistryError               anything the etcd registry reports
         ├── RegistryUnavailable     etcd unreachable or too slow (retry later)
         ├── CompareFailed           a guarded transaction lost a race
+        ├── WatchCompacted          a watch's start revision was compacted (relist)
         ├── NotRegistered           the instance record does not exist (any more)
         ├── AlreadyRegistered       the instance id is already in the registry
         ├── LeaseLost               the instance's lease expired or was revoked
@@ -88,6 +89,14 @@ class RegistryUnavailable(RegistryError):
 
 class CompareFailed(RegistryError):
     """A guarded etcd transaction failed its compare: somebody changed the data first."""
+
+
+class WatchCompacted(RegistryError):
+    """A watch's start revision was compacted: relist, then watch from the new revision."""
+
+    def __init__(self, message: str, compacted_revision: int) -> None:
+        super().__init__(message)
+        self.compacted_revision = compacted_revision
 
 
 class NotRegistered(RegistryError):

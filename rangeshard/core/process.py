@@ -216,6 +216,7 @@ class EtcdServer(ManagedProcess):
         fast: bool = False,
         log_file: str | Path | None = None,
         tls: EtcdTLS | None = None,
+        initial_cluster: str | None = None,
     ) -> None:
         if tls is not None and tls.client_cert_auth and not (tls.client_cert_file and tls.client_key_file):
             raise EtcdServerError("client_cert_auth needs client_cert_file and client_key_file for the probe")
@@ -229,6 +230,8 @@ class EtcdServer(ManagedProcess):
         self.peer_port = peer_port or free_port(host)
         self.name = name
         self.fast = fast
+        #: ``name=peerURL,...`` of every member when this one is part of a cluster (:class:`EtcdCluster`).
+        self.initial_cluster = initial_cluster
         self.log_path = Path(log_file) if log_file else self.data_dir.parent / f"{self.data_dir.name}.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -294,7 +297,7 @@ class EtcdServer(ManagedProcess):
             "--advertise-client-urls", self.url,
             "--listen-peer-urls", peer,
             "--initial-advertise-peer-urls", peer,
-            "--initial-cluster", f"{self.name}={peer}",
+            "--initial-cluster", self.initial_cluster or f"{self.name}={peer}",
             "--log-level", "warn",
         ]  # fmt: skip
         if self.tls is not None:
@@ -306,14 +309,30 @@ class EtcdServer(ManagedProcess):
             cmd += ["--heartbeat-interval", "10", "--election-timeout", "100"]
         return cmd
 
-    def start(self, timeout: float = 30.0) -> None:
-        """Start the process and wait until it serves reads."""
+    def start(self, timeout: float = 30.0, *, wait: bool = True) -> None:
+        """Start the process and (unless ``wait`` is false) wait until it serves reads."""
         if self.running:
             return
         self.data_dir.mkdir(parents=True, exist_ok=True)
         proc = self._spawn(self.command(), EtcdServerError, "etcd")
         log.info("etcd starting on %s (data %s, pid %s)", self.url, self.data_dir, proc.pid)
-        self.wait_ready(timeout)
+        if wait:
+            self.wait_ready(timeout)
+
+    def pause(self) -> None:
+        """SIGSTOP: the member hangs (its connections stay open, nothing answers)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT after :meth:`pause`."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+
+    def status(self, timeout: float = 2.0) -> tuple[int, int]:
+        """``(member id, leader id)`` as this member sees them (``RegistryError`` if it cannot answer)."""
+        with EtcdClient(self.client_config(timeout=timeout)) as client:
+            return client.member_status()
 
     def wait_ready(self, timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout
@@ -336,3 +355,66 @@ class EtcdServer(ManagedProcess):
         if self.proc is not None:
             super().stop(grace)
             log.info("etcd on %s stopped", self.url)
+
+
+class EtcdCluster:
+    """``size`` etcd members on loopback forming one cluster (etcd's default timing unless ``fast``).
+
+    Members are :class:`EtcdServer` objects: tests stop, kill, pause and
+    restart them one by one; a restarted member rejoins from its data directory.
+    """
+
+    def __init__(self, base_dir: str | Path, size: int = 3, *, host: str = "127.0.0.1", fast: bool = False) -> None:
+        base = Path(base_dir)
+        ports = [(free_port(host), free_port(host)) for _ in range(size)]
+        peers = ",".join(f"m{i}=http://{host}:{peer}" for i, (_, peer) in enumerate(ports))
+        self.members = [
+            EtcdServer(
+                base / f"m{i}",
+                host=host,
+                client_port=client,
+                peer_port=peer,
+                name=f"m{i}",
+                fast=fast,
+                log_file=base / f"m{i}.log",
+                initial_cluster=peers,
+            )
+            for i, (client, peer) in enumerate(ports)
+        ]
+
+    @property
+    def urls(self) -> str:
+        return ",".join(m.url for m in self.members)
+
+    def client_config(self, timeout: float = 5.0) -> EtcdConfig:
+        return EtcdConfig.from_urls(self.urls, timeout=timeout)
+
+    def start(self, timeout: float = 60.0) -> None:
+        """Start every member that is not running (all at once: a quorum must form), then wait for each."""
+        stopped = [m for m in self.members if not m.running]
+        for m in stopped:
+            m.start(wait=False)
+        for m in stopped:
+            m.wait_ready(timeout)
+
+    def leader(self, timeout: float = 30.0) -> EtcdServer:
+        """The member that is leader now (waits for an election to finish)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            for m in self.members:
+                if not m.running:
+                    continue
+                try:
+                    member_id, leader_id = m.status(timeout=0.5)
+                except RangeshardError:
+                    continue
+                if member_id == leader_id:
+                    return m
+            if time.monotonic() >= deadline:
+                raise EtcdServerError(f"no etcd leader among {self.urls} after {timeout}s")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        for m in self.members:
+            m.resume()
+            m.stop()

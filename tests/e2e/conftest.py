@@ -36,7 +36,7 @@ from hashing import hash_key
 from local_apiserver.process import LocalApiServerProcess
 from range_filter_proxy.process import ProxyProcess
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
-from rangeshard.core.process import EtcdServer
+from rangeshard.core.process import EtcdCluster, EtcdServer
 from rangeshard.testing import ManagerProcess
 from registry import Registry, Snapshot
 from tests.e2e.kube import replicasets, scale_replicaset
@@ -135,7 +135,7 @@ class Cluster:
         if hold:
             controllers = {k: {**v, "reconcileHoldFile": str(hold_file)} for k, v in controllers.items()}
         cfg = {
-            "etcd": {"endpoints": [etcd_url or self.registry_etcd_url]},
+            "etcd": {"endpoints": (etcd_url or self.registry_etcd_url).split(",")},
             "proxy": {"url": self.proxy.url},
             "leaseTTLSeconds": lease_ttl or LEASE_TTL,
             "reconcileTimeoutSeconds": reconcile_timeout or RECONCILE_TIMEOUT,
@@ -337,11 +337,21 @@ FENCED_LEASE_TTL = 3
 def fenced_cluster(etcd_server: EtcdServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Cluster]:
     """A cluster whose proxy fences writes and whose API server writes a RequestResponse audit log."""
     monkeypatch.setitem(globals(), "LEASE_TTL", FENCED_LEASE_TTL)
+    yield from _fenced_cluster(etcd_server.url, etcd_server.url, tmp_path)
+
+
+@pytest.fixture
+def members_cluster(etcd_server: EtcdServer, etcd_members: EtcdCluster, tmp_path: Path) -> Iterator[Cluster]:
+    """A fenced cluster whose registry (managers and the proxy's fencing) is the session's 3-member etcd."""
+    yield from _fenced_cluster(etcd_server.url, etcd_members.urls, tmp_path)
+
+
+def _fenced_cluster(etcd_url: str, registry_urls: str, tmp_path: Path) -> Iterator[Cluster]:
     storage = f"/e2e-{uuid.uuid4().hex[:8]}"
     registry_prefix = f"/rs-{uuid.uuid4().hex[:8]}"
     audit = tmp_path / "apiserver-audit.jsonl"
     apiserver = LocalApiServerProcess(
-        etcd_server.url,
+        etcd_url,
         prefix=storage,
         log_file=tmp_path / "apiserver.log",
         bookmark_interval=0.2,
@@ -351,11 +361,11 @@ def fenced_cluster(etcd_server: EtcdServer, tmp_path: Path, monkeypatch: pytest.
     proxy = ProxyProcess(
         apiserver.url,
         log_file=tmp_path / "proxy.log",
-        extra_args=["--etcd", etcd_server.url, "--registry-prefix", registry_prefix],
+        extra_args=["--etcd", registry_urls, "--registry-prefix", registry_prefix],
     )
     try:
         proxy.start()
-        cluster = Cluster(etcd_server.url, etcd_server.url, registry_prefix, apiserver, proxy, tmp_path)
+        cluster = Cluster(etcd_url, registry_urls, registry_prefix, apiserver, proxy, tmp_path)
         try:
             yield cluster
         finally:
@@ -366,5 +376,5 @@ def fenced_cluster(etcd_server: EtcdServer, tmp_path: Path, monkeypatch: pytest.
     finally:
         proxy.stop()
         apiserver.stop()
-        with EtcdClient(EtcdConfig.from_urls(etcd_server.url)) as c:
+        with EtcdClient(EtcdConfig.from_urls(etcd_url)) as c:
             c.delete_prefix(storage + "/")

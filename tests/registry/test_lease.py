@@ -16,7 +16,7 @@ from rangeshard.core.clock import ManualClock
 from rangeshard.core.errors import LeaseLost
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
 from registry import LeaseKeeper
-from registry.lease import default_margin
+from registry.lease import ELECTION_ALLOWANCE, default_margin, renewal_interval
 
 T0 = 1000.0
 
@@ -68,11 +68,28 @@ def test_default_margin_is_thirty_percent_and_at_least_one_second() -> None:
 def test_keepalives_every_third_of_the_ttl_each_bounded_below_the_interval(
     keeper_factory: Callable[..., LeaseKeeper],
 ) -> None:
-    for ttl in (3, 10, 60):
+    for ttl in (5, 10, 60):
         keeper = keeper_factory(ttl)
         assert keeper.interval == pytest.approx(ttl / 3)
         # A hung keepalive is given up before the next one is due.
         assert keeper.client.config.timeout < keeper.interval
+
+
+def test_small_ttls_renew_often_enough_to_ride_out_an_etcd_leader_election(
+    keeper_factory: Callable[..., LeaseKeeper],
+) -> None:
+    assert renewal_interval(3, default_margin(3)) == pytest.approx(0.5)
+    assert renewal_interval(4, default_margin(4)) == pytest.approx(1.3)
+    for ttl in range(3, 301):
+        margin = default_margin(ttl)
+        interval = renewal_interval(ttl, margin)
+        # The last renewal, a failure noticed one interval later, then an election's worth of retries:
+        # all before the fencing deadline (ttl - margin after the last renewal).
+        assert interval + ELECTION_ALLOWANCE <= ttl - margin + 1e-9, ttl
+        assert 0.5 <= interval <= ttl / 3 + 1e-9
+    keeper = keeper_factory(3)
+    assert keeper.interval == pytest.approx(0.5)
+    assert keeper.client.config.timeout <= keeper.interval
 
 
 def test_grant_deadline_is_send_time_plus_ttl_minus_margin(

@@ -9,7 +9,7 @@ then swapped back.
 
 * every interval one keepalive, each reported with ``send time + TTL - margin``;
 * a failure reports the error and the deadline that still holds, and the
-  next attempt comes after ``min(interval, 0.5 s)``, not a whole interval;
+  next attempt comes after ``min(interval, RETRY_WAIT)``, not a whole interval;
   after a success the normal pacing resumes;
 * a revoked lease is reported once as lost, sets ``lost`` and ends the thread;
 * ``stop`` ends the thread without further keepalives.
@@ -28,6 +28,7 @@ from rangeshard.core.errors import RegistryUnavailable
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
 from rangeshard.core.process import free_port
 from registry import LeaseKeeper
+from registry.lease import RETRY_WAIT
 from tests.helpers import wait_until
 
 T0 = 1000.0
@@ -126,7 +127,7 @@ def test_nothing_is_sent_before_the_first_interval(keeper: LeaseKeeper, calls: C
     assert calls.renewed[0][0] - started >= 0.35
 
 
-def test_failure_reports_the_standing_deadline_and_retries_after_half_a_second(
+def test_failure_reports_the_standing_deadline_and_retries_after_a_fifth_of_a_second(
     keeper: LeaseKeeper, clock: ManualClock, calls: Calls, dead_client: EtcdClient
 ) -> None:
     keeper.grant()
@@ -149,7 +150,7 @@ def test_failure_reports_the_standing_deadline_and_retries_after_half_a_second(
     assert standing == T0 + TTL - MARGIN  # the grant's deadline still holds
     (renewed_at, deadline), *_ = calls.renewed
     assert deadline == T0 + 5.0 + TTL - MARGIN
-    assert 0.4 <= renewed_at - failed_at < 1.4  # min(interval, 0.5 s), not the 20 s interval
+    assert RETRY_WAIT * 0.9 <= renewed_at - failed_at < 1.2  # min(interval, RETRY_WAIT), not the 20 s interval
     assert calls.lost == [] and not keeper.lost.is_set() and keeper._thread is not None and keeper._thread.is_alive()
 
 
