@@ -55,9 +55,7 @@ from local_apiserver.routing import (
     PROTOBUF,
     STRATEGIC_PATCH,
     Target,
-    bool_param,
     check_accept,
-    int_param,
     parse_target,
     query_selectors,
     read_body,
@@ -67,8 +65,9 @@ from local_apiserver.state import State, in_thread, json_response
 from local_apiserver.store import Obj, Store, check_precondition, parse_resource_version
 from local_apiserver.strategic import strategic_merge
 from local_apiserver.validation import check_body_shape, check_scale_body, selector_requirements
-from local_apiserver.watch import WatchRequest, timeout_param, watch_events
+from local_apiserver.watch import WatchRequest, watch_events
 from rangeshard.core.kubeapi import Attributes, UserInfo
+from rangeshard.core.listoptions import ListQuery, parse_bool
 
 log = logging.getLogger(__name__)
 
@@ -114,16 +113,19 @@ async def dispatch(state: State, request: Request, path: str, info: dict[str, st
     store = state.require_store()
     ns = target.namespace
 
-    if target.watch_path or (method == "GET" and target.name is None and bool_param(request, "watch")):
+    query: ListQuery | None = None
+    if target.watch_path or (method == "GET" and target.name is None):
+        query = ListQuery.parse(request.query_params, watch_path=target.watch_path)
+    if query is not None and query.watch:
         if method != "GET" or target.subresource:
             raise method_not_allowed("watch is only allowed with GET on a collection or object")
         info["verb"] = "watch"
-        return await _watch(state, store, request, target, table)
+        return await _watch(state, store, request, target, table, query)
 
     if method == "GET":
-        if target.name is None:
+        if target.name is None and query is not None:
             info["verb"] = "list"
-            return await _list(store, request, target, table)
+            return await _list(store, request, target, table, query)
         info["verb"] = "get"
         obj = await in_thread(store.get, spec, ns, target.name)
         shown = to_scale(spec, obj) if target.subresource == "scale" else obj
@@ -222,7 +224,10 @@ def _with_warnings(response: Response, warnings: list[str]) -> Response:
 def _attributes(request: Request, target: Target) -> Attributes:
     """The authorization attributes of a resource request (verb as kube-apiserver derives it)."""
     method = request.method
-    watch = request.query_params.get("watch", "").lower() in ("true", "1")
+    try:
+        watch = bool(parse_bool(request.query_params, "watch"))
+    except ApiError:
+        watch = False  # answered with a 400 by the handler; authorization sees a read
     if target.watch_path or (method == "GET" and target.name is None and watch):
         verb = "watch"
     elif method in ("GET", "HEAD"):
@@ -270,21 +275,22 @@ async def review(state: State, request: Request, path: str, info: dict[str, str]
     return json_response(subject_access_review(body), 201)
 
 
-async def _list(store: Store, request: Request, target: Target, table: tables.TableRequest | None) -> Response:
+async def _list(
+    store: Store, request: Request, target: Target, table: tables.TableRequest | None, query: ListQuery
+) -> Response:
     spec = target.spec
     labels, fields = query_selectors(request, spec, None)
     shard = shard_param(request)
-    limit = int_param(request, "limit")
     result = await in_thread(
         store.list_page,
         spec,
         target.namespace,
         labels,
         fields,
-        limit=limit,
-        continue_token=request.query_params.get("continue") or None,
-        resource_version=request.query_params.get("resourceVersion"),
-        resource_version_match=request.query_params.get("resourceVersionMatch"),
+        limit=query.limit,
+        continue_token=query.continue_token,
+        resource_version=query.resource_version,
+        resource_version_match=query.resource_version_match,
         shard=shard,
     )
     meta: dict[str, Any] = {"resourceVersion": str(result.revision)}
@@ -300,7 +306,7 @@ async def _list(store: Store, request: Request, target: Target, table: tables.Ta
 
 
 async def _watch(
-    state: State, store: Store, request: Request, target: Target, table: tables.TableRequest | None
+    state: State, store: Store, request: Request, target: Target, table: tables.TableRequest | None, query: ListQuery
 ) -> Response:
     spec = target.spec
     labels, fields = query_selectors(request, spec, target.name)
@@ -309,10 +315,10 @@ async def _watch(
         namespace=target.namespace,
         labels=labels,
         fields=fields,
-        resource_version=request.query_params.get("resourceVersion"),
-        allow_bookmarks=bool_param(request, "allowWatchBookmarks"),
-        timeout_seconds=timeout_param(request.query_params.get("timeoutSeconds")),
-        send_initial_events=bool_param(request, "sendInitialEvents"),
+        resource_version=query.resource_version,
+        allow_bookmarks=query.allow_watch_bookmarks,
+        timeout_seconds=float(query.timeout_seconds) if query.timeout_seconds else None,
+        send_initial_events=bool(query.send_initial_events),
         shard=shard_param(request),
     )
     gauge = state.metrics.watches.labels(resource=spec.resource)

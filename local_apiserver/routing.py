@@ -253,30 +253,6 @@ async def read_body(request: Request, allowed: tuple[str, ...]) -> tuple[str, An
         raise bad_request(f"the {media} body is not representable as JSON: {e}") from e
 
 
-def int_param(request: Request, name: str) -> int | None:
-    value = request.query_params.get(name)
-    if value is None or value == "":
-        return None
-    try:
-        number = int(value)
-    except ValueError as e:
-        raise bad_request(f"invalid {name} {value!r}: expected a non-negative integer") from e
-    if number < 0:
-        raise bad_request(f"invalid {name} {value!r}: must be non-negative")
-    return number
-
-
-def bool_param(request: Request, name: str) -> bool:
-    value = request.query_params.get(name)
-    if value is None or value == "":
-        return False
-    if value.lower() in ("true", "1"):
-        return True
-    if value.lower() in ("false", "0"):
-        return False
-    raise bad_request(f"invalid {name} {value!r}: expected true or false")
-
-
 def query_selectors(request: Request, spec: ResourceSpec, name: str | None) -> tuple[LabelSelector, FieldSelector]:
     labels = parse_label_selector(request.query_params.get("labelSelector"))
     allowed = ("metadata.name", "metadata.namespace", *spec.extra_fields)

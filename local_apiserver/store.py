@@ -220,18 +220,11 @@ class Store:
         start = prefix
         read_rev: int | None = None
         rv = parse_resource_version(resource_version)
-        if resource_version_match not in (None, "", "Exact", "NotOlderThan"):
-            raise bad_request(f"invalid resourceVersionMatch {resource_version_match!r}: Exact or NotOlderThan")
-        if resource_version_match and rv is None:
-            raise bad_request("resourceVersionMatch is forbidden unless resourceVersion is provided")
+        # The query was validated by rangeshard.core.listoptions.ListQuery (kube's rules and codes).
         if continue_token:
-            if rv is not None and rv != 0:
-                raise bad_request("specifying resource version is not allowed when using continue")
             read_rev, suffix = decode_continue(continue_token)
             start = prefix + suffix
         elif resource_version_match == "Exact":
-            if rv == 0:
-                raise bad_request('resourceVersionMatch=Exact is forbidden for resourceVersion "0"')
             read_rev = rv
         elif rv:
             current = self.revision()

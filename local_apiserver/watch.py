@@ -34,7 +34,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -223,8 +222,6 @@ async def watch_events(
     caller can still answer a plain Status.
     """
     rv = parse_resource_version(req.resource_version)
-    if req.send_initial_events and not req.allow_bookmarks:
-        raise ApiError(422, "Invalid", "sendInitialEvents requires allowWatchBookmarks=true (as in kube-apiserver)")
     initial: list[Obj] = []
     if rv is None or rv == 0 or req.send_initial_events:
 
@@ -340,16 +337,3 @@ async def _stream(
         on_close()
         with anyio.CancelScope(shield=True):
             await anyio.to_thread.run_sync(etcd_watch.close)
-
-
-def timeout_param(value: str | None) -> float | None:
-    """Parse ``timeoutSeconds`` (400 if not a non-negative integer)."""
-    if value is None or value == "":
-        return None
-    try:
-        seconds = float(value)
-    except ValueError as e:
-        raise ApiError(400, "BadRequest", f"invalid timeoutSeconds {value!r}: expected an integer") from e
-    if seconds < 0 or not math.isfinite(seconds):
-        raise ApiError(400, "BadRequest", f"invalid timeoutSeconds {value!r}: must be non-negative")
-    return seconds or None

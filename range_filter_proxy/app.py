@@ -48,7 +48,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import random
-import re
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -68,7 +67,7 @@ from range_filter_proxy.errors import UpstreamError, UpstreamUnavailable
 from range_filter_proxy.fencing import FenceSettings, WriteFence, shard_hash_of
 from range_filter_proxy.heap import HeapKeeper, HeapSettings
 from range_filter_proxy.metrics import ProxyMetrics
-from range_filter_proxy.paging import ContinueToken, PageSnapshots, PagingSettings, parse_limit, selectors_digest
+from range_filter_proxy.paging import ContinueToken, PageSnapshots, PagingSettings, selectors_digest
 from range_filter_proxy.resources import ResourceInfo, parse_collection_path, parse_object_path, parse_resource_spec
 from range_filter_proxy.tables import ProxyTables
 from range_filter_proxy.upstream import HttpUpstream, Upstream, UpstreamConfig
@@ -84,6 +83,7 @@ from rangeshard.core.kubeapi import (
     status_object,
 )
 from rangeshard.core.kubeapi import Attributes as AuthAttributes
+from rangeshard.core.listoptions import ListQuery, parse_bool
 from rangeshard.core.ownertoken import (
     FENCED_HEADER,
     SHARD_HASH_HEADER,
@@ -109,10 +109,6 @@ _HOP_BY_HOP = frozenset(
         "host",
     }
 )
-_TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
-_FALSE = frozenset({"0", "f", "F", "FALSE", "false", "False"})
-_TIMEOUT_RE = re.compile(r"[0-9]{1,12}")
-_MAX_WATCH_TIMEOUT_S = 24 * 3600
 _PASSTHROUGH_VERBS = {
     "GET": "get",
     "HEAD": "head",
@@ -127,30 +123,6 @@ _WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 def _json_response(code: int, doc: dict[str, Any]) -> Response:
     return Response(orjson.dumps(doc), status_code=code, media_type="application/json")
-
-
-def _parse_bool(params: Any, name: str) -> bool | None:
-    value = params.get(name)
-    if value is None or value == "":
-        return None
-    if value in _TRUE:
-        return True
-    if value in _FALSE:
-        return False
-    raise bad_request(f"invalid value {value!r} for query parameter {name}: want true or false")
-
-
-def _invalid(field: str, message: str) -> ApiError:
-    return ApiError(
-        422,
-        "Invalid",
-        f'ListOptions.meta.k8s.io "" is invalid: {field}: {message}',
-        {
-            "group": "meta.k8s.io",
-            "kind": "ListOptions",
-            "causes": [{"reason": "FieldValueInvalid", "message": message, "field": field}],
-        },
-    )
 
 
 @dataclass(slots=True)
@@ -177,56 +149,23 @@ class ListOptions:
     def parse(cls, request: Request, namespace: str | None) -> ListOptions:
         """Parse and validate (400 for unparsable values, 422 for forbidden combinations)."""
         q = request.query_params
-        watch = bool(_parse_bool(q, "watch"))
-        rv_raw = q.get("resourceVersion") or None
+        common = ListQuery.parse(q)
+        watch = common.watch
+        rv_raw = common.resource_version
         rv: int | None = None
         if rv_raw is not None:
             try:
                 rv = parse_rv(rv_raw)
             except ValueError as e:
                 raise bad_request(f"invalid resource version: {rv_raw!r}") from e
-        match = q.get("resourceVersionMatch") or None
-        send_initial = _parse_bool(q, "sendInitialEvents")
-        bookmarks = bool(_parse_bool(q, "allowWatchBookmarks"))
-        timeout: float | None = None
-        raw_timeout = q.get("timeoutSeconds")
-        if raw_timeout:
-            if not _TIMEOUT_RE.fullmatch(raw_timeout):
-                raise bad_request(f"invalid timeoutSeconds {raw_timeout!r}: want a non-negative integer")
-            timeout = float(min(int(raw_timeout), _MAX_WATCH_TIMEOUT_S))
-        limit = parse_limit(q.get("limit"))
-        continue_raw = q.get("continue") or None
-        if match is not None and match not in ("NotOlderThan", "Exact"):
-            raise _invalid(
-                "resourceVersionMatch", f'Unsupported value: "{match}": supported values: "Exact", "NotOlderThan"'
-            )
-        if send_initial is not None:
-            if not watch:
-                raise _invalid("sendInitialEvents", "sendInitialEvents is forbidden for list")
-            if match != "NotOlderThan":
-                raise _invalid(
-                    "resourceVersionMatch", "sendInitialEvents requires setting resourceVersionMatch to NotOlderThan"
-                )
-            if send_initial and not bookmarks:
-                raise _invalid("allowWatchBookmarks", "sendInitialEvents requires setting allowWatchBookmarks to true")
-        elif match is not None:
-            if watch:
-                raise _invalid("resourceVersionMatch", "resourceVersionMatch is forbidden for watch")
-            if rv_raw is None:
-                raise _invalid(
-                    "resourceVersionMatch", "resourceVersionMatch is forbidden unless resourceVersion is provided"
-                )
-            if match == "Exact" and rv == 0:
-                raise _invalid(
-                    "resourceVersionMatch", 'resourceVersionMatch "exact" is forbidden for resourceVersion "0"'
-                )
-            if continue_raw is not None:
-                raise _invalid("resourceVersionMatch", "resourceVersionMatch is forbidden when continue is provided")
+        match = common.resource_version_match
+        send_initial = common.send_initial_events
+        bookmarks = common.allow_watch_bookmarks
+        timeout = float(common.timeout_seconds) if common.timeout_seconds else None
+        limit = common.limit
         token: ContinueToken | None = None
-        if continue_raw is not None and not watch:
-            if rv_raw not in (None, "0"):
-                raise bad_request("specifying resource version is not allowed when using continue")
-            token = ContinueToken.decode(continue_raw)
+        if common.continue_token is not None and not watch:
+            token = ContinueToken.decode(common.continue_token)
         shard_text = q.get("shardSelector") or None
         shard: ShardSelector | None = None
         try:
@@ -533,7 +472,7 @@ class ProxyState:
                     log.warning("discovery of %s/%s failed: %s; passing through", cp.group, cp.version, e)
                     info = None
                 if info is not None and info.cacheable and (cp.namespace is None or info.namespaced):
-                    watch = request.query_params.get("watch", "") in _TRUE
+                    watch = bool(parse_bool(request.query_params, "watch"))
                     attrs = AuthAttributes(
                         verb="watch" if watch else "list",
                         resource=info.gvr.resource,

@@ -104,16 +104,6 @@ def selectors_digest(namespace: str | None, *selectors: str | None) -> str:
     return hashlib.blake2s(text.encode(), digest_size=8).hexdigest()
 
 
-def parse_limit(raw: str | None) -> int | None:
-    """``limit`` as kube-apiserver reads it: a non-negative integer, 0 or absent meaning no limit (else 400)."""
-    if raw is None or raw == "":
-        return None
-    if not (raw.isascii() and raw.isdigit()) or len(raw) > 18:  # "²".isdigit() is True; int("²") fails
-        raise bad_request(f'invalid value "{raw}" for query parameter limit: want a non-negative integer')
-    value = int(raw)
-    return value or None
-
-
 @dataclass(frozen=True)
 class _Snapshot:
     created: float

@@ -9,7 +9,7 @@ import pytest
 
 from range_filter_proxy.cached import parse_rv
 from range_filter_proxy.errors import ApiError
-from range_filter_proxy.paging import parse_limit
+from rangeshard.core.listoptions import parse_limit
 from rangeshard.core.tables import _json_path
 
 ODD_DIGITS = ["²", "¹⁰", "٣", "①", "7²"]
