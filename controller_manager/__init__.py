@@ -13,6 +13,15 @@ Purpose
     * :mod:`controller_manager.informer`, :mod:`controller_manager.workqueue`
     * :mod:`controller_manager.controllers` - ReplicaSet and Deployment
     * :mod:`controller_manager.audit` - the reconcile audit log and overlap checker
+    * :mod:`controller_manager.write_audit` - the write-level check over an
+      API server's audit log (no stale-owner write)
+    * :mod:`controller_manager.fencing` - owner tokens and shard hashes on
+      requests; a fenced answer is lost ownership
+    * :mod:`controller_manager.cost` - measured reconcile cost per key hash
+      (``rebalance --by cost``)
+    * :mod:`controller_manager.metrics` - Prometheus metrics and their endpoint
+    * :mod:`controller_manager.plugins` - which class runs a configured controller
+    * :mod:`controller_manager.resources` - the resources a controller watches
     * :mod:`controller_manager.manager` - the process
 
 May import

@@ -13,6 +13,11 @@ Invariants
       import-linter), so every other package may depend on it: it is the
       lowest floor, below the foundation :mod:`rangeshard.core`.
 
+Modules
+    ``keys`` (FNV-1a, ``hash_key``, the object and owner paths), ``ranges``
+    (``HashRange`` and splitting), ``selector`` (the KEP-5866
+    ``shardSelector`` grammar: parse, print canonically, match).
+
 Concurrency model
     Everything here is immutable or a pure function; safe from any thread or
     event loop.

@@ -21,7 +21,13 @@ Modules
     ``routing`` (paths, discovery documents, query parameters, bodies),
     ``handlers`` (one handler per verb), ``state`` (what routes share,
     response helpers), ``process`` (``LocalApiServerProcess``), ``cli``
-    (``local_apiserver_command``). Label/field selectors come from
+    (``local_apiserver_command``), ``audit`` (the ``audit.k8s.io/v1`` audit
+    log), ``conversion`` (API form <-> stored form), ``crd``
+    (CustomResourceDefinitions), ``schema`` (OpenAPI v3 validation and
+    defaulting of custom resources), ``fieldvalidation``
+    (``fieldValidation=Strict|Warn|Ignore``), ``openapi`` (``/openapi/v2`` and
+    ``/openapi/v3``), ``tables`` (Table answers), ``services`` (cluster IPs and
+    node ports), ``kubelet`` (the simulated node). Label/field selectors come from
     :mod:`rangeshard.core.selectors`.
 
 May import

@@ -13,7 +13,10 @@ Modules
     ``cached`` (cached objects and events, watch filters, settings),
     ``dispatch`` (which watchers an event can concern, by shard range),
     ``watcher`` (one downstream watch and its bounded queue),
-    ``watchresponse`` (its HTTP body; the app class), ``upstream``
+    ``watchresponse`` (its HTTP body; the app class), ``wire`` (fast decoding
+    of upstream watch lines), ``paging`` (``limit``/``continue`` of cached
+    lists), ``tables`` (Table answers), ``fencing`` (write fencing by owner
+    token), ``upstream``
     (our ``Upstream`` interface and its HTTP implementation), ``watchstream``
     (the upstream watch read with an asyncio protocol + httptools), ``resources``
     (GVRs, discovery, paths), ``auth`` (``--auth-mode none|static|delegate``:

@@ -8,6 +8,9 @@ This package holds two floors of the house (see ``docs/architecture.md``):
   child processes, Kubernetes API helpers and the selector parser, which
   imports nothing above it.
 
+Also here: :mod:`rangeshard.testing`, a test kit for your own sharded
+controllers (top floor, beside the CLI).
+
 The components live in the top-level packages ``hashing``, ``registry``,
 ``range_filter_proxy``, ``controller_manager`` and ``local_apiserver``.
 """

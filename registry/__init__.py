@@ -11,7 +11,8 @@ Purpose
 Owns
     The instance registry only: records (:mod:`registry.models`), the guarded
     membership transactions (:mod:`registry.registry`), the lease keeper
-    (:mod:`registry.lease`), the membership watch (:mod:`registry.watch`) and
+    (:mod:`registry.lease`), the membership watch (:mod:`registry.watch`),
+    ownership periods for write fencing (:mod:`registry.epochs`) and
     rebalance planning (:mod:`registry.rebalance`). The etcd client and the
     etcd child process are foundation (:mod:`rangeshard.core.etcd`,
     :mod:`rangeshard.core.process`), not registry.

@@ -4,6 +4,12 @@ Built-ins are found by their bare name (:data:`CONTROLLERS`, names listed in
 ``config.KNOWN_CONTROLLERS`` for the docs). Controllers of your own need no
 entry here: name them with ``class: "module:Class"`` or an entry point of
 the group ``rangeshard.controllers`` (``controller_manager.plugins``).
+
+Modules: ``replicaset`` (the ReplicaSet controller: replicas, adoption,
+status), ``deployment`` (the Deployment controller: one ReplicaSet per pod
+template, RollingUpdate or Recreate), ``rollout`` (its arithmetic: strategy
+bounds, scale steps, revisions, status), ``common`` (label selectors, pod
+readiness), ``events`` (an asynchronous Event recorder).
 """
 
 from controller_manager.controller import Controller

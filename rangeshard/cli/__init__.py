@@ -6,6 +6,14 @@ Owns
     ``proxy``, ``controller-manager``, ``local-apiserver``), logging
     configuration, and the mapping of the error tree to exit codes.
 
+Modules
+    ``main`` (the application, logging, exit codes), ``components`` (the
+    component servers as subcommands), ``up`` and ``updown`` (``rangeshard
+    up``: port plan, readiness, demo), ``state`` (``status`` / ``down`` and
+    the state directory), ``registry_cmds`` (``rangeshard registry``),
+    ``rebalance_cmds`` (``rangeshard rebalance``), ``common`` (shared etcd
+    options), ``tables`` (how tables are printed).
+
 May import
     Everything: the components, ``registry``, ``rangeshard.core``,
     ``hashing`` and the dashboard. Nothing imports it (import-linter).

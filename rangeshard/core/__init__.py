@@ -11,6 +11,18 @@ Owns
       ``EtcdCluster``, ``free_port``, ``terminate``).
     * :mod:`rangeshard.core.serving` - running an ASGI app under uvicorn so
       open streams end as soon as SIGINT/SIGTERM begins the shutdown.
+    * :mod:`rangeshard.core.listoptions` - list/watch query parameters,
+      parsed and validated once, as kube-apiserver does.
+    * :mod:`rangeshard.core.tables` - server-side printing (``meta.k8s.io``
+      Tables).
+    * :mod:`rangeshard.core.events` - the one builder of Event bodies.
+    * :mod:`rangeshard.core.ownertoken` - owner tokens in a manager's
+      User-Agent.
+    * :mod:`rangeshard.core.clock` - the injectable monotonic clock.
+    * :mod:`rangeshard.core.etcd_options` - the etcd TLS/credential options
+      of every command.
+    * :mod:`rangeshard.core.ports` - is a port free, and who holds it.
+    * :mod:`rangeshard.core.help_format` - ``--help`` shows flags as flags.
     * :mod:`rangeshard.core.kubeapi` - Kubernetes API helpers shared by the
       two HTTP servers: ``ApiError``/``Status`` bodies, token files,
       ``UserInfo``, the request-body limit.

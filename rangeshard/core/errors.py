@@ -13,11 +13,16 @@ The tree::
     ├── ConfigError                 bad configuration or CLI input (exit 2)
     ├── EtcdServerError             the embedded etcd server cannot start / stop
     ├── PortInUseError              (rangeshard.core.ports) a port ``up`` needs is taken (exit 1)
+    ├── NotReadyError               (rangeshard.cli.updown) a component ``up`` started died or stayed unhealthy
+    ├── UpRunningError              (rangeshard.cli.up) an ``up`` recorded in the state dir is still running
+    ├── TestKitError                (rangeshard.testing) a part of the test cluster did not start, a wait timed out
     ├── ControllerError             raised inside the controller framework
     │   ├── ReconcileTimeout        a reconcile reached its deadline (fencing or its own bound)
-    │   └── Requeue                 (controller_manager.controller) reconcile again later
+    │   ├── Requeue                 (controller_manager.controller) reconcile again later
+    │   └── WriteFenced             (controller_manager.fencing) the proxy refused a write: ownership is lost
     ├── ApiError                    (rangeshard.core.kubeapi) an HTTP failure answered as a Kubernetes Status
-    │   └── RequestTooLarge         a request body over the limit (413)
+    │   ├── RequestTooLarge         a request body over the limit (413)
+    │   └── SelectorParseError      (rangeshard.core.selectors) a label/field selector that cannot be parsed (400)
     ├── ProxyError                  (range_filter_proxy.errors) the range filter proxy
     │   ├── UpstreamError           the upstream API server answered with an error
     │   │   ├── UpstreamUnavailable the upstream could not be reached
