@@ -104,6 +104,7 @@ def local_apiserver_command(
     from local_apiserver.services import parse_range  # noqa: PLC0415
     from local_apiserver.validation import name_problem  # noqa: PLC0415
     from rangeshard.core.kubeapi import load_token_file  # noqa: PLC0415
+    from rangeshard.core.logs import configure_logging  # noqa: PLC0415
     from rangeshard.core.serving import serve  # noqa: PLC0415 (keep `--help` fast)
 
     try:
@@ -118,8 +119,7 @@ def local_apiserver_command(
             raise ConfigError("--bookmark-interval must be positive")
         if prefix is not None and (not prefix.startswith("/") or prefix.rstrip("/") == ""):
             raise ConfigError("--prefix must be an absolute key prefix such as /registry")
-        if log_level.lower() not in ("debug", "info", "warning", "error"):
-            raise ConfigError(f"--log-level must be debug, info, warning or error, got {log_level!r}")
+        configure_logging(log_level)
         nodes = lookup("", "v1", "nodes")
         problem = name_problem(nodes, simulate_node) if simulate_node is not None and nodes else None
         if problem:

@@ -10,8 +10,8 @@ Invariants
     * Exactly one of ``--upstream``, ``--kubeconfig`` or ``--in-cluster``;
       anything else is a :class:`rangeshard.core.errors.ConfigError`, reported with
       exit code 2.
-    * Library code configures no logging handlers; only this entry point
-      calls ``logging.basicConfig``.
+    * Library code configures no logging handlers; this entry point calls
+      :func:`rangeshard.core.logs.configure_logging`, as every other does.
     * Binds to 127.0.0.1 unless ``--host`` says otherwise; ``--auth-mode``
       defaults to ``none`` (see docs/security.md for why) and a warning is
       logged when the proxy listens beyond loopback without authentication.
@@ -134,15 +134,14 @@ def proxy_command(
     from range_filter_proxy.heap import HeapSettings  # noqa: PLC0415
     from range_filter_proxy.upstream import load_upstream_config  # noqa: PLC0415
     from rangeshard.core.kubeapi import load_token_file  # noqa: PLC0415
+    from rangeshard.core.logs import configure_logging  # noqa: PLC0415
     from rangeshard.core.serving import serve  # noqa: PLC0415  (keep `rangeshard --help` fast)
 
-    level = getattr(logging, log_level.upper(), None)
-    if not isinstance(level, int):
-        typer.echo(f"error: unknown --log-level {log_level!r}", err=True)
-        raise typer.Exit(2)
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if level > logging.DEBUG:
-        logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per upstream request otherwise
+    try:
+        level = configure_logging(log_level)
+    except ConfigError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from e
     try:
         config = load_upstream_config(upstream, kubeconfig, context, in_cluster, upstream_ca)
         try:

@@ -16,15 +16,13 @@ from __future__ import annotations
 
 import functools
 import inspect
-import logging
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Any, NoReturn
 
 import typer
 
-from rangeshard.core import help_format
+from rangeshard.core import help_format, logs
 from rangeshard.core.errors import ConfigError, PortInUseError, RangeshardError, RegistryUnavailable
 from rangeshard.core.etcd import EtcdConfig
 from rangeshard.core.etcd_options import CaCertOpt, CertOpt, KeyOpt, PasswordOpt, UserOpt, config_from_options
@@ -32,7 +30,6 @@ from registry import DEFAULT_PREFIX
 
 help_format.install()
 
-LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(threadName)s] %(message)s"
 
 EtcdOpt = Annotated[
     str | None,
@@ -54,11 +51,11 @@ DEFAULT_REGISTRY_PREFIX = DEFAULT_PREFIX
 
 
 def configure_logging(level: str) -> None:
-    """Install the one stderr handler (library code only creates loggers)."""
-    numeric = logging.getLevelName(level.upper())
-    if not isinstance(numeric, int):
-        fail(ConfigError(f"--log-level: unknown level {level!r} (use debug, info, warning, error)"))
-    logging.basicConfig(level=numeric, format=LOG_FORMAT, stream=sys.stderr, force=True)
+    """Install the one stderr handler (:func:`rangeshard.core.logs.configure_logging`); exit 2 on a bad level."""
+    try:
+        logs.configure_logging(level)
+    except ConfigError as e:
+        fail(e)
 
 
 def fail(error: RangeshardError) -> NoReturn:

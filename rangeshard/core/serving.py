@@ -154,4 +154,5 @@ class _Server(uvicorn.Server):
 
 def serve(app: Any, shutdown: ShutdownSignal, **options: Any) -> None:
     """Run ``app`` in the foreground until SIGINT/SIGTERM (``options`` as for ``uvicorn.Config``)."""
+    options.setdefault("log_config", None)  # keep the handler rangeshard.core.logs installed
     _Server(uvicorn.Config(app, **options), shutdown).run()

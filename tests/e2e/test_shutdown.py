@@ -8,6 +8,7 @@ the local API server under a connected proxy).
 
 from __future__ import annotations
 
+import re
 import signal
 import time
 import uuid
@@ -19,6 +20,8 @@ import httpx
 from local_apiserver.process import LocalApiServerProcess
 from range_filter_proxy.process import ProxyProcess
 
+# rangeshard.core.logs.LOG_FORMAT: "TIME LEVEL logger [thread] message", uvicorn's own lines included.
+_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (DEBUG|INFO|WARNING|ERROR|CRITICAL) \S+ \[[^\]]+\] ")
 _BAD = ("Traceback", "Exception in ASGI application", "graceful shutdown exceeded", "Cancel ")
 
 
@@ -51,11 +54,15 @@ def test_sigterm_ends_open_watches_cleanly(etcd_server: Any, tmp_path: Path) -> 
         assert code == 0, log
         assert not [b for b in _BAD if b in log], log
         assert took < 4, f"the proxy took {took:.1f}s to stop (its graceful timeout is 5s)"
+        # One log format whichever way a server is started (here: python -m range_filter_proxy).
+        assert [line for line in log.splitlines() if line and not _LINE.match(line)] == []
+        assert "Uvicorn running on" in log
         # The local API server: a watch of its own plus nothing else.
         took, code, log = _stop_with_open_watch(upstream, upstream.url, "/api/v1/namespaces/default/configmaps")
         assert code == 0, log
         assert not [b for b in _BAD if b in log], log
         assert took < 2, f"the API server took {took:.1f}s to stop (its graceful timeout is 2s)"
+        assert [line for line in log.splitlines() if line and not _LINE.match(line)] == []
     finally:
         proxy.stop()
         upstream.stop()
