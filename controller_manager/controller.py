@@ -60,6 +60,7 @@ from hashing import OWNER_PATH, UID_PATH, HashRange, hash_key
 from rangeshard.core.clock import MONOTONIC, Clock
 from rangeshard.core.errors import ControllerError, ReconcileTimeout
 from rangeshard.core.etcd import EtcdConfig
+from rangeshard.core.loops import start_thread
 from rangeshard.core.ownertoken import OwnerToken
 from registry.rebalance import add_cost, gap_histogram, histogram
 
@@ -356,12 +357,8 @@ class ControllerRuntime:
             inf.start()
         self.shard.start()
         for i in range(self.workers):
-            t = threading.Thread(target=self._worker, name=f"worker-{self.name}-{i}", daemon=True)
-            t.start()
-            self._threads.append(t)
-        t = threading.Thread(target=self._resync, name=f"resync-{self.name}", daemon=True)
-        t.start()
-        self._threads.append(t)
+            self._threads.append(start_thread(f"worker-{self.name}-{i}", self._worker, what=f"worker {self.name}"))
+        self._threads.append(start_thread(f"resync-{self.name}", self._resync, what=f"resync {self.name}"))
 
     def stop(self) -> None:
         """Graceful leave: drain, revoke the lease, stop workers and informers."""
@@ -378,29 +375,21 @@ class ControllerRuntime:
             self.queue.add(object_key(obj))
 
     def _resync(self) -> None:
-        try:
-            while not self._stop.wait(self.resync_period):
-                self._resync_now()
-        except Exception:
-            log.exception("resync %s: thread died unexpectedly", self.name)
-            raise
+        while not self._stop.wait(self.resync_period):
+            self._resync_now()
 
     def _worker(self) -> None:
-        try:
-            while not self._stop.is_set():
-                key = self.queue.get(timeout=0.5)
-                if key is None:
-                    if self.queue.shutting_down:
-                        return
-                    continue
-                try:
-                    self._process(key)
-                finally:
-                    self.queue.done(key)
-                    self.metrics.queue_depth.labels(self.name).set(len(self.queue))
-        except Exception:
-            log.exception("worker %s: thread died unexpectedly", self.name)
-            raise
+        while not self._stop.is_set():
+            key = self.queue.get(timeout=0.5)
+            if key is None:
+                if self.queue.shutting_down:
+                    return
+                continue
+            try:
+                self._process(key)
+            finally:
+                self.queue.done(key)
+                self.metrics.queue_depth.labels(self.name).set(len(self.queue))
 
     def _hold(self, ctx: ReconcileContext) -> None:
         """Fault injection: hold the key while the hold file exists, at most until the reconcile's deadline."""

@@ -41,6 +41,7 @@ from kubernetes.watch.watch import iter_resp_lines
 
 from controller_manager.resources import Resource, object_key, raw_request
 from hashing import HashRange, range_to_selector
+from rangeshard.core.loops import start_thread
 
 log = logging.getLogger(__name__)
 
@@ -119,8 +120,7 @@ class Informer:
     # -- lifecycle ------------------------------------------------------------
     def start(self) -> None:
         self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name=f"informer-{self.name}", daemon=True)
-        self._thread.start()
+        self._thread = start_thread(f"informer-{self.name}", self._run, what=f"informer {self.name}")
 
     def stop(self) -> None:
         self._stop.set()
@@ -143,37 +143,33 @@ class Informer:
     # -- the loop -------------------------------------------------------------
     def _run(self) -> None:
         backoff = 0.2
-        try:
-            while not self._stop.is_set():
-                self._reset.clear()
-                epoch, rng = self.range_source()
-                if rng is None:
-                    self._replace({}, epoch)
-                    self._reset.wait(0.5)
+        while not self._stop.is_set():
+            self._reset.clear()
+            epoch, rng = self.range_source()
+            if rng is None:
+                self._replace({}, epoch)
+                self._reset.wait(0.5)
+                continue
+            selector = range_to_selector(rng, self.path)
+            try:
+                rv = self._list_once(selector, epoch)
+                self.last_error = None
+                backoff = 0.2
+                self._watch(selector, rv)
+            except ApiException as e:
+                self.errors += 1
+                self.last_error = f"{e.status} {_status_message(e)}"
+                log.warning("informer %s: API error %s: %s", self.name, e.status, (e.body or e.reason or "")[:200])
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 5.0)
+            except Exception as e:
+                if self._stop.is_set() or self._reset.is_set():
                     continue
-                selector = range_to_selector(rng, self.path)
-                try:
-                    rv = self._list_once(selector, epoch)
-                    self.last_error = None
-                    backoff = 0.2
-                    self._watch(selector, rv)
-                except ApiException as e:
-                    self.errors += 1
-                    self.last_error = f"{e.status} {_status_message(e)}"
-                    log.warning("informer %s: API error %s: %s", self.name, e.status, (e.body or e.reason or "")[:200])
-                    self._stop.wait(backoff)
-                    backoff = min(backoff * 2, 5.0)
-                except Exception as e:
-                    if self._stop.is_set() or self._reset.is_set():
-                        continue
-                    self.errors += 1
-                    self.last_error = f"{type(e).__name__}: {e}"[:300]
-                    log.warning("informer %s: %s: %s; relisting", self.name, type(e).__name__, e)
-                    self._stop.wait(backoff)
-                    backoff = min(backoff * 2, 5.0)
-        except BaseException:
-            log.exception("informer %s: thread died unexpectedly", self.name)
-            raise
+                self.errors += 1
+                self.last_error = f"{type(e).__name__}: {e}"[:300]
+                log.warning("informer %s: %s: %s; relisting", self.name, type(e).__name__, e)
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 5.0)
 
     def _list_once(self, selector: str, epoch: int) -> str:
         resp = self._list(shard_selector=selector, _preload_content=False, _request_timeout=self.request_timeout)

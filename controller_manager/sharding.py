@@ -87,6 +87,7 @@ from hashing import HashRange
 from rangeshard.core.clock import MONOTONIC, Clock
 from rangeshard.core.errors import AlreadyRegistered, CompareFailed, NotRegistered, RangeshardError
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
+from rangeshard.core.loops import start_thread
 from rangeshard.core.ownertoken import OwnerToken
 from registry import LeaseKeeper, MembershipWatch, Registry, RegistryView, Snapshot, State
 
@@ -231,8 +232,14 @@ class ShardInstance:
 
     # -- lifecycle -----------------------------------------------------------
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name=f"shard-{self.controller_type}", daemon=True)
-        self._thread.start()
+        self._thread = start_thread(
+            f"shard-{self.controller_type}", self._run, what=f"{self.name}: state machine", on_death=self._died
+        )
+
+    def _died(self) -> None:
+        """The state machine is gone: nothing may be processed any more."""
+        with self._cond:
+            self.allowed = None
 
     def stop(self, drain_timeout: float | None = None) -> None:
         """Graceful leave: stop taking keys, drain in-flight work, revoke the lease."""
@@ -292,32 +299,26 @@ class ShardInstance:
 
     # -- the state machine ---------------------------------------------------
     def _run(self) -> None:
-        try:
-            while not self._stop.is_set() and not self._register():
-                if self.fatal is not None:
-                    return
-                self._stop.wait(1.0)
-            while not self._stop.is_set():
-                try:
-                    ev = self._events.get(timeout=self.tick)
-                except queue.Empty:
-                    ev = None
-                if isinstance(ev, RegistryView):
-                    self.snapshot = ev.get(self.controller_type)
-                elif isinstance(ev, tuple) and ev[0] == "refresh-epoch":
-                    self._refresh_epoch(ev[1])
-                if self._stop.is_set():
-                    break
-                try:
-                    self._evaluate()
-                    self._heartbeat_if_due()
-                except RangeshardError as e:
-                    log.warning("%s: %s", self.name, e)
-        except BaseException:
-            log.exception("%s: state machine thread died unexpectedly", self.name)
-            with self._cond:
-                self.allowed = None
-            raise
+        while not self._stop.is_set() and not self._register():
+            if self.fatal is not None:
+                return
+            self._stop.wait(1.0)
+        while not self._stop.is_set():
+            try:
+                ev = self._events.get(timeout=self.tick)
+            except queue.Empty:
+                ev = None
+            if isinstance(ev, RegistryView):
+                self.snapshot = ev.get(self.controller_type)
+            elif isinstance(ev, tuple) and ev[0] == "refresh-epoch":
+                self._refresh_epoch(ev[1])
+            if self._stop.is_set():
+                break
+            try:
+                self._evaluate()
+                self._heartbeat_if_due()
+            except RangeshardError as e:
+                log.warning("%s: %s", self.name, e)
 
     def _register(self) -> bool:
         """Grant a lease and join; False (retry later) if etcd is unreachable."""

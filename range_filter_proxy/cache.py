@@ -77,6 +77,7 @@ from range_filter_proxy.resources import GVR, ResourceInfo
 from range_filter_proxy.upstream import ListResult, Upstream, WatchEvent
 from range_filter_proxy.watcher import Watcher
 from range_filter_proxy.wire import OBJECT_EVENTS
+from rangeshard.core.loops import start_task
 
 log = logging.getLogger(__name__)
 
@@ -126,15 +127,7 @@ class WatchCache:
     def start(self) -> None:
         """Start the upstream loop (idempotent)."""
         if self._task is None:
-            self._task = asyncio.create_task(self._run(), name=f"watch-cache:{self.info.gvr}")
-            self._task.add_done_callback(self._task_done)
-
-    def _task_done(self, task: asyncio.Task[None]) -> None:
-        if task.cancelled():
-            return
-        exc = task.exception()
-        if exc is not None:
-            log.error("watch cache task for %s exited unexpectedly", self.info.gvr, exc_info=exc)
+            self._task = start_task(self._run(), f"watch-cache:{self.info.gvr}", what=f"watch cache {self.info.gvr}")
 
     async def stop(self) -> None:
         """Stop the upstream loop and close every downstream watch."""

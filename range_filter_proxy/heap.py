@@ -44,6 +44,8 @@ import logging
 import time
 from dataclasses import dataclass
 
+from rangeshard.core.loops import start_task
+
 log = logging.getLogger(__name__)
 
 
@@ -76,12 +78,7 @@ class HeapKeeper:
         """Start the background task (idempotent)."""
         if self._task is None:
             self._last_full = time.monotonic()
-            self._task = asyncio.create_task(self._run(), name="proxy:heap-keeper")
-            self._task.add_done_callback(self._done)
-
-    def _done(self, task: asyncio.Task[None]) -> None:
-        if not task.cancelled() and task.exception() is not None:
-            log.error("the heap keeper exited unexpectedly", exc_info=task.exception())
+            self._task = start_task(self._run(), "proxy:heap-keeper", what="the heap keeper")
 
     async def stop(self) -> None:
         """Stop the task and unfreeze the heap."""

@@ -68,6 +68,7 @@ from rangeshard.cli.common import DEFAULT_REGISTRY_PREFIX, EtcdOptions, fail, wi
 from rangeshard.core import serving
 from rangeshard.core.errors import ConfigError, RangeshardError
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
+from rangeshard.core.loops import start_thread
 from rangeshard.core.process import free_port
 from rangeshard.core.serving import ShutdownSignal
 from registry import MembershipWatch, RegistryView
@@ -278,14 +279,14 @@ class EtcdProbe:
         self.hub = hub
         self.interval = interval
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="dashboard-etcd-probe", daemon=True)
+        self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        self._thread.start()
+        self._thread = start_thread("dashboard-etcd-probe", self._run, what="dashboard: etcd probe")
 
     def stop(self) -> None:
         self._stop.set()
-        if self._thread.is_alive():
+        if self._thread is not None and self._thread.is_alive():
             self._thread.join(timeout=self.config.timeout + self.interval + 1)
 
     def _run(self) -> None:
@@ -303,9 +304,6 @@ class EtcdProbe:
                     if client is not None:
                         client.close()
                         client = None
-        except Exception:
-            log.exception("dashboard: etcd probe thread died unexpectedly")
-            raise
         finally:
             if client is not None:
                 client.close()

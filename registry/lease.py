@@ -39,6 +39,7 @@ from dataclasses import replace
 from rangeshard.core.clock import MONOTONIC, Clock
 from rangeshard.core.errors import LeaseLost, RangeshardError
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
+from rangeshard.core.loops import start_thread
 
 log = logging.getLogger(__name__)
 
@@ -133,8 +134,7 @@ class LeaseKeeper:
         if not self.lease_id:
             self.grant()
         self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name=f"lease-keeper-{self.name}", daemon=True)
-        self._thread.start()
+        self._thread = start_thread(f"lease-keeper-{self.name}", self._run, what=f"{self.name}: lease keeper")
         return self.lease_id
 
     def stop(self, revoke: bool = False) -> None:
@@ -168,52 +168,48 @@ class LeaseKeeper:
         return deadline
 
     def _run(self) -> None:
-        try:
-            wait = self.interval
-            failures = 0
-            while not self._stop.wait(wait):
-                try:
-                    deadline = self.renew_once()
-                except LeaseLost as e:
-                    log.warning("%s: %s", self.name, e)
-                    self.lost.set()
-                    if self.on_lost is not None:
-                        self.on_lost()
-                    return
-                except RangeshardError as e:
-                    failures += 1
-                    remaining = self.remaining()
-                    # One WARNING per streak of failures (retries come every RETRY_WAIT), then DEBUG.
-                    log.log(
-                        logging.WARNING if failures == 1 else logging.DEBUG,
-                        "%s: lease %x renewal failed (%s); fencing deadline in %.1fs",
-                        self.name,
-                        self.lease_id,
-                        e,
-                        remaining,
-                    )
-                    if self.on_failure is not None:
-                        self.on_failure(e, self.deadline)
-                    wait = min(self.interval, RETRY_WAIT)
-                    continue
-                if failures:
-                    log.info(
-                        "%s: lease %x renewed again after %d failed attempt(s); deadline in %.1fs",
-                        self.name,
-                        self.lease_id,
-                        failures,
-                        deadline - self.clock.monotonic(),
-                    )
-                    failures = 0
-                wait = self.interval
-                log.debug(
-                    "%s: lease %x renewed, deadline in %.1fs",
+        wait = self.interval
+        failures = 0
+        while not self._stop.wait(wait):
+            try:
+                deadline = self.renew_once()
+            except LeaseLost as e:
+                log.warning("%s: %s", self.name, e)
+                self.lost.set()
+                if self.on_lost is not None:
+                    self.on_lost()
+                return
+            except RangeshardError as e:
+                failures += 1
+                remaining = self.remaining()
+                # One WARNING per streak of failures (retries come every RETRY_WAIT), then DEBUG.
+                log.log(
+                    logging.WARNING if failures == 1 else logging.DEBUG,
+                    "%s: lease %x renewal failed (%s); fencing deadline in %.1fs",
                     self.name,
                     self.lease_id,
+                    e,
+                    remaining,
+                )
+                if self.on_failure is not None:
+                    self.on_failure(e, self.deadline)
+                wait = min(self.interval, RETRY_WAIT)
+                continue
+            if failures:
+                log.info(
+                    "%s: lease %x renewed again after %d failed attempt(s); deadline in %.1fs",
+                    self.name,
+                    self.lease_id,
+                    failures,
                     deadline - self.clock.monotonic(),
                 )
-                if self.on_renewed is not None:
-                    self.on_renewed(deadline)
-        except Exception:
-            log.exception("%s: lease keeper thread died unexpectedly", self.name)
-            raise
+                failures = 0
+            wait = self.interval
+            log.debug(
+                "%s: lease %x renewed, deadline in %.1fs",
+                self.name,
+                self.lease_id,
+                deadline - self.clock.monotonic(),
+            )
+            if self.on_renewed is not None:
+                self.on_renewed(deadline)

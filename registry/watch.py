@@ -42,6 +42,7 @@ from typing import Any
 
 from rangeshard.core.errors import RangeshardError, WatchCompacted
 from rangeshard.core.etcd import KV, EtcdClient, EtcdConfig, WatchBatch
+from rangeshard.core.loops import start_thread
 from registry.models import Snapshot
 from registry.registry import DEFAULT_PREFIX, Layout, parse_members
 
@@ -109,8 +110,7 @@ class MembershipWatch:
 
     def start(self) -> None:
         self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name=f"membership-watch-{self.name}", daemon=True)
-        self._thread.start()
+        self._thread = start_thread(f"membership-watch-{self.name}", self._run, what=f"membership watch {self.name}")
 
     def stop(self) -> None:
         self._stop.set()
@@ -163,37 +163,33 @@ class MembershipWatch:
         self._revision = max(self._revision, batch.revision)
 
     def _run(self) -> None:
-        try:
-            need_list = True
-            reconnected = False
-            while not self._stop.is_set():
-                client: EtcdClient | None = None
-                try:
-                    client = EtcdClient(self.config)
-                    if need_list:
-                        self._relist(client)
-                        need_list = False
-                        self._deliver(reconnected)
-                        self.synced.set()
-                    elif reconnected:
-                        self._deliver(reconnected=True)
-                    reconnected = False
-                    self._stream(client)
-                except _Resync:
-                    log.info("membership watch %s: revision %s compacted, relisting", self.name, self._revision + 1)
-                    need_list = True
-                    reconnected = True
-                except RangeshardError as e:
-                    log.warning("membership watch %s: %s; retrying", self.name, e)
-                    reconnected = True
-                    self.restarts += 1
-                    self._stop.wait(self.retry_interval)
-                finally:
-                    if client is not None:
-                        client.close()
-        except Exception:
-            log.exception("membership watch %s: thread died unexpectedly", self.name)
-            raise
+        need_list = True
+        reconnected = False
+        while not self._stop.is_set():
+            client: EtcdClient | None = None
+            try:
+                client = EtcdClient(self.config)
+                if need_list:
+                    self._relist(client)
+                    need_list = False
+                    self._deliver(reconnected)
+                    self.synced.set()
+                elif reconnected:
+                    self._deliver(reconnected=True)
+                reconnected = False
+                self._stream(client)
+            except _Resync:
+                log.info("membership watch %s: revision %s compacted, relisting", self.name, self._revision + 1)
+                need_list = True
+                reconnected = True
+            except RangeshardError as e:
+                log.warning("membership watch %s: %s; retrying", self.name, e)
+                reconnected = True
+                self.restarts += 1
+                self._stop.wait(self.retry_interval)
+            finally:
+                if client is not None:
+                    client.close()
 
     def _stream(self, client: EtcdClient) -> None:
         q: queue.Queue[Any] = queue.Queue()

@@ -24,6 +24,8 @@ Owns
     * :mod:`rangeshard.core.ports` - is a port free, and who holds it.
     * :mod:`rangeshard.core.help_format` - ``--help`` shows flags as flags.
     * :mod:`rangeshard.core.logs` - the one logging setup of every entry point.
+    * :mod:`rangeshard.core.loops` - named background threads and tasks that
+      log their unexpected end.
     * :mod:`rangeshard.core.kubeapi` - Kubernetes API helpers shared by the
       two HTTP servers: ``ApiError``/``Status`` bodies, token files,
       ``UserInfo``, the request-body limit.

@@ -1,0 +1,58 @@
+"""rangeshard.core.loops: a named loop that dies says so once, runs on_death, and a normal end is silent."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+
+import pytest
+
+from rangeshard.core.loops import start_task, start_thread
+
+
+def test_a_thread_that_dies_is_logged_and_runs_on_death(caplog: pytest.LogCaptureFixture) -> None:
+    died = threading.Event()
+    seen: list[str] = []
+
+    def boom() -> None:
+        seen.append(threading.current_thread().name)
+        raise RuntimeError("bug")
+
+    old_hook = threading.excepthook
+    threading.excepthook = lambda _args: None  # the re-raised exception: not this test's output
+    try:
+        with caplog.at_level(logging.ERROR, logger="rangeshard.core.loops"):
+            start_thread("loop-under-test", boom, what="the loop", on_death=died.set).join(5)
+    finally:
+        threading.excepthook = old_hook
+    assert seen == ["loop-under-test"] and died.is_set()
+    [record] = [r for r in caplog.records if r.name == "rangeshard.core.loops"]
+    assert record.getMessage() == "the loop: thread died unexpectedly" and record.exc_info is not None
+
+
+def test_a_thread_that_returns_is_not_logged(caplog: pytest.LogCaptureFixture) -> None:
+    died = threading.Event()
+    with caplog.at_level(logging.DEBUG, logger="rangeshard.core.loops"):
+        start_thread("quiet", lambda: None, on_death=died.set).join(5)
+    assert not died.is_set() and caplog.records == []
+
+
+def test_a_task_that_fails_is_logged_but_not_one_cancelled(caplog: pytest.LogCaptureFixture) -> None:
+    async def fail() -> None:
+        raise ValueError("bug")
+
+    async def forever() -> None:
+        await asyncio.Event().wait()
+
+    async def main() -> None:
+        failing = start_task(fail(), "failing", what="the task")
+        cancelled = start_task(forever(), "forever")
+        await asyncio.sleep(0)
+        cancelled.cancel()
+        await asyncio.gather(failing, cancelled, return_exceptions=True)
+        assert failing.get_name() == "failing"
+
+    with caplog.at_level(logging.DEBUG, logger="rangeshard.core.loops"):
+        asyncio.run(main())
+    assert [r.getMessage() for r in caplog.records] == ["the task: task exited unexpectedly"]
