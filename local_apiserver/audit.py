@@ -40,7 +40,7 @@ import os
 import threading
 import uuid
 from collections.abc import AsyncIterator, Mapping
-from datetime import UTC, datetime
+from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
@@ -50,6 +50,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from rangeshard.core.errors import ConfigError
 from rangeshard.core.kubeapi import Attributes, UserInfo
+from rangeshard.core.timestamps import format_micro_time
 
 API_VERSION = "audit.k8s.io/v1"
 STAGE = "ResponseComplete"
@@ -68,11 +69,6 @@ class AuditLevel(StrEnum):
             if level.value.lower() == value.lower():
                 return level
         raise ConfigError(f"--audit-level must be Metadata, Request or RequestResponse, got {value!r}")
-
-
-def timestamp(t: datetime) -> str:
-    """RFC 3339 with microseconds in UTC, as in kube-apiserver's audit events."""
-    return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def facts_from_info(info: Mapping[str, str]) -> Attributes:
@@ -174,8 +170,8 @@ class AuditLog:
             "sourceIPs": [client.host] if client is not None else [],
             "userAgent": request.headers.get("user-agent", ""),
             "responseStatus": _response_status(code, response_object),
-            "requestReceivedTimestamp": timestamp(received),
-            "stageTimestamp": timestamp(datetime.now(UTC)),
+            "requestReceivedTimestamp": format_micro_time(received),
+            "stageTimestamp": format_micro_time(),
         }
         if facts.resource:
             event["objectRef"] = _object_ref(facts, response_object if code < 300 else None, request_object)

@@ -39,6 +39,7 @@ from typing import Any
 
 from local_apiserver.resources import CRD_RESOURCE, RESOURCES, ResourceSpec, ResourceTable
 from rangeshard.core.tables import version_printer_columns
+from rangeshard.core.timestamps import format_time
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +171,7 @@ def crd_defaults(obj: dict[str, Any]) -> None:
     for s in storage:
         if s not in stored:
             stored.append(s)
-    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    now = format_time()
     obj["status"] = {
         "acceptedNames": {
             k: names[k] for k in ("plural", "singular", "kind", "listKind", "shortNames", "categories") if k in names

@@ -46,7 +46,6 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import Any
 
 from local_apiserver.errors import ApiError
@@ -55,6 +54,7 @@ from local_apiserver.store import Obj, Store
 from rangeshard.core.errors import RangeshardError, RegistryError
 from rangeshard.core.etcd import EtcdClient, EtcdConfig, WatchBatch
 from rangeshard.core.events import event_body
+from rangeshard.core.timestamps import format_time, parse_time
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ def _spec(resource: str) -> Any:
 
 
 def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return format_time()
 
 
 def pod_ip(uid: str) -> str:
@@ -105,10 +105,8 @@ def _is_ready(status: Obj) -> bool:
 
 
 def _parse_time(value: Any) -> float | None:
-    try:
-        return datetime.strptime(str(value)[:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=UTC).timestamp()
-    except ValueError:
-        return None
+    parsed = parse_time(value)
+    return parsed.timestamp() if parsed is not None else None
 
 
 def readiness_delay(pod: Obj) -> float:

@@ -60,6 +60,7 @@ from local_apiserver.validation import apply_defaults, check_body_shape, check_s
 from rangeshard.core.errors import RegistryError, RegistryUnavailable
 from rangeshard.core.etcd import KV, EtcdClient
 from rangeshard.core.selectors import FieldSelector, LabelSelector
+from rangeshard.core.timestamps import format_time, parse_time
 
 log = logging.getLogger(__name__)
 
@@ -70,10 +71,6 @@ _GENERATE_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
 INITIAL_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
 
 Obj = dict[str, Any]
-
-
-def now_rfc3339() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def parse_resource_version(value: str | None, what: str = "resourceVersion") -> int | None:
@@ -300,7 +297,7 @@ class Store:
             ips, node_ports = services.in_use(self.iter_all(spec))
             services.allocate(obj, ips, node_ports, network=self.service_range)
         meta["uid"] = str(uuid.uuid4())
-        meta["creationTimestamp"] = now_rfc3339()
+        meta["creationTimestamp"] = format_time()
         for transient in ("deletionTimestamp", "deletionGracePeriodSeconds", "managedFields", "selfLink"):
             meta.pop(transient, None)
         if spec.generation:
@@ -572,12 +569,12 @@ class Store:
         due = now + timedelta(seconds=grace)
         old = meta.get("deletionTimestamp")
         if old and meta.get("deletionGracePeriodSeconds") is not None:
-            old_due = parse_rfc3339(old)
+            old_due = parse_time(old)
             if old_due is not None and old_due <= due:
                 return current  # already terminating at least as soon
         desired = copy.deepcopy(current)
         dmeta = desired["metadata"]
-        dmeta["deletionTimestamp"] = due.strftime("%Y-%m-%dT%H:%M:%SZ")
+        dmeta["deletionTimestamp"] = format_time(due)
         dmeta["deletionGracePeriodSeconds"] = grace
         if finalizers:
             dmeta["finalizers"] = finalizers
@@ -612,7 +609,7 @@ class Store:
             return current
         desired = copy.deepcopy(current)
         dmeta = desired["metadata"]
-        dmeta.setdefault("deletionTimestamp", now_rfc3339())
+        dmeta.setdefault("deletionTimestamp", format_time())
         dmeta["deletionGracePeriodSeconds"] = 0  # (a pod's grace period ends: only finalizers keep it)
         if finalizers:
             dmeta["finalizers"] = finalizers
@@ -640,13 +637,6 @@ class Store:
                 self.on_deleted(spec, obj, propagation)
             except Exception:
                 log.exception("garbage collector hook failed for %s %s", spec.resource, obj["metadata"].get("name"))
-
-
-def parse_rfc3339(value: str) -> datetime | None:
-    try:
-        return datetime.strptime(value[:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=UTC)
-    except ValueError:
-        return None
 
 
 def pod_grace_period(spec: ResourceSpec, pod: Obj, requested: int | None) -> int:

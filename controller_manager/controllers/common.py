@@ -8,6 +8,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+from rangeshard.core.timestamps import parse_time
+
 
 def selector_matches(selector: dict[str, Any] | None, labels: dict[str, str] | None) -> bool:
     """Evaluate a LabelSelector (matchLabels + matchExpressions). An empty selector matches nothing."""
@@ -45,12 +47,7 @@ def ready_since(pod: dict[str, Any]) -> datetime | None:
     """When the pod's ``Ready`` condition last became true (None if not ready or unknown)."""
     for cond in (pod.get("status") or {}).get("conditions") or []:
         if cond.get("type") == "Ready" and cond.get("status") == "True":
-            try:
-                return datetime.strptime(str(cond.get("lastTransitionTime"))[:19], "%Y-%m-%dT%H:%M:%S").replace(
-                    tzinfo=UTC
-                )
-            except ValueError:
-                return None
+            return parse_time(cond.get("lastTransitionTime"))
     return None
 
 

@@ -28,8 +28,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
+
+from rangeshard.core.timestamps import format_time
 
 HASH_LABEL = "pod-template-hash"
 REVISION = "deployment.kubernetes.io/revision"
@@ -143,7 +144,7 @@ def old_scale_downs(want: int, strategy: Strategy, new_rs: Obj, old: list[Obj]) 
 
 
 def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return format_time()
 
 
 def _condition(old: list[Obj], kind: str, status: str, reason: str, message: str) -> Obj:

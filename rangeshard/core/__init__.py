@@ -26,6 +26,8 @@ Owns
     * :mod:`rangeshard.core.logs` - the one logging setup of every entry point.
     * :mod:`rangeshard.core.loops` - named background threads and tasks that
       log their unexpected end.
+    * :mod:`rangeshard.core.timestamps` - RFC 3339 ``Time``/``MicroTime``,
+      written and read in one place.
     * :mod:`rangeshard.core.kubeapi` - Kubernetes API helpers shared by the
       two HTTP servers: ``ApiError``/``Status`` bodies, token files,
       ``UserInfo``, the request-body limit.

@@ -25,12 +25,14 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
+from rangeshard.core.timestamps import format_micro_time, format_time
+
 Obj = dict[str, Any]
 
 
 def _now() -> tuple[str, str]:
     now = datetime.now(UTC)
-    return now.strftime("%Y-%m-%dT%H:%M:%SZ"), now.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return format_time(now), format_micro_time(now)
 
 
 def involved_object(obj: Obj, field_path: str | None = None) -> Obj:

@@ -31,6 +31,8 @@ from typing import Any
 
 import orjson
 
+from rangeshard.core.timestamps import parse_time
+
 Obj = dict[str, Any]
 INCLUDE_OBJECT = ("Metadata", "None", "Object")
 _NONE = "<none>"
@@ -131,19 +133,9 @@ def human_duration(seconds: float) -> str:
     return f"{hours // 24 // 365}y"
 
 
-def _parse_time(value: Any) -> dt.datetime | None:
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        parsed = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
-
-
 def since(value: Any, now: dt.datetime) -> str:
     """kube's ``translateTimestampSince``: ``<unknown>`` for no timestamp."""
-    t = _parse_time(value)
+    t = parse_time(value)
     if t is None:
         return "<unknown>"
     return human_duration((now - t).total_seconds())
@@ -215,7 +207,7 @@ def pod_status(pod: Obj) -> tuple[int, int, str, int, dt.datetime | None]:
     def note_restart(cs: Obj) -> None:
         nonlocal restarts, last_restart
         restarts += _int(cs.get("restartCount"))
-        finished = _parse_time(_get(cs, "lastState", "terminated", "finishedAt"))
+        finished = parse_time(_get(cs, "lastState", "terminated", "finishedAt"))
         if finished is not None and (last_restart is None or finished > last_restart):
             last_restart = finished
 
@@ -490,10 +482,10 @@ def _job_completions(obj: Obj, now: dt.datetime) -> str:
 
 
 def _job_duration(obj: Obj, now: dt.datetime) -> str:
-    start = _parse_time(_get(obj, "status", "startTime"))
+    start = parse_time(_get(obj, "status", "startTime"))
     if start is None:
         return ""
-    end = _parse_time(_get(obj, "status", "completionTime")) or now
+    end = parse_time(_get(obj, "status", "completionTime")) or now
     return human_duration(max(0.0, (end - start).total_seconds()))
 
 
