@@ -1,8 +1,9 @@
 """``rangeshard dashboard``: a live view of the hash ring of every controller type, in a browser.
 
 Purpose
-    Serves one self-contained page (HTML, CSS and JavaScript inline: no CDN,
-    no build step, works offline) that draws, for each controller type, the
+    Serves one self-contained page (``rangeshard/static/dashboard.html``,
+    package data: HTML, CSS and JavaScript inline, no CDN, no build step,
+    works offline) that draws, for each controller type, the
     63-bit hash space as a horizontal bar split into the instances' ranges:
     widths proportional to each range's share of the space, colour by handover
     state (``init``/``locked``/``wait``/``active``), a lock marker on locked
@@ -51,11 +52,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
+from importlib import resources
 from typing import Annotated, Any
 
 import orjson
@@ -75,6 +78,13 @@ from registry import MembershipWatch, RegistryView
 from registry.models import check_name
 
 log = logging.getLogger(__name__)
+
+
+@functools.cache
+def page() -> str:
+    """The dashboard page: ``rangeshard/static/dashboard.html`` (package data; HTML, CSS and JS, no CDN)."""
+    return resources.files("rangeshard").joinpath("static/dashboard.html").read_text(encoding="utf-8")
+
 
 KEEPALIVE_SECONDS = 15.0
 """Seconds between SSE keep-alive comments on a quiet stream."""
@@ -348,7 +358,7 @@ def create_app(
 
     @app.get("/")
     async def index() -> Response:
-        return HTMLResponse(PAGE, headers={"Cache-Control": "no-store"})
+        return HTMLResponse(page(), headers={"Cache-Control": "no-store"})
 
     @app.get("/api/ring")
     async def ring() -> Response:
@@ -430,200 +440,3 @@ def dashboard_command(
     shown = f"[{host}]" if ":" in host else host
     typer.echo(f"rangeshard dashboard on http://{shown}:{port}/ (etcd {config.urls}, prefix {prefix}); Ctrl-C stops it")
     serve(config, host=host, port=port, prefix=prefix, controller_type=controller_type)
-
-
-# -- the page ------------------------------------------------------------------
-
-PAGE = """<!doctype html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>rangeshard ring</title>
-<link rel="icon" href="data:,">
-<style>
-:root {
-  --init: #3b7dd8; --locked: #d98e04; --wait: #8e44c9; --active: #23914a;
-  --bg: #f6f7f9; --fg: #1d2330; --muted: #6b7385; --line: #d5d9e0;
-  font-family: system-ui, -apple-system, "Segoe UI", "DejaVu Sans", sans-serif;
-}
-body { margin: 0; background: var(--bg); color: var(--fg); }
-header { display: flex; align-items: center; gap: 1rem; padding: .8rem 1.5rem; background: #1d2330; color: #fff; }
-header h1 { font-size: 1.15rem; margin: 0; font-weight: 600; }
-header .meta { color: #b8c0d0; font-size: .85rem; }
-.pill { font-size: .78rem; padding: .15rem .55rem; border-radius: 1rem; background: #555; color: #fff; }
-.pill.ok { background: var(--active); } .pill.bad { background: #c0392b; } .pill.wait { background: var(--locked); }
-main { padding: 1rem 1.5rem 3rem; max-width: 1400px; }
-.legend { display: flex; gap: 1.2rem; flex-wrap: wrap; font-size: .85rem; color: var(--muted); margin: .3rem 0 1rem; }
-.legend span { display: inline-flex; align-items: center; gap: .35rem; }
-.sw { width: .9rem; height: .9rem; border-radius: 3px; display: inline-block; }
-section.ctype { background: #fff; border: 1px solid var(--line); border-radius: 8px; padding: 1rem 1.2rem;
-  margin-bottom: 1.2rem; }
-section.ctype h2 { font-size: 1.05rem; margin: 0 0 .7rem; }
-section.ctype h2 small { font-weight: 400; color: var(--muted); margin-left: .5rem; }
-.bar { display: flex; height: 64px; border-radius: 6px; overflow: hidden; border: 1px solid #9aa3b2;
-  background: #e9ecf1; }
-.seg { position: relative; flex: 0 1 0%; min-width: 3px; box-sizing: border-box; border-right: 2px solid #fff;
-  color: #fff; overflow: hidden; padding: .35rem .45rem; font-size: .78rem; line-height: 1.25;
-  transition: flex-basis .35s ease, background-color .35s ease; text-shadow: 0 1px 1px rgba(0,0,0,.35); }
-.seg:last-child { border-right: 0; }
-.seg.init { background-color: var(--init); } .seg.locked { background-color: var(--locked); }
-.seg.wait { background-color: var(--wait); } .seg.active { background-color: var(--active); }
-.seg.is-locked { background-image: repeating-linear-gradient(135deg, rgba(255,255,255,.22) 0 6px,
-  transparent 6px 12px); }
-.seg .wl { font-weight: 700; font-size: .95rem; display: block; white-space: nowrap; }
-.seg .id { display: block; white-space: nowrap; overflow: hidden; text-overflow: ellipsis; opacity: .95; }
-.seg .lock { position: absolute; top: 4px; right: 4px; width: 14px; height: 16px; display: none; }
-.seg.is-locked .lock { display: block; }
-.seg.is-locked .wl { padding-right: 16px; }
-.axis { position: relative; height: 1.2rem; font-size: .72rem; color: var(--muted); margin-top: .2rem; }
-.axis span { position: absolute; transform: translateX(-50%); white-space: nowrap; }
-.axis span:first-child { transform: none; } .axis span:last-child { transform: translateX(-100%); }
-table { border-collapse: collapse; width: 100%; margin-top: .6rem; font-size: .8rem; }
-th, td { text-align: left; padding: .25rem .5rem; border-bottom: 1px solid #eceef2; white-space: nowrap; }
-th { color: var(--muted); font-weight: 500; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
-td.mono { font-family: ui-monospace, "DejaVu Sans Mono", monospace; }
-.st { display: inline-block; padding: 0 .4rem; border-radius: 3px; color: #fff; font-size: .75rem; }
-.empty { color: var(--muted); padding: 2rem 0; }
-.unowned { color: #c0392b; font-size: .8rem; margin-top: .4rem; }
-</style>
-</head>
-<body>
-<header>
-  <h1>rangeshard &middot; hash ring</h1>
-  <span id="conn" class="pill" data-testid="conn">connecting</span>
-  <span id="etcd" class="pill" data-testid="etcd">etcd: ?</span>
-  <span class="meta" id="meta"></span>
-</header>
-<main>
-  <div class="legend">
-    <span><i class="sw" style="background:var(--init)"></i>init</span>
-    <span><i class="sw" style="background:var(--locked)"></i>locked</span>
-    <span><i class="sw" style="background:var(--wait)"></i>wait</span>
-    <span><i class="sw" style="background:var(--active)"></i>active</span>
-    <span><i class="sw" style="background:#888;background-image:repeating-linear-gradient(135deg,
-      rgba(255,255,255,.4) 0 3px,transparent 3px 6px)"></i>isLocked (waiting for its giver)</span>
-    <span>width = share of the 63-bit hash space &middot; bold number = workloadNum</span>
-  </div>
-  <div id="types"><p class="empty">waiting for the registry&hellip;</p></div>
-</main>
-<script>
-"use strict";
-const LOCK_SVG = '<svg class="lock" viewBox="0 0 14 16" aria-hidden="true"><rect x="1" y="7" width="12" height="9" ' +
-  'rx="1.5" fill="#fff"/><path d="M3.5 7V5a3.5 3.5 0 0 1 7 0v2" fill="none" stroke="#fff" stroke-width="2"/></svg>';
-const $ = (sel, el) => (el || document).querySelector(sel);
-function esc(s) {
-  return String(s == null ? "" : s).replace(/[&<>"']/g,
-    c => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;"}[c]));
-}
-function pct(share) { return (share * 100).toFixed(share >= 0.1 ? 1 : 3) + "%"; }
-function age(t) {
-  if (t == null) return "-";
-  const s = Math.max(0, Math.round(Date.now() / 1000 - t));
-  return s < 120 ? s + "s" : s < 7200 ? Math.floor(s / 60) + "m" : Math.floor(s / 3600) + "h";
-}
-let last = null;
-
-function section(type) {
-  let sec = document.querySelector('section.ctype[data-type="' + CSS.escape(type) + '"]');
-  if (!sec) {
-    sec = document.createElement("section");
-    sec.className = "ctype";
-    sec.dataset.type = type;
-    sec.innerHTML = '<h2></h2><div class="bar" role="list"></div><div class="axis">' +
-      '<span style="left:0">0</span><span style="left:25%">2^61</span><span style="left:50%">2^62</span>' +
-      '<span style="left:75%">3&middot;2^61</span><span style="left:100%">2^63&minus;1</span></div>' +
-      '<div class="unowned"></div><table><thead><tr><th>instance</th><th>state</th><th>locked</th>' +
-      '<th>range start</th><th>range end</th><th>share</th><th>workload</th><th>host / pid</th>' +
-      '<th>heartbeat</th></tr></thead><tbody></tbody></table>';
-    sec.querySelector(".bar").setAttribute("aria-label", "hash ring of " + type);
-  }
-  return sec;
-}
-
-function renderType(ct) {
-  const sec = section(ct.controllerType);
-  const n = ct.instances.length;
-  sec.querySelector("h2").innerHTML = esc(ct.controllerType) + "<small>" + n + " instance" + (n === 1 ? "" : "s") +
-    " &middot; " + ct.workloadNum + " objects</small>";
-  const bar = sec.querySelector(".bar");
-  const old = new Map([...bar.children].map(el => [el.dataset.instance, el]));
-  const segs = ct.instances.map(inst => {
-    let el = old.get(inst.instanceId);
-    if (!el) {
-      el = document.createElement("div");
-      el.dataset.instance = inst.instanceId;
-      el.setAttribute("role", "listitem");
-      el.innerHTML = LOCK_SVG + '<span class="wl"></span><span class="id"></span>';
-    }
-    old.delete(inst.instanceId);
-    el.className = "seg " + inst.state + (inst.isLocked ? " is-locked" : "");
-    el.dataset.state = inst.state;
-    el.dataset.locked = String(inst.isLocked);
-    el.dataset.share = String(inst.share);
-    el.dataset.workload = String(inst.workloadNum);
-    el.style.flexBasis = (inst.share * 100) + "%";
-    el.querySelector(".wl").textContent = inst.workloadNum;
-    el.querySelector(".id").textContent = inst.instanceId;
-    el.title = inst.instanceId + "\\nstate: " + inst.state + (inst.isLocked ? " (locked by " + inst.giver + ")" : "") +
-      "\\nrange: [" + inst.rangeStartHex + ", " + inst.rangeEndHex + "]\\nshare: " + pct(inst.share) +
-      "\\nworkloadNum: " + inst.workloadNum;
-    return el;
-  });
-  for (const el of old.values()) el.remove();
-  segs.forEach((el, i) => { if (bar.children[i] !== el) bar.insertBefore(el, bar.children[i] || null); });
-  const un = sec.querySelector(".unowned");
-  un.textContent = ct.unowned.length ? "own no range (duplicate hashKey): " +
-    ct.unowned.map(u => u.instanceId).join(", ") : "";
-  sec.querySelector("tbody").innerHTML = ct.instances.concat(ct.unowned).map(i =>
-    '<tr data-instance="' + esc(i.instanceId) + '"><td>' + esc(i.instanceId) + '</td>' +
-    '<td><span class="st" style="background:var(--' + esc(i.state) + ')">' + esc(i.state) + '</span></td>' +
-    '<td>' + (i.isLocked ? "yes" + (i.giver ? " (by " + esc(i.giver) + ")" : "") : "no") + '</td>' +
-    '<td class="mono">' + esc(i.rangeStartHex || "-") + '</td><td class="mono">' + esc(i.rangeEndHex || "-") +
-    '</td><td class="num">' + pct(i.share) + '</td><td class="num">' + i.workloadNum + '</td>' +
-    '<td>' + esc(i.host || "-") + (i.pid ? " / " + i.pid : "") + '</td>' +
-    '<td class="num" data-heartbeat="' + (i.heartbeatAt == null ? "" : i.heartbeatAt) + '">' + age(i.heartbeatAt) +
-    '</td></tr>').join("");
-  return sec;
-}
-
-function render(doc) {
-  last = doc;
-  const etcd = $("#etcd");
-  etcd.textContent = "etcd: " + doc.etcd;
-  etcd.className = "pill " + (doc.etcd === "ok" ? "ok" : doc.etcd === "unreachable" ? "bad" : "wait");
-  $("#meta").textContent = doc.synced ? "prefix " + doc.prefix + " · etcd revision " + doc.revision +
-    " · updated " + new Date(doc.receivedAt * 1000).toLocaleTimeString() : "prefix " + doc.prefix;
-  const root = $("#types");
-  if (!doc.synced || doc.controllerTypes.length === 0) {
-    root.innerHTML = '<p class="empty">' + (doc.synced ? "no controller instances registered" :
-      "waiting for the registry&hellip;") + "</p>";
-    return;
-  }
-  const keep = doc.controllerTypes.map(renderType);
-  [...root.children].forEach(el => { if (!keep.includes(el)) el.remove(); });
-  keep.forEach((el, i) => { if (root.children[i] !== el) root.insertBefore(el, root.children[i] || null); });
-}
-
-setInterval(() => {
-  document.querySelectorAll("td[data-heartbeat]").forEach(td => {
-    const t = td.dataset.heartbeat;
-    td.textContent = t === "" ? "-" : age(Number(t));
-  });
-}, 1000);
-
-function connect() {
-  const conn = $("#conn");
-  const es = new EventSource("api/events");
-  es.addEventListener("ring", ev => {
-    conn.textContent = "live"; conn.className = "pill ok";
-    render(JSON.parse(ev.data));
-  });
-  es.onopen = () => { conn.textContent = "live"; conn.className = "pill ok"; };
-  es.onerror = () => { conn.textContent = "reconnecting"; conn.className = "pill bad"; };
-}
-connect();
-</script>
-</body>
-</html>
-"""
