@@ -47,6 +47,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.text import Text
 
+from controller_manager.process import spawn_manager
 from rangeshard.cli.common import DEFAULT_REGISTRY_PREFIX, fail
 from rangeshard.cli.state import (
     DEFAULT_STATE_DIR,
@@ -63,7 +64,7 @@ from rangeshard.cli.tables import table_console
 from rangeshard.cli.updown import demo_summary, plan_ports, wait_healthy
 from rangeshard.core.errors import ConfigError, RangeshardError
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
-from rangeshard.core.process import EtcdServer, free_port, python_module_command, terminate
+from rangeshard.core.process import EtcdServer, free_port, terminate
 from registry import MembershipWatch, RegistryView
 
 DEFAULT_MANAGER_CONFIG: dict[str, Any] = {
@@ -340,18 +341,12 @@ def up_command(
             manager_cfg = _manager_config(config, etcd.url, proxy.url, metrics_port)
             cfg_path = state_dir / f"manager-m{i}.yaml"
             cfg_path.write_text(yaml.safe_dump(manager_cfg, sort_keys=False))
-            with open(state_dir / f"manager-{i}.log", "ab") as logf:
-                proc = subprocess.Popen(
-                    [
-                        *python_module_command("rangeshard.cli.main", "--log-level", "info", "controller-manager"),
-                        *("--config", str(cfg_path), "--instance-prefix", f"m{i}"),
-                        *("--audit-log", str(state_dir / f"audit-m{i}.jsonl")),
-                    ],
-                    stdout=logf,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                    start_new_session=True,
-                )
+            proc = spawn_manager(
+                cfg_path,
+                state_dir / f"manager-{i}.log",
+                instance_prefix=f"m{i}",
+                audit_log=state_dir / f"audit-m{i}.jsonl",
+            )
             sup.add(f"manager m{i}", _stopper(proc))
             procs[f"manager m{i}"] = proc
             metrics_url = f"http://127.0.0.1:{metrics_port}"

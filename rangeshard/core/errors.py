@@ -16,6 +16,7 @@ The tree::
     ├── NotReadyError               (rangeshard.cli.updown) a component ``up`` started died or stayed unhealthy
     ├── UpRunningError              (rangeshard.cli.up) an ``up`` recorded in the state dir is still running
     ├── TestKitError                (rangeshard.testing) a part of the test cluster did not start, a wait timed out
+    ├── ManagerProcessError         (controller_manager.process) a controller-manager child could not be started
     ├── ControllerError             raised inside the controller framework
     │   ├── ReconcileTimeout        a reconcile reached its deadline (fencing or its own bound)
     │   ├── Requeue                 (controller_manager.controller) reconcile again later

@@ -49,6 +49,7 @@ from kubernetes import client as k8s
 from controller_manager.audit import AuditRecord, find_overlaps, read_records
 from controller_manager.controller import Controller
 from controller_manager.plugins import controller_type
+from controller_manager.process import spawn_manager
 from controller_manager.resources import raw_request
 from controller_manager.write_audit import check as check_writes
 from controller_manager.write_audit import print_report, read_events
@@ -226,12 +227,7 @@ class Managers:
         config.write_text(yaml.safe_dump(cfg, sort_keys=False))
         audit = cluster.workdir / f"{name}.audit.jsonl"
         log = cluster.workdir / f"{name}.log"
-        cmd = [sys.executable, "-m", "rangeshard.cli.main", "--log-level", "info", "controller-manager"]
-        cmd += ["--config", str(config), "--audit-log", str(audit), "--instance-prefix", name]
-        with open(log, "ab") as out:
-            proc = subprocess.Popen(
-                cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=_child_env()
-            )
+        proc = spawn_manager(config, log, instance_prefix=name, audit_log=audit, new_session=False, env=_child_env())
         m = ManagerProcess(name, proc, config, audit, log)
         self.processes.append(m)
         return m

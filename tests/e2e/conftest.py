@@ -32,6 +32,7 @@ import yaml
 from kubernetes import client as k8s
 
 from controller_manager.audit import AuditRecord, find_overlaps, read_records
+from controller_manager.process import spawn_manager
 from hashing import hash_key
 from local_apiserver.process import LocalApiServerProcess
 from range_filter_proxy.process import ProxyProcess
@@ -40,7 +41,6 @@ from rangeshard.core.process import EtcdCluster, EtcdServer
 from rangeshard.testing import ManagerProcess
 from registry import Registry, Snapshot
 from tests.e2e.kube import replicasets, scale_replicaset
-from tests.helpers import run_cli
 
 LEASE_TTL = 4
 RECONCILE_TIMEOUT = 1.0
@@ -148,15 +148,7 @@ class Cluster:
         path.write_text(yaml.safe_dump(cfg))
         audit = self.workdir / f"{stem}.audit.jsonl"
         log = self.workdir / f"{stem}.log"
-        proc = run_cli(
-            [
-                *(("--log-level", log_level) if log_level else ()),
-                "controller-manager",
-                *("--config", str(path), "--audit-log", str(audit), "--instance-prefix", name),
-            ],
-            log,
-            new_session=True,
-        )
+        proc = spawn_manager(path, log, instance_prefix=name, audit_log=audit, log_level=log_level)
         m = Manager(name, proc, path, audit, log)
         m.hold_file = hold_file
         self.managers.append(m)
