@@ -23,6 +23,8 @@ Purpose
     * :mod:`controller_manager.plugins` - which class runs a configured controller
     * :mod:`controller_manager.resources` - the resources a controller watches
     * :mod:`controller_manager.manager` - the process
+    * :mod:`controller_manager.external` - external controllers: the endpoint
+      that shards an unmodified controller, and its child process
     * :mod:`controller_manager.process` - the one launcher of manager child
       processes (``up``, the test kit, tests, benchmarks)
 

@@ -38,7 +38,7 @@ import re
 from collections.abc import Hashable
 from pathlib import Path
 from types import NoneType, UnionType
-from typing import Annotated, Any, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 from urllib.parse import urlsplit
 
 import yaml
@@ -204,6 +204,82 @@ class MetricsSection(_Section):
     )
 
 
+_RESOURCE_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_LISTEN_RE = re.compile(r"^(?P<host>[^\s:\[\]]+|\[[0-9a-fA-F:]+\]):(?P<port>[0-9]{1,5})$")
+
+
+class ShardResourceSection(_Section):
+    """A resource whose lists and watches the endpoint cuts to the instance's range."""
+
+    resource: str = Field(
+        min_length=1,
+        strict=True,
+        description="`plural.group` (core resources: `plural`), as kubectl names them: `configmaps`, "
+        "`deployments.apps`, `gadgets.bars.example.org`.",
+    )
+    by: Literal["uid", "owner", "namespace"] = Field(
+        "uid",
+        description="What places an object in the hash space: its own `uid`, its controller `owner`'s uid "
+        "(its own uid without one), or its `namespace`.",
+    )
+
+    @field_validator("resource")
+    @classmethod
+    def _resource(cls, value: str) -> str:
+        if not _RESOURCE_RE.match(value):
+            raise ValueError("must be plural or plural.group in lowercase (e.g. configmaps, deployments.apps)")
+        return value
+
+
+class ExternalSection(_Section):
+    """A controller that is not a `Controller` class: any program, sharded through a local endpoint."""
+
+    command: list[Annotated[str, Field(min_length=1)]] | None = Field(
+        None,
+        min_length=1,
+        description="The controller's command line; the manager starts it with `KUBECONFIG` pointing at the "
+        "endpoint (plus `RANGESHARD_INSTANCE_ID` and `RANGESHARD_CONTROLLER_TYPE`), restarts it with backoff "
+        "and stops it on shutdown. Without it only the endpoint runs (a sidecar beside the controller).",
+    )
+    listen: str = Field(
+        "127.0.0.1:0",
+        strict=True,
+        description="`host:port` of the endpoint the controller talks to (port 0: any free port).",
+    )
+    shard: list[ShardResourceSection] = Field(
+        min_length=1,
+        description="Resources whose lists and watches are cut to this instance's range; every other request "
+        "passes through unchanged.",
+    )
+    drain_seconds: float = Field(
+        2.0,
+        alias="drainSeconds",
+        ge=0,
+        le=300,
+        strict=True,
+        description="After a range shrinks (its watches were reset), how long the giver waits, with no write of "
+        "the controller to a `shard` resource in flight, before it unlocks the receiver.",
+    )
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, value: str) -> str:
+        found = _LISTEN_RE.match(value)
+        if found is None or int(found.group("port")) > 65535:
+            raise ValueError("must be host:port (port 0..65535), e.g. 127.0.0.1:0")
+        return value
+
+    @field_validator("shard")
+    @classmethod
+    def _unique(cls, value: list[ShardResourceSection]) -> list[ShardResourceSection]:
+        seen: set[str] = set()
+        for item in value:
+            if item.resource in seen:
+                raise ValueError(f"resource {item.resource!r} is listed twice")
+            seen.add(item.resource)
+        return value
+
+
 class ControllerSection(_Section):
     """One controller type run by this manager. `name:` with no mapping means all defaults."""
 
@@ -234,6 +310,20 @@ class ControllerSection(_Section):
         "`sys.path`/`PYTHONPATH`. Without it, `<name>` is a built-in controller or an installed plugin "
         "(entry-point group `rangeshard.controllers`).",
     )
+    external: ExternalSection | None = Field(
+        None,
+        description="Run an unmodified controller (kopf, client-go, any language) instead of a `Controller` "
+        "class: see docs/external-controllers.md. Excludes `class` and `workers`.",
+    )
+
+    @model_validator(mode="after")
+    def _external_alone(self) -> ControllerSection:
+        if self.external is not None:
+            clash = [f for f in ("class_", "workers") if f in self.model_fields_set]
+            if clash:
+                names = " and ".join("class" if f == "class_" else f for f in clash)
+                raise ValueError(f"external excludes {names} (the external program is the controller)")
+        return self
 
 
 ControllerName = Annotated[str, AfterValidator(_controller_name)]

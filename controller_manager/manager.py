@@ -33,6 +33,7 @@ from kubernetes import client as k8s
 from controller_manager.audit import AuditLog
 from controller_manager.config import ManagerConfig
 from controller_manager.controller import ControllerRuntime
+from controller_manager.external import ExternalRuntime
 from controller_manager.fencing import FencedApiClient
 from controller_manager.metrics import Metrics, StatusServer
 from controller_manager.plugins import controller_type, resolve_controllers
@@ -122,9 +123,30 @@ class ControllerManager:
         self.audit = AuditLog(audit_path) if audit_path else None
         self.prefix = instance_prefix or config.instance_id_prefix or default_instance_prefix()
         self.api_clients: list[Any] = []
-        self.runtimes: list[ControllerRuntime] = []
+        self.runtimes: list[ControllerRuntime | ExternalRuntime] = []
         classes = resolve_controllers(config.controllers)
         for name, section in config.controllers.items():
+            if section.external is not None:
+                self.runtimes.append(
+                    ExternalRuntime(
+                        name,
+                        section.external,
+                        controller_type=name,
+                        proxy_url=config.proxy.url,
+                        proxy_token_file=config.proxy.token_file,
+                        proxy_ca_cert=config.proxy.ca_cert,
+                        etcd_config=self.etcd_config,
+                        registry_prefix=config.registry_prefix,
+                        instance_id=f"{self.prefix}-{name}",
+                        lease_ttl=config.lease_ttl_seconds,
+                        reconcile_timeout=config.reconcile_timeout_seconds,
+                        metrics=self.metrics,
+                        host=socket.gethostname(),
+                        pid=os.getpid(),
+                        rejoin_grace=config.rejoin_grace_seconds,
+                    )
+                )
+                continue
             cls = classes[name]
             # One client per instance: its User-Agent is that instance's owner token.
             api_client = api_client_for(config.proxy.url, config.proxy.token_file, config.proxy.ca_cert)

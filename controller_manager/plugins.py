@@ -140,6 +140,8 @@ def resolve_controllers(sections: Mapping[str, Any], source: str | Path | None =
     problems: list[str] = []
     types: dict[str, str] = {}
     for name, section in sections.items():
+        if getattr(section, "external", None) is not None:
+            continue  # an external program, not a class (controller_manager.external)
         target = getattr(section, "class_", None)
         try:
             cls = _resolve_one(name, target, eps)

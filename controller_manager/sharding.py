@@ -120,8 +120,11 @@ class ShardInstance:
         clock: Clock = MONOTONIC,
         on_count: Callable[[str], None] | None = None,
         rejoin_grace: float = 0.0,
+        drained: Callable[[], bool] | None = None,
     ) -> None:
         self.etcd_config = etcd_config
+        #: Extra drain condition of a giver (an external controller: no write in flight, drainSeconds passed).
+        self.drained = drained
         #: ``rejoinGraceSeconds``: > 0 parks the record on a graceful stop instead of leaving.
         self.rejoin_grace = rejoin_grace
         #: Set when this instance must not run at all (another live process has its id); the manager exits 1.
@@ -499,7 +502,7 @@ class ShardInstance:
             self._set_state(State.WAIT.value)
             with self._cond:
                 outside = [k for k, h in self.inflight.items() if rng is None or not rng.contains(h)]
-            if not outside:
+            if not outside and (self.drained is None or self.drained()):
                 for r in receivers:
                     try:
                         self.registry.unlock(

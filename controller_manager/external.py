@@ -1,0 +1,607 @@
+"""External controllers: shard any controller, unmodified, through a local endpoint of its manager.
+
+Purpose
+    A controller entry with ``external:`` runs no ``Controller`` class. The
+    manager registers one instance for it as usual (:class:`ShardInstance`:
+    lease, lock -> wait -> active) and serves an HTTP **endpoint** the
+    controller's kubeconfig points at (:class:`Endpoint`). The endpoint
+    forwards every request to the range filter proxy and
+
+    * adds ``shardSelector=shardRange(<path>, ...)`` for the instance's
+      current range to every list and watch of a resource named in
+      ``shard`` (a selector sent by the client itself is a 400);
+    * puts the instance's owner token at the start of the User-Agent of
+      every write to such a resource (the proxy's write fencing then protects
+      it), followed by the client's own User-Agent;
+    * turns a range change into watch resets: every open watch of a
+      ``shard`` resource ends with an ``ERROR`` event carrying a ``410
+      Expired`` Status, which every client library answers with a relist.
+
+    With ``command`` the manager also runs the controller (:class:`Child`):
+    ``KUBECONFIG`` names a kubeconfig for the endpoint (no credentials of
+    the manager inside), ``RANGESHARD_INSTANCE_ID`` and
+    ``RANGESHARD_CONTROLLER_TYPE`` are set, its output goes to the manager's
+    log prefixed with ``[<name>]``, it is restarted with backoff when it
+    exits and stopped (SIGTERM, then SIGKILL) on shutdown.
+
+Handover
+    * What the endpoint serves is the instance's *allowed* range
+      (``ShardInstance.allowed``): nothing while locked (a new instance owned
+      nothing before) or between a range change and the reset that follows.
+    * A range change resets every watch at once (the giver stops seeing the
+      moved keys); the instance counts as synced as soon as that is done.
+    * The giver is drained when no write of the controller to a ``shard``
+      resource is in flight and ``drainSeconds`` have passed since the cut;
+      then it unlocks the receiver as usual. Safety does not rest on the
+      drain: a late write carries a stale owner token and the proxy refuses it.
+
+Concurrency model
+    Threads, like the rest of the manager: the endpoint is a
+    ``ThreadingHTTPServer`` (one thread per connection, named
+    ``external-<name>-endpoint``), each forwarding with a shared
+    ``httpx.Client``; the child runs under a supervisor thread
+    (``external-<name>-child``) plus one thread copying its output. The
+    shard instance's callbacks (``on_epoch``, ``on_allowed``, ``on_token``)
+    run on its state-machine thread and only touch fields under ``_lock``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit
+
+import httpx
+import orjson
+import yaml
+
+from controller_manager.config import ExternalSection
+from controller_manager.metrics import Metrics
+from controller_manager.sharding import ShardInstance
+from hashing import NAMESPACE_PATH, OWNER_PATH, UID_PATH, HashRange, range_to_selector
+from rangeshard.core.etcd import EtcdConfig
+from rangeshard.core.kubeapi import status_object
+from rangeshard.core.listoptions import parse_bool
+from rangeshard.core.loops import start_thread
+from rangeshard.core.ownertoken import OwnerToken
+
+log = logging.getLogger(__name__)
+
+PATHS = {"uid": UID_PATH, "owner": OWNER_PATH, "namespace": NAMESPACE_PATH}
+_HOP_BY_HOP = frozenset(
+    {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "proxy-connection", "host"}
+)
+_WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+#: Matches no object: lists and watches while the instance may serve nothing.
+_NOTHING = "metadata.name=rangeshard-serves-nothing.invalid"
+
+
+def resource_of(path: str) -> tuple[str, bool] | None:
+    """``(plural[.group], is_collection)`` of a resource request path, ``None`` for anything else.
+
+    ``/api/v1/[namespaces/NS/]PLURAL[/NAME[/SUB]]`` and
+    ``/apis/GROUP/VERSION/[namespaces/NS/]PLURAL[/NAME[/SUB]]``; a request
+    for namespaces themselves (``/api/v1/namespaces[/NAME]``) is the resource
+    ``namespaces``.
+    """
+    parts = [p for p in path.split("/") if p]
+    if len(parts) >= 3 and parts[0] == "api" and parts[1] == "v1":
+        group, rest = "", parts[2:]
+    elif len(parts) >= 4 and parts[0] == "apis":
+        group, rest = parts[1], parts[3:]
+    else:
+        return None
+    if len(rest) >= 3 and rest[0] == "namespaces":
+        rest = rest[2:]
+    plural = rest[0]
+    return (f"{plural}.{group}" if group else plural), len(rest) == 1
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that went away is a DEBUG line; anything else is logged with its traceback (not printed)."""
+        error = sys.exc_info()[1]
+        if isinstance(error, ConnectionError | TimeoutError):
+            log.debug("endpoint: client %s went away: %s", client_address, error)
+        else:
+            log.error("endpoint: request from %s failed", client_address, exc_info=error)
+
+
+class _Watch:
+    """One open watch of a ``shard`` resource: the upstream response a reset closes."""
+
+    def __init__(self, response: httpx.Response) -> None:
+        self.response = response
+        self.reset = False
+
+    def cut(self) -> None:
+        self.reset = True
+        with contextlib.suppress(Exception):
+            self.response.close()
+
+
+class Endpoint:
+    """The local HTTP endpoint of one external controller (see module docstring)."""
+
+    def __init__(
+        self,
+        name: str,
+        section: ExternalSection,
+        shard: ShardInstance,
+        *,
+        proxy_url: str,
+        token_file: str | None = None,
+        ca_cert: str | None = None,
+    ) -> None:
+        self.name = name
+        self.shard = shard
+        self.paths = {s.resource: PATHS[s.by] for s in section.shard}
+        self.drain_seconds = section.drain_seconds
+        self.token_file = token_file
+        self.client = httpx.Client(base_url=proxy_url, verify=ca_cert or True, timeout=httpx.Timeout(30.0, read=None))
+        host, _, port = section.listen.rpartition(":")
+        self.server = _Server((host.strip("[]"), int(port)), _handler(self))
+        self.server.daemon_threads = True
+        self._lock = threading.Lock()
+        self._watches: set[_Watch] = set()
+        self.token: OwnerToken | None = None
+        self.writes_in_flight = 0
+        self.cut_at = 0.0
+        self.reset_epoch = -1
+        self.resets = 0
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        host, port = self.server.server_address[:2]
+        text = host.decode() if isinstance(host, bytes) else str(host)
+        shown = f"[{text}]" if ":" in text else text
+        return f"http://{shown}:{port}"
+
+    # -- the shard instance's callbacks (its state-machine thread) -----------------
+    def on_epoch(self) -> None:
+        """The range or lock changed: cut every watch, remember when (the drain counts from here)."""
+        with self._lock:
+            self.cut_at = time.monotonic()
+        self.reset_watches("the instance's range changed")
+        with self._lock:
+            self.reset_epoch = self.shard.epoch
+
+    def on_allowed(self) -> None:
+        """Processing is allowed on a (new) range: the controller relists to see it."""
+        self.reset_watches("the instance may now serve its range")
+
+    def on_token(self, token: OwnerToken) -> None:
+        with self._lock:
+            self.token = token
+
+    def synced(self, epoch: int) -> bool:
+        with self._lock:
+            return self.reset_epoch >= epoch
+
+    def drained(self) -> bool:
+        with self._lock:
+            return self.writes_in_flight == 0 and time.monotonic() - self.cut_at >= self.drain_seconds
+
+    def reset_watches(self, why: str) -> None:
+        with self._lock:
+            watches, self._watches = list(self._watches), set()
+            self.resets += 1
+        if watches:
+            log.info("%s: resetting %s watch(es): %s", self.name, len(watches), why)
+        for w in watches:
+            w.cut()
+
+    # -- lifecycle ------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = start_thread(
+            f"external-{self.name}-endpoint", self.server.serve_forever, what=f"external {self.name}: endpoint"
+        )
+        log.info("%s: endpoint for the external controller on %s", self.name, self.url)
+
+    def stop(self) -> None:
+        self.reset_watches("the manager is stopping")
+        self.server.shutdown()
+        self.server.server_close()
+        self.client.close()
+
+    # -- forwarding -----------------------------------------------------------------
+    def served_selector(self, path: str) -> str | None:
+        """The shardSelector of what the instance serves now (``None``: nothing)."""
+        allowed: HashRange | None = self.shard.allowed
+        return range_to_selector(allowed, path) if allowed is not None else None
+
+    def auth_header(self) -> str | None:
+        if self.token_file is None:
+            return None
+        try:
+            return "Bearer " + Path(self.token_file).read_text().strip()
+        except OSError as e:
+            log.warning("%s: cannot read the proxy token file: %s", self.name, e)
+            return None
+
+    def register(self, watch: _Watch) -> None:
+        with self._lock:
+            self._watches.add(watch)
+
+    def forget(self, watch: _Watch) -> None:
+        with self._lock:
+            self._watches.discard(watch)
+
+    @contextlib.contextmanager
+    def write(self) -> Iterator[OwnerToken | None]:
+        with self._lock:
+            self.writes_in_flight += 1
+            token = self.token
+        try:
+            yield token
+        finally:
+            with self._lock:
+                self.writes_in_flight -= 1
+
+
+def _handler(endpoint: Endpoint) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: Any) -> None:
+            log.debug("%s: %s", endpoint.name, format % args)
+
+        def do_GET(self) -> None:
+            self._forward()
+
+        do_POST = do_PUT = do_PATCH = do_DELETE = do_HEAD = do_OPTIONS = do_GET  # noqa: N815
+
+        def _status(self, code: int, reason: str, message: str) -> None:
+            body = orjson.dumps(status_object(code, reason, message))
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def _body(self) -> bytes | None:
+            length = self.headers.get("Content-Length")
+            if length is not None:
+                return self.rfile.read(int(length)) if length.isdigit() else b""
+            if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+                out = bytearray()
+                while True:
+                    size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+                    if size == 0:
+                        self.rfile.readline()
+                        return bytes(out)
+                    out += self.rfile.read(size)
+                    self.rfile.readline()
+            return None
+
+        def _forward(self) -> None:
+            split = urlsplit(self.path)
+            query = parse_qsl(split.query, keep_blank_values=True)
+            params = dict(query)
+            found = resource_of(split.path)
+            sharded = found is not None and found[0] in endpoint.paths
+            headers = [(k, v) for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP]
+            headers = [(k, _json_accept(v) if k.lower() == "accept" else v) for k, v in headers]
+            auth = endpoint.auth_header()
+            if auth is not None:
+                headers = [(k, v) for k, v in headers if k.lower() != "authorization"] + [("Authorization", auth)]
+            body = self._body()
+            watch = False
+            if sharded and found is not None and found[1] and self.command == "GET":
+                if "shardSelector" in params:
+                    self._status(400, "BadRequest", "shardSelector is set by rangeshard for this resource")
+                    return
+                try:
+                    watch = bool(parse_bool(params, "watch"))
+                except Exception:  # the proxy answers the 400
+                    watch = False
+                selector = endpoint.served_selector(endpoint.paths[found[0]])
+                if selector is not None:
+                    query.append(("shardSelector", selector))
+                else:
+                    fields = params.get("fieldSelector")
+                    query = [(k, v) for k, v in query if k != "fieldSelector"]
+                    query.append(("fieldSelector", f"{fields},{_NOTHING}" if fields else _NOTHING))
+            target = split.path + ("?" + urlencode(query) if query else "")
+            if sharded and self.command in _WRITES:
+                with endpoint.write() as token:
+                    if token is not None:
+                        agent = self.headers.get("User-Agent", "")
+                        headers = [(k, v) for k, v in headers if k.lower() != "user-agent"]
+                        headers.append(("User-Agent", f"{token.user_agent()} {agent}".strip()))
+                    self._relay(target, headers, body, stream=False)
+                return
+            self._relay(target, headers, body, stream=watch or _streaming(params), sharded_watch=watch)
+
+        def _relay(
+            self,
+            target: str,
+            headers: list[tuple[str, str]],
+            body: bytes | None,
+            *,
+            stream: bool,
+            sharded_watch: bool = False,
+        ) -> None:
+            request = endpoint.client.build_request(self.command, target, headers=headers, content=body)
+            try:
+                response = endpoint.client.send(request, stream=True)
+            except httpx.HTTPError as e:
+                self._status(503, "ServiceUnavailable", f"the range filter proxy cannot be reached: {e}")
+                return
+            try:
+                out = [(k, v) for k, v in response.headers.multi_items() if k.lower() not in _HOP_BY_HOP]
+                if not stream or response.status_code != 200:
+                    data = response.read()
+                    self.send_response(response.status_code)
+                    for k, v in out:
+                        if k.lower() not in ("content-length", "content-encoding"):
+                            self.send_header(k, v)
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                    return
+                self.send_response(200)
+                for k, v in out:
+                    if k.lower() not in ("content-length", "content-encoding"):
+                        self.send_header(k, v)
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                if sharded_watch:
+                    self._relay_watch(response)
+                else:
+                    for chunk in response.iter_raw():
+                        self._chunk(chunk)
+                self._chunk(b"")
+            except (BrokenPipeError, ConnectionResetError):
+                log.debug("%s: the client went away", endpoint.name)
+            finally:
+                response.close()
+
+        def _relay_watch(self, response: httpx.Response) -> None:
+            watch = _Watch(response)
+            endpoint.register(watch)
+            try:
+                try:
+                    for line in response.iter_lines():
+                        if line:
+                            self._chunk(line.encode() + b"\n")
+                except (BrokenPipeError, ConnectionResetError):
+                    raise
+                except Exception:
+                    if not watch.reset:
+                        raise
+                if watch.reset:
+                    expired = status_object(410, "Expired", "rangeshard: the instance's range changed; relist")
+                    self._chunk(orjson.dumps({"type": "ERROR", "object": expired}) + b"\n")
+            except httpx.HTTPError as e:
+                log.debug("%s: upstream watch ended: %s", endpoint.name, e)
+            finally:
+                endpoint.forget(watch)
+
+        def _chunk(self, data: bytes) -> None:
+            self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+            self.wfile.flush()
+
+    return Handler
+
+
+def _json_accept(value: str) -> str:
+    """Protobuf out of ``Accept`` (the proxy speaks JSON): client-go sends both and takes JSON."""
+    kept = [p for p in value.split(",") if "protobuf" not in p]
+    return ",".join(kept).strip() or "application/json"
+
+
+def _streaming(params: dict[str, str]) -> bool:
+    return any(params.get(k, "").lower() in ("true", "1", "t") for k in ("watch", "follow"))
+
+
+class Child:
+    """The external controller's process, restarted with backoff (see module docstring)."""
+
+    def __init__(
+        self, name: str, command: list[str], endpoint_url: str, *, controller_type: str, instance_id: str
+    ) -> None:
+        self.name = name
+        self.command = command
+        self.controller_type = controller_type
+        self.instance_id = instance_id
+        self._dir = Path(tempfile.mkdtemp(prefix=f"rangeshard-external-{name}-"))
+        self.kubeconfig = self._dir / "kubeconfig"
+        self.kubeconfig.write_text(yaml.safe_dump(_kubeconfig(endpoint_url), sort_keys=False))
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self) -> None:
+        self._thread = start_thread(f"external-{self.name}-child", self._run, what=f"external {self.name}: child")
+
+    def _run(self) -> None:
+        backoff = 1.0
+        while not self._stop.is_set():
+            env = {
+                **os.environ,
+                "KUBECONFIG": str(self.kubeconfig),
+                "RANGESHARD_INSTANCE_ID": self.instance_id,
+                "RANGESHARD_CONTROLLER_TYPE": self.controller_type,
+            }
+            try:
+                self.proc = subprocess.Popen(
+                    self.command,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    env=env,
+                    preexec_fn=_die_with_parent,  # noqa: PLW1509 (prctl only; no locks taken)
+                )
+            except OSError as e:
+                log.error("%s: cannot start %s: %s", self.name, self.command[0], e)
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 30.0)
+                continue
+            self.starts += 1
+            started = time.monotonic()
+            log.info("%s: started %s (pid %s)", self.name, " ".join(self.command), self.proc.pid)
+            self._copy_output(self.proc)
+            code = self.proc.wait()
+            if self._stop.is_set():
+                return
+            if time.monotonic() - started > 60:
+                backoff = 1.0
+            log.warning("%s: the controller exited with code %s; restarting in %.0fs", self.name, code, backoff)
+            self._stop.wait(backoff)
+            backoff = min(backoff * 2, 30.0)
+
+    def _copy_output(self, proc: subprocess.Popen[bytes]) -> None:
+        out = proc.stdout
+        if out is None:
+            return
+        for raw in out:
+            log.info("[%s] %s", self.name, raw.decode("utf-8", "replace").rstrip())
+
+    def stop(self, grace: float = 10.0) -> None:
+        self._stop.set()
+        proc = self.proc
+        if proc is not None and proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+        if self._thread is not None:
+            self._thread.join(5)
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGKILL it when the manager dies (Linux ``PR_SET_PDEATHSIG``), no orphans."""
+    with contextlib.suppress(Exception):
+        import ctypes  # noqa: PLC0415 (only in the forked child)
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
+
+
+def _kubeconfig(url: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "rangeshard", "cluster": {"server": url}}],
+        "users": [{"name": "rangeshard", "user": {}}],
+        "contexts": [{"name": "rangeshard", "context": {"cluster": "rangeshard", "user": "rangeshard"}}],
+        "current-context": "rangeshard",
+    }
+
+
+class ExternalRuntime:
+    """One external controller type in this process: its shard instance, endpoint and child."""
+
+    workers = 0
+
+    def __init__(
+        self,
+        name: str,
+        section: ExternalSection,
+        *,
+        controller_type: str,
+        proxy_url: str,
+        proxy_token_file: str | None,
+        proxy_ca_cert: str | None,
+        etcd_config: EtcdConfig,
+        registry_prefix: str,
+        instance_id: str,
+        lease_ttl: int,
+        reconcile_timeout: float,
+        metrics: Metrics,
+        host: str | None = None,
+        pid: int | None = None,
+        rejoin_grace: float = 0.0,
+    ) -> None:
+        self.name = controller_type
+        self.section = section
+        self.instance_id = instance_id
+        endpoint: Endpoint | None = None
+        self.shard = ShardInstance(
+            etcd_config=etcd_config,
+            registry_prefix=registry_prefix,
+            controller_type=controller_type,
+            instance_id=instance_id,
+            lease_ttl=lease_ttl,
+            reconcile_timeout=reconcile_timeout,
+            synced=lambda epoch: endpoint is not None and endpoint.synced(epoch),
+            on_epoch=lambda: endpoint.on_epoch() if endpoint is not None else None,
+            on_allowed=lambda: endpoint.on_allowed() if endpoint is not None else None,
+            workload=lambda _rng: (0, None),
+            on_state=lambda s: metrics.set_state(controller_type, instance_id, s),
+            on_token=lambda t: endpoint.on_token(t) if endpoint is not None else None,
+            host=host,
+            pid=pid,
+            on_count=lambda event: metrics.handover.labels(controller_type, event).inc(),
+            rejoin_grace=rejoin_grace,
+            drained=lambda: endpoint is not None and endpoint.drained(),
+        )
+        endpoint = Endpoint(
+            controller_type,
+            section,
+            self.shard,
+            proxy_url=proxy_url,
+            token_file=proxy_token_file,
+            ca_cert=proxy_ca_cert,
+        )
+        self.endpoint = endpoint
+        self.child = (
+            Child(
+                name,
+                list(section.command),
+                endpoint.url,
+                controller_type=controller_type,
+                instance_id=instance_id,
+            )
+            if section.command
+            else None
+        )
+        metrics.set_state(controller_type, instance_id, "init")
+
+    @property
+    def ready(self) -> bool:
+        return self.shard.allowed is not None and (self.child is None or self.child.running)
+
+    def not_ready_reason(self) -> str | None:
+        if self.ready:
+            return None
+        if self.shard.fatal is not None:
+            return self.shard.fatal
+        if self.child is not None and not self.child.running:
+            return "the external controller is not running"
+        return f"{self.shard.state} (waiting for a handover)"
+
+    def start(self) -> None:
+        self.endpoint.start()
+        self.shard.start()
+        if self.child is not None:
+            self.child.start()
+
+    def stop(self) -> None:
+        """Graceful leave: the instance drains and leaves first, then the child stops, then the endpoint."""
+        self.shard.stop()
+        if self.child is not None:
+            self.child.stop()
+        self.endpoint.stop()

@@ -1,0 +1,142 @@
+"""An unmodified controller sharded by its manager's endpoint: 2 -> 3 managers, a SIGKILL, spec changes.
+
+The child is tests/e2e/external_child.py, a plain official-client script with
+no rangeshard import. Each manager runs it with KUBECONFIG pointing at its
+endpoint, which cuts the child's lists and watches to the instance's range,
+tags its writes with the owner token, and resets its watches on a handover.
+The API server's audit log is the proof that no stale owner wrote.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+from kubernetes import client as k8s
+
+from tests.e2e.conftest import Cluster, Manager
+from tests.e2e.kube import create_namespace
+from tests.helpers import wait_until
+
+CHILD = Path(__file__).with_name("external_child.py")
+NS = "ext"
+N = 16
+
+
+def _controllers(drain: float = 1.0) -> dict[str, object]:
+    return {
+        "ext": {
+            "external": {
+                "command": [sys.executable, str(CHILD), NS],
+                "shard": [{"resource": "configmaps", "by": "uid"}],
+                "drainSeconds": drain,
+            }
+        }
+    }
+
+
+def _configmaps(api: object) -> list[k8s.V1ConfigMap]:
+    return k8s.CoreV1Api(api).list_namespaced_config_map(NS, label_selector="app=ext").items
+
+
+def _converged(api: object, want: int) -> bool:
+    items = _configmaps(api)
+    return len(items) == N and all((cm.data or {}).get("done") == str(want) for cm in items)
+
+
+def _set_want(api: object, want: int) -> None:
+    v1 = k8s.CoreV1Api(api)
+    for cm in _configmaps(api):
+        v1.patch_namespaced_config_map(cm.metadata.name, NS, {"data": {"want": str(want)}})
+
+
+def _active(cluster: Cluster, n: int) -> bool:
+    snap = cluster.snapshot("ext")
+    return len(snap) == n and all(m.record.state.value == "active" and not m.record.is_locked for m in snap)
+
+
+def _writers(api: object) -> set[str]:
+    return {(cm.data or {}).get("by", "") for cm in _configmaps(api)}
+
+
+def test_an_unmodified_controller_sharded_through_the_endpoint(fenced_cluster: Cluster) -> None:
+    cluster = fenced_cluster
+    api = cluster.api
+    create_namespace(api, NS)
+    v1 = k8s.CoreV1Api(api)
+    for i in range(N):
+        v1.create_namespaced_config_map(
+            NS, {"metadata": {"name": f"cm{i}", "labels": {"app": "ext"}}, "data": {"want": "1"}}
+        )
+    managers: list[Manager] = [cluster.start_manager(_controllers()) for _ in range(2)]
+    wait_until(lambda: _active(cluster, 2), 60, "two active instances")
+    wait_until(lambda: _converged(api, 1), 60, "converged with two instances")
+    assert len(_writers(api)) == 2, _writers(api)  # each instance's child handled its half
+
+    managers.append(cluster.start_manager(_controllers()))
+    wait_until(lambda: _active(cluster, 3), 60, "three active instances")
+    _set_want(api, 2)
+    wait_until(lambda: _converged(api, 2), 60, "converged with three instances")
+    assert len(_writers(api)) == 3, _writers(api)
+
+    # A manager SIGKILLed (its child dies with it): its range is taken over when its lease expires.
+    victim = managers.pop(0)
+    os.killpg(victim.proc.pid, signal.SIGKILL)
+    victim.proc.wait(10)
+    _set_want(api, 3)
+    wait_until(lambda: _active(cluster, 2), 60, "two instances after the kill")
+    wait_until(lambda: _converged(api, 3), 60, "converged after the kill")
+    assert len(_writers(api)) == 2
+
+    # The endpoint refuses a selector of the client's own.
+    endpoint = _endpoint_url(managers[0])
+    resp = httpx.get(f"{endpoint}/api/v1/namespaces/{NS}/configmaps", params={"shardSelector": "x"}, timeout=10)
+    assert resp.status_code == 400 and resp.json()["kind"] == "Status"
+
+    audit = cluster.workdir / "apiserver-audit.jsonl"
+    # Every write of the child carries the owner token first, then the child's own User-Agent.
+    child_writes = [
+        e
+        for e in _events(audit)
+        if e.get("verb") == "patch" and "done" in ((e.get("requestObject") or {}).get("data") or {})
+    ]
+    assert child_writes
+    for e in child_writes:
+        agent = e["userAgent"]
+        assert re.match(r"^rangeshard-controller-manager/\S+ \(ext/\S+-ext; lease [0-9a-f]+; epoch \d+\) \S", agent), (
+            agent
+        )
+        assert "OpenAPI-Generator" in agent, agent  # the official client's own User-Agent follows
+    check = subprocess.run(
+        [sys.executable, "-m", "controller_manager.audit", "--apiserver-audit", str(audit)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert " 0 stale-owner write(s)" in check.stdout, check.stdout
+    cluster.assert_no_tracebacks()
+
+
+def _events(path: Path) -> list[dict[str, object]]:
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:  # a line being written
+            continue
+    return out
+
+
+def _endpoint_url(m: Manager) -> str:
+    for line in m.log.read_text().splitlines():
+        if "endpoint for the external controller on " in line:
+            return line.rsplit(" ", 1)[1]
+    raise AssertionError(m.log.read_text()[-2000:])
