@@ -80,7 +80,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "drain-skipped",
         SHARDING,
-        "            if not outside:",
+        "            if not outside and (self.drained is None or self.drained()):",
         "            if True:",
         (f"{T_SHARD}::test_giver_unlocks_its_receiver_only_after_draining_the_keys_it_gave_away",),
         "the giver unlocks its receivers without draining",

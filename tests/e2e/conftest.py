@@ -43,7 +43,15 @@ from registry import Registry, Snapshot
 from tests.e2e.kube import replicasets, scale_replicaset
 
 LEASE_TTL = 4
+#: The checkout's root: managers import test controllers (``tests.e2e.…``) from it.
+REPO_ROOT = Path(__file__).resolve().parents[2]
 RECONCILE_TIMEOUT = 1.0
+
+
+def _manager_env() -> dict[str, str]:
+    """This environment with the checkout on ``PYTHONPATH`` (managers run with ``-P``: no cwd on sys.path)."""
+    paths = [str(REPO_ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
 
 
 @dataclass
@@ -148,7 +156,7 @@ class Cluster:
         path.write_text(yaml.safe_dump(cfg))
         audit = self.workdir / f"{stem}.audit.jsonl"
         log = self.workdir / f"{stem}.log"
-        proc = spawn_manager(path, log, instance_prefix=name, audit_log=audit, log_level=log_level)
+        proc = spawn_manager(path, log, instance_prefix=name, audit_log=audit, log_level=log_level, env=_manager_env())
         m = Manager(name, proc, path, audit, log)
         m.hold_file = hold_file
         self.managers.append(m)
