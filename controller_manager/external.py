@@ -424,12 +424,21 @@ class Child:
         self.kubeconfig.write_text(yaml.safe_dump(_kubeconfig(endpoint_url), sort_keys=False))
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
+        #: Monotonic time since when the controller has not been running (``None`` while it runs).
+        self._down_since: float | None = time.monotonic()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     @property
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+    def down_for(self) -> float | None:
+        """Seconds the controller has not been running (``None``: it runs)."""
+        if self.running:
+            return None
+        since = self._down_since
+        return time.monotonic() - since if since is not None else 0.0
 
     def start(self) -> None:
         self._thread = start_thread(f"external-{self.name}-child", self._run, what=f"external {self.name}: child")
@@ -459,9 +468,11 @@ class Child:
                 continue
             self.starts += 1
             started = time.monotonic()
+            self._down_since = None
             log.info("%s: started %s (pid %s)", self.name, " ".join(self.command), self.proc.pid)
             self._copy_output(self.proc)
             code = self.proc.wait()
+            self._down_since = time.monotonic()
             if self._stop.is_set():
                 return
             if time.monotonic() - started > 60:
@@ -538,26 +549,33 @@ class ExternalRuntime:
         self.name = controller_type
         self.section = section
         self.instance_id = instance_id
+        self.lease_ttl = lease_ttl
+        self.rejoins = 0
         endpoint: Endpoint | None = None
-        self.shard = ShardInstance(
-            etcd_config=etcd_config,
-            registry_prefix=registry_prefix,
-            controller_type=controller_type,
-            instance_id=instance_id,
-            lease_ttl=lease_ttl,
-            reconcile_timeout=reconcile_timeout,
-            synced=lambda epoch: endpoint is not None and endpoint.synced(epoch),
-            on_epoch=lambda: endpoint.on_epoch() if endpoint is not None else None,
-            on_allowed=lambda: endpoint.on_allowed() if endpoint is not None else None,
-            workload=lambda _rng: (0, None),
-            on_state=lambda s: metrics.set_state(controller_type, instance_id, s),
-            on_token=lambda t: endpoint.on_token(t) if endpoint is not None else None,
-            host=host,
-            pid=pid,
-            on_count=lambda event: metrics.handover.labels(controller_type, event).inc(),
-            rejoin_grace=rejoin_grace,
-            drained=lambda: endpoint is not None and endpoint.drained(),
-        )
+
+        def make_shard() -> ShardInstance:
+            return ShardInstance(
+                etcd_config=etcd_config,
+                registry_prefix=registry_prefix,
+                controller_type=controller_type,
+                instance_id=instance_id,
+                lease_ttl=lease_ttl,
+                reconcile_timeout=reconcile_timeout,
+                synced=lambda epoch: endpoint is not None and endpoint.synced(epoch),
+                on_epoch=lambda: endpoint.on_epoch() if endpoint is not None else None,
+                on_allowed=lambda: endpoint.on_allowed() if endpoint is not None else None,
+                workload=lambda _rng: (0, None),
+                on_state=lambda s: metrics.set_state(controller_type, instance_id, s),
+                on_token=lambda t: endpoint.on_token(t) if endpoint is not None else None,
+                host=host,
+                pid=pid,
+                on_count=lambda event: metrics.handover.labels(controller_type, event).inc(),
+                rejoin_grace=rejoin_grace,
+                drained=lambda: endpoint is not None and endpoint.drained(),
+            )
+
+        self._make_shard = make_shard
+        self.shard = make_shard()
         endpoint = Endpoint(
             controller_type,
             section,
@@ -578,6 +596,9 @@ class ExternalRuntime:
             if section.command
             else None
         )
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._supervisor: threading.Thread | None = None
         metrics.set_state(controller_type, instance_id, "init")
 
     @property
@@ -598,10 +619,59 @@ class ExternalRuntime:
         self.shard.start()
         if self.child is not None:
             self.child.start()
+            self._supervisor = start_thread(
+                f"external-{self.name}-membership", self._supervise, what=f"external {self.name}: membership"
+            )
+
+    def _supervise(self) -> None:
+        """A controller down longer than ``leaseTTLSeconds`` must not keep its range: leave, rejoin when it runs.
+
+        Transitions (``member`` is whether a :class:`ShardInstance` is registered)::
+
+            member ──(child down > leaseTTLSeconds)──► left (record deleted; neighbours take the range)
+            left ──(child running again)──► member (a fresh join: locked if it splits a busy range)
+        """
+        child = self.child
+        if child is None:
+            return
+        member = True
+        while not self._stop.wait(0.2):
+            down = child.down_for()
+            if member and down is not None and down > self.lease_ttl:
+                log.warning(
+                    "%s: the external controller has been down for %.1fs (> leaseTTLSeconds %s): "
+                    "leaving the registry until it runs again",
+                    self.name,
+                    down,
+                    self.lease_ttl,
+                )
+                with self._lock:
+                    if self._stop.is_set():
+                        return
+                    self.shard.rejoin_grace = 0.0  # a real leave: the range goes to the neighbours now
+                    self.shard.stop(drain_timeout=0.0)
+                    member = False
+            elif not member and down is None:
+                with self._lock:
+                    if self._stop.is_set():
+                        return
+                    shard = self._make_shard()
+                    self.shard = shard
+                    self.endpoint.shard = shard
+                    shard.start()
+                    self.rejoins += 1
+                    member = True
+                log.info("%s: the external controller runs again: joining the registry", self.name)
 
     def stop(self) -> None:
         """Graceful leave: the instance drains and leaves first, then the child stops, then the endpoint."""
-        self.shard.stop()
+        with self._lock:
+            self._stop.set()
+            shard = self.shard
+        if not shard.leaving:
+            shard.stop()
+        if self._supervisor is not None:
+            self._supervisor.join(5)
         if self.child is not None:
             self.child.stop()
         self.endpoint.stop()

@@ -141,7 +141,19 @@ def resolve_controllers(sections: Mapping[str, Any], source: str | Path | None =
     types: dict[str, str] = {}
     for name, section in sections.items():
         if getattr(section, "external", None) is not None:
-            continue  # an external program, not a class (controller_manager.external)
+            # An external program, not a class (controller_manager.external): its name is its type.
+            if not _TYPE_RE.match(name):
+                problems.append(
+                    f"{prefix}controllers.{name}: controller type {name!r} must be lowercase letters, digits, '-'"
+                )
+            elif name in types:
+                problems.append(
+                    f"{prefix}controllers.{name}: name clashes: "
+                    f"controllers.{types[name]} also runs controller type {name!r}"
+                )
+            else:
+                types[name] = name
+            continue
         target = getattr(section, "class_", None)
         try:
             cls = _resolve_one(name, target, eps)

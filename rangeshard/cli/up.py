@@ -208,7 +208,8 @@ def _check_manager_config(config: Path) -> list[str]:
         classes = resolve_controllers(cfg.controllers, config)
     except ConfigError as e:
         fail(e)
-    return [controller_type(name, cls) for name, cls in classes.items()]
+    external = [name for name, section in cfg.controllers.items() if section.external is not None]
+    return [controller_type(name, cls) for name, cls in classes.items()] + external
 
 
 def _stopper(proc: subprocess.Popen[bytes]) -> Callable[[], None]:

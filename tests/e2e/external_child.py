@@ -4,11 +4,16 @@ For every ConfigMap labelled app=ext in the namespace given as argv[1], it
 sets data.done to data.want and data.by to the instance it runs under (from
 RANGESHARD_INSTANCE_ID, which the manager sets; the controller itself knows
 nothing of sharding). It relists on any error, a 410 included.
+
+With a second argument, a file path: the script exits (code 3) as soon as that
+file exists, and at once when started while it does (a controller that is down).
 """
 
 import os
 import sys
+import threading
 import time
+from pathlib import Path
 
 from kubernetes import client, config, watch
 
@@ -16,6 +21,17 @@ config.load_kube_config()
 v1 = client.CoreV1Api()
 ns = sys.argv[1]
 me = os.environ.get("RANGESHARD_INSTANCE_ID", "?")
+
+
+def exit_when_down(path):
+    while not path.exists():
+        time.sleep(0.05)
+    print("down file present: exiting", flush=True)
+    os._exit(3)
+
+
+if len(sys.argv) > 2:
+    threading.Thread(target=exit_when_down, args=(Path(sys.argv[2]),), daemon=True).start()
 
 
 def handle(cm):

@@ -29,11 +29,11 @@ NS = "ext"
 N = 16
 
 
-def _controllers(drain: float = 1.0) -> dict[str, object]:
+def _controllers(drain: float = 1.0, down_file: Path | None = None) -> dict[str, object]:
     return {
         "ext": {
             "external": {
-                "command": [sys.executable, str(CHILD), NS],
+                "command": [sys.executable, str(CHILD), NS, *([str(down_file)] if down_file else [])],
                 "shard": [{"resource": "configmaps", "by": "uid"}],
                 "drainSeconds": drain,
             }
@@ -125,6 +125,41 @@ def test_an_unmodified_controller_sharded_through_the_endpoint(fenced_cluster: C
     cluster.assert_no_tracebacks()
 
 
+def test_a_controller_down_longer_than_the_lease_ttl_gives_up_its_range_and_rejoins(fenced_cluster: Cluster) -> None:
+    """Item 3: the instance leaves while its child stays down > leaseTTLSeconds, and joins again once it runs."""
+    cluster = fenced_cluster
+    api = cluster.api
+    create_namespace(api, NS)
+    v1 = k8s.CoreV1Api(api)
+    for i in range(N):
+        v1.create_namespaced_config_map(
+            NS, {"metadata": {"name": f"cm{i}", "labels": {"app": "ext"}}, "data": {"want": "1"}}
+        )
+    down = cluster.workdir / "b.down"
+    a = cluster.start_manager(_controllers())
+    b = cluster.start_manager(_controllers(down_file=down))
+    wait_until(lambda: _active(cluster, 2), 60, "two active instances")
+    wait_until(lambda: _converged(api, 1), 60, "converged with two instances")
+    ids = {cluster.manager_of(x.instance_id).name: x.instance_id for x in cluster.snapshot("ext")}
+    a_id, b_id = ids[a.name], ids[b.name]
+
+    down.touch()  # b's controller exits and keeps failing to start
+    wait_until(lambda: [x.instance_id for x in cluster.snapshot("ext")] == [a_id], 60, "b left")
+    assert b.proc.poll() is None, "the manager itself keeps running"
+    _set_want(api, 2)
+    wait_until(lambda: _converged(api, 2), 60, "a alone handles every object")
+    assert _writers(api) == {a_id}
+    assert "leaving the registry until it runs again" in b.log.read_text()
+
+    down.unlink()  # b's controller starts again (after its restart backoff): b joins again
+    wait_until(lambda: _active(cluster, 2), 90, "b joined again")
+    assert b_id in {m.instance_id for m in cluster.snapshot("ext")}
+    _set_want(api, 3)
+    wait_until(lambda: _converged(api, 3), 60, "converged with both again")
+    wait_until(lambda: len(_writers(api)) == 2, 30, "both instances wrote")
+    cluster.assert_no_tracebacks()
+
+
 def _events(path: Path) -> list[dict[str, object]]:
     out = []
     for line in path.read_text().splitlines():
@@ -140,3 +175,45 @@ def _endpoint_url(m: Manager) -> str:
         if "endpoint for the external controller on " in line:
             return line.rsplit(" ", 1)[1]
     raise AssertionError(m.log.read_text()[-2000:])
+
+
+def test_up_config_runs_an_external_controller(tmp_path: Path) -> None:
+    """Item 1: ``rangeshard up --config FILE`` with an external entry runs the child under every manager."""
+    from kubernetes import config as kubeconfig  # noqa: PLC0415
+
+    from tests.e2e.test_up import run_cli_sync  # noqa: PLC0415
+
+    cfg = tmp_path / "ext.yaml"
+    cfg.write_text(
+        json.dumps(
+            {
+                "etcd": {"endpoints": ["http://127.0.0.1:2379"]},
+                "proxy": {"url": "http://127.0.0.1:8001"},
+                "leaseTTLSeconds": 4,
+                "metrics": {"host": "127.0.0.1", "port": 0},
+                "controllers": _controllers(),
+            }
+        )
+    )
+    state = tmp_path / "state"
+    up = run_cli_sync(
+        [
+            *("up", "--detach", "--managers", "2", "--state-dir", str(state), "--config", str(cfg)),
+            *("--etcd-port", "0", "--apiserver-port", "0", "--proxy-port", "0"),
+        ],
+        timeout=150,
+    )
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        api = kubeconfig.new_client_from_config(str(state / "kubeconfig"))
+        create_namespace(api, NS)
+        v1 = k8s.CoreV1Api(api)
+        for i in range(N):
+            v1.create_namespaced_config_map(
+                NS, {"metadata": {"name": f"cm{i}", "labels": {"app": "ext"}}, "data": {"want": "1"}}
+            )
+        wait_until(lambda: _converged(api, 1), 60, "converged under up")
+        assert len(_writers(api)) == 2, _writers(api)  # each manager's child handled its half
+    finally:
+        down = run_cli_sync(["down", "--state-dir", str(state)], timeout=90)
+    assert down.returncode == 0, down.stdout + down.stderr
