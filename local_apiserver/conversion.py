@@ -1,16 +1,35 @@
 """Conversion between a served resource's API form and its stored form (resources sharing storage).
 
 Purpose
-    kube-apiserver serves some objects under two APIs; here that is Events:
-    stored as core/v1 ``Event`` and also served as ``events.k8s.io/v1``
-    (``regarding``/``note``/``reportingController`` instead of
-    ``involvedObject``/``message``/``reportingComponent``). :func:`to_api`
-    turns a stored object into the form of the resource it is read through,
-    :func:`to_storage` an object of any served form into the stored form.
+    kube-apiserver serves some objects under two APIs; here that is
+
+    * Events: stored as core/v1 ``Event`` and also served as
+      ``events.k8s.io/v1`` (``regarding``/``note``/``reportingController``
+      instead of ``involvedObject``/``message``/``reportingComponent``);
+    * HorizontalPodAutoscalers: stored as ``autoscaling/v2`` (kube's storage
+      version) and also served as ``autoscaling/v1``, converted as
+      kube-apiserver converts them: a Resource ``cpu`` metric with an
+      ``averageUtilization`` target is ``spec.targetCPUUtilizationPercentage``
+      (its current value ``status.currentCPUUtilizationPercentage``); what v1
+      cannot express (other metrics, their statuses, ``behavior``, status
+      conditions) travels in kube's round-trip annotations
+      ``autoscaling.alpha.kubernetes.io/{metrics,current-metrics,behavior,conditions}``
+      (v1 ``MetricSpec``/``MetricStatus`` JSON), so a v1 client that reads,
+      changes and writes back an HPA keeps its v2-only fields.
+
+    :func:`to_api` turns a stored object into the form of the resource it is
+    read through, :func:`to_storage` an object of any served form into the
+    stored form; :func:`keep_status` carries the stored status across an
+    update of the main resource through another form. This is the one
+    conversion path: the store (get, list, update, create) and watches call it.
 
 Invariants
     * Resources without ``stored_as`` are returned unchanged (no copy).
-    * ``to_storage(to_api(spec, stored))`` keeps every field.
+    * ``to_storage(to_api(spec, stored))`` keeps every field (for HPAs: up to
+      the order of ``spec.metrics``, which v1 keeps as kube does: the CPU
+      target last).
+    * A malformed round-trip annotation is a 400 (kube: a decoding error),
+      never a 500.
 
 Concurrency model
     Pure functions.
@@ -18,18 +37,124 @@ Concurrency model
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
+import orjson
+
+from local_apiserver.errors import bad_request
 from local_apiserver.resources import ResourceSpec
 from rangeshard.core.events import from_events_v1, to_events_v1
 
 Obj = dict[str, Any]
+
+HPA_V1 = "autoscaling/v1"
+HPA_V2 = "autoscaling/v2"
+METRICS_ANNOTATION = "autoscaling.alpha.kubernetes.io/metrics"
+CURRENT_METRICS_ANNOTATION = "autoscaling.alpha.kubernetes.io/current-metrics"
+BEHAVIOR_ANNOTATION = "autoscaling.alpha.kubernetes.io/behavior"
+CONDITIONS_ANNOTATION = "autoscaling.alpha.kubernetes.io/conditions"
+_ROUND_TRIP = (METRICS_ANNOTATION, CURRENT_METRICS_ANNOTATION, BEHAVIOR_ANNOTATION, CONDITIONS_ANNOTATION)
+_STATUS_ANNOTATIONS = (CURRENT_METRICS_ANNOTATION, CONDITIONS_ANNOTATION)
+
+# autoscaling/v1 MetricSpec / MetricStatus fields per metric type, and where v2 keeps them:
+# type -> (member, [(v1 field, v2 dotted path)]) (kube's pkg/apis/autoscaling/v1/conversion.go).
+_SPEC_FIELDS: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {
+    "Resource": (
+        "resource",
+        (
+            ("name", "name"),
+            ("targetAverageUtilization", "target.averageUtilization"),
+            ("targetAverageValue", "target.averageValue"),
+        ),
+    ),
+    "ContainerResource": (
+        "containerResource",
+        (
+            ("name", "name"),
+            ("container", "container"),
+            ("targetAverageUtilization", "target.averageUtilization"),
+            ("targetAverageValue", "target.averageValue"),
+        ),
+    ),
+    "Pods": (
+        "pods",
+        (("metricName", "metric.name"), ("selector", "metric.selector"), ("targetAverageValue", "target.averageValue")),
+    ),
+    "Object": (
+        "object",
+        (
+            ("target", "describedObject"),
+            ("metricName", "metric.name"),
+            ("selector", "metric.selector"),
+            ("targetValue", "target.value"),
+            ("averageValue", "target.averageValue"),
+        ),
+    ),
+    "External": (
+        "external",
+        (
+            ("metricName", "metric.name"),
+            ("metricSelector", "metric.selector"),
+            ("targetValue", "target.value"),
+            ("targetAverageValue", "target.averageValue"),
+        ),
+    ),
+}
+_STATUS_FIELDS: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {
+    "Resource": (
+        "resource",
+        (
+            ("name", "name"),
+            ("currentAverageUtilization", "current.averageUtilization"),
+            ("currentAverageValue", "current.averageValue"),
+        ),
+    ),
+    "ContainerResource": (
+        "containerResource",
+        (
+            ("name", "name"),
+            ("container", "container"),
+            ("currentAverageUtilization", "current.averageUtilization"),
+            ("currentAverageValue", "current.averageValue"),
+        ),
+    ),
+    "Pods": (
+        "pods",
+        (
+            ("metricName", "metric.name"),
+            ("selector", "metric.selector"),
+            ("currentAverageValue", "current.averageValue"),
+        ),
+    ),
+    "Object": (
+        "object",
+        (
+            ("target", "describedObject"),
+            ("metricName", "metric.name"),
+            ("selector", "metric.selector"),
+            ("currentValue", "current.value"),
+            ("averageValue", "current.averageValue"),
+        ),
+    ),
+    "External": (
+        "external",
+        (
+            ("metricName", "metric.name"),
+            ("metricSelector", "metric.selector"),
+            ("currentValue", "current.value"),
+            ("currentAverageValue", "current.averageValue"),
+        ),
+    ),
+}
 
 
 def to_api(spec: ResourceSpec, obj: Obj) -> Obj:
     """The stored ``obj`` as the resource ``spec`` serves it."""
     if spec.group == "events.k8s.io":
         return to_events_v1(obj)
+    if spec.stored_as and spec.api_version == HPA_V1 and obj.get("apiVersion") != HPA_V1:
+        return hpa_to_v1(obj)
     return obj
 
 
@@ -37,4 +162,217 @@ def to_storage(obj: Obj) -> Obj:
     """``obj`` (in any served form) in its stored form."""
     if obj.get("apiVersion") == "events.k8s.io/v1" and obj.get("kind") == "Event":
         return from_events_v1(obj)
+    if obj.get("apiVersion") == HPA_V1 and obj.get("kind") == "HorizontalPodAutoscaler":
+        return hpa_to_v2(obj)
     return obj
+
+
+def keep_status(spec: ResourceSpec, current: Obj, new: Obj) -> None:
+    """An update of the main resource keeps the stored status: also what a served form keeps of it elsewhere.
+
+    An autoscaling/v1 HPA carries its v2 status in annotations; ``new`` gets
+    ``current``'s (``new.status`` is already ``current``'s).
+    """
+    if not (spec.stored_as and spec.api_version == HPA_V1):
+        return
+    old = (current.get("metadata") or {}).get("annotations") or {}
+    meta = new.setdefault("metadata", {})
+    annotations = dict(meta.get("annotations") or {})
+    for key in _STATUS_ANNOTATIONS:
+        if key in old:
+            annotations[key] = old[key]
+        else:
+            annotations.pop(key, None)
+    if annotations:
+        meta["annotations"] = annotations
+    else:
+        meta.pop("annotations", None)
+
+
+# -- HorizontalPodAutoscaler --------------------------------------------------------------------------------------
+
+
+def _get(node: Any, path: str) -> Any:
+    for part in path.split("."):
+        if not isinstance(node, dict):
+            return None
+        node = node.get(part)
+    return node
+
+
+def _put(node: Obj, path: str, value: Any) -> None:
+    parts = path.split(".")
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+    node[parts[-1]] = value
+
+
+def _dict(value: Any) -> Obj:
+    return value if isinstance(value, dict) else {}
+
+
+def _metric_to_v1(metric: Any, table: dict[str, tuple[str, tuple[tuple[str, str], ...]]]) -> Obj:
+    metric = _dict(metric)
+    kind = metric.get("type")
+    out: Obj = {"type": kind}
+    if kind in table:
+        member, fields = table[kind]
+        source = _dict(metric.get(member))
+        converted = {v1: _get(source, v2) for v1, v2 in fields if _get(source, v2) is not None}
+        out[member] = converted
+    return out
+
+
+def _metric_to_v2(metric: Any, table: dict[str, tuple[str, tuple[tuple[str, str], ...]]], status: bool) -> Obj:
+    metric = _dict(metric)
+    kind = metric.get("type")
+    out: Obj = {"type": kind}
+    if kind in table:
+        member, fields = table[kind]
+        source = _dict(metric.get(member))
+        converted: Obj = {}
+        for v1, v2 in fields:
+            if source.get(v1) is not None:
+                _put(converted, v2, copy.deepcopy(source[v1]))
+        if not status:
+            target = converted.setdefault("target", {})
+            if kind in ("Resource", "ContainerResource"):
+                target["type"] = "Utilization" if "averageUtilization" in target else "AverageValue"
+            elif kind == "Pods":
+                target["type"] = "AverageValue"
+            else:
+                target["type"] = "AverageValue" if "averageValue" in target else "Value"
+        out[member] = converted
+    return out
+
+
+def _is_cpu_utilization(metric: Any, field: str) -> bool:
+    metric = _dict(metric)
+    resource = _dict(metric.get("resource"))
+    return (
+        metric.get("type") == "Resource"
+        and resource.get("name") == "cpu"
+        and _get(resource, f"{field}.averageUtilization") is not None
+    )
+
+
+def _json(value: Any) -> str:
+    return orjson.dumps(value).decode()
+
+
+def hpa_to_v1(obj: Obj) -> Obj:
+    """The autoscaling/v1 form of a stored autoscaling/v2 HorizontalPodAutoscaler."""
+    out = {k: v for k, v in obj.items() if k not in ("spec", "status")}
+    out["apiVersion"] = HPA_V1
+    out["kind"] = "HorizontalPodAutoscaler"
+    meta = dict(_dict(obj.get("metadata")))
+    annotations = {k: v for k, v in _dict(meta.get("annotations")).items() if k not in _ROUND_TRIP}
+    spec = _dict(obj.get("spec"))
+    new_spec: Obj = {k: spec[k] for k in ("scaleTargetRef", "minReplicas", "maxReplicas") if k in spec}
+    others = []
+    for metric in spec.get("metrics") or []:
+        if _is_cpu_utilization(metric, "target") and "targetCPUUtilizationPercentage" not in new_spec:
+            new_spec["targetCPUUtilizationPercentage"] = metric["resource"]["target"]["averageUtilization"]
+        else:
+            others.append(_metric_to_v1(metric, _SPEC_FIELDS))
+    if others:
+        annotations[METRICS_ANNOTATION] = _json(others)
+    if spec.get("behavior") is not None:
+        annotations[BEHAVIOR_ANNOTATION] = _json(spec["behavior"])
+    if "spec" in obj:
+        out["spec"] = new_spec
+    status = _dict(obj.get("status"))
+    if status:
+        new_status: Obj = {k: status[k] for k in ("observedGeneration", "lastScaleTime") if k in status}
+        new_status["currentReplicas"] = status.get("currentReplicas", 0)
+        new_status["desiredReplicas"] = status.get("desiredReplicas", 0)
+        current = status.get("currentMetrics") or []
+        for metric in current:
+            if _is_cpu_utilization(metric, "current"):
+                new_status["currentCPUUtilizationPercentage"] = metric["resource"]["current"]["averageUtilization"]
+                break
+        if current:
+            annotations[CURRENT_METRICS_ANNOTATION] = _json([_metric_to_v1(m, _STATUS_FIELDS) for m in current])
+        if status.get("conditions"):
+            annotations[CONDITIONS_ANNOTATION] = _json(status["conditions"])
+        out["status"] = new_status
+    if annotations:
+        meta["annotations"] = annotations
+    else:
+        meta.pop("annotations", None)
+    out["metadata"] = meta
+    return out
+
+
+def _annotation_list(annotations: Obj, key: str) -> list[Any] | None:
+    raw = annotations.get(key)
+    if raw is None:
+        return None
+    try:
+        value = orjson.loads(raw) if isinstance(raw, str) else None
+    except orjson.JSONDecodeError as e:
+        raise bad_request(f"annotation {key}: not valid JSON: {e}") from e
+    if not isinstance(value, list):
+        raise bad_request(f"annotation {key}: expected a JSON list")
+    return value
+
+
+def hpa_to_v2(obj: Obj) -> Obj:
+    """The stored (autoscaling/v2) form of an autoscaling/v1 HorizontalPodAutoscaler."""
+    out = {k: v for k, v in obj.items() if k not in ("spec", "status")}
+    out["apiVersion"] = HPA_V2
+    out["kind"] = "HorizontalPodAutoscaler"
+    meta = dict(_dict(obj.get("metadata")))
+    annotations = _dict(meta.get("annotations"))
+    spec = _dict(obj.get("spec"))
+    new_spec: Obj = {k: spec[k] for k in ("scaleTargetRef", "minReplicas", "maxReplicas") if k in spec}
+    metrics = [_metric_to_v2(m, _SPEC_FIELDS, False) for m in _annotation_list(annotations, METRICS_ANNOTATION) or []]
+    cpu = spec.get("targetCPUUtilizationPercentage")
+    if cpu is not None:
+        metrics.append(
+            {
+                "type": "Resource",
+                "resource": {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": cpu}},
+            }
+        )
+    if metrics:
+        new_spec["metrics"] = metrics
+    behavior = annotations.get(BEHAVIOR_ANNOTATION)
+    if behavior is not None:
+        try:
+            new_spec["behavior"] = orjson.loads(behavior) if isinstance(behavior, str) else None
+        except orjson.JSONDecodeError as e:
+            raise bad_request(f"annotation {BEHAVIOR_ANNOTATION}: not valid JSON: {e}") from e
+    if "spec" in obj:
+        out["spec"] = new_spec
+    status = _dict(obj.get("status"))
+    if "status" in obj:
+        new_status: Obj = {
+            k: status[k]
+            for k in ("observedGeneration", "lastScaleTime", "currentReplicas", "desiredReplicas")
+            if k in status
+        }
+        current = _annotation_list(annotations, CURRENT_METRICS_ANNOTATION)
+        if current is not None:
+            new_status["currentMetrics"] = [_metric_to_v2(m, _STATUS_FIELDS, True) for m in current]
+        elif status.get("currentCPUUtilizationPercentage") is not None:
+            new_status["currentMetrics"] = [
+                {
+                    "type": "Resource",
+                    "resource": {
+                        "name": "cpu",
+                        "current": {"averageUtilization": status["currentCPUUtilizationPercentage"]},
+                    },
+                }
+            ]
+        conditions = _annotation_list(annotations, CONDITIONS_ANNOTATION)
+        if conditions:
+            new_status["conditions"] = conditions
+        out["status"] = new_status
+    kept = {k: v for k, v in annotations.items() if k not in _ROUND_TRIP}
+    if kept:
+        meta["annotations"] = kept
+    else:
+        meta.pop("annotations", None)
+    out["metadata"] = meta
+    return out

@@ -14,6 +14,12 @@ Purpose
       ``Ready``/``ContainersReady`` at once, or when the longest
       ``readinessProbe.initialDelaySeconds`` has passed; events ``Pulled``,
       ``Created``, ``Started``;
+    * a pod whose ``restartPolicy`` is ``Never`` or ``OnFailure`` (a Job's
+      pod) runs for ``run_seconds`` (1 s), then its containers exit 0:
+      ``phase: Succeeded``, every ``containerStatuses`` entry
+      ``state.terminated`` (``exitCode: 0``, ``reason: Completed``), not
+      ready, conditions ``Ready``/``ContainersReady`` ``False`` with reason
+      ``PodCompleted``; ``Always`` pods (the default) stay Running;
     * a pod being deleted gracefully (``deletionTimestamp`` set by a delete,
       see :meth:`local_apiserver.store.Store.delete`) has its containers
       stopped (not ready; event ``Killing``); a simulated container exits
@@ -26,6 +32,7 @@ Invariants
       that re-checks the pod's state, so a replayed or stale watch event never
       undoes a newer change; removals carry the pod's uid as precondition.
     * Only pods bound to this node (or unbound ones) are touched.
+    * A finished pod (``Succeeded``) is never started again.
     * Events are best effort: a failed event write never stops the node.
 
 Concurrency model
@@ -61,6 +68,10 @@ log = logging.getLogger(__name__)
 NODE_IP = "10.0.0.1"
 KUBELET_VERSION = "v1.32.0"
 DEFAULT_STOP_SECONDS = 1.0
+#: How long a pod with ``restartPolicy`` Never/OnFailure runs before its containers exit 0.
+DEFAULT_RUN_SECONDS = 1.0
+#: Restart policies whose pods run to completion (Job pods).
+RUN_TO_COMPLETION = ("Never", "OnFailure")
 
 
 def _spec(resource: str) -> Any:
@@ -122,6 +133,11 @@ def readiness_delay(pod: Obj) -> float:
     return max(delays)
 
 
+def runs_to_completion(pod: Obj) -> bool:
+    """Whether ``pod`` runs to completion on the simulated node (``restartPolicy`` Never or OnFailure)."""
+    return (pod.get("spec") or {}).get("restartPolicy", "Always") in RUN_TO_COMPLETION
+
+
 def _container_id(uid: str, name: str) -> str:
     return "containerd://" + hashlib.sha256(f"{uid}/{name}".encode()).hexdigest()
 
@@ -162,12 +178,19 @@ class SimulatedNode:
     """The node ``name``: binds, starts and stops pods (see module docstring)."""
 
     def __init__(
-        self, store: Store, etcd: EtcdConfig, name: str, *, stop_seconds: float = DEFAULT_STOP_SECONDS
+        self,
+        store: Store,
+        etcd: EtcdConfig,
+        name: str,
+        *,
+        stop_seconds: float = DEFAULT_STOP_SECONDS,
+        run_seconds: float = DEFAULT_RUN_SECONDS,
     ) -> None:
         self.store = store
         self.etcd = etcd
         self.name = name
         self.stop_seconds = stop_seconds
+        self.run_seconds = run_seconds
         self.pods = _spec("pods")
         self.events = _spec("events")
         self.nodes = _spec("nodes")
@@ -312,6 +335,8 @@ class SimulatedNode:
             try:
                 if action == "ready":
                     self._mark_ready(ns, name, uid)
+                elif action == "complete":
+                    self._complete(ns, name, uid)
                 elif action == "remove":
                     self._remove(ns, name, uid)
             except ApiError as e:
@@ -349,6 +374,10 @@ class SimulatedNode:
                 started = _parse_time(status.get("startTime"))
                 left = readiness_delay(pod) - (time.time() - started) if started is not None else 0.0
                 self._after(max(left, 0.0), "ready", pod)
+            if phase == "Running" and runs_to_completion(pod) and (meta.get("uid"), "complete") not in self._pending:
+                started = _parse_time(status.get("startTime"))
+                left = self.run_seconds - (time.time() - started) if started is not None else 0.0
+                self._after(max(left, 0.0), "complete", pod)
         except ApiError as e:
             if e.code not in (404, 409):
                 raise
@@ -431,6 +460,8 @@ class SimulatedNode:
             self._event(started, "Started", f"Started container {name}", path)
         if not ready:
             self._after(delay, "ready", started)
+        if runs_to_completion(started):
+            self._after(self.run_seconds, "complete", started)
 
     def _mark_ready(self, ns: str, name: str, uid: str) -> None:
         def mutate(current: Obj) -> Obj:
@@ -443,6 +474,37 @@ class SimulatedNode:
             _set_condition(status, "Ready", True, now)
             for c in status.get("containerStatuses") or []:
                 c["ready"] = True
+            current["status"] = status
+            return current
+
+        self.store.guaranteed_update(self.pods, ns, name, mutate)
+
+    def _complete(self, ns: str, name: str, uid: str) -> None:
+        """The containers of a run-to-completion pod exit 0: ``Succeeded`` (what a kubelet reports)."""
+
+        def mutate(current: Obj) -> Obj:
+            meta = current["metadata"]
+            status = current.get("status") or {}
+            if meta.get("uid") != uid or meta.get("deletionTimestamp") or status.get("phase") != "Running":
+                return current
+            now = _now()
+            status["phase"] = "Succeeded"
+            _set_condition(status, "PodReadyToStartContainers", False, now)
+            for kind in ("ContainersReady", "Ready"):
+                _set_condition(status, kind, False, now, "PodCompleted")
+            for c in status.get("containerStatuses") or []:
+                started = ((c.get("state") or {}).get("running") or {}).get("startedAt") or status.get("startTime")
+                c["ready"] = False
+                c["started"] = False
+                c["state"] = {
+                    "terminated": {
+                        "exitCode": 0,
+                        "reason": "Completed",
+                        "startedAt": started,
+                        "finishedAt": now,
+                        "containerID": c.get("containerID"),
+                    }
+                }
             current["status"] = status
             return current
 

@@ -16,7 +16,8 @@ Invariants
     * ``(group, version, resource)`` is unique in a table; the versions of one
       CRD share one storage prefix (``<group>/<plural>``); a resource with
       ``stored_as`` shares another one's storage (events.k8s.io/v1 events are
-      core/v1 events), and ``ResourceTable.storage_specs()`` lists each
+      core/v1 events, autoscaling/v1 HPAs are autoscaling/v2 ones), and
+      ``ResourceTable.storage_specs()`` lists each
       storage location once.
     * The core group is ``""`` in the API and ``"core"`` in storage keys.
     * Built-in resources always win: a CRD cannot shadow one (it is refused).
@@ -231,6 +232,20 @@ RESOURCES: tuple[ResourceSpec, ...] = (
         ("all",),
         status=True,
     ),
+    # The same stored objects (autoscaling/v2, kube's storage version) served as autoscaling/v1, converted
+    # (local_apiserver.conversion); listed after v2 so discovery prefers v2, as kube-apiserver does.
+    ResourceSpec(
+        "autoscaling",
+        "v1",
+        "horizontalpodautoscalers",
+        "HorizontalPodAutoscaler",
+        True,
+        "horizontalpodautoscaler",
+        ("hpa",),
+        ("all",),
+        status=True,
+        stored_as="autoscaling/horizontalpodautoscalers",
+    ),
     ResourceSpec("discovery.k8s.io", "v1", "endpointslices", "EndpointSlice", True, "endpointslice"),
     ResourceSpec("storage.k8s.io", "v1", "storageclasses", "StorageClass", False, "storageclass", ("sc",)),
     ResourceSpec("scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass", False, "priorityclass", ("pc",)),
@@ -249,6 +264,7 @@ RESOURCES: tuple[ResourceSpec, ...] = (
     ),
     ResourceSpec("storage.k8s.io", "v1", "csidrivers", "CSIDriver", False, "csidriver"),
     ResourceSpec("storage.k8s.io", "v1", "csinodes", "CSINode", False, "csinode"),
+    ResourceSpec("storage.k8s.io", "v1", "csistoragecapacities", "CSIStorageCapacity", True, "csistoragecapacity"),
     ResourceSpec(
         "storage.k8s.io", "v1", "volumeattachments", "VolumeAttachment", False, "volumeattachment", status=True
     ),
@@ -260,6 +276,7 @@ RESOURCES: tuple[ResourceSpec, ...] = (
         "ValidatingWebhookConfiguration",
         False,
         "validatingwebhookconfiguration",
+        categories=("api-extensions",),
     ),
     ResourceSpec(
         "admissionregistration.k8s.io",
@@ -268,6 +285,28 @@ RESOURCES: tuple[ResourceSpec, ...] = (
         "MutatingWebhookConfiguration",
         False,
         "mutatingwebhookconfiguration",
+        categories=("api-extensions",),
+    ),
+    ResourceSpec(
+        "admissionregistration.k8s.io",
+        "v1",
+        "validatingadmissionpolicies",
+        "ValidatingAdmissionPolicy",
+        False,
+        "validatingadmissionpolicy",
+        categories=("api-extensions",),
+        status=True,
+        generation=True,
+    ),
+    ResourceSpec(
+        "admissionregistration.k8s.io",
+        "v1",
+        "validatingadmissionpolicybindings",
+        "ValidatingAdmissionPolicyBinding",
+        False,
+        "validatingadmissionpolicybinding",
+        categories=("api-extensions",),
+        generation=True,
     ),
     ResourceSpec(
         "certificates.k8s.io",

@@ -43,7 +43,7 @@ import orjson
 
 from hashing import ShardSelector
 from local_apiserver import services
-from local_apiserver.conversion import to_api, to_storage
+from local_apiserver.conversion import keep_status, to_api, to_storage
 from local_apiserver.errors import (
     ApiError,
     already_exists,
@@ -474,6 +474,7 @@ class Store:
                 new["status"] = current["status"]
             else:
                 new.pop("status", None)
+            keep_status(spec, current, new)
         if cur_meta.get("deletionTimestamp"):
             added = set(meta.get("finalizers") or []) - set(cur_meta.get("finalizers") or [])
             if added:

@@ -27,6 +27,7 @@ import copy
 import re
 from typing import Any
 
+from local_apiserver.conversion import METRICS_ANNOTATION
 from local_apiserver.crd import crd_defaults, crd_problems
 from local_apiserver.errors import bad_request, invalid
 from local_apiserver.resources import CRD_RESOURCE, ResourceSpec
@@ -37,6 +38,7 @@ _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 _STRING_MAPS = ("labels", "annotations")
+_HPA_DEFAULT_CPU = 80  # kube's autoscaling.DefaultCPUUtilization
 
 
 def name_problem(spec: ResourceSpec, name: str) -> str | None:
@@ -278,6 +280,8 @@ def apply_defaults(spec: ResourceSpec, obj: dict[str, Any]) -> None:
             status.setdefault("phase", "Pending")
     elif spec.resource == "secrets" and spec.group == "":
         _secret_defaults(obj)
+    elif spec.resource == "horizontalpodautoscalers" and isinstance(body_spec, dict):
+        _hpa_defaults(spec, obj, body_spec)
     elif spec.resource == "namespaces":
         meta = obj.setdefault("metadata", {})
         meta.setdefault("labels", {})["kubernetes.io/metadata.name"] = meta.get("name", "")
@@ -287,6 +291,22 @@ def apply_defaults(spec: ResourceSpec, obj: dict[str, Any]) -> None:
             status = {}
         status.setdefault("phase", "Active")
         obj["status"] = status
+
+
+def _hpa_defaults(spec: ResourceSpec, obj: dict[str, Any], body_spec: dict[str, Any]) -> None:
+    """kube's HPA defaults: ``minReplicas`` 1; no metrics means CPU at 80 % utilization (both versions)."""
+    body_spec.setdefault("minReplicas", 1)
+    if spec.version == "v1":
+        annotations = (obj.get("metadata") or {}).get("annotations") or {}
+        if body_spec.get("targetCPUUtilizationPercentage") is None and METRICS_ANNOTATION not in annotations:
+            body_spec["targetCPUUtilizationPercentage"] = _HPA_DEFAULT_CPU
+    elif not body_spec.get("metrics"):
+        body_spec["metrics"] = [
+            {
+                "type": "Resource",
+                "resource": {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": _HPA_DEFAULT_CPU}},
+            }
+        ]
 
 
 def _secret_defaults(obj: dict[str, Any]) -> None:
