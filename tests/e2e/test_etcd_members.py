@@ -85,7 +85,8 @@ def test_one_member_down_at_a_time_costs_no_lease(members_cluster: Cluster, etcd
     for m in managers:
         text = m.log.read_text()
         assert "fenced (" not in text, text[-3000:]
-    assert cluster.overlaps() == []
+    # 9 replicasets over 3 ranges: a range may hold none (0.75^9 ~ 7 % for a quarter), and rightly idle.
+    assert cluster.overlaps(may_be_idle=cluster.without_objects(ns)) == []
     check = subprocess.run(
         [
             sys.executable,
