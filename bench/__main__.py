@@ -38,7 +38,7 @@ from rich.table import Table
 
 log = logging.getLogger(__name__)
 
-SECTIONS = ("balance", "cache", "throughput", "fanout", "scaleout", "rolling")
+SECTIONS = ("balance", "cache", "throughput", "fanout", "scaleout", "rolling", "external")
 
 
 def machine() -> dict[str, Any]:
@@ -297,6 +297,53 @@ def render(result: dict[str, Any], console: Console) -> None:
                 ],
             )
         )
+    if "external" in result:
+        ex = result["external"]
+        console.print(
+            _table(
+                f"External controller: a kopf operator, 1 vs 3 sharded instances ({ex['cores']} cores)",
+                ["handler", "objects", "1 instance /s", "3 instances /s", "ratio", "ratio / min(3, cores)"],
+                [
+                    [
+                        f"{label} {ex['workMs']} ms",
+                        ex[label]["one"]["objects"],
+                        ex[label]["one"]["perSecond"],
+                        ex[label]["three"]["perSecond"],
+                        ex[label]["ratio"],
+                        ex[label].get("ratioPerCoreBound"),
+                    ]
+                    for label in ("cpuBound", "ioBound")
+                    if label in ex
+                ],
+            )
+        )
+        lat = ex["latency"]
+        console.print(
+            _table(
+                f"External controller: the endpoint's added latency ({lat['requests']} sequential GETs)",
+                [
+                    "request",
+                    "proxy p50 ms",
+                    "endpoint p50 ms",
+                    "added p50",
+                    "proxy p99 ms",
+                    "endpoint p99 ms",
+                    "added p99",
+                ],
+                [
+                    [
+                        what,
+                        lat[f"{what}ProxyP50Ms"],
+                        lat[f"{what}EndpointP50Ms"],
+                        lat[f"{what}AddedP50Ms"],
+                        lat[f"{what}ProxyP99Ms"],
+                        lat[f"{what}EndpointP99Ms"],
+                        lat[f"{what}AddedP99Ms"],
+                    ]
+                    for what in ("get", "list")
+                ],
+            )
+        )
     if "rolling" in result:
         console.print(
             _table(
@@ -425,6 +472,7 @@ def main(argv: list[str] | None = None) -> int:
         balance,
         cache,
         costbalance,
+        external,
         fanout,
         rolling,
         scaleout,
@@ -464,7 +512,8 @@ def main(argv: list[str] | None = None) -> int:
     guarded("cache", lambda: cache.run(quick))
     guarded("throughput", lambda: throughput.run(quick, workdir))
     measured_balance = "balance" in sections and not quick  # the measured part (by cost) needs ~2 min
-    if "fanout" in sections or "scaleout" in sections or "rolling" in sections or measured_balance:
+    clustered = ("fanout", "scaleout", "rolling", "external")
+    if any(s in sections for s in clustered) or measured_balance:
         cluster = BenchCluster(workdir / "cluster")
         try:
             c0 = time.monotonic()
@@ -496,6 +545,17 @@ def main(argv: list[str] | None = None) -> int:
                     counts=[2] if quick else [4, 8],
                     grace=10.0 if quick else 15.0,
                     objects=32 if quick else 128,
+                ),
+            )
+            guarded(
+                "external",
+                lambda: external.run(
+                    cluster,
+                    workdir / "external",
+                    objects=40 if quick else 2000,
+                    work_ms=20,
+                    requests=50 if quick else 500,
+                    io_bound=not quick,
                 ),
             )
         except Exception:

@@ -4,8 +4,8 @@ For each Gadget it keeps a ConfigMap ``<gadget>-gadget`` (owned by the Gadget, s
 Kubernetes collects it) whose ``data.size`` is the Gadget's ``spec.size`` and
 whose ``data.by`` names the instance that wrote it (``RANGESHARD_INSTANCE_ID``
 when run by a rangeshard manager; the operator knows nothing else of
-sharding). ``spec.work`` makes the handler burn that many milliseconds of CPU
-(the bench's CPU-bound handler).
+sharding). ``spec.work`` makes the handler burn that many milliseconds of CPU,
+``spec.sleepMs`` wait that long (the bench's CPU- and I/O-bound handlers).
 
 Run it unsharded with ``kopf run --standalone --all-namespaces operator.py``;
 sharded, the manager runs that same command (see ``rangeshard.yaml``).
@@ -39,6 +39,7 @@ def _burn(ms: int) -> None:
 @kopf.on.resume("bars.example.org", "v1", "gadgets", backoff=1)
 def reconcile(spec: kopf.Spec, name: str, namespace: str, body: kopf.Body, **_: object) -> None:
     _burn(int(spec.get("work", 0)))
+    time.sleep(int(spec.get("sleepMs", 0)) / 1000)
     data = {"size": str(spec.get("size", 0)), "by": ME}
     cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": f"{name}-gadget"}, "data": data}
     kopf.adopt(cm, owner=body)

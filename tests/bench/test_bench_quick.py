@@ -29,7 +29,7 @@ def result(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=300,
     )
     assert proc.returncode == 0, f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-5000:]}"
     data: dict[str, Any] = json.loads(out.read_text())
@@ -39,7 +39,8 @@ def result(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 @pytest.mark.slow
 def test_every_section_present_without_errors(result: dict[str, Any]) -> None:
     assert "errors" not in result, result.get("errors")
-    for section in ("meta", "fanout", "fanoutRatios", "throughput", "cache", "scaleout", "balance", "rolling"):
+    sections = ("meta", "fanout", "fanoutRatios", "throughput", "cache", "scaleout", "balance", "rolling", "external")
+    for section in sections:
         assert section in result, section
     meta = result["meta"]
     assert meta["quick"] is True
@@ -158,3 +159,17 @@ def test_rolling_restart_with_a_grace_moves_no_key(result: dict[str, Any]) -> No
     for r in rows:
         # Reconciled in the last second by the final owner: all but a key whose requeue straddles the window.
         assert r["objects"] > 0 and r["convergedKeys"] >= 0.9 * r["objects"], r
+
+
+@pytest.mark.slow
+def test_external_kopf_operator_handles_everything_with_one_and_three_instances(result: dict[str, Any]) -> None:
+    ex = result["external"]
+    assert ex["cores"] >= 1
+    for n, run in (("one", 1), ("three", 3)):
+        row = ex["cpuBound"][n]
+        assert row["instances"] == run and row["objects"] > 0 and row["perSecond"] > 0, row
+    assert ex["cpuBound"]["ratio"] > 0
+    lat = ex["latency"]
+    for what in ("get", "list"):
+        for via in ("Proxy", "Endpoint"):
+            assert 0 < lat[f"{what}{via}P50Ms"] <= lat[f"{what}{via}P99Ms"], lat
