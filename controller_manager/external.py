@@ -51,11 +51,13 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -85,6 +87,9 @@ _HOP_BY_HOP = frozenset(
 _WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 #: Matches no object: lists and watches while the instance may serve nothing.
 _NOTHING = "metadata.name=rangeshard-serves-nothing.invalid"
+#: How many resourceVersions handed to the controller are remembered per serving period.
+_ISSUED_MAX = 65536
+_EXPIRED_MESSAGE = "rangeshard: the instance's range changed; relist"
 
 
 def resource_of(path: str) -> tuple[str, bool] | None:
@@ -128,7 +133,13 @@ class _Watch:
         self.reset = False
 
     def cut(self) -> None:
+        """End the relay now: shut the upstream socket down (closing it alone does not wake a blocked read)."""
         self.reset = True
+        stream = self.response.extensions.get("network_stream")
+        sock = stream.get_extra_info("socket") if stream is not None else None
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
         with contextlib.suppress(Exception):
             self.response.close()
 
@@ -162,6 +173,9 @@ class Endpoint:
         self.cut_at = 0.0
         self.reset_epoch = -1
         self.resets = 0
+        #: resourceVersions the controller got (lists, watch events) since the last reset: a watch may
+        #: resume from one of them; any other resumes from state of another range (see :meth:`fresh`).
+        self._issued: OrderedDict[str, None] = OrderedDict()
         self._thread: threading.Thread | None = None
 
     @property
@@ -196,10 +210,44 @@ class Endpoint:
         with self._lock:
             return self.writes_in_flight == 0 and time.monotonic() - self.cut_at >= self.drain_seconds
 
+    def generation(self) -> int:
+        """The serving period: bumped by every reset (a request records it before it picks its selector)."""
+        with self._lock:
+            return self.resets
+
+    def issued(self, resource_version: str, generation: int) -> None:
+        """The controller got ``resource_version`` (a list's, or a watch event's) in serving period ``generation``.
+
+        Ignored when a reset came in between: the answer was cut to the range served before it.
+        """
+        if not resource_version:
+            return
+        with self._lock:
+            if generation != self.resets:
+                return
+            self._issued[resource_version] = None
+            self._issued.move_to_end(resource_version)
+            while len(self._issued) > _ISSUED_MAX:
+                self._issued.popitem(last=False)
+
+    def fresh(self, resource_version: str) -> bool:
+        """Whether a watch from ``resource_version`` resumes state of the range served now.
+
+        A list made before a range change and a watch started after it would
+        otherwise miss every object that moved in between (the watch only
+        sends changes): such a watch is answered ``410 Expired`` and the
+        client relists. ``""`` and ``"0"`` carry no state.
+        """
+        if resource_version in ("", "0"):
+            return True
+        with self._lock:
+            return resource_version in self._issued
+
     def reset_watches(self, why: str) -> None:
         with self._lock:
             watches, self._watches = list(self._watches), set()
             self.resets += 1
+            self._issued.clear()
         if watches:
             log.info("%s: resetting %s watch(es): %s", self.name, len(watches), why)
         for w in watches:
@@ -304,6 +352,7 @@ def _handler(endpoint: Endpoint) -> type[BaseHTTPRequestHandler]:
                 headers = [(k, v) for k, v in headers if k.lower() != "authorization"] + [("Authorization", auth)]
             body = self._body()
             watch = False
+            generation = -1
             if sharded and found is not None and found[1] and self.command == "GET":
                 if "shardSelector" in params:
                     self._status(400, "BadRequest", "shardSelector is set by rangeshard for this resource")
@@ -312,6 +361,10 @@ def _handler(endpoint: Endpoint) -> type[BaseHTTPRequestHandler]:
                     watch = bool(parse_bool(params, "watch"))
                 except Exception:  # the proxy answers the 400
                     watch = False
+                generation = endpoint.generation()
+                if watch and not endpoint.fresh(params.get("resourceVersion", "")):
+                    self._expired()
+                    return
                 selector = endpoint.served_selector(endpoint.paths[found[0]])
                 if selector is not None:
                     query.append(("shardSelector", selector))
@@ -328,7 +381,26 @@ def _handler(endpoint: Endpoint) -> type[BaseHTTPRequestHandler]:
                         headers.append(("User-Agent", f"{token.user_agent()} {agent}".strip()))
                     self._relay(target, headers, body, stream=False)
                 return
-            self._relay(target, headers, body, stream=watch or _streaming(params), sharded_watch=watch)
+            sharded_list = sharded and found is not None and found[1] and self.command == "GET" and not watch
+            self._relay(
+                target,
+                headers,
+                body,
+                stream=watch or _streaming(params),
+                sharded_watch=watch,
+                sharded_list=sharded_list,
+                generation=generation,
+            )
+
+        def _expired(self) -> None:
+            """A watch event stream of one ``ERROR 410 Expired`` (as kube answers a too old resourceVersion)."""
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            expired = status_object(410, "Expired", _EXPIRED_MESSAGE)
+            self._chunk(orjson.dumps({"type": "ERROR", "object": expired}) + b"\n")
+            self._chunk(b"")
 
         def _relay(
             self,
@@ -338,6 +410,8 @@ def _handler(endpoint: Endpoint) -> type[BaseHTTPRequestHandler]:
             *,
             stream: bool,
             sharded_watch: bool = False,
+            sharded_list: bool = False,
+            generation: int = -1,
         ) -> None:
             request = endpoint.client.build_request(self.command, target, headers=headers, content=body)
             try:
@@ -349,6 +423,8 @@ def _handler(endpoint: Endpoint) -> type[BaseHTTPRequestHandler]:
                 out = [(k, v) for k, v in response.headers.multi_items() if k.lower() not in _HOP_BY_HOP]
                 if not stream or response.status_code != 200:
                     data = response.read()
+                    if sharded_list and response.status_code == 200:
+                        endpoint.issued(_list_resource_version(data), generation)
                     self.send_response(response.status_code)
                     for k, v in out:
                         if k.lower() not in ("content-length", "content-encoding"):
@@ -364,7 +440,7 @@ def _handler(endpoint: Endpoint) -> type[BaseHTTPRequestHandler]:
                 self.send_header("Transfer-Encoding", "chunked")
                 self.end_headers()
                 if sharded_watch:
-                    self._relay_watch(response)
+                    self._relay_watch(response, generation)
                 else:
                     for chunk in response.iter_raw():
                         self._chunk(chunk)
@@ -374,13 +450,14 @@ def _handler(endpoint: Endpoint) -> type[BaseHTTPRequestHandler]:
             finally:
                 response.close()
 
-        def _relay_watch(self, response: httpx.Response) -> None:
+        def _relay_watch(self, response: httpx.Response, generation: int) -> None:
             watch = _Watch(response)
             endpoint.register(watch)
             try:
                 try:
                     for line in response.iter_lines():
                         if line:
+                            endpoint.issued(_event_resource_version(line), generation)
                             self._chunk(line.encode() + b"\n")
                 except (BrokenPipeError, ConnectionResetError):
                     raise
@@ -388,7 +465,7 @@ def _handler(endpoint: Endpoint) -> type[BaseHTTPRequestHandler]:
                     if not watch.reset:
                         raise
                 if watch.reset:
-                    expired = status_object(410, "Expired", "rangeshard: the instance's range changed; relist")
+                    expired = status_object(410, "Expired", _EXPIRED_MESSAGE)
                     self._chunk(orjson.dumps({"type": "ERROR", "object": expired}) + b"\n")
             except httpx.HTTPError as e:
                 log.debug("%s: upstream watch ended: %s", endpoint.name, e)
@@ -400,6 +477,24 @@ def _handler(endpoint: Endpoint) -> type[BaseHTTPRequestHandler]:
             self.wfile.flush()
 
     return Handler
+
+
+def _list_resource_version(data: bytes) -> str:
+    """``metadata.resourceVersion`` of a JSON list response ("" if it is not one)."""
+    try:
+        rv = orjson.loads(data).get("metadata", {}).get("resourceVersion", "")
+    except (orjson.JSONDecodeError, AttributeError):
+        return ""
+    return rv if isinstance(rv, str) else ""
+
+
+def _event_resource_version(line: str) -> str:
+    """``object.metadata.resourceVersion`` of one watch event line ("" if it has none)."""
+    try:
+        rv = orjson.loads(line).get("object", {}).get("metadata", {}).get("resourceVersion", "")
+    except (orjson.JSONDecodeError, AttributeError):
+        return ""
+    return rv if isinstance(rv, str) else ""
 
 
 def _json_accept(value: str) -> str:
@@ -515,10 +610,16 @@ def _die_with_parent() -> None:
 
 
 def _kubeconfig(url: str) -> dict[str, Any]:
+    """A kubeconfig for the endpoint: plain HTTP on loopback, no credentials.
+
+    ``insecure-skip-tls-verify`` has no meaning for an ``http://`` server, but
+    the JavaScript client (``@kubernetes/client-node``) refuses plain HTTP
+    without it ("HTTP protocol is not allowed when skipTLSVerify is not set").
+    """
     return {
         "apiVersion": "v1",
         "kind": "Config",
-        "clusters": [{"name": "rangeshard", "cluster": {"server": url}}],
+        "clusters": [{"name": "rangeshard", "cluster": {"server": url, "insecure-skip-tls-verify": True}}],
         "users": [{"name": "rangeshard", "user": {}}],
         "contexts": [{"name": "rangeshard", "context": {"cluster": "rangeshard", "user": "rangeshard"}}],
         "current-context": "rangeshard",

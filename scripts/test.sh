@@ -22,6 +22,11 @@ if [ ! -f .venv/.rangeshard-installed ] || [ pyproject.toml -nt .venv/.rangeshar
     touch .venv/.rangeshard-installed
 fi
 
+# The official JavaScript client for tests/e2e/test_external_js.py (Node.js and npm on PATH).
+command -v node >/dev/null || { echo "node (Node.js) is required on PATH for tests/e2e/test_external_js.py" >&2; exit 1; }
+if [ ! -d tests/e2e/js/node_modules/@kubernetes/client-node ] || [ tests/e2e/js/package-lock.json -nt tests/e2e/js/node_modules ]; then
+    npm ci --prefix tests/e2e/js --no-audit --no-fund --loglevel=error
+fi
 command -v kubectl >/dev/null || { echo "kubectl is required on PATH for the end-to-end tests" >&2; exit 1; }
 command -v openssl >/dev/null || { echo "openssl is required on PATH for the TLS tests" >&2; exit 1; }
 .venv/bin/python -c "import cryptography" 2>/dev/null || { echo "the cryptography package is required (pip install -e '.[dev]')" >&2; exit 1; }
