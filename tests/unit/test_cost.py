@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from controller_manager.cost import CostTracker
+from controller_manager.cost import ARRIVAL_RECONCILES, MIN_SPAN_WINDOWS, CostTracker
 from hashing import MAX_HASH, HashRange
 from rangeshard.core.errors import ConfigError
 from registry.models import InstanceRecord, Snapshot, State
@@ -34,24 +34,141 @@ class Clock:
         return self.now
 
 
-def test_tracker_sums_and_decays_over_the_window() -> None:
+def test_arrival_reconciles_count_their_cost_decayed_over_the_window() -> None:
+    """Before a key's cadence is seen its cost counts as it is, fading with age (as in earlier versions)."""
     clock = Clock()
     t = CostTracker(window=10.0, clock=clock)
     t.record(1, 0.5)
-    t.record(1, 0.25)
+    t.record(1, 0.25)  # the arrival's second reconcile: still no interval of the key's own cadence
     t.record(2, 2.0)
     assert t.snapshot() == pytest.approx({1: 0.75, 2: 2.0})
     clock.now += 10.0  # one window later: e^-1 of everything
     assert t.snapshot() == pytest.approx({1: 0.75 / math.e, 2: 2.0 / math.e})
-    t.record(1, 1.0)  # decayed old value plus the new one
-    assert t.snapshot()[1] == pytest.approx(0.75 / math.e + 1.0)
     clock.now += 10.0 * 30  # long forgotten: dropped below the floor
     assert t.snapshot() == {}
     t.record(3, float("nan"))
     t.record(3, -1.0)
+    t.record(3, float("inf"))
     assert t.snapshot() == {}
     with pytest.raises(ValueError, match="positive"):
         CostTracker(window=0)
+
+
+def _reconcile_every(t: CostTracker, clock: Clock, key: int, seconds: float, interval: float, duration: float) -> None:
+    """Reconcile ``key`` (``seconds`` each) every ``interval`` for ``duration``, starting now; ends at the last one."""
+    for i in range(round(duration / interval)):
+        if i:
+            clock.now += interval
+        t.record(key, seconds)
+
+
+def test_a_key_seen_for_one_second_reports_the_rate_of_one_seen_for_ten_windows() -> None:
+    """Warm-up free: after a move the new owner reports the key's full rate after a few reconciles."""
+    clock = Clock()
+    t = CostTracker(window=10.0, clock=clock)
+    old, new = 1, 2
+    # ``old`` is reconciled every 0.1 s for ten windows; ``new`` arrives for its last second only.
+    for i in range(1000):
+        if i:
+            clock.now += 0.1
+        t.record(old, 0.01)
+        if i >= 990:
+            t.record(new, 0.01)
+    steady = 0.01 * 10.0 / 0.1  # seconds per window: cost x window / interval
+    snap = t.snapshot()
+    assert snap[old] == pytest.approx(steady, rel=0.01)
+    assert snap[new] == pytest.approx(snap[old], rel=0.01)
+    # Between reconciles (within the key's cadence) nothing decays: no saw-tooth in what is published.
+    clock.now += 0.09
+    assert t.snapshot()[new] == pytest.approx(steady, rel=0.01)
+
+
+def test_the_rate_holds_with_uneven_intervals_and_costs() -> None:
+    """Jittered cadence and costs: 20 keys seen for two seconds sum to what 20 seen for ten windows do."""
+    rnd = random.Random(26)
+    clock = Clock()
+    t = CostTracker(window=5.0, clock=clock)
+    until, joined = clock.now + 50.0, clock.now + 48.0
+    events: list[tuple[float, int]] = []
+    for key in range(40):
+        at = clock.now if key < 20 else joined  # keys 20.. moved in two seconds before the end
+        while at < until:
+            events.append((at, key))
+            at += rnd.uniform(0.05, 0.15)
+    for at, key in sorted(events):
+        clock.now = at
+        t.record(key, rnd.uniform(0.008, 0.012))
+    snap = t.snapshot()
+    old = sum(snap[k] for k in range(20))
+    new = sum(snap[k] for k in range(20, 40))
+    assert old == pytest.approx(20 * 0.01 * 5.0 / 0.1, rel=0.05)
+    assert new == pytest.approx(old, rel=0.05)
+
+
+def test_a_key_that_stops_being_reconciled_decays_and_is_forgotten() -> None:
+    clock = Clock()
+    t = CostTracker(window=10.0, clock=clock)
+    _reconcile_every(t, clock, 7, 0.02, 0.5, 30.0)
+    steady = t.snapshot()[7]
+    assert steady == pytest.approx(0.02 * 10.0 / 0.5, rel=0.01)
+    clock.now += 0.5 + 10.0  # one mean interval (the next reconcile is due), then one window overdue
+    assert t.snapshot()[7] == pytest.approx(steady / math.e, rel=1e-6)
+    clock.now += 10.0 * 30
+    assert t.snapshot() == {}
+
+
+def test_a_burst_is_not_extrapolated_beyond_the_minimum_span() -> None:
+    """Reconciles all at once are no cadence: at most 1 / (1 - e^-MIN_SPAN_WINDOWS) times their cost."""
+    clock = Clock()
+    t = CostTracker(window=10.0, clock=clock)
+    for _ in range(ARRIVAL_RECONCILES + 1):
+        t.record(3, 0.1)
+    assert t.snapshot()[3] == pytest.approx(0.1 / -math.expm1(-MIN_SPAN_WINDOWS))
+    assert t.snapshot()[3] < 0.1 * 21
+
+
+@pytest.mark.parametrize(
+    "arrival",
+    [
+        [0.0, 0.3],  # what the runtime does: the first reconcile, the retry of the key refused while locked
+        [0.0],  # one arrival reconcile only
+        [0.0, 0.01, 0.02, 0.03, 0.04],  # a longer burst (updates right after the arrival)
+    ],
+)
+def test_the_reconciles_of_an_arrival_are_not_taken_for_the_cadence(arrival: list[float]) -> None:
+    """Key 1 has been reconciled every 0.5 s for ten windows; key 2 arrives, then has three intervals of 0.5 s."""
+    clock = Clock()
+    t = CostTracker(window=4.0, clock=clock)
+    arrived = 40.0
+    cadence = [arrived + arrival[-1] + 0.5 * i for i in range(1, 4)]
+    events = sorted(
+        [(0.5 * i, 1) for i in range(round(cadence[-1] / 0.5) + 1)]
+        + [(arrived + at, 2) for at in arrival]
+        + [(at, 2) for at in cadence]
+    )
+    start = clock.now
+    for at, key in events:
+        clock.now = start + at
+        t.record(key, 0.05)
+    snap = t.snapshot()
+    assert snap[1] == pytest.approx(0.05 / (2 * math.sinh(0.5 / (2 * 4.0))), rel=1e-3)
+    assert snap[2] == pytest.approx(snap[1], rel=0.01)
+
+
+def test_a_key_back_after_a_long_gap_is_measured_afresh() -> None:
+    """A key that left and came back (a gap of many intervals) reports its rate, not the gap as cheap time."""
+    clock = Clock()
+    t = CostTracker(window=10.0, clock=clock)
+    _reconcile_every(t, clock, 4, 0.01, 0.1, 20.0)
+    steady = t.snapshot()[4]
+    clock.now += 8.0  # on another instance meanwhile (80 of its intervals)
+    _reconcile_every(t, clock, 4, 0.01, 0.1, 1.0)
+    assert t.snapshot()[4] == pytest.approx(steady, rel=0.01)
+    # A slower cadence is picked up at once too: the first long gap restarts, the next interval is the new one.
+    for _ in range(3):  # arrives again (the gap restarts it), then one interval of the new cadence
+        clock.now += 5.0
+        t.record(4, 0.01)
+    assert t.snapshot()[4] == pytest.approx(0.01 / (2 * math.sinh(5.0 / (2 * 10.0))), rel=1e-6)  # ~ c W / I
 
 
 def test_add_cost_puts_each_key_in_its_gap_bucket() -> None:
