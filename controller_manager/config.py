@@ -361,7 +361,9 @@ class ManagerConfig(_Section):
         le=86400,
         strict=True,
         description="Window of the measured reconcile cost each instance publishes with its histogram (for "
-        "`rangeshard rebalance --by cost`): a measurement `t` seconds old counts `exp(-t / costWindowSeconds)`.",
+        "`rangeshard rebalance --by cost`): each key's reconcile seconds per window, measured as a rate over the "
+        "time this instance has observed the key (no warm-up after a move); a measurement `t` seconds old "
+        "weighs `exp(-t / costWindowSeconds)`.",
     )
     registry_prefix: str = Field(
         "/rangeshard",
