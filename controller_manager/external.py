@@ -262,7 +262,8 @@ class Endpoint:
 
     def stop(self) -> None:
         self.reset_watches("the manager is stopping")
-        self.server.shutdown()
+        if self._thread is not None:  # shutdown() waits for serve_forever: never call it before start()
+            self.server.shutdown()
         self.server.server_close()
         self.client.close()
 
