@@ -246,13 +246,22 @@ def _latency(cluster: BenchCluster, workdir: Path, requests: int) -> dict[str, A
 
 
 def run(
-    cluster: BenchCluster, workdir: Path, *, objects: int = 2000, work_ms: int = 20, requests: int = 500
+    cluster: BenchCluster,
+    workdir: Path,
+    *,
+    objects: int = 2000,
+    work_ms: int = 20,
+    requests: int = 500,
+    io_bound: bool = True,
 ) -> dict[str, Any]:
-    """1 vs 3 instances (CPU-bound and I/O-bound handler) and the endpoint's added latency."""
+    """1 vs 3 instances (CPU-bound, and I/O-bound unless ``io_bound=False``) and the endpoint's added latency."""
     workdir.mkdir(parents=True, exist_ok=True)
     cores = len(os.sched_getaffinity(0))
     result: dict[str, Any] = {"cores": cores, "workMs": work_ms}
-    for label, spec in (("cpuBound", {"work": work_ms}), ("ioBound", {"work": 0, "sleepMs": work_ms})):
+    variants: list[tuple[str, dict[str, int]]] = [("cpuBound", {"work": work_ms})]
+    if io_bound:
+        variants.append(("ioBound", {"work": 0, "sleepMs": work_ms}))
+    for label, spec in variants:
         one = _throughput(cluster, workdir, 1, objects, spec)
         three = _throughput(cluster, workdir, 3, objects, spec)
         ratio = three["perSecond"] / one["perSecond"]
