@@ -38,7 +38,7 @@ from rich.table import Table
 
 log = logging.getLogger(__name__)
 
-SECTIONS = ("balance", "cache", "throughput", "fanout", "scaleout", "rolling", "external")
+SECTIONS = ("balance", "cache", "throughput", "fanout", "scaleout", "rolling", "external", "scale")
 
 
 def machine() -> dict[str, Any]:
@@ -446,8 +446,86 @@ def render(result: dict[str, Any], console: Console) -> None:
                 ],
             )
         )
+    if "scale" in result:
+        render_scale(result["scale"], console)
     for name, err in result.get("errors", {}).items():
         console.print(f"[red]section {name} failed:[/red] {err.splitlines()[-1] if err else ''}")
+
+
+def render_scale(sc: dict[str, Any], console: Console) -> None:
+    """The tables of the ``scale`` section."""
+    m = sc["managers"]
+    delay = m["reconcileDelaySeconds"]
+    console.print(
+        _table(
+            f"Scale, managers: {m['objects']} ReplicaSets (no pods), built-in controller, {m['workersPerManager']} "
+            f"workers, reconcile waits {delay}s; idle manager {m['idleRssMiB']} MiB "
+            f"(bare loop {sc['bareLoop']['loopsPerSecond']}/s)",
+            [
+                "managers",
+                "start->synced s",
+                "reconciles/s",
+                "speedup",
+                "target",
+                "max RSS MiB",
+                "peak MiB",
+                "RSS-idle share",
+                "target",
+                "cached RS",
+            ],
+            [
+                [
+                    r["managers"],
+                    r["startToSyncedSeconds"],
+                    r["reconcilesPerSecond"],
+                    r["speedup"],
+                    r["throughputTarget"],
+                    r["maxRssMiB"],
+                    r["maxPeakRssMiB"],
+                    r["memoryShare"],
+                    r["memoryTarget"],
+                    r["cachedReplicaSets"],
+                ]
+                for r in m["rows"]
+            ],
+        )
+    )
+    p = sc["proxy"]
+    console.print(
+        _table(
+            f"Scale, proxy: {p['objects']} pods ({p['rawJsonBytes']} B JSON each) from the synthetic upstream",
+            ["first sync s", "RSS MiB", "bytes/object", "ratio (<= 2)", "LIST 1/64 p50 ms (<= 200)", "max ms"],
+            [
+                [
+                    p["firstSyncSeconds"],
+                    p["rssAfterSyncMiB"],
+                    p["bytesPerObject"],
+                    p["memoryRatioToRawJson"],
+                    p["list"]["p50Ms"],
+                    p["list"]["maxMs"],
+                ]
+            ],
+        )
+    )
+    console.print(
+        _table(
+            f"Scale, proxy: range watchers, each on its own slice (per-CPU ratio {p['perCpuLargeOverSmall']}, "
+            "target >= 0.5)",
+            ["watchers", "events", "delivered", "proxy cpu s", "events/cpu-s", "p50 ms", "p99 ms"],
+            [
+                [
+                    w["watchers"],
+                    w["events"],
+                    w["delivered"],
+                    w["proxyCpuSeconds"],
+                    w["eventsPerProxyCpuSecond"],
+                    w["p50LatencyMs"],
+                    w["p99LatencyMs"],
+                ]
+                for w in p["watchers"]
+            ],
+        )
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -456,6 +534,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, help="write every number to this file")
     p.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {','.join(SECTIONS)}")
     p.add_argument("--workdir", type=Path, help="keep logs and data here (default: a temporary directory)")
+    p.add_argument("--scale-replicasets", type=int, help="scale section: ReplicaSets (default 20000; quick 40)")
+    p.add_argument("--scale-pods", type=int, help="scale section: pods the proxy caches (default 1000000; quick 2000)")
     p.add_argument("-v", "--verbose", action="store_true", help="log progress (INFO)")
     args = p.parse_args(argv)
     logging.basicConfig(
@@ -475,6 +555,7 @@ def main(argv: list[str] | None = None) -> int:
         external,
         fanout,
         rolling,
+        scale,
         scaleout,
         throughput,
     )
@@ -511,6 +592,12 @@ def main(argv: list[str] | None = None) -> int:
     guarded("balance", lambda: balance.run(quick))
     guarded("cache", lambda: cache.run(quick))
     guarded("throughput", lambda: throughput.run(quick, workdir))
+    guarded(
+        "scale",
+        lambda: scale.run(
+            workdir / "scale", quick=quick, rs_objects=args.scale_replicasets, pod_objects=args.scale_pods
+        ),
+    )
     measured_balance = "balance" in sections and not quick  # the measured part (by cost) needs ~2 min
     clustered = ("fanout", "scaleout", "rolling", "external")
     if any(s in sections for s in clustered) or measured_balance:

@@ -270,6 +270,8 @@ class ControllerRuntime:
                 on_event=self._dependent_handler(dep),
                 name=f"{self.name}-{dep.name}",
             )
+        for resource, inf in self.informers.items():
+            metrics.informer_objects.labels(self.name, resource).set_function(inf.__len__)
         self._threads: list[threading.Thread] = []
         self._stop = threading.Event()
         metrics.set_state(self.name, instance_id, "init")

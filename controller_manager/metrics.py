@@ -105,6 +105,12 @@ class Metrics:
         )
         self.queue_depth = Gauge("rangeshard_workqueue_depth", "Queued keys", ["controller"], registry=r)
         self.workload = Gauge("rangeshard_workload_objects", "Main objects in range", ["controller"], registry=r)
+        self.informer_objects = Gauge(
+            "rangeshard_informer_cache_objects",
+            "Objects in an informer's store (its resource's objects in this instance's range), read at scrape time",
+            ["controller", "informer"],
+            registry=r,
+        )
 
     def set_state(self, controller: str, instance: str, state: str) -> None:
         for s in STATES:

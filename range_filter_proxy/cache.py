@@ -109,8 +109,9 @@ class WatchCache:
         self.watchers: dict[int, Watcher] = {}
         #: Set (and dropped) when ``rv`` advances; created only while somebody waits for it.
         self._progress: asyncio.Event | None = None
-        #: The watchers by shard range, rebuilt when one is added or removed (not per event).
-        self._index = DispatchIndex(())
+        #: The watchers by shard range; ``None`` after one was added or removed, rebuilt at the
+        #: next dispatch (once for a run of watch requests, never per event).
+        self._index: DispatchIndex | None = DispatchIndex(())
         self._task: asyncio.Task[None] | None = None
         self._label = info.gvr.label
         #: Hot-path counters (plain integers; see range_filter_proxy.metrics).
@@ -286,6 +287,8 @@ class WatchCache:
 
     def _dispatch(self, ev: CachedEvent) -> None:
         index = self._index
+        if index is None:
+            index = self._index = DispatchIndex(self.watchers.values())
         targets = index.candidates(ev)
         delivered = 0
         filtered = index.size - len(targets)  # the index proved they filter it out
@@ -479,14 +482,14 @@ class WatchCache:
             timeout=timeout,
         )
         self.watchers[w.id] = w
-        self._index = DispatchIndex(self.watchers.values())
+        self._index = None
         self.metrics.downstream_watches.labels(self._label).set(len(self.watchers))
         return w
 
     def remove_watcher(self, w: Watcher) -> None:
         """Unregister a watcher (idempotent)."""
         if self.watchers.pop(w.id, None) is not None:
-            self._index = DispatchIndex(self.watchers.values())
+            self._index = None
             self.metrics.downstream_watches.labels(self._label).set(len(self.watchers))
 
 

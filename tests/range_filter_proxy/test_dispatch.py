@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any, cast
 
 from hypothesis import given, settings
@@ -141,3 +142,86 @@ def test_an_update_shares_unchanged_labels_and_hashes() -> None:
     assert relabelled.labels == {"app": "z"} and relabelled.hashes is first.hashes
     other = CachedObject.build(_pod(2, 8), POD, previous=store)
     assert other.labels is not first.labels and other.hashes != first.hashes
+
+
+def _brute_segments(
+    index_bounds: tuple[int, ...], entries: list[tuple[_Stub, list[tuple[int, int]]]]
+) -> list[set[int]]:
+    """The definition: segment i holds the watchers one of whose ranges contains [bounds[i-1], bounds[i])."""
+    out: list[set[int]] = [set()]
+    for lo, hi in pairwise(index_bounds):
+        out.append({id(w) for w, ranges in entries if any(s <= lo and hi <= e for s, e in ranges)})
+    out.append(set())
+    return out
+
+
+_RANGE = st.tuples(st.integers(0, 64), st.integers(0, 64)).map(lambda t: (min(t), max(t) + 1))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(_RANGE, min_size=1, max_size=3), min_size=1, max_size=12))
+def test_the_sweep_builds_the_segments_of_the_definition(ranges: list[list[tuple[int, int]]]) -> None:
+    """Overlapping, touching and repeated terms of one watcher: each watcher once per segment it is in."""
+    from range_filter_proxy.dispatch import _PathIndex  # noqa: PLC0415 (the private structure under test)
+
+    entries = [(_Stub(WatchFilter()), r) for r in ranges]
+    index = _PathIndex.build(UID_PATH, cast(list[tuple[Watcher, list[tuple[int, int]]]], entries))
+    want = _brute_segments(index.bounds, entries)
+    got = [[id(w) for w in seg] for seg in index.segments]
+    assert [len(g) for g in got] == [len(set(g)) for g in got], "a watcher twice in one segment"
+    assert [set(g) for g in got] == want
+
+
+def test_a_thousand_disjoint_watchers_index_in_one_sweep() -> None:
+    """Each of 1,000 equal slices lands in exactly one segment (the sum of the segments' sizes is linear)."""
+    n = 1000
+    step = _SPACE // n
+    slices = [
+        WatchFilter(shard=ShardSelector((ShardRange(UID_PATH, i * step, (i + 1) * step if i < n - 1 else _SPACE),)))
+        for i in range(n)
+    ]
+    index = DispatchIndex(cast(list[Watcher], [_Stub(f) for f in slices]))
+    (path_index,) = index._paths
+    assert sum(len(s) for s in path_index.segments) == n
+    assert all(len(s) <= 1 for s in path_index.segments)
+
+
+@async_test()
+async def test_watch_requests_do_not_rebuild_the_index_each(monkeypatch: Any) -> None:
+    """1,000 watchers added in a row cost one index build, at the next event (was: one build per request,
+    each O(watchers^2): a thousand range watchers took minutes to register)."""
+    import range_filter_proxy.cache as cache_module  # noqa: PLC0415
+
+    builds: list[int] = []
+
+    class Counting(DispatchIndex):
+        def __init__(self, watchers: Any) -> None:
+            super().__init__(watchers)
+            builds.append(self.size)
+
+    monkeypatch.setattr(cache_module, "DispatchIndex", Counting)
+    cache = WatchCache(POD, FakeUpstream(), ProxyMetrics(), CacheSettings(watcher_queue_size=100_000))
+    cache.replace(ListResult([_pod(i, 1) for i in range(64)], "1"))
+    n = 1000
+    step = _SPACE // n
+    watchers = [
+        cache.add_watcher(
+            WatchFilter(
+                shard=ShardSelector((ShardRange(UID_PATH, i * step, (i + 1) * step if i < n - 1 else _SPACE),))
+            ),
+            resume_from=cache.rv,
+            bookmarks=False,
+            initial_events_end=False,
+            timeout=None,
+        )
+        for i in range(n)
+    ]
+    builds.clear()  # the relist's empty index
+    for rv in range(2, 12):
+        cache.apply(WatchEvent("MODIFIED", _pod(rv % 64, rv)))
+    assert builds == [n]
+    assert sum(len(w.live) for w in watchers) == 10  # each event reached exactly its slice's watcher
+    cache.remove_watcher(watchers[0])
+    cache.remove_watcher(watchers[1])
+    cache.apply(WatchEvent("MODIFIED", _pod(0, 20)))
+    assert builds == [n, n - 2]

@@ -1,0 +1,512 @@
+"""Scale: memory and throughput per manager as N grows, and the proxy at a million objects.
+
+Purpose
+    Issue 27. Two measurements, each with its object counts as parameters:
+
+    * **managers** (:func:`run_managers`): ``objects`` ReplicaSets with
+      ``replicas: 0`` (no pods; their status is written by the benchmark
+      first, so a reconcile finds nothing to write) on a private cluster
+      (etcd, the local API server, the proxy), reconciled by the built-in
+      ``replicaset`` controller in N = 1, 2, 4, ... real ``rangeshard
+      controller-manager`` processes (:func:`controller_manager.process.spawn_manager`).
+      Per N: seconds from spawn to every instance ``active`` (synced, unlocked),
+      per-manager RSS (``VmRSS``) and peak RSS (``VmHWM``) from
+      ``/proc/<pid>/status``, the informer cache sizes
+      (``rangeshard_informer_cache_objects``), and reconciles/s over a window
+      while every manager still has a backlog (the resync of its whole range
+      after it became active: demand above capacity). ``reconcileDelaySeconds``
+      (the built-in fault injection: each reconcile waits that long, an I/O-bound
+      reconcile) makes the capacity ``workers / delay`` per manager; with 0 the
+      reconcile is CPU-bound and N managers on C cores cannot exceed C x one.
+      An idle manager (the same config, no ReplicaSets yet) gives ``RSS(idle)``.
+      Targets (ratios of one run): ``throughput(N) >= 0.9 N throughput(1)``;
+      ``RSS(N) - RSS(idle) <= (1/N + 0.1) (RSS(1) - RSS(idle))``.
+    * **proxy** (:func:`run_proxy`): the unmodified ``rangeshard proxy``
+      process caching ``objects`` pods (~1.2 KiB of JSON each) from
+      :mod:`bench.upstream_server` (a synthetic API server: a million pods
+      through the local API server into etcd would take hours and exceed
+      etcd's default 2 GiB quota). Measured: seconds to the first sync, RSS per
+      cached object over its raw JSON size (RSS after sync minus the RSS of the
+      same proxy over one pod), p50/max of consistent LISTs of 1/64 ranges, and
+      events delivered per proxy CPU second with ``small`` (16) and ``large``
+      (1,000) concurrent range watchers, each on its own equal slice (every
+      event reaches exactly one of them). Targets: memory ratio <= 2, LIST p50
+      <= 200 ms, per-CPU ratio large/small >= 0.5.
+
+    :func:`bare_loop` times a fixed pure-Python loop at the start of a run:
+    the machine's load at that moment, published beside each run.
+
+Invariants
+    * Every process started here is stopped in ``finally``; every wait is
+      bounded by a deadline.
+    * ``--quick`` sizes only check behaviour: every ReplicaSet is in exactly
+      one manager's cache, every event reaches exactly one watcher, the 64
+      LISTs partition the cache.
+
+Concurrency model
+    The caller's thread starts processes and polls; object creation and the
+    watch clients run on a private asyncio loop (``asyncio.run``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import yaml
+
+from bench.common import BenchCluster, metric_value, percentile, proc_cpu_seconds, scrape, stored_pod, wait_for
+from bench.fanout import equal_ranges
+from bench.feed import NAMESPACE as FEED_NAMESPACE
+from bench.feed import SENT_ANNOTATION
+from bench.throughput import _Client, _run_loop, _spawn_printing_port, _watch
+from controller_manager.process import spawn_manager
+from hashing import UID_PATH, range_to_selector
+from range_filter_proxy.process import ProxyProcess
+from rangeshard.core.etcd import EtcdClient, EtcdConfig
+from rangeshard.core.process import free_port
+from registry import Registry, State
+
+CONTROLLER = "replicaset"
+RS_NAMESPACE = "bench-scale-rs"
+BARE_LOOP_ITERATIONS = 3_000_000
+
+
+def bare_loop(iterations: int = BARE_LOOP_ITERATIONS) -> dict[str, Any]:
+    """Time a fixed pure-Python loop (integer arithmetic, no allocation): the machine's speed right now."""
+    t0 = time.perf_counter()
+    acc = 0
+    for i in range(iterations):
+        acc = (acc + i * 7) & 0xFFFF
+    seconds = time.perf_counter() - t0
+    return {"iterations": iterations, "seconds": round(seconds, 3), "loopsPerSecond": round(iterations / seconds)}
+
+
+def proc_memory(pid: int) -> dict[str, int]:
+    """``VmRSS`` and ``VmHWM`` (peak RSS) of a process in KiB, from ``/proc/<pid>/status`` (0 if gone)."""
+    out = {"rssKiB": 0, "peakRssKiB": 0}
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return out
+    for line in text.splitlines():
+        if line.startswith("VmRSS:"):
+            out["rssKiB"] = int(line.split()[1])
+        elif line.startswith("VmHWM:"):
+            out["peakRssKiB"] = int(line.split()[1])
+    return out
+
+
+def _stop(procs: list[subprocess.Popen[bytes]], timeout: float = 20.0) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(10)
+
+
+# ---- managers -----------------------------------------------------------------------------------
+
+
+def _replicaset(i: int) -> dict[str, Any]:
+    labels = {"app": "bench-scale", "rs": f"rs-{i}"}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "ReplicaSet",
+        "metadata": {"name": f"rs-{i}", "labels": {"app": "bench-scale"}},
+        "spec": {
+            "replicas": 0,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {"containers": [{"name": "app", "image": "registry.example.com/bench/app:1.2.3"}]},
+            },
+        },
+    }
+
+
+def create_replicasets(api: str, n: int, namespace: str = RS_NAMESPACE, concurrency: int = 8) -> float:
+    """Namespace + ``n`` ReplicaSets with ``replicas: 0`` and their status already right; returns seconds taken."""
+    t0 = time.monotonic()
+
+    async def go() -> None:
+        async with httpx.AsyncClient(base_url=api, timeout=60) as client:
+            resp = await client.post("/api/v1/namespaces", json={"metadata": {"name": namespace}})
+            if resp.status_code not in (201, 409):
+                raise RuntimeError(f"create namespace: HTTP {resp.status_code}")
+            path = f"/apis/apps/v1/namespaces/{namespace}/replicasets"
+            sem = asyncio.Semaphore(concurrency)
+
+            async def one(i: int) -> None:
+                async with sem:
+                    r = await client.post(path, json=_replicaset(i))
+                    if r.status_code != 201:
+                        raise RuntimeError(f"create replicaset: HTTP {r.status_code}: {r.text[:200]}")
+                    rs = r.json()
+                    meta = rs["metadata"]
+                    rs["status"] = {
+                        "replicas": 0,
+                        "fullyLabeledReplicas": 0,
+                        "readyReplicas": 0,
+                        "availableReplicas": 0,
+                        "observedGeneration": meta.get("generation", 1),
+                    }
+                    r = await client.put(f"{path}/{meta['name']}/status", json=rs)
+                    if r.status_code != 200:
+                        raise RuntimeError(f"write replicaset status: HTTP {r.status_code}: {r.text[:200]}")
+
+            await asyncio.gather(*(one(i) for i in range(n)))
+
+    asyncio.run(go())
+    return time.monotonic() - t0
+
+
+class _Managers:
+    """N manager processes of the built-in replicaset controller on one registry prefix."""
+
+    def __init__(self, cluster: BenchCluster, workdir: Path, *, workers: int, delay: float) -> None:
+        if cluster.etcd is None or cluster.proxy is None:
+            raise RuntimeError("the benchmark cluster is not started")
+        self.etcd_url, self.proxy_url = cluster.etcd.url, cluster.proxy.url
+        self.workdir = workdir
+        self.workers, self.delay = workers, delay
+        self.prefix = f"/bench-scale-{uuid.uuid4().hex[:8]}"
+        self.etcd = EtcdClient(EtcdConfig.from_urls(cluster.etcd.url))
+        self.registry = Registry(self.etcd, self.prefix)
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.metrics_urls: list[str] = []
+
+    def spawn(self, n: int) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        for i in range(n):
+            port = free_port()
+            config = {
+                "etcd": {"endpoints": [self.etcd_url]},
+                "proxy": {"url": self.proxy_url},
+                "leaseTTLSeconds": 5,
+                "registryPrefix": self.prefix,
+                "metrics": {"host": "127.0.0.1", "port": port},
+                "controllers": {CONTROLLER: {"workers": self.workers, "reconcileDelaySeconds": self.delay}},
+            }
+            path = self.workdir / f"m{i}.yaml"
+            path.write_text(yaml.safe_dump(config))
+            self.metrics_urls.append(f"http://127.0.0.1:{port}/metrics")
+            self.procs.append(
+                spawn_manager(path, self.workdir / f"m{i}.log", instance_prefix=f"m{i}", log_level="warning")
+            )
+
+    def all_active(self, n: int) -> bool:
+        for i, p in enumerate(self.procs):
+            if p.poll() is not None:
+                raise RuntimeError(f"manager m{i} exited with {p.returncode}; see {self.workdir / f'm{i}.log'}")
+        snap = self.registry.snapshot(CONTROLLER)
+        records = [m.record for m in snap]
+        return len(records) == n and all(r.state is State.ACTIVE and not r.is_locked for r in records)
+
+    def scrape_all(self) -> list[str]:
+        return [scrape(u, timeout=10) for u in self.metrics_urls]
+
+    def close(self) -> None:
+        _stop(self.procs)
+        self.etcd.close()
+
+
+def _manager_row(ms: _Managers, texts: list[str]) -> list[dict[str, Any]]:
+    rows = []
+    for i, (p, text) in enumerate(zip(ms.procs, texts, strict=True)):
+        rows.append(
+            {
+                "manager": f"m{i}",
+                **proc_memory(p.pid),
+                "cacheObjects": {
+                    inf: int(metric_value(text, "rangeshard_informer_cache_objects", informer=inf))
+                    for inf in ("replicasets", "pods")
+                },
+                "cpuSeconds": round(proc_cpu_seconds(p.pid), 2),
+            }
+        )
+    return rows
+
+
+def _one_count(
+    cluster: BenchCluster, workdir: Path, n: int, *, workers: int, delay: float, window: float, timeout: float
+) -> dict[str, Any]:
+    ms = _Managers(cluster, workdir, workers=workers, delay=delay)
+    try:
+        t0 = time.monotonic()
+        ms.spawn(n)
+        wait_for(lambda: ms.all_active(n), timeout, f"{n} active replicaset instances", interval=0.1)
+        synced = time.monotonic() - t0
+        # Reconciles/s while every manager still works through the resync of its range.
+        before = ms.scrape_all()
+        t1 = time.monotonic()
+        time.sleep(window)  # the measurement window itself, not synchronisation
+        after = ms.scrape_all()
+        elapsed = time.monotonic() - t1
+        done = [
+            metric_value(a, "rangeshard_reconciles_total", controller=CONTROLLER)
+            - metric_value(b, "rangeshard_reconciles_total", controller=CONTROLLER)
+            for a, b in zip(after, before, strict=True)
+        ]
+        depth = [metric_value(a, "rangeshard_workqueue_depth", controller=CONTROLLER) for a in after]
+        rows = _manager_row(ms, after)
+    finally:
+        ms.close()
+    rss = [r["rssKiB"] for r in rows]
+    return {
+        "managers": n,
+        "startToSyncedSeconds": round(synced, 2),
+        "reconcilesPerSecond": round(sum(done) / elapsed, 1),
+        "saturated": all(d > 0 for d in depth),
+        "queueDepthAtEnd": [int(d) for d in depth],
+        "maxRssMiB": round(max(rss) / 1024, 1),
+        "meanRssMiB": round(sum(rss) / len(rss) / 1024, 1),
+        "maxPeakRssMiB": round(max(r["peakRssKiB"] for r in rows) / 1024, 1),
+        "cachedReplicaSets": sum(r["cacheObjects"]["replicasets"] for r in rows),
+        "perManager": rows,
+    }
+
+
+def run_managers(
+    workdir: Path,
+    *,
+    objects: int,
+    counts: list[int],
+    workers: int = 4,
+    delay: float = 0.02,
+    window: float = 5.0,
+) -> dict[str, Any]:
+    """The managers part (see module docstring); its own cluster, stopped at the end."""
+    cluster = BenchCluster(workdir / "cluster", proxy_resources=("pods", "replicasets.apps"))
+    cluster.start()
+    try:
+        if cluster.apiserver is None:
+            raise RuntimeError("the benchmark cluster is not started")
+        # The idle manager: the same controller with nothing to cache yet.
+        idle = _one_count(cluster, workdir / "idle", 1, workers=workers, delay=delay, window=0.5, timeout=90)
+        created = create_replicasets(cluster.apiserver.url, objects)
+        timeout = 120 + objects / 200
+        rows = [
+            _one_count(cluster, workdir / f"n{n}", n, workers=workers, delay=delay, window=window, timeout=timeout)
+            for n in counts
+        ]
+    finally:
+        cluster.stop()
+    idle_mib = idle["maxRssMiB"]
+    base = rows[0]
+    base_rate = base["reconcilesPerSecond"]
+    base_mem = base["maxRssMiB"] - idle_mib
+    for r in rows:
+        n = r["managers"] / base["managers"]
+        r["speedup"] = round(r["reconcilesPerSecond"] / base_rate, 2) if base_rate else None
+        r["throughputTarget"] = round(0.9 * n, 2)
+        r["memoryOverIdleMiB"] = round(r["maxRssMiB"] - idle_mib, 1)
+        r["memoryShare"] = round((r["maxRssMiB"] - idle_mib) / base_mem, 3) if base_mem > 0 else None
+        r["memoryTarget"] = round(1 / n + 0.1, 3)
+    return {
+        "objects": objects,
+        "workersPerManager": workers,
+        "reconcileDelaySeconds": delay,
+        "idealPerManagerPerSecond": round(workers / delay, 1) if delay > 0 else None,
+        "windowSeconds": window,
+        "createSeconds": round(created, 1),
+        "idleRssMiB": idle_mib,
+        "idlePeakRssMiB": idle["maxPeakRssMiB"],
+        "rows": rows,
+    }
+
+
+# ---- proxy --------------------------------------------------------------------------------------
+
+
+def raw_json_bytes(samples: int = 200) -> float:
+    """Mean JSON size of the pods :mod:`bench.upstream_server` serves (the same generator)."""
+    total = 0
+    for i in range(samples):
+        pod = stored_pod(f"pod-{i}", FEED_NAMESPACE, 1000)
+        pod["metadata"]["annotations"][SENT_ANNOTATION] = "0"
+        total += len(orjson.dumps(pod))
+    return total / samples
+
+
+def _proxy_over(objects: int, workdir: Path, name: str) -> tuple[subprocess.Popen[bytes], ProxyProcess, str, float]:
+    """The synthetic upstream with ``objects`` pods and a `rangeshard proxy` synced from it; seconds to sync."""
+    upstream, port = _spawn_printing_port(["bench.upstream_server", "--objects", str(objects), "--max-seconds", "3600"])
+    url = f"http://127.0.0.1:{port}"
+    proxy = ProxyProcess(
+        url, resources=["pods"], log_file=workdir / f"{name}.log", extra_args=["--log-level", "warning"]
+    )
+    t0 = time.monotonic()
+    try:
+        proxy.start(timeout=120 + objects / 2000)
+    except BaseException:
+        _stop([upstream])
+        raise
+    return upstream, proxy, url, time.monotonic() - t0
+
+
+async def _timed_lists(url: str, parts: int, sample: list[int]) -> tuple[list[float], list[int]]:
+    times, counts = [], []
+    async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+        for i in sample:
+            sel = range_to_selector(equal_ranges(parts)[i], UID_PATH)
+            t0 = time.perf_counter()
+            r = await client.get("/api/v1/pods", params={"shardSelector": sel})
+            times.append(time.perf_counter() - t0)
+            r.raise_for_status()
+            counts.append(len(orjson.loads(r.content)["items"]))
+    return times, counts
+
+
+async def _fan(proxy_url: str, upstream_url: str, pid: int, watchers: int, events: int, rate: int) -> dict[str, Any]:
+    """``watchers`` range watchers on equal slices; one burst of ``events``; delivered per proxy CPU second."""
+    clients = [_Client() for _ in range(watchers)]
+    async with httpx.AsyncClient(base_url=proxy_url, timeout=30) as client:
+        # Watch from the current resourceVersion: no initial ADDED events, only the burst.
+        rv = (await client.get("/api/v1/pods", params={"limit": "1"})).json()["metadata"]["resourceVersion"]
+    tasks = [
+        asyncio.create_task(
+            _watch(
+                f"{proxy_url}/api/v1/pods",
+                {"watch": "true", "resourceVersion": rv, "shardSelector": range_to_selector(rng)},
+                c,
+            )
+        )
+        for rng, c in zip(equal_ranges(watchers), clients, strict=True)
+    ]
+    try:
+        async with httpx.AsyncClient(base_url=proxy_url, timeout=30) as client:
+            deadline = time.monotonic() + 60 + watchers / 20
+            while True:
+                text = (await client.get("/metrics")).text
+                if metric_value(text, "range_filter_proxy_downstream_watches") >= watchers:
+                    break
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"only {metric_value(text, 'range_filter_proxy_downstream_watches')} watches")
+                await asyncio.sleep(0.1)
+        cpu0, t0 = proc_cpu_seconds(pid), time.monotonic()
+        async with httpx.AsyncClient(base_url=upstream_url, timeout=30) as up:
+            (await up.post("/bench/feed", params={"rate": rate, "count": events})).raise_for_status()
+        deadline = t0 + events / rate * 3 + 30
+        while sum(c.events for c in clients) < events and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        elapsed, cpu = time.monotonic() - t0, proc_cpu_seconds(pid) - cpu0
+        async with httpx.AsyncClient(base_url=upstream_url, timeout=30) as up:
+            while not (await up.get("/bench/feed")).json().get("done") and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)  # the burst's end, before the next one may start
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    delivered = sum(c.events for c in clients)
+    lat = [x for c in clients for x in c.latencies]
+    return {
+        "watchers": watchers,
+        "events": events,
+        "offeredPerSecond": rate,
+        "delivered": delivered,
+        "watchersWithEvents": sum(1 for c in clients if c.events),
+        "seconds": round(elapsed, 2),
+        "proxyCpuSeconds": round(cpu, 2),
+        "eventsPerProxyCpuSecond": round(delivered / cpu) if cpu > 0 else None,
+        "p50LatencyMs": round(percentile(lat, 0.5) * 1000, 1),
+        "p99LatencyMs": round(percentile(lat, 0.99) * 1000, 1),
+        "cutOff": sum(1 for c in clients if c.error and c.error != "stream ended" and "Cancel" not in c.error),
+    }
+
+
+def run_proxy(
+    workdir: Path,
+    *,
+    objects: int,
+    small: int = 16,
+    large: int = 1000,
+    events: int = 20_000,
+    rate: int = 2_000,
+    list_sample: int = 16,
+) -> dict[str, Any]:
+    """The proxy part (see module docstring)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    raw = raw_json_bytes()
+    # The same proxy over a single pod: the RSS of everything but the cached objects.
+    up0, idle, _, _ = _proxy_over(1, workdir, "proxy-idle")
+    try:
+        idle_rss = proc_memory(idle.pid or 0)["rssKiB"]
+    finally:
+        idle.stop()
+        _stop([up0])
+    upstream, proxy, upstream_url, sync = _proxy_over(objects, workdir, "proxy")
+    try:
+        pid = proxy.pid or 0
+        mem = proc_memory(pid)
+        parts = 64
+        step = max(1, parts // list_sample)
+        sample = list(range(0, parts, step))[:list_sample]
+        times, counts = _run_loop(_timed_lists(proxy.url, parts, sample))
+        full = sample == list(range(parts))
+        fans = [_run_loop(_fan(proxy.url, upstream_url, pid, w, events, rate)) for w in (small, large)]
+        mem_end = proc_memory(pid)
+    finally:
+        proxy.stop()
+        _stop([upstream])
+    per_object = (mem["rssKiB"] - idle_rss) * 1024 / objects
+    small_r, large_r = fans
+    ratio = (
+        round(large_r["eventsPerProxyCpuSecond"] / small_r["eventsPerProxyCpuSecond"], 2)
+        if large_r["eventsPerProxyCpuSecond"] and small_r["eventsPerProxyCpuSecond"]
+        else None
+    )
+    return {
+        "objects": objects,
+        "upstream": "bench.upstream_server (synthetic API server: discovery, one pod LIST, chunked watch)",
+        "firstSyncSeconds": round(sync, 2),
+        "rawJsonBytes": round(raw),
+        "idleRssMiB": round(idle_rss / 1024, 1),
+        "rssAfterSyncMiB": round(mem["rssKiB"] / 1024, 1),
+        "peakRssMiB": round(mem_end["peakRssKiB"] / 1024, 1),
+        "rssAtEndMiB": round(mem_end["rssKiB"] / 1024, 1),
+        "bytesPerObject": round(per_object),
+        "memoryRatioToRawJson": round(per_object / raw, 2),
+        "memoryTarget": 2.0,
+        "list": {
+            "parts": parts,
+            "lists": len(times),
+            "itemsPerList": round(sum(counts) / len(counts)) if counts else 0,
+            "itemsTotal": sum(counts),
+            "partitionChecked": full,
+            "p50Ms": round(percentile(times, 0.5) * 1000, 1),
+            "maxMs": round(max(times) * 1000, 1) if times else None,
+            "targetP50Ms": 200,
+        },
+        "watchers": fans,
+        "perCpuLargeOverSmall": ratio,
+        "perCpuTarget": 0.5,
+    }
+
+
+def run(workdir: Path, *, quick: bool, rs_objects: int | None = None, pod_objects: int | None = None) -> dict[str, Any]:
+    """Both parts: quick sizes check behaviour only; the full sizes are issue 27's (20,000 / 1,000,000)."""
+    result: dict[str, Any] = {"bareLoop": bare_loop()}
+    if quick:
+        result["managers"] = run_managers(
+            workdir / "managers", objects=rs_objects or 40, counts=[1, 2], window=1.0, delay=0.02
+        )
+        result["proxy"] = run_proxy(
+            workdir / "proxy", objects=pod_objects or 2000, small=4, large=32, events=400, rate=1000, list_sample=64
+        )
+    else:
+        result["managers"] = run_managers(workdir / "managers", objects=rs_objects or 20_000, counts=[1, 2, 4, 8])
+        result["proxy"] = run_proxy(workdir / "proxy", objects=pod_objects or 1_000_000)
+    result["bareLoopAtEnd"] = bare_loop()
+    return result
