@@ -6,7 +6,7 @@ Purpose
     server speaks just enough of the Kubernetes API over HTTP/1.1 for an
     unmodified ``rangeshard proxy --upstream http://...`` to cache pods from
     it: ``/api/v1`` discovery, the pod list (also with ``limit=1`` for the
-    current resourceVersion) and chunked watch streams. Watch events are the
+    current resourceVersion, and in pages with ``limit``/``continue``) and chunked watch streams. Watch events are the
     feed's ~1.2 KiB ``MODIFIED`` lines (same bytes, fresh send timestamps),
     emitted in bursts at a controlled rate; the events due at one wake-up go
     out as one chunk, as kube-apiserver flushes a watch only when its queue
@@ -105,8 +105,17 @@ class FakeApiServer:
             resource = {"name": "pods", "namespaced": True, "kind": "Pod", "verbs": ["get", "list", "watch"]}
             return 200, orjson.dumps({"kind": "APIResourceList", "groupVersion": "v1", "resources": [resource]})
         if path == "/api/v1/pods":
-            meta = {"resourceVersion": str(feed.rv)}
-            items: list[dict[str, Any]] = [] if query.get("limit") == "1" else feed.pods
+            meta: dict[str, Any] = {"resourceVersion": str(feed.rv)}
+            items: list[dict[str, Any]] = feed.pods
+            limit = int(query.get("limit") or 0)
+            if limit == 1:
+                items = []  # the current resourceVersion only
+            elif limit > 1:
+                # Pages by offset (the token); no event is emitted while the proxy lists, so one snapshot.
+                start = int(query.get("continue") or 0)
+                items = feed.pods[start : start + limit]
+                if start + limit < len(feed.pods):
+                    meta["continue"] = str(start + limit)
             return 200, orjson.dumps({"kind": "PodList", "apiVersion": "v1", "metadata": meta, "items": items})
         status = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404}
         return 404, orjson.dumps({**status, "message": f"{method} {path} is not served by the bench upstream"})

@@ -18,7 +18,8 @@ Semantics (those of kube-apiserver's cacher, see docs/proxy.md)
       ``N`` is answered with an ``ERROR`` event carrying a 410 ``Status``.
     * The window keeps at least ``history_events`` events or
       ``history_seconds`` of them, whichever is more, up to ``history_hard_cap``.
-    * A (re)list replaces the store, clears the history (``history_start_rv``
+    * A (re)list reads the upstream in pages (``limit``/``continue``, one
+      consistent snapshot) and replaces the store, clears the history (``history_start_rv``
       becomes the list's RV) and closes every downstream watch, as kube's
       cacher does; clients re-watch and get 410 if their RV is older.
     * A modification that moves an object into a watcher's filter is sent as
@@ -80,6 +81,11 @@ from range_filter_proxy.wire import OBJECT_EVENTS
 from rangeshard.core.loops import start_task
 
 log = logging.getLogger(__name__)
+
+#: Objects per upstream list page (client-go's reflector pages by 500 too).
+LIST_PAGE_SIZE = 500
+#: Bound of the paging loop (500 x 100,000 = 50 million objects).
+MAX_LIST_PAGES = 100_000
 
 
 class WatchCache:
@@ -144,9 +150,9 @@ class WatchCache:
         backoff = self.settings.relist_backoff_initial
         while True:
             try:
-                listed = await self.upstream.list(self.info.gvr)
+                objects, listed_rv = await self._list_pages()
                 self.metrics.relists.labels(self._label).inc()
-                self.replace(listed)
+                self._install(objects, listed_rv)
                 backoff = self.settings.relist_backoff_initial
                 await self._watch_until_gone()
                 log.info("upstream watch of %s expired (410); relisting", self.info.gvr)
@@ -201,13 +207,40 @@ class WatchCache:
 
     # ---- applying upstream data (synchronous) --------------------------------------------
 
+    async def _list_pages(self) -> tuple[dict[tuple[str, str], CachedObject], str]:
+        """List upstream in pages of :data:`LIST_PAGE_SIZE` (``limit``/``continue``), storing each page as it comes.
+
+        Only one page is ever decoded at a time: listing everything in one
+        response decoded every object at once (~9x its JSON size) next to the
+        store being built, and the allocator kept that peak. At 100,000 pods
+        the proxy stayed at ~8.5x the raw JSON per object instead of ~2x.
+        An upstream that ignores ``limit`` answers everything in one page.
+        """
+        objects: dict[tuple[str, str], CachedObject] = {}
+        params = {"limit": str(LIST_PAGE_SIZE)}
+        rv = ""
+        for _ in range(MAX_LIST_PAGES):
+            listed = await self.upstream.list(self.info.gvr, params)
+            rv = rv or listed.resource_version
+            token = listed.continue_token
+            built = [CachedObject.build(item, self.info) for item in listed.items]
+            del listed  # this page's decoded objects go now, before the next page is read
+            objects.update((o.key, o) for o in built)
+            if not token:
+                return objects, rv
+            params = {"limit": str(LIST_PAGE_SIZE), "continue": token}
+        raise UpstreamError(f"{self.info.gvr}: more than {MAX_LIST_PAGES} list pages")
+
     def replace(self, listed: ListResult) -> None:
         """Install a fresh list: new store, empty history, every watcher closed."""
-        rv = parse_rv(listed.resource_version) if listed.resource_version else 0
         objects: dict[tuple[str, str], CachedObject] = {}
         for item in listed.items:
             o = CachedObject.build(item, self.info)
             objects[o.key] = o
+        self._install(objects, listed.resource_version)
+
+    def _install(self, objects: dict[tuple[str, str], CachedObject], resource_version: str) -> None:
+        rv = parse_rv(resource_version) if resource_version else 0
         for w in list(self.watchers.values()):
             w.close("watch cache relisted")
         self.watchers.clear()
