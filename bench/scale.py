@@ -233,6 +233,7 @@ def _manager_row(ms: _Managers, texts: list[str]) -> list[dict[str, Any]]:
                     inf: int(metric_value(text, "rangeshard_informer_cache_objects", informer=inf))
                     for inf in ("replicasets", "pods")
                 },
+                "reconciles": int(metric_value(text, "rangeshard_reconciles_total", controller=CONTROLLER)),
                 "cpuSeconds": round(proc_cpu_seconds(p.pid), 2),
             }
         )
@@ -274,6 +275,8 @@ def _one_count(
         "meanRssMiB": round(sum(rss) / len(rss) / 1024, 1),
         "maxPeakRssMiB": round(max(r["peakRssKiB"] for r in rows) / 1024, 1),
         "cachedReplicaSets": sum(r["cacheObjects"]["replicasets"] for r in rows),
+        "cachedPods": sum(r["cacheObjects"]["pods"] for r in rows),
+        "reconcilesTotal": sum(r["reconciles"] for r in rows),
         "perManager": rows,
     }
 

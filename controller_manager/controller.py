@@ -189,6 +189,17 @@ class Controller(ABC):
         """Drive the object ``key`` (``namespace/name``) towards its spec."""
 
 
+def _uid_hash(uid: str) -> int:
+    """``hash_key(uid)``, handing ``hash_key``'s memo a copy of the string, never a stored object's own.
+
+    The memo (32,768 entries) would otherwise keep the uid string of every
+    object listed, and with it the memory of all of them after the range
+    shrank (issue 27: a manager that had listed 20,000 ReplicaSets kept that
+    RSS after handing most of them away).
+    """
+    return hash_key(uid.encode().decode())
+
+
 class ControllerRuntime:
     """Runs one controller type in this process as one registered instance (see module docstring)."""
 
@@ -228,7 +239,11 @@ class ControllerRuntime:
         self.queue: WorkQueue[str] = WorkQueue(self.name)
         #: Measured reconcile seconds per key hash (published with the histogram, for rebalance --by cost).
         self.costs = CostTracker(cost_window)
-        self._uids: dict[str, str] = {}
+        #: The key hash of main objects gone from the store (deleted, or out of the range after a
+        #: relist) whose key is still to be processed; nothing for the objects in the store. Ints, not
+        #: the objects' uid strings: a reference into every object ever listed kept all of them
+        #: resident after the range shrank (issue 27: RSS stayed at the high-water mark).
+        self._gone: dict[str, int] = {}
         self._uids_lock = threading.Lock()
         self._fenced_tokens: set[OwnerToken | None] = set()  # one log line per fenced epoch
         self.controller = controller_cls(self)
@@ -283,10 +298,18 @@ class ControllerRuntime:
     def key_hash(self, key: str) -> int | None:
         obj = self.informers[self.controller.main.name].get(key)
         uid = (obj.get("metadata") or {}).get("uid") if obj is not None else None
-        if not uid:
-            with self._uids_lock:
-                uid = self._uids.get(key)
-        return hash_key(uid) if uid else None
+        if uid:
+            return _uid_hash(uid)
+        with self._uids_lock:
+            return self._gone.get(key)
+
+    def _forget_gone(self, key: str, key_hash: int) -> None:
+        """``key`` is done with: drop its remembered hash unless its object came back or went again since."""
+        if self.informers[self.controller.main.name].get(key) is not None:
+            return
+        with self._uids_lock:
+            if self._gone.get(key) == key_hash:
+                del self._gone[key]
 
     def _synced(self, epoch: int) -> bool:
         return all(i.synced_epoch == epoch for i in self.informers.values())
@@ -300,7 +323,7 @@ class ControllerRuntime:
         for obj in self.informers[self.controller.main.name].items():
             uid = (obj.get("metadata") or {}).get("uid")
             if uid:
-                keys.append(hash_key(uid))
+                keys.append(_uid_hash(uid))
         hist = gap_histogram(keys, rng)
         # The 256 equal-width counts of earlier versions too, for their readers (the planner reads the gaps).
         hist["counts"] = histogram(keys, rng)
@@ -315,10 +338,13 @@ class ControllerRuntime:
     # -- events -----------------------------------------------------------------
     def _on_main(self, event: str, obj: dict[str, Any]) -> None:
         key = object_key(obj)
-        uid = (obj.get("metadata") or {}).get("uid")
-        if uid:
-            with self._uids_lock:
-                self._uids[key] = uid
+        with self._uids_lock:
+            if event == "DELETED":
+                uid = (obj.get("metadata") or {}).get("uid")
+                if uid:
+                    self._gone[key] = _uid_hash(uid)
+            else:
+                self._gone.pop(key, None)
         self.queue.add(key)
 
     def _dependent_handler(self, resource: Resource) -> Callable[[str, dict[str, Any]], None]:
@@ -412,6 +438,8 @@ class ControllerRuntime:
             self.metrics.skipped.labels(self.name).inc()
             if self.shard.in_range(key_hash):
                 self.queue.add_after(key, 0.25)
+            else:
+                self._forget_gone(key, key_hash)
             return
         ctx = ReconcileContext(key, deadline, self.shard.clock)
         in_flight = self.metrics.in_flight.labels(self.name)
@@ -434,10 +462,12 @@ class ControllerRuntime:
                     self._hold(ctx)
                 self.controller.reconcile(key, ctx)
             self.queue.forget(key)
+            self._forget_gone(key, key_hash)
         except WriteFenced as e:
             # Loss of ownership: drop the key (no retry; the owner has it, or a relist brings it back).
             result = "fenced"
             self.queue.forget(key)
+            self._forget_gone(key, key_hash)
             self.metrics.fenced_writes.labels(self.name, e.reason).inc()
             if self.shard.write_fenced(e.token, stale_epoch=e.reason == "StaleEpoch"):
                 with self._uids_lock:

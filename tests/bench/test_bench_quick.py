@@ -5,7 +5,8 @@ asserts a speed. What must hold whatever the load: the proxy holds one
 upstream watch however many range watchers it serves and the direct mode one
 per watcher; every event reaches exactly one proxy watcher; the ranges of a
 LIST partition the cache; managers reconcile, join and take over; balance
-plans keep every object.
+plans keep every object; in ``scale``, the managers' caches partition the
+ReplicaSets and the proxy's range watchers and 1/64 LISTs partition the pods.
 """
 
 from __future__ import annotations
@@ -39,7 +40,18 @@ def result(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 @pytest.mark.slow
 def test_every_section_present_without_errors(result: dict[str, Any]) -> None:
     assert "errors" not in result, result.get("errors")
-    sections = ("meta", "fanout", "fanoutRatios", "throughput", "cache", "scaleout", "balance", "rolling", "external")
+    sections = (
+        "meta",
+        "fanout",
+        "fanoutRatios",
+        "throughput",
+        "cache",
+        "scaleout",
+        "balance",
+        "rolling",
+        "external",
+        "scale",
+    )
     for section in sections:
         assert section in result, section
     meta = result["meta"]
@@ -173,3 +185,28 @@ def test_external_kopf_operator_handles_everything_with_one_and_three_instances(
     for what in ("get", "list"):
         for via in ("Proxy", "Endpoint"):
             assert 0 < lat[f"{what}{via}P50Ms"] <= lat[f"{what}{via}P99Ms"], lat
+
+
+@pytest.mark.slow
+def test_scale_managers_partition_their_caches_and_the_proxy_its_watchers(result: dict[str, Any]) -> None:
+    sc = result["scale"]
+    assert sc["bareLoop"]["loopsPerSecond"] > 0 and sc["bareLoopAtEnd"]["loopsPerSecond"] > 0
+    m = sc["managers"]
+    assert m["idleRssMiB"] > 0
+    assert [r["managers"] for r in m["rows"]] == [1, 2]
+    for r in m["rows"]:
+        # Each ReplicaSet is in exactly one manager's cache (the ranges partition the space); no pods exist.
+        assert r["cachedReplicaSets"] == m["objects"], r
+        assert r["cachedPods"] == 0, r
+        assert len(r["perManager"]) == r["managers"]
+        assert all(x["rssKiB"] > 0 and x["peakRssKiB"] >= x["rssKiB"] for x in r["perManager"]), r
+        assert r["reconcilesTotal"] > 0, r
+        assert r["startToSyncedSeconds"] > 0
+    p = sc["proxy"]
+    assert p["firstSyncSeconds"] > 0 and p["bytesPerObject"] > 0 and p["rawJsonBytes"] > 1000
+    lst = p["list"]
+    assert lst["partitionChecked"] and lst["itemsTotal"] == p["objects"], lst
+    for w in p["watchers"]:
+        assert w["delivered"] == w["events"], w  # each event reached exactly one range watcher
+        assert w["cutOff"] == 0, w
+    assert [w["watchers"] for w in p["watchers"]] == [4, 32]
