@@ -45,8 +45,9 @@ import orjson
 
 from bench.common import stored_pod
 from range_filter_proxy.errors import UpstreamError
-from range_filter_proxy.resources import GVR, ResourceInfo
+from range_filter_proxy.resources import ResourceInfo
 from range_filter_proxy.upstream import ListResult, WatchEvent, decode_watch_line
+from rangeshard.core.rest import GVR
 
 log = logging.getLogger(__name__)
 

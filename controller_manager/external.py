@@ -77,6 +77,7 @@ from rangeshard.core.kubeapi import status_object
 from rangeshard.core.listoptions import parse_bool
 from rangeshard.core.loops import start_thread
 from rangeshard.core.ownertoken import OwnerToken
+from rangeshard.core.rest import parse_rest_path
 
 log = logging.getLogger(__name__)
 
@@ -95,22 +96,12 @@ _EXPIRED_MESSAGE = "rangeshard: the instance's range changed; relist"
 def resource_of(path: str) -> tuple[str, bool] | None:
     """``(plural[.group], is_collection)`` of a resource request path, ``None`` for anything else.
 
-    ``/api/v1/[namespaces/NS/]PLURAL[/NAME[/SUB]]`` and
-    ``/apis/GROUP/VERSION/[namespaces/NS/]PLURAL[/NAME[/SUB]]``; a request
-    for namespaces themselves (``/api/v1/namespaces[/NAME]``) is the resource
-    ``namespaces``.
+    Parsed by :func:`rangeshard.core.rest.parse_rest_path`: a request for
+    namespaces themselves (``/api/v1/namespaces[/NAME[/status]]``) is the
+    resource ``namespaces``.
     """
-    parts = [p for p in path.split("/") if p]
-    if len(parts) >= 3 and parts[0] == "api" and parts[1] == "v1":
-        group, rest = "", parts[2:]
-    elif len(parts) >= 4 and parts[0] == "apis":
-        group, rest = parts[1], parts[3:]
-    else:
-        return None
-    if len(rest) >= 3 and rest[0] == "namespaces":
-        rest = rest[2:]
-    plural = rest[0]
-    return (f"{plural}.{group}" if group else plural), len(rest) == 1
+    parsed = parse_rest_path(path)
+    return None if parsed is None else (parsed.gvr.label, parsed.collection)
 
 
 class _Server(ThreadingHTTPServer):
@@ -344,8 +335,8 @@ def _handler(endpoint: Endpoint) -> type[BaseHTTPRequestHandler]:
             split = urlsplit(self.path)
             query = parse_qsl(split.query, keep_blank_values=True)
             params = dict(query)
-            found = resource_of(split.path)
-            sharded = found is not None and found[0] in endpoint.paths
+            found = parse_rest_path(split.path)
+            sharded = found is not None and found.gvr.label in endpoint.paths
             headers = [(k, v) for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP]
             headers = [(k, _json_accept(v) if k.lower() == "accept" else v) for k, v in headers]
             auth = endpoint.auth_header()
@@ -354,19 +345,19 @@ def _handler(endpoint: Endpoint) -> type[BaseHTTPRequestHandler]:
             body = self._body()
             watch = False
             generation = -1
-            if sharded and found is not None and found[1] and self.command == "GET":
+            if sharded and found is not None and found.collection and self.command == "GET":
                 if "shardSelector" in params:
                     self._status(400, "BadRequest", "shardSelector is set by rangeshard for this resource")
                     return
                 try:
-                    watch = bool(parse_bool(params, "watch"))
+                    watch = found.watch_prefix or bool(parse_bool(params, "watch"))
                 except Exception:  # the proxy answers the 400
                     watch = False
                 generation = endpoint.generation()
                 if watch and not endpoint.fresh(params.get("resourceVersion", "")):
                     self._expired()
                     return
-                selector = endpoint.served_selector(endpoint.paths[found[0]])
+                selector = endpoint.served_selector(endpoint.paths[found.gvr.label])
                 if selector is not None:
                     query.append(("shardSelector", selector))
                 else:
@@ -382,7 +373,7 @@ def _handler(endpoint: Endpoint) -> type[BaseHTTPRequestHandler]:
                         headers.append(("User-Agent", f"{token.user_agent()} {agent}".strip()))
                     self._relay(target, headers, body, stream=False)
                 return
-            sharded_list = sharded and found is not None and found[1] and self.command == "GET" and not watch
+            sharded_list = sharded and found is not None and found.collection and self.command == "GET" and not watch
             self._relay(
                 target,
                 headers,

@@ -68,7 +68,7 @@ from range_filter_proxy.fencing import FenceSettings, WriteFence, shard_hash_of
 from range_filter_proxy.heap import HeapKeeper, HeapSettings
 from range_filter_proxy.metrics import ProxyMetrics
 from range_filter_proxy.paging import ContinueToken, PageSnapshots, PagingSettings, selectors_digest
-from range_filter_proxy.resources import ResourceInfo, parse_collection_path, parse_object_path, parse_resource_spec
+from range_filter_proxy.resources import ResourceInfo
 from range_filter_proxy.tables import ProxyTables
 from range_filter_proxy.upstream import HttpUpstream, Upstream, UpstreamConfig
 from range_filter_proxy.watchresponse import ProxyApp, WatchResponse
@@ -91,6 +91,7 @@ from rangeshard.core.ownertoken import (
     fenced_status,
     parse_shard_hash,
 )
+from rangeshard.core.rest import parse_resource_name, parse_rest_path
 from rangeshard.core.selectors import SelectorParseError, parse_field_selector, parse_label_selector
 from rangeshard.core.serving import ShutdownSignal, until_shutdown
 
@@ -212,7 +213,7 @@ def _list_body(
             meta["remainingItemCount"] = remaining
     if opts.shard_text is not None:
         meta["shardInfo"] = {"selector": opts.shard_text}
-    head = orjson.dumps({"kind": info.list_kind, "apiVersion": info.gvr.group_version, "metadata": meta})
+    head = orjson.dumps({"kind": info.list_kind, "apiVersion": info.gvr.api_version, "metadata": meta})
     # head ends with "}}": re-open it to append the items without re-serialising them.
     return head[:-1] + b',"items":[' + b",".join(o.raw for o in items) + b"]}"
 
@@ -241,7 +242,7 @@ class ProxyState:
         self.paging = paging or PagingSettings()
         #: Snapshots behind continue tokens, per resource.
         self.pages: dict[str, PageSnapshots] = {}
-        self.resource_specs = [parse_resource_spec(r) for r in resources if r.strip()]
+        self.resource_specs = [parse_resource_name(r) for r in resources if r.strip()]
         self.tables = ProxyTables(upstream)
         #: Set when SIGINT/SIGTERM begins the shutdown: every downstream stream ends at once.
         self.shutdown = ShutdownSignal()
@@ -377,13 +378,12 @@ class ProxyState:
             with contextlib.suppress(orjson.JSONDecodeError):
                 body = orjson.loads(raw) if raw else None
         cached: Any = None
-        target = parse_object_path(request.url.path)
-        if target is not None:
-            for gvr, cache in list(self.manager.caches.items()):
-                if (gvr.group, gvr.version, gvr.resource) == (target.group, target.version, target.resource):
-                    hit = cache.objects.get((target.namespace, target.name))
-                    cached = hit.obj if hit is not None else None
-                    break
+        target = parse_rest_path(request.url.path)
+        if target is not None and target.name is not None:
+            cache = self.manager.caches.get(target.gvr)
+            if cache is not None:
+                hit = cache.objects.get((target.namespace or "", target.name))
+                cached = hit.obj if hit is not None else None
         declared = parse_shard_hash(request.headers.get(SHARD_HASH_HEADER))
         shard_hash, verdict = shard_hash_of(declared, body, cached)
         if verdict is None:
@@ -455,21 +455,23 @@ class ProxyState:
 
     async def dispatch(self, request: Request) -> Response:
         if request.method == "GET":
-            cp = parse_collection_path(request.url.path)
-            if cp is not None:
+            cp = parse_rest_path(request.url.path)
+            if cp is not None and cp.collection and not cp.watch_prefix:
                 # A shard-filtered request is served from a cache or by an upstream that knows the
                 # resource (which answers 404 otherwise), never passed through on a stale or failed discovery:
                 # an upstream without shardSelector support would answer it unfiltered.
                 sharded = "shardSelector" in request.query_params
                 try:
-                    info = await self.manager.resource_info(cp.group, cp.version, cp.resource, fresh_miss=sharded)
+                    info = await self.manager.resource_info(
+                        cp.gvr.group, cp.gvr.version, cp.gvr.resource, fresh_miss=sharded
+                    )
                 except UpstreamError as e:
                     if sharded:
                         raise UpstreamUnavailable(
-                            f"discovery of {cp.group or 'core'}/{cp.version} failed ({e}); a request with a "
+                            f"discovery of {cp.gvr.group or 'core'}/{cp.gvr.version} failed ({e}); a request with a "
                             "shardSelector is not passed through unfiltered"
                         ) from e
-                    log.warning("discovery of %s/%s failed: %s; passing through", cp.group, cp.version, e)
+                    log.warning("discovery of %s failed: %s; passing through", cp.gvr.api_version, e)
                     info = None
                 if info is not None and info.cacheable and (cp.namespace is None or info.namespaced):
                     watch = bool(parse_bool(request.query_params, "watch"))

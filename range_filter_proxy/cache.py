@@ -73,11 +73,12 @@ from range_filter_proxy.cached import (
 from range_filter_proxy.dispatch import DispatchIndex
 from range_filter_proxy.errors import ApiError, UpstreamError, UpstreamGone, gone
 from range_filter_proxy.metrics import ProxyMetrics
-from range_filter_proxy.resources import GVR, ResourceInfo
+from range_filter_proxy.resources import ResourceInfo
 from range_filter_proxy.upstream import ListResult, Upstream, WatchEvent
 from range_filter_proxy.watcher import Watcher
 from range_filter_proxy.wire import OBJECT_EVENTS
 from rangeshard.core.loops import start_task
+from rangeshard.core.rest import GVR, group_version
 
 log = logging.getLogger(__name__)
 
@@ -628,8 +629,7 @@ class CacheManager:
             version = await self.upstream.preferred_version(group)
         info = await self.resource_info(group, version, resource)
         if info is None:
-            gv = f"{group}/{version}" if group else version
-            raise UpstreamError(f"the upstream has no resource {resource!r} in {gv}", 404)
+            raise UpstreamError(f"the upstream has no resource {resource!r} in {group_version(group, version)}", 404)
         if not info.cacheable:
             raise UpstreamError(f"resource {info.gvr} does not support list and watch", 422)
         return info

@@ -43,10 +43,11 @@ import httpx
 import orjson
 
 from range_filter_proxy.errors import UpstreamError, UpstreamGone, UpstreamUnavailable, bad_request
-from range_filter_proxy.resources import GVR, ResourceInfo, parse_resource_list
+from range_filter_proxy.resources import ResourceInfo, parse_resource_list
 from range_filter_proxy.watchstream import WatchStream, open_watch
 from range_filter_proxy.wire import WireObject, decode_line
 from rangeshard.core.errors import ConfigError
+from rangeshard.core.rest import GVR, group_version_path
 
 log = logging.getLogger(__name__)
 
@@ -368,7 +369,7 @@ class HttpUpstream:
             raise UpstreamError(f"POST {path}: response is not JSON") from e
 
     async def discover(self, group: str, version: str) -> dict[str, ResourceInfo]:
-        path = f"/apis/{group}/{version}" if group else f"/api/{version}"
+        path = group_version_path(group, version)
         doc = await self._get_json(path)
         if not isinstance(doc, dict):
             raise UpstreamError(f"GET {path}: not an APIResourceList")
@@ -385,7 +386,7 @@ class HttpUpstream:
         return version
 
     async def list(self, gvr: GVR, params: Mapping[str, str] | None = None) -> ListResult:
-        doc = await self._get_json(gvr.collection_path(), params)
+        doc = await self._get_json(gvr.path(), params)
         if not isinstance(doc, dict):
             raise UpstreamError(f"list {gvr}: not a list object")
         items = doc.get("items") or []
@@ -424,7 +425,7 @@ class HttpUpstream:
         what = f"watch {gvr}"
         stream = await open_watch(
             self.config.base_url,
-            gvr.collection_path(),
+            gvr.path(),
             params,
             list(self._headers().items()),
             verify=self.config.verify,

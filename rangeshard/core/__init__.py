@@ -33,6 +33,8 @@ Owns
       ``UserInfo``, the request-body limit.
     * :mod:`rangeshard.core.selectors` - the one label/field selector parser,
       parameterised by which fields a caller allows.
+    * :mod:`rangeshard.core.rest` - resource identity (``GVR``) and the one
+      parser of REST request paths and kubectl-style resource names.
 
 May import
     ``hashing`` and third-party libraries only. Never ``registry``, a
