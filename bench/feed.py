@@ -46,7 +46,7 @@ import orjson
 from bench.common import stored_pod
 from range_filter_proxy.errors import UpstreamError
 from range_filter_proxy.resources import ResourceInfo
-from range_filter_proxy.upstream import ListResult, WatchEvent, decode_watch_line
+from range_filter_proxy.upstream import ListResult, Upstream, WatchEvent, decode_watch_line
 from rangeshard.core.rest import GVR
 
 log = logging.getLogger(__name__)
@@ -102,7 +102,7 @@ async def paced(rate: float, count: int, batch: int) -> AsyncIterator[int]:
         await asyncio.sleep(0)
 
 
-class PodsUpstream:
+class PodsUpstream(Upstream):
     """The discovery half of an in-memory :class:`~range_filter_proxy.upstream.Upstream` of pods at ``rv``."""
 
     rv: int

@@ -182,15 +182,8 @@ class WatchCache:
             started = loop.time()
             received = 0
             try:
-                # An HTTP upstream applies each read's events from its socket callback
-                # (no task switch per read); any other Upstream is iterated.
-                watch_apply = getattr(self.upstream, "watch_apply", None)
-                if watch_apply is not None:
-                    received = await watch_apply(self.info.gvr, str(self.rv), self.apply)
-                else:
-                    async for event in self.upstream.watch(self.info.gvr, str(self.rv)):
-                        received += 1
-                        self.apply(event)
+                # An HTTP upstream applies each read's events from its socket callback (no task switch per read).
+                received = await self.upstream.watch_apply(self.info.gvr, str(self.rv), self.apply)
             except UpstreamGone:
                 return
             finally:

@@ -1,10 +1,11 @@
 """The upstream API server, seen through an interface of our own.
 
 Purpose
-    :class:`Upstream` is everything the shared watch cache needs from an
-    API server: discovery, a list, a watch stream and the current
-    resourceVersion. :class:`HttpUpstream` implements it (and the raw
-    pass-through of every other request) with one ``httpx.AsyncClient`` against
+    :class:`Upstream` is everything the proxy needs from an API server, one
+    explicit interface: what the shared watch cache needs (discovery, a
+    list, a watch stream and the current resourceVersion) and the optional
+    capabilities with their defaults (pass-through, delegated reviews).
+    :class:`HttpUpstream` implements all of it with one ``httpx.AsyncClient`` against
     a real kube-apiserver or the local API server, except the watch body,
     which :mod:`range_filter_proxy.watchstream` reads (an asyncio protocol
     parsing with httptools: a fraction of httpx's CPU per read); tests may
@@ -37,12 +38,12 @@ import logging
 import ssl
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import httpx
 import orjson
 
-from range_filter_proxy.errors import UpstreamError, UpstreamGone, UpstreamUnavailable, bad_request
+from range_filter_proxy.errors import ApiError, UpstreamError, UpstreamGone, UpstreamUnavailable, bad_request
 from range_filter_proxy.resources import ResourceInfo, parse_resource_list
 from range_filter_proxy.watchstream import WatchStream, open_watch
 from range_filter_proxy.wire import WireObject, decode_line
@@ -195,28 +196,73 @@ def decode_watch_line(line: bytes, what: str) -> WatchEvent:
     return WatchEvent(etype, obj, raw)
 
 
-class Upstream(Protocol):
-    """What the watch cache consumes; implemented over HTTP and, in tests, in memory."""
+class Upstream:
+    """The upstream as the proxy uses it: one explicit interface of every capability.
+
+    Every upstream implements the five methods the watch cache needs
+    (``discover``, ``preferred_version``, ``list``, ``watch``,
+    ``current_resource_version``); tests and benches implement them in
+    memory. The rest has a default here, and an upstream that can do more
+    says so by overriding it:
+
+    * ``watch_apply`` - a watch whose events are applied as they are read
+      (default: iterate ``watch``);
+    * ``forward`` - pass an arbitrary request through (default: 404, nothing
+      is passed through);
+    * ``post_json`` - TokenReview / SubjectAccessReview for ``--auth-mode
+      delegate`` (``reviews``; default: none);
+    * ``aclose`` - release connections (default: nothing to release).
+    """
+
+    #: True if :meth:`post_json` sends delegated reviews.
+    reviews: bool = False
 
     async def discover(self, group: str, version: str) -> dict[str, ResourceInfo]:
         """The resources of one group/version (raises :class:`UpstreamError`)."""
-        ...
+        raise NotImplementedError
 
     async def preferred_version(self, group: str) -> str:
         """The preferred version of an API group (``v1`` for the core group)."""
-        ...
+        raise NotImplementedError
 
     async def list(self, gvr: GVR, params: Mapping[str, str] | None = None) -> ListResult:
         """List a whole collection (``params`` are extra query parameters)."""
-        ...
+        raise NotImplementedError
 
     def watch(self, gvr: GVR, resource_version: str) -> AsyncIterator[WatchEvent]:
         """Watch a collection after ``resource_version`` (raises :class:`UpstreamGone` on 410)."""
-        ...
+        raise NotImplementedError
 
     async def current_resource_version(self, gvr: GVR) -> str:
         """The upstream's current resourceVersion, as a consistent (quorum) read would see it."""
-        ...
+        raise NotImplementedError
+
+    async def watch_apply(self, gvr: GVR, resource_version: str, apply: Callable[[WatchEvent], None]) -> int:
+        """Watch, calling ``apply`` for every event; the number of events once the watch ends."""
+        count = 0
+        async for event in self.watch(gvr, resource_version):
+            count += 1
+            apply(event)
+        return count
+
+    async def forward(
+        self,
+        method: str,
+        target: str,
+        headers: Sequence[tuple[str, str]],
+        body: AsyncIterator[bytes] | None,
+        *,
+        own_credentials: bool = True,
+    ) -> httpx.Response:
+        """Send ``method target`` (raw path and query) upstream; the *streaming* response (caller closes it)."""
+        raise ApiError(404, "NotFound", f"the proxy cannot pass {method} {target.split('?', 1)[0]} through")
+
+    async def post_json(self, path: str, doc: dict[str, Any]) -> Any:
+        """POST ``doc`` with the proxy's own credentials; the decoded answer (2xx) or :class:`UpstreamError`."""
+        raise UpstreamError(f"POST {path}: this upstream sends no reviews", 501)
+
+    async def aclose(self) -> None:
+        """Release what the upstream holds (connections)."""
 
 
 @dataclass(slots=True)
@@ -309,8 +355,10 @@ def _status_message(body: bytes, fallback: str) -> tuple[str, dict[str, Any] | N
     return fallback, None
 
 
-class HttpUpstream:
-    """:class:`Upstream` over HTTP, plus raw pass-through."""
+class HttpUpstream(Upstream):
+    """:class:`Upstream` over HTTP, with every capability: raw pass-through and delegated reviews."""
+
+    reviews = True
 
     def __init__(self, config: UpstreamConfig, *, max_connections: int = 200) -> None:
         self.config = config

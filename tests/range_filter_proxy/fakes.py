@@ -17,7 +17,7 @@ from typing import Any
 
 from range_filter_proxy.errors import UpstreamError, UpstreamGone
 from range_filter_proxy.resources import ResourceInfo
-from range_filter_proxy.upstream import ListResult, WatchEvent
+from range_filter_proxy.upstream import ListResult, Upstream, WatchEvent
 from rangeshard.core.rest import GVR
 
 PODS = GVR("", "v1", "pods")
@@ -31,7 +31,7 @@ INFOS = {
 }
 
 
-class FakeUpstream:
+class FakeUpstream(Upstream):
     """In-memory upstream; every method must be called from the test's event loop."""
 
     def __init__(self) -> None:
