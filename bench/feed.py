@@ -134,7 +134,7 @@ class FeedUpstream(PodsUpstream):
         self.burst: dict[str, Any] = {"id": 0, "rate": 0.0, "count": 0, "emitted": 0, "done": True}
         self._go = asyncio.Event()
 
-    # ---- Upstream protocol ----------------------------------------------------------------
+    # ---- Upstream interface ---------------------------------------------------------------
 
     async def list(self, gvr: GVR, params: Mapping[str, str] | None = None) -> ListResult:
         return ListResult([orjson.loads(orjson.dumps(p)) for p in self.pods], str(self.rv))

@@ -51,7 +51,7 @@ class FakeUpstream(Upstream):
         #: Lists with a shardSelector (the proxy's probe), counted apart from list_calls.
         self.shard_selector_lists: list[str] = []
 
-    # ---- Upstream protocol ----------------------------------------------------------------
+    # ---- Upstream interface ---------------------------------------------------------------
 
     async def discover(self, group: str, version: str) -> dict[str, ResourceInfo]:
         found = {g.resource: i for g, i in INFOS.items() if g.group == group and g.version == version}
