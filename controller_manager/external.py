@@ -73,35 +73,21 @@ from controller_manager.metrics import Metrics
 from controller_manager.sharding import ShardInstance
 from hashing import NAMESPACE_PATH, OWNER_PATH, UID_PATH, HashRange, range_to_selector
 from rangeshard.core.etcd import EtcdConfig
-from rangeshard.core.kubeapi import status_object
+from rangeshard.core.kubeapi import HOP_BY_HOP, WRITE_METHODS, status_object
 from rangeshard.core.listoptions import parse_bool
 from rangeshard.core.loops import start_thread
 from rangeshard.core.ownertoken import OwnerToken
+from rangeshard.core.process import terminate
 from rangeshard.core.rest import parse_rest_path
 
 log = logging.getLogger(__name__)
 
 PATHS = {"uid": UID_PATH, "owner": OWNER_PATH, "namespace": NAMESPACE_PATH}
-_HOP_BY_HOP = frozenset(
-    {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "proxy-connection", "host"}
-)
-_WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 #: Matches no object: lists and watches while the instance may serve nothing.
 _NOTHING = "metadata.name=rangeshard-serves-nothing.invalid"
 #: How many resourceVersions handed to the controller are remembered per serving period.
 _ISSUED_MAX = 65536
 _EXPIRED_MESSAGE = "rangeshard: the instance's range changed; relist"
-
-
-def resource_of(path: str) -> tuple[str, bool] | None:
-    """``(plural[.group], is_collection)`` of a resource request path, ``None`` for anything else.
-
-    Parsed by :func:`rangeshard.core.rest.parse_rest_path`: a request for
-    namespaces themselves (``/api/v1/namespaces[/NAME[/status]]``) is the
-    resource ``namespaces``.
-    """
-    parsed = parse_rest_path(path)
-    return None if parsed is None else (parsed.gvr.label, parsed.collection)
 
 
 class _Server(ThreadingHTTPServer):
@@ -337,7 +323,7 @@ def _handler(endpoint: Endpoint) -> type[BaseHTTPRequestHandler]:
             params = dict(query)
             found = parse_rest_path(split.path)
             sharded = found is not None and found.gvr.label in endpoint.paths
-            headers = [(k, v) for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP]
+            headers = [(k, v) for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP]
             headers = [(k, _json_accept(v) if k.lower() == "accept" else v) for k, v in headers]
             auth = endpoint.auth_header()
             if auth is not None:
@@ -365,7 +351,7 @@ def _handler(endpoint: Endpoint) -> type[BaseHTTPRequestHandler]:
                     query = [(k, v) for k, v in query if k != "fieldSelector"]
                     query.append(("fieldSelector", f"{fields},{_NOTHING}" if fields else _NOTHING))
             target = split.path + ("?" + urlencode(query) if query else "")
-            if sharded and self.command in _WRITES:
+            if sharded and self.command in WRITE_METHODS:
                 with endpoint.write() as token:
                     if token is not None:
                         agent = self.headers.get("User-Agent", "")
@@ -412,7 +398,7 @@ def _handler(endpoint: Endpoint) -> type[BaseHTTPRequestHandler]:
                 self._status(503, "ServiceUnavailable", f"the range filter proxy cannot be reached: {e}")
                 return
             try:
-                out = [(k, v) for k, v in response.headers.multi_items() if k.lower() not in _HOP_BY_HOP]
+                out = [(k, v) for k, v in response.headers.multi_items() if k.lower() not in HOP_BY_HOP]
                 if not stream or response.status_code != 200:
                     data = response.read()
                     if sharded_list and response.status_code == 200:
@@ -580,15 +566,8 @@ class Child:
 
     def stop(self, grace: float = 10.0) -> None:
         self._stop.set()
-        proc = self.proc
-        if proc is not None and proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(grace)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
+        if self.proc is not None:
+            terminate(self.proc, grace)
         if self._thread is not None:
             self._thread.join(5)
 

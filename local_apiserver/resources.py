@@ -418,13 +418,6 @@ class ResourceTable:
     def by_group_version(self, group: str, version: str) -> list[ResourceSpec]:
         return [s for s in self._specs if s.group == group and s.version == version]
 
-    def for_kind(self, kind: str, api_version: str) -> ResourceSpec | None:
-        """The spec serving objects of ``kind`` in ``api_version`` (owner references)."""
-        for spec in self._specs:
-            if spec.kind == kind and spec.api_version == api_version:
-                return spec
-        return None
-
 
 def groups() -> dict[str, list[str]]:
     """Served API groups (``""`` = core) and their versions, in table order."""

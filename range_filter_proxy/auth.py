@@ -56,9 +56,10 @@ import time
 from collections import OrderedDict
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, TypeVar
 
 from range_filter_proxy.errors import ApiError, UpstreamError
+from range_filter_proxy.upstream import Upstream
 from rangeshard.core.errors import ConfigError
 from rangeshard.core.kubeapi import Attributes, UserInfo, token_digest
 
@@ -125,14 +126,6 @@ class TtlCache(Generic[K, V]):
         return len(self._data)
 
 
-class Reviewer(Protocol):
-    """Where delegated reviews go: the upstream, with the proxy's own credentials."""
-
-    async def post_json(self, path: str, doc: dict[str, Any]) -> Any:
-        """POST ``doc`` as JSON and return the decoded answer (raises :class:`UpstreamError`)."""
-        ...
-
-
 def bearer_token(authorization: str | None) -> str | None:
     """The token of an ``Authorization: Bearer <token>`` header value, else None."""
     if not authorization:
@@ -194,7 +187,7 @@ def _review_failed(what: str, e: UpstreamError) -> ApiError:
 class ProxyAuth:
     """Authentication and authorization of one proxy (see module docstring)."""
 
-    def __init__(self, settings: AuthSettings, reviewer: Reviewer | None = None) -> None:
+    def __init__(self, settings: AuthSettings, reviewer: Upstream | None = None) -> None:
         if settings.mode is AuthMode.STATIC and not settings.users:
             raise ConfigError("--auth-mode static needs --token-file")
         if settings.mode is AuthMode.DELEGATE and reviewer is None:

@@ -241,7 +241,7 @@ def proxy_settings(
         auth=auth,
         max_body_bytes=max_request_body_bytes,
         heap=HeapSettings(gc_freeze_interval, gc_full_interval) if gc_freeze_interval > 0 else None,
-        fencing=_fence_settings(etcd, registry_prefix, etcd_cacert, etcd_cert, etcd_key, etcd_user, etcd_password),
+        fencing=_fence_settings(etcd, registry_prefix, (etcd_cacert, etcd_cert, etcd_key, etcd_user, etcd_password)),
     )
 
 
@@ -266,24 +266,15 @@ def _auth_settings(auth_mode: str, token_file: str | None, cache_ttl: float, cac
 
 
 def _fence_settings(
-    etcd: str | None,
-    registry_prefix: str,
-    etcd_cacert: str | None,
-    etcd_cert: str | None,
-    etcd_key: str | None,
-    etcd_user: str | None,
-    etcd_password: str | None,
+    etcd: str | None, registry_prefix: str, tls_and_auth: tuple[str | None, ...]
 ) -> FenceSettings | None:
+    """``tls_and_auth``: ``--etcd-cacert``, ``--etcd-cert``, ``--etcd-key``, ``--etcd-user``, ``--etcd-password``."""
     from range_filter_proxy.fencing import FenceSettings  # noqa: PLC0415
 
-    etcd_extras = (etcd_cacert, etcd_cert, etcd_key, etcd_user, etcd_password)
-    if etcd is None and any(v is not None for v in etcd_extras):
+    if etcd is None and any(v is not None for v in tls_and_auth):
         raise ConfigError("--etcd-cacert/--etcd-cert/--etcd-key/--etcd-user/--etcd-password need --etcd")
     if etcd is None:
         return None
     if not registry_prefix.startswith("/") or registry_prefix.rstrip("/") == "":
         raise ConfigError("--registry-prefix must be an absolute key prefix such as /rangeshard")
-    return FenceSettings(
-        config_from_options(etcd, etcd_cacert, etcd_cert, etcd_key, etcd_user, etcd_password),
-        registry_prefix.rstrip("/"),
-    )
+    return FenceSettings(config_from_options(etcd, *tls_and_auth), registry_prefix.rstrip("/"))

@@ -57,16 +57,11 @@ def json_response(code: int, doc: dict[str, Any]) -> Response:
 
 @dataclass(slots=True)
 class ListOptions:
-    """The query parameters of a collection GET, parsed and validated."""
+    """The query parameters of a collection GET: the common ones (``query``) and the proxy's own."""
 
-    watch: bool
+    query: ListQuery
     resource_version: int | None
-    resource_version_raw: str | None
-    match: str | None
-    send_initial_events: bool | None
-    bookmarks: bool
     timeout: float | None
-    limit: int | None
     continue_token: ContinueToken | None
     shard_text: str | None
     filter: WatchFilter
@@ -79,23 +74,16 @@ class ListOptions:
     def parse(cls, request: Request, namespace: str | None) -> ListOptions:
         """Parse and validate (400 for unparsable values, 422 for forbidden combinations)."""
         q = request.query_params
-        common = ListQuery.parse(q)
-        watch = common.watch
-        rv_raw = common.resource_version
+        query = ListQuery.parse(q)
         rv: int | None = None
-        if rv_raw is not None:
+        if query.resource_version is not None:
             try:
-                rv = parse_rv(rv_raw)
+                rv = parse_rv(query.resource_version)
             except ValueError as e:
-                raise bad_request(f"invalid resource version: {rv_raw!r}") from e
-        match = common.resource_version_match
-        send_initial = common.send_initial_events
-        bookmarks = common.allow_watch_bookmarks
-        timeout = float(common.timeout_seconds) if common.timeout_seconds else None
-        limit = common.limit
+                raise bad_request(f"invalid resource version: {query.resource_version!r}") from e
         token: ContinueToken | None = None
-        if common.continue_token is not None and not watch:
-            token = ContinueToken.decode(common.continue_token)
+        if query.continue_token is not None and not query.watch:
+            token = ContinueToken.decode(query.continue_token)
         shard_text = q.get("shardSelector") or None
         shard: ShardSelector | None = None
         try:
@@ -111,14 +99,9 @@ class ListOptions:
             namespace = fields.value_of("metadata.namespace")
         label_text, field_text = q.get("labelSelector") or None, q.get("fieldSelector") or None
         return cls(
-            watch,
+            query,
             rv,
-            rv_raw,
-            match,
-            send_initial,
-            bookmarks,
-            timeout,
-            limit,
+            float(query.timeout_seconds) if query.timeout_seconds else None,
             token,
             shard_text,
             WatchFilter(namespace, labels, fields, shard),
@@ -170,7 +153,7 @@ class CollectionServer:
             except ValueError as e:
                 raise bad_request(str(e)) from e
         cache = self.manager.cache_for(info)
-        if opts.watch:
+        if opts.query.watch:
             watch = await self._watch(cache, opts)
             if table is not None:
                 columns = await self.tables.columns(info)
@@ -199,9 +182,9 @@ class CollectionServer:
             if token.selectors != opts.selectors:
                 raise bad_request("continue key is not valid: it was issued for a list with other selectors")
             await cache.wait_synced()
-            page, cont, remaining = self._pages(cache).next_page(token, opts.limit)
+            page, cont, remaining = self._pages(cache).next_page(token, opts.query.limit)
             body = list_body(info, page, token.rv, opts, cont, remaining)
-        elif opts.match == "Exact":
+        elif opts.query.resource_version_match == "Exact":
             body = await self._list_upstream(cache, opts)
         else:
             if opts.resource_version is None:
@@ -209,10 +192,10 @@ class CollectionServer:
             else:
                 await cache.wait_not_older_than(opts.resource_version)
                 items, rv = cache.select(opts.filter), cache.rv
-            if opts.limit is None:
+            if opts.query.limit is None:
                 body = list_body(info, items, rv, opts)
             else:
-                page, cont, remaining = self._pages(cache).first_page(rv, opts.selectors, items, opts.limit)
+                page, cont, remaining = self._pages(cache).first_page(rv, opts.selectors, items, opts.query.limit)
                 body = list_body(info, page, rv, opts, cont, remaining)
         cache.stats.bytes_out += len(body)
         return Response(body, media_type="application/json")
@@ -220,10 +203,10 @@ class CollectionServer:
     async def _list_upstream(self, cache: WatchCache, opts: ListOptions) -> bytes:
         """Exact-RV lists: list upstream (whole, so no upstream continue token escapes), filter here."""
         params: dict[str, str] = {}
-        if opts.resource_version_raw is not None:
-            params["resourceVersion"] = opts.resource_version_raw
-        if opts.match is not None:
-            params["resourceVersionMatch"] = opts.match
+        if opts.query.resource_version is not None:
+            params["resourceVersion"] = opts.query.resource_version
+        if opts.query.resource_version_match is not None:
+            params["resourceVersionMatch"] = opts.query.resource_version_match
         listed = await cache.upstream.list(cache.info.gvr, params)
         items = [CachedObject.build(i, cache.info) for i in listed.items]
         try:
@@ -241,12 +224,12 @@ class CollectionServer:
         initial: list[CachedObject] | None = None
         initial_rv: int | None = None
         resume_from: int | None = None
-        if opts.send_initial_events:
+        if opts.query.send_initial_events:
             if rv is None:
                 initial, initial_rv = await cache.consistent_snapshot(filt)
             elif rv != 0:
                 await cache.wait_not_older_than(rv)
-        elif opts.send_initial_events is False:
+        elif opts.query.send_initial_events is False:
             if rv is None:
                 resume_from = max(await cache.upstream_current_rv(), cache.rv)
             else:
@@ -260,8 +243,8 @@ class CollectionServer:
             resume_from=resume_from,
             initial=initial,
             initial_rv=initial_rv,
-            bookmarks=opts.bookmarks,
-            initial_events_end=bool(opts.send_initial_events),
+            bookmarks=opts.query.allow_watch_bookmarks,
+            initial_events_end=bool(opts.query.send_initial_events),
             timeout=timeout,
         )
         if self.shutdown.is_set:

@@ -42,27 +42,12 @@ from range_filter_proxy.fencing import WriteFence, shard_hash_of
 from range_filter_proxy.listing import json_response
 from range_filter_proxy.metrics import ProxyMetrics
 from range_filter_proxy.upstream import Upstream
-from rangeshard.core.kubeapi import RequestTooLarge
+from rangeshard.core.kubeapi import HOP_BY_HOP, WRITE_METHODS, RequestTooLarge
 from rangeshard.core.ownertoken import FENCED_HEADER, SHARD_HASH_HEADER, OwnerToken, fenced_status, parse_shard_hash
 from rangeshard.core.rest import parse_rest_path
 from rangeshard.core.serving import ShutdownSignal, until_shutdown
 
 log = logging.getLogger(__name__)
-
-_HOP_BY_HOP = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-        "host",
-    }
-)
-_WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 
 class PassThrough:
@@ -117,7 +102,7 @@ class PassThrough:
 
     async def forward(self, request: Request) -> Response:
         """The upstream's answer to ``request``, relayed as a stream (or the 409 of a fenced write)."""
-        if self.fence is not None and request.method in _WRITE_METHODS:
+        if self.fence is not None and request.method in WRITE_METHODS:
             fenced = await self.fence_write(request, self.fence)
             if fenced is not None:
                 return fenced
@@ -125,7 +110,7 @@ class PassThrough:
         headers: list[tuple[str, str]] = []
         for key, value in request.headers.items():
             k = key.lower()
-            if k in _HOP_BY_HOP:
+            if k in HOP_BY_HOP:
                 continue
             if k == "authorization" and self.auth_mode is AuthMode.STATIC:
                 continue  # the client's static token means nothing upstream; the proxy's own credentials are used
@@ -152,7 +137,7 @@ class PassThrough:
             if isinstance(too_large, RequestTooLarge):
                 raise too_large from e
             raise
-        out_headers = {k: v for k, v in resp.headers.multi_items() if k.lower() not in _HOP_BY_HOP}
+        out_headers = {k: v for k, v in resp.headers.multi_items() if k.lower() not in HOP_BY_HOP}
 
         async def relay() -> AsyncIterator[bytes]:
             try:

@@ -136,9 +136,6 @@ class WatchEvent:
         return f"WatchEvent({self.type!r}, name={name!r})"
 
 
-#: The events of one read of a watch stream (``list`` is a method name inside :class:`HttpUpstream`).
-WatchBatch = list[WatchEvent]
-
 #: A watch line longer than this (no newline in sight) is a broken upstream, not an object.
 MAX_WATCH_LINE_BYTES = 64 * 1024 * 1024
 
@@ -454,9 +451,13 @@ class HttpUpstream(Upstream):
         return (await self.list(gvr, {"limit": "1"})).resource_version
 
     async def watch(self, gvr: GVR, resource_version: str) -> AsyncIterator[WatchEvent]:
-        async for events in self.watch_batches(gvr, resource_version):
-            for event in events:
-                yield event
+        stream = await self._open_watch(gvr, resource_version)
+        try:
+            async for lines in stream.batches():
+                for line in lines:
+                    yield decode_watch_line(line, stream.what)
+        finally:
+            stream.close()
 
     async def _open_watch(self, gvr: GVR, resource_version: str) -> WatchStream:
         """Open a watch stream (status 200; 410 raises :class:`UpstreamGone`, others :class:`UpstreamError`).
@@ -492,26 +493,6 @@ class HttpUpstream(Upstream):
                 raise UpstreamGone(message, status)
             raise UpstreamError(message, stream.status, status)
         return stream
-
-    async def watch_batches(self, gvr: GVR, resource_version: str) -> AsyncIterator[WatchBatch]:
-        """:meth:`watch`, one list per read. When a line fails to decode (an ``ERROR``
-        event, 410 included), the events before it are yielded first."""
-        stream = await self._open_watch(gvr, resource_version)
-        what = stream.what
-        decode = decode_watch_line
-        try:
-            async for lines in stream.batches():
-                events: WatchBatch = []
-                try:
-                    for line in lines:
-                        events.append(decode(line, what))
-                except UpstreamError:
-                    if events:
-                        yield events
-                    raise
-                yield events
-        finally:
-            stream.close()
 
     async def watch_apply(self, gvr: GVR, resource_version: str, apply: Callable[[WatchEvent], None]) -> int:
         """Watch, calling ``apply`` for every event as its read arrives; the number of lines once the watch ends.

@@ -173,6 +173,12 @@ def load_token_file(path: str) -> dict[str, UserInfo]:
 #: kube-apiserver's limit of a request body (``MaxRequestBodyBytes``).
 DEFAULT_MAX_BODY_BYTES = 3 * 1024 * 1024
 
+#: Headers a proxy never forwards (RFC 9110 hop-by-hop, and ``host``), lower case.
+HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-connection", "proxy-authenticate", "proxy-authorization"})
+HOP_BY_HOP |= {"te", "trailer", "transfer-encoding", "upgrade", "host"}
+#: The HTTP methods that write.
+WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
 
 class RequestTooLarge(ApiError):
     """The request body is larger than the configured limit (413)."""

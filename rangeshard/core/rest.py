@@ -1,29 +1,25 @@
 """Resource identity and REST path parsing of the Kubernetes API, once for every component.
 
 Purpose
-    A :class:`GVR` names one resource (group/version/plural resource) and
-    spells everything derived from that identity: the ``apiVersion`` of its
-    objects, its REST paths, the ``resource.group`` label kube-apiserver uses in
-    messages and metrics. :func:`parse_rest_path` reads a request path the way
-    kube-apiserver's ``RequestInfoFactory`` does (group/version, the deprecated
-    ``/watch/`` prefix, namespace, resource, name, subresource);
-    :func:`parse_resource_name` reads kubectl-style names (``pods``,
-    ``replicasets.apps``, ``deployments.v1.apps``). The proxy, the local API
-    server, the controller manager and its external-controller endpoint all
-    use these; richer per-component types (discovery info, the API server's
+    A :class:`GVR` names one resource (group/version/plural) and spells what
+    derives from it: ``apiVersion``, REST paths, the ``resource.group`` label.
+    :func:`parse_rest_path` reads a request path as kube-apiserver's
+    ``RequestInfoFactory`` does (group/version, the ``/watch/`` prefix,
+    namespace, resource, name, subresource); :func:`parse_resource_name`
+    reads kubectl-style names (``replicasets.apps``, ``deployments.v1.apps``).
+    Richer per-component types (the proxy's discovery info, the API server's
     serving spec, a controller's ``Resource``) hold or derive a ``GVR``.
 
 Invariants
-    * The core group is ``""``: ``/api/<version>/...``; every other group is
-      ``/apis/<group>/<version>/...``.
-    * ``/api/v1/namespaces/<ns>/<resource>...`` names ``<resource>`` in ``<ns>``,
-      except the namespace subresources (``status``, ``finalize``):
-      ``/api/v1/namespaces/<name>[/status|/finalize]`` is the cluster-scoped
+    * The core group is ``""`` (``/api/<v>/...``); others are ``/apis/<g>/<v>/...``.
+    * ``/api/v1/namespaces/<ns>/<resource>...`` names ``<resource>`` in
+      ``<ns>``, except the namespace subresources (``status``, ``finalize``):
+      ``/api/v1/namespaces/<name>[/status]`` is the cluster-scoped
       ``namespaces`` resource itself (``namespace`` is ``None``), as in kube.
-    * Parsing only classifies: whether a resource exists, is namespaced or
-      has a subresource is decided by discovery or a serving table.
-    * A path with an empty segment inside it (``/api/v1//pods``) is not a
-      resource path (``None``); leading and trailing slashes are ignored.
+    * Parsing only classifies; whether a resource exists, is namespaced or
+      has a subresource is for discovery or a serving table to say.
+    * A path with an empty segment inside (``/api/v1//pods``) is not a
+      resource path; leading and trailing slashes are ignored.
 
 Concurrency model
     Immutable values and pure functions.
