@@ -55,15 +55,6 @@ class Resource:
     def api_version(self) -> str:
         return self.gvr.api_version
 
-    @property
-    def base_path(self) -> str:
-        """``/api/v1`` or ``/apis/<group>/<version>``."""
-        return self.gvr.base_path
-
-    def path(self, namespace: str | None = None, name: str | None = None, subresource: str | None = None) -> str:
-        """The REST path of the collection (all namespaces without ``namespace``), an object or a subresource."""
-        return self.gvr.path(namespace, name, subresource)
-
     def list_function(self, api_client: Any) -> Callable[..., Any]:
         """The bound typed-client ``list_*_for_all_namespaces`` method (only if ``api_class`` was given)."""
         if not self.api_class or not self.list_method:
@@ -107,7 +98,7 @@ def discover_scope(api_client: Any, resource: Resource, timeout: float = 10.0) -
     """
     if resource.namespaced is not None:
         return resource
-    body = orjson.loads(raw_request(api_client, "GET", resource.base_path, timeout=timeout).data)
+    body = orjson.loads(raw_request(api_client, "GET", resource.gvr.base_path, timeout=timeout).data)
     for item in body.get("resources") or []:
         if isinstance(item, dict) and item.get("name") == resource.name:
             return replace(resource, namespaced=bool(item.get("namespaced")))

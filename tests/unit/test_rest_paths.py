@@ -42,7 +42,7 @@ def test_gvr_identity() -> None:
 def test_richer_types_derive_their_identity() -> None:
     assert PODS.gvr == PODS_GVR and DEPLOYMENTS.gvr == GVR("apps", "v1", "deployments")
     widgets = Resource("widgets", "example.com", "v1", "Widget")
-    assert widgets.path("ns", "w") == widgets.gvr.path("ns", "w") == "/apis/example.com/v1/namespaces/ns/widgets/w"
+    assert widgets.gvr.path("ns", "w") == "/apis/example.com/v1/namespaces/ns/widgets/w"
     assert widgets.api_version == "example.com/v1"
     for spec in RESOURCES:
         assert spec.gvr == GVR(spec.group, spec.version, spec.resource)
