@@ -8,8 +8,10 @@ Purpose
 
     * ``Orphan``: dependents lose the reference to the deleted owner instead;
     * ``Foreground``: the owner stays (``deletionTimestamp`` plus the
-      ``foregroundDeletion`` finalizer) until its dependents are gone, then
-      the finalizer is removed and the owner leaves etcd;
+      ``foregroundDeletion`` finalizer) until its blocking dependents (their
+      reference has ``blockOwnerDeletion: true``) are gone, then the finalizer
+      is removed and the owner leaves etcd; the other dependents are deleted
+      too, without holding the owner;
     * a terminating namespace is emptied, then removed;
     * a dependent that still has a live owner only loses the dangling
       reference; an object created with owners that are all gone is deleted
@@ -216,6 +218,21 @@ class GarbageCollector:
                     found.append((spec, obj))
         return found
 
+    def _blocking_dependents(self, owner: Obj) -> list[tuple[ResourceSpec, Obj]]:
+        """Dependents whose reference to ``owner`` has ``blockOwnerDeletion: true``: a Foreground owner waits for them.
+
+        As kube's garbage collector: the others are deleted too, but the owner does not wait for them.
+        """
+        uid = owner["metadata"].get("uid")
+        return [
+            (spec, dep)
+            for spec, dep in self._dependents(owner)
+            if any(
+                r.get("uid") == uid and r.get("blockOwnerDeletion")
+                for r in dep["metadata"].get("ownerReferences") or []
+            )
+        ]
+
     def _owner_alive(self, ref: dict[str, Any], namespace: str | None) -> bool:
         """Does the owner ``ref`` names (by kind, name and uid) exist?
 
@@ -294,8 +311,8 @@ class GarbageCollector:
     def _foreground(self, work: _Work) -> None:
         owner = work.obj
         self._delete_dependents(owner, "Background")
-        if self._dependents(owner):
-            raise ApiError(409, "Conflict", "dependents still present")  # retried later
+        if self._blocking_dependents(owner):
+            raise ApiError(409, "Conflict", "blocking dependents still present")  # retried later
         meta = owner["metadata"]
         spec = work.spec
 

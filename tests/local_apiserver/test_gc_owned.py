@@ -270,3 +270,27 @@ def test_legacy_orphan_dependents_and_bad_policy(kube: Any, namespace: str, http
         what="orphanDependents: true orphans",
     )
     assert core.read_namespaced_secret("legacy-dep", namespace).metadata.owner_references is None
+
+
+def test_foreground_waits_only_for_blocking_dependents(kube: Any, namespace: str, gadgets: str) -> None:
+    """As kube: the owner waits for dependents whose reference has ``blockOwnerDeletion: true``, not the others."""
+    core = k8s.CoreV1Api(kube)
+    ref = _owner(kube, namespace, "ConfigMap", "fgb", gadgets)
+    loose = {**ref, "blockOwnerDeletion": False}
+    core.create_namespaced_secret(
+        namespace, {"metadata": {"name": "fgb-loose", "ownerReferences": [loose], "finalizers": [HOLD]}}
+    )
+    core.create_namespaced_secret(namespace, {"metadata": {"name": "fgb-plain", "ownerReferences": [loose]}})
+    core.delete_namespaced_config_map("fgb", namespace, propagation_policy="Foreground")
+    wait_for(
+        lambda: _owner_exists(kube, namespace, "ConfigMap", "fgb", gadgets) is None,
+        timeout=15,
+        what="the owner gone although a non-blocking dependent is held by its finalizer",
+    )
+    held = core.read_namespaced_secret("fgb-loose", namespace)
+    assert held.metadata.deletion_timestamp is not None  # deleted too, only held by its own finalizer
+    wait_for(
+        lambda: _exists(core.read_namespaced_secret, "fgb-plain", namespace) is None, timeout=15, what="plain collected"
+    )
+    core.patch_namespaced_secret("fgb-loose", namespace, {"metadata": {"finalizers": None}})
+    wait_for(lambda: _exists(core.read_namespaced_secret, "fgb-loose", namespace) is None, timeout=15, what="released")
