@@ -402,6 +402,13 @@ def test_kubectl_applies_forty_kinds_strictly_and_gets_them_with_kube_s_columns(
                 wrong.append(f"{resource}: {column} = {row[header.index(column)]!r}, want {text!r}")
     assert not wrong, "\n".join(wrong)
 
+    # The same HPA read as autoscaling/v1 (converted from the stored v2) prints the same columns and cells.
+    head, row = _table(
+        kubectl("get", "horizontalpodautoscalers.v1.autoscaling", "hpa", "-n", namespace).stdout.splitlines()
+    )
+    assert head == EXPECTED[("horizontalpodautoscalers", "hpa")][0], head
+    assert row[1:5] == ["Deployment/deploy", "cpu: <unknown>/60%", "2", "7"], row
+
     # `-o wide` adds the priority-1 columns where kube has them.
     head, row = _table(kubectl("get", "cronjobs", "cron", "-n", namespace, "-o", "wide").stdout.splitlines())
     assert head[-3:] == ["CONTAINERS", "IMAGES", "SELECTOR"] and row[-3:] == ["c", "i", "<none>"], (head, row)
