@@ -358,6 +358,13 @@ def _event_count(obj: Obj, now: dt.datetime) -> int:
     return _int(_get(obj, "series", "count")) or _int(_get(obj, "count")) or _int(_get(obj, "deprecatedCount")) or 1
 
 
+#: DESIRED CURRENT READY of ReplicaSets and ReplicationControllers.
+_REPLICA_COUNTS = (
+    Column("Desired", "integer", _integer("spec", "replicas"), "", "Number of desired pods."),
+    Column("Current", "integer", _integer("status", "replicas"), "", "Number of actual replicas."),
+    Column("Ready", "integer", _integer("status", "readyReplicas"), "", "The number of ready replicas."),
+)
+
 #: Columns per ``(group, resource)``, as kube-apiserver's printers define them.
 BUILTIN_COLUMNS: dict[tuple[str, str], tuple[Column, ...]] = {
     ("", "pods"): (
@@ -373,9 +380,7 @@ BUILTIN_COLUMNS: dict[tuple[str, str], tuple[Column, ...]] = {
     ),
     ("apps", "replicasets"): (
         _NAME,
-        Column("Desired", "integer", _integer("spec", "replicas"), "", "Number of desired pods."),
-        Column("Current", "integer", _integer("status", "replicas"), "", "Number of actual replicas."),
-        Column("Ready", "integer", _integer("status", "readyReplicas"), "", "The number of ready replicas."),
+        *_REPLICA_COUNTS,
         _AGE,
         *_WIDE_WORKLOAD,
     ),
@@ -689,12 +694,11 @@ def _more(items: list[str], count: int, limit: int, empty: str) -> str:
     return text or empty
 
 
-def _template_containers(field: str) -> Callable[[Obj, dt.datetime], str]:
-    """A PodTemplate's containers (``template.spec.containers``, not under ``spec``)."""
+def _containers_at(path: tuple[str, ...], field: str) -> Callable[[Obj, dt.datetime], str]:
+    """``field`` of each container in the list at ``path`` (a PodTemplate's or a CronJob's job template)."""
 
     def cell(obj: Obj, now: dt.datetime) -> str:
-        cs = _list(_get(obj, "template", "spec", "containers"))
-        return ",".join(str(c.get(field, "")) for c in cs if isinstance(c, dict))
+        return ",".join(str(c.get(field, "")) for c in _list(_get(obj, *path)) if isinstance(c, dict))
 
     return cell
 
@@ -995,32 +999,11 @@ BUILTIN_COLUMNS[("", "persistentvolumeclaims")] = (
     _AGE,
     _VOLUME_MODE,
 )
+_JOB_TEMPLATE = ("spec", "jobTemplate", "spec", "template", "spec", "containers")
 BUILTIN_COLUMNS[("batch", "cronjobs")] = (
     *BUILTIN_COLUMNS[("batch", "cronjobs")],
-    Column(
-        "Containers",
-        "string",
-        lambda o, n: ",".join(
-            str(c.get("name", ""))
-            for c in _list(_get(o, "spec", "jobTemplate", "spec", "template", "spec", "containers"))
-            if isinstance(c, dict)
-        ),
-        "",
-        "Names of each container in the template.",
-        1,
-    ),
-    Column(
-        "Images",
-        "string",
-        lambda o, n: ",".join(
-            str(c.get("image", ""))
-            for c in _list(_get(o, "spec", "jobTemplate", "spec", "template", "spec", "containers"))
-            if isinstance(c, dict)
-        ),
-        "",
-        "Images referenced by each container in the template.",
-        1,
-    ),
+    Column("Containers", "string", _containers_at(_JOB_TEMPLATE, "name"), "", "Names of each container.", 1),
+    Column("Images", "string", _containers_at(_JOB_TEMPLATE, "image"), "", "Images of each container.", 1),
     Column(
         "Selector",
         "string",
@@ -1096,8 +1079,20 @@ BUILTIN_COLUMNS.update(
         ),
         ("", "podtemplates"): (
             _NAME,
-            Column("Containers", "string", _template_containers("name"), "", "Names of each container."),
-            Column("Images", "string", _template_containers("image"), "", "Images of each container."),
+            Column(
+                "Containers",
+                "string",
+                _containers_at(("template", "spec", "containers"), "name"),
+                "",
+                "Names of each container.",
+            ),
+            Column(
+                "Images",
+                "string",
+                _containers_at(("template", "spec", "containers"), "image"),
+                "",
+                "Images of each container.",
+            ),
             Column(
                 "Pod Labels",
                 "string",
@@ -1108,9 +1103,7 @@ BUILTIN_COLUMNS.update(
         ),
         ("", "replicationcontrollers"): (
             _NAME,
-            Column("Desired", "integer", _integer("spec", "replicas"), "", "Number of desired pods."),
-            Column("Current", "integer", _integer("status", "replicas"), "", "Number of actual replicas."),
-            Column("Ready", "integer", _integer("status", "readyReplicas"), "", "The number of ready replicas."),
+            *_REPLICA_COUNTS,
             _AGE,
             *_WIDE_TEMPLATE,
         ),
