@@ -1335,12 +1335,18 @@ def build_table(
     list_meta: Obj | None = None,
     headers: bool = True,
     now: dt.datetime | None = None,
+    view: Callable[[Obj], Obj] | None = None,
 ) -> Obj:
-    """A ``meta.k8s.io Table`` of ``objects`` (``headers=False`` leaves out the column definitions, as watches do)."""
+    """A ``meta.k8s.io Table`` of ``objects`` (``headers=False`` leaves out the column definitions, as watches do).
+
+    ``view`` gives the form the cells are computed from (e.g. an autoscaling/v1
+    HPA's v2 form, which kube's printers read); rows embed the object as served.
+    """
     at = now or dt.datetime.now(dt.UTC)
     rows: list[Obj] = []
     for obj in objects:
-        row: Obj = {"cells": [c.cell(obj, at) for c in columns]}
+        shown = view(obj) if view is not None else obj
+        row: Obj = {"cells": [c.cell(shown, at) for c in columns]}
         embedded = _row_object(obj, include, version)
         if embedded is not None:
             row["object"] = embedded
@@ -1355,7 +1361,12 @@ def build_table(
 
 
 async def table_watch(
-    lines: AsyncIterator[bytes], columns: Sequence[Column], *, include: str, version: str
+    lines: AsyncIterator[bytes],
+    columns: Sequence[Column],
+    *,
+    include: str,
+    version: str,
+    view: Callable[[Obj], Obj] | None = None,
 ) -> AsyncGenerator[bytes, None]:
     """Re-encode a JSON watch stream (one event per line) with each object as a one-row Table.
 
@@ -1377,7 +1388,7 @@ async def table_watch(
             if event.get("type") in ("ADDED", "MODIFIED", "DELETED") and isinstance(obj, dict):
                 meta = {"resourceVersion": _get(obj, "metadata", "resourceVersion") or ""}
                 event["object"] = build_table(
-                    columns, [obj], include=include, version=version, list_meta=meta, headers=headers
+                    columns, [obj], include=include, version=version, list_meta=meta, headers=headers, view=view
                 )
                 headers = False
             out.append(orjson.dumps(event) + b"\n")

@@ -409,6 +409,21 @@ def test_kubectl_applies_forty_kinds_strictly_and_gets_them_with_kube_s_columns(
     assert head == EXPECTED[("horizontalpodautoscalers", "hpa")][0], head
     assert row[1:5] == ["Deployment/deploy", "cpu: <unknown>/60%", "2", "7"], row
 
+    # An HPA with a metric v1 cannot express: its v1 read still prints every metric (kube prints the internal form).
+    two = {
+        "type": "Pods",
+        "pods": {"metric": {"name": "qps"}, "target": {"type": "AverageValue", "averageValue": "10"}},
+    }
+    patched = http.patch(
+        f"/apis/autoscaling/v2/namespaces/{namespace}/horizontalpodautoscalers/hpa",
+        json={"spec": {"metrics": [two, {"type": "Resource", "resource": {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": 60}}}]}},
+        headers={"Content-Type": "application/merge-patch+json"},
+    )  # fmt: skip
+    assert patched.status_code == 200, patched.text
+    for resource in ("horizontalpodautoscalers.v2.autoscaling", "horizontalpodautoscalers.v1.autoscaling"):
+        _, row = _table(kubectl("get", resource, "hpa", "-n", namespace).stdout.splitlines())
+        assert row[2] == "<unknown>/10, cpu: <unknown>/60%", (resource, row)
+
     # `-o wide` adds the priority-1 columns where kube has them.
     head, row = _table(kubectl("get", "cronjobs", "cron", "-n", namespace, "-o", "wide").stdout.splitlines())
     assert head[-3:] == ["CONTAINERS", "IMAGES", "SELECTOR"] and row[-3:] == ["c", "i", "<none>"], (head, row)

@@ -449,3 +449,13 @@ def test_every_served_kind_has_kube_s_columns_or_name_and_age() -> None:
         # Every cell computes on an empty object (no KeyError/TypeError on missing fields).
         for c in tables.columns_for(spec.group, spec.resource):
             c.cell({}, NOW)
+
+
+def test_build_table_cells_from_a_view_rows_embed_the_served_object() -> None:
+    served = {"apiVersion": "autoscaling/v1", "metadata": {"name": "h"}, "spec": {"targetCPUUtilizationPercentage": 5}}
+    stored = {"apiVersion": "autoscaling/v2", "metadata": {"name": "h"}, "spec": {"metrics": [{"type": "Pods", "pods": {"target": {"averageValue": "1"}}}]}}  # fmt: skip
+    cols = tables.columns_for("autoscaling", "horizontalpodautoscalers")
+    table = tables.build_table(cols, [served], include="Object", now=NOW, view=lambda o: stored)
+    (row,) = table["rows"]
+    assert row["cells"][2] == "<unknown>/1" and row["object"] is served
+    assert tables.build_table(cols, [served], now=NOW)["rows"][0]["cells"][2] == "cpu: <unknown>/5%"
