@@ -54,7 +54,7 @@ def test_three_managers_own_secrets_and_services(api: Any, rangeshard_namespace:
             CERTIFICATES.group, CERTIFICATES.version, ns, CERTIFICATES.name, certificate(f"c{i}")
         )
 
-    def converged(port: int) -> bool:
+    def converged(port: int, alt: str = "") -> bool:
         secrets = {s.metadata.name: s for s in core.list_namespaced_secret(ns, label_selector="certificate").items}
         services = {s.metadata.name: s for s in core.list_namespaced_service(ns, label_selector="certificate").items}
         for i in range(N_CERTS):
@@ -62,7 +62,7 @@ def test_three_managers_own_secrets_and_services(api: Any, rangeshard_namespace:
             secret, service = secrets.get(child), services.get(child)
             if secret is None or service is None or service.spec.ports[0].port != port:
                 return False
-            if f"CN=c{i}.example.org" not in _decoded(secret).get("tls.crt", ""):
+            if f"CN=c{i}.example.org\nDNS=c{i}.example.org{alt}\n" not in _decoded(secret).get("tls.crt", ""):
                 return False
         return True
 
@@ -131,7 +131,7 @@ def test_three_managers_own_secrets_and_services(api: Any, rangeshard_namespace:
                 }
             },
         )
-    wait_until(lambda: converged(8443), 60, "Secrets and Services following their Certificates")
+    wait_until(lambda: converged(8443, ",alt.example.org"), 60, "Secrets and Services following their Certificates")
     assert "DNS=c3.example.org,alt.example.org" in _decoded(core.read_namespaced_secret("c3-tls", ns))["tls.crt"]
 
     # Deleting a Certificate garbage-collects its Secret and Service.
