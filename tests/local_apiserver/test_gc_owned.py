@@ -294,3 +294,33 @@ def test_foreground_waits_only_for_blocking_dependents(kube: Any, namespace: str
     )
     core.patch_namespaced_secret("fgb-loose", namespace, {"metadata": {"finalizers": None}})
     wait_for(lambda: _exists(core.read_namespaced_secret, "fgb-loose", namespace) is None, timeout=15, what="released")
+
+
+def test_foreground_waits_for_the_whole_blocking_tree(kube: Any, namespace: str, gadgets: str) -> None:
+    """Deployment -> ConfigMap -> Secret (held by a finalizer): the middle is deleted in the foreground too."""
+    core = k8s.CoreV1Api(kube)
+    top = _owner(kube, namespace, "Deployment", "tree", gadgets)
+    mid = core.create_namespaced_config_map(namespace, {"metadata": {"name": "tree-mid", "ownerReferences": [top]}})
+    mid_ref = {"apiVersion": "v1", "kind": "ConfigMap", "name": "tree-mid", "uid": mid.metadata.uid,
+               "controller": True, "blockOwnerDeletion": True}  # fmt: skip
+    core.create_namespaced_secret(
+        namespace, {"metadata": {"name": "tree-leaf", "ownerReferences": [mid_ref], "finalizers": [HOLD]}}
+    )
+    k8s.AppsV1Api(kube).delete_namespaced_deployment("tree", namespace, propagation_policy="Foreground")
+    wait_for(
+        lambda: core.read_namespaced_secret("tree-leaf", namespace).metadata.deletion_timestamp,
+        timeout=15,
+        what="the leaf marked for deletion",
+    )
+    middle = core.read_namespaced_config_map("tree-mid", namespace)
+    assert middle.metadata.deletion_timestamp and middle.metadata.finalizers == ["foregroundDeletion"]
+    assert _owner_exists(kube, namespace, "Deployment", "tree", gadgets).metadata.finalizers == ["foregroundDeletion"]
+
+    core.patch_namespaced_secret("tree-leaf", namespace, {"metadata": {"finalizers": None}})
+    wait_for(
+        lambda: _owner_exists(kube, namespace, "Deployment", "tree", gadgets) is None,
+        timeout=15,
+        what="the top owner gone once the tree is",
+    )
+    assert _exists(core.read_namespaced_config_map, "tree-mid", namespace) is None
+    assert _exists(core.read_namespaced_secret, "tree-leaf", namespace) is None
