@@ -27,6 +27,7 @@ Concurrency model
 from __future__ import annotations
 
 import datetime as dt
+import functools
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -293,12 +294,22 @@ def _readiness_gates(obj: Obj, now: dt.datetime) -> str:
     return f"{sum(1 for g in gates if g in true)}/{len(gates)}"
 
 
-def _or_none(*path: str) -> Callable[[Obj, dt.datetime], Any]:
+def _or_value(missing: str, *path: str, text: bool = False) -> Callable[[Obj, dt.datetime], Any]:
+    """The value at ``path`` (as text with ``text``), ``missing`` when absent or empty."""
+
     def cell(obj: Obj, now: dt.datetime) -> Any:
         value = _get(obj, *path)
-        return value if value not in (None, "") else _NONE
+        if value is None or value == "":
+            return missing
+        return str(value) if text else value
 
     return cell
+
+
+_or_none = functools.partial(_or_value, _NONE)
+_unset = functools.partial(_or_value, "<unset>")
+_text = functools.partial(_or_value, "", text=True)
+_int_or_na = functools.partial(_or_value, "N/A", text=True)
 
 
 def _integer(*path: str) -> Callable[[Obj, dt.datetime], Any]:
@@ -663,22 +674,6 @@ def access_modes(modes: Any) -> str:
     return ",".join(short for mode, short in _PVC_MODES if mode in have)
 
 
-def _unset(*path: str) -> Callable[[Obj, dt.datetime], Any]:
-    def cell(obj: Obj, now: dt.datetime) -> Any:
-        value = _get(obj, *path)
-        return value if value not in (None, "") else "<unset>"
-
-    return cell
-
-
-def _text(*path: str) -> Callable[[Obj, dt.datetime], str]:
-    def cell(obj: Obj, now: dt.datetime) -> str:
-        value = _get(obj, *path)
-        return "" if value is None else str(value)
-
-    return cell
-
-
 def format_labels(labels: Any) -> str:
     """kube's ``labels.FormatLabels``: ``k=v`` sorted by key, ``<none>`` if empty."""
     if not isinstance(labels, dict) or not labels:
@@ -858,14 +853,6 @@ def _quota(limits: bool) -> Callable[[Obj, dt.datetime], str]:
             if (len(parts) > 1 and parts[0] == "limits") == limits:
                 out.append(f"{name}: {_quantity(used.get(name))}/{hard[name]}")
         return ", ".join(out)
-
-    return cell
-
-
-def _int_or_na(*path: str) -> Callable[[Obj, dt.datetime], str]:
-    def cell(obj: Obj, now: dt.datetime) -> str:
-        value = _get(obj, *path)
-        return "N/A" if value is None else str(value)
 
     return cell
 
