@@ -62,6 +62,7 @@ from range_filter_proxy.errors import ApiError, UpstreamError
 from range_filter_proxy.upstream import Upstream
 from rangeshard.core.errors import ConfigError
 from rangeshard.core.kubeapi import Attributes, UserInfo, token_digest
+from rangeshard.core.rest import split_group_version
 
 log = logging.getLogger(__name__)
 
@@ -162,11 +163,10 @@ def forbidden(user: UserInfo, attrs: Attributes, reason: str = "") -> ApiError:
 
 def _is_discovery(path: str) -> bool:
     segs = [s for s in path.split("/") if s]
-    return (
-        segs in (["version"], ["api"], ["apis"], ["metrics"])
-        or (len(segs) == 2 and segs[0] in ("api", "apis"))
-        or (len(segs) == 3 and segs[0] == "apis")
-    )
+    if segs in (["version"], ["api"], ["apis"], ["metrics"]) or (len(segs) == 2 and segs[0] == "apis"):
+        return True
+    split = split_group_version("/".join(segs))  # a group/version's root: /api/v1, /apis/apps/v1
+    return split is not None and not split[2]
 
 
 def static_policy(user: UserInfo, attrs: Attributes) -> bool:
