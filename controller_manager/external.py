@@ -73,7 +73,7 @@ from controller_manager.metrics import Metrics
 from controller_manager.sharding import ShardInstance
 from hashing import NAMESPACE_PATH, OWNER_PATH, UID_PATH, HashRange, range_to_selector
 from rangeshard.core.etcd import EtcdConfig
-from rangeshard.core.kubeapi import HOP_BY_HOP, WRITE_METHODS, status_object
+from rangeshard.core.kubeapi import HOP_BY_HOP, WRITE_METHODS, json_accept, status_object
 from rangeshard.core.listoptions import parse_bool
 from rangeshard.core.loops import start_thread
 from rangeshard.core.ownertoken import OwnerToken
@@ -324,7 +324,7 @@ def _handler(endpoint: Endpoint) -> type[BaseHTTPRequestHandler]:
             found = parse_rest_path(split.path)
             sharded = found is not None and found.gvr.label in endpoint.paths
             headers = [(k, v) for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP]
-            headers = [(k, _json_accept(v) if k.lower() == "accept" else v) for k, v in headers]
+            headers = [(k, json_accept(v) if k.lower() == "accept" else v) for k, v in headers]
             auth = endpoint.auth_header()
             if auth is not None:
                 headers = [(k, v) for k, v in headers if k.lower() != "authorization"] + [("Authorization", auth)]
@@ -473,12 +473,6 @@ def _event_resource_version(line: str) -> str:
     except (orjson.JSONDecodeError, AttributeError):
         return ""
     return rv if isinstance(rv, str) else ""
-
-
-def _json_accept(value: str) -> str:
-    """Protobuf out of ``Accept`` (the proxy speaks JSON): client-go sends both and takes JSON."""
-    kept = [p for p in value.split(",") if "protobuf" not in p]
-    return ",".join(kept).strip() or "application/json"
 
 
 def _streaming(params: dict[str, str]) -> bool:

@@ -42,7 +42,7 @@ from range_filter_proxy.fencing import WriteFence, shard_hash_of
 from range_filter_proxy.listing import json_response
 from range_filter_proxy.metrics import ProxyMetrics
 from range_filter_proxy.upstream import Upstream
-from rangeshard.core.kubeapi import HOP_BY_HOP, WRITE_METHODS, RequestTooLarge
+from rangeshard.core.kubeapi import HOP_BY_HOP, WRITE_METHODS, RequestTooLarge, json_accept
 from rangeshard.core.ownertoken import FENCED_HEADER, SHARD_HASH_HEADER, OwnerToken, fenced_status, parse_shard_hash
 from rangeshard.core.rest import parse_rest_path
 from rangeshard.core.serving import ShutdownSignal, until_shutdown
@@ -114,11 +114,7 @@ class PassThrough:
                 continue
             if k == "authorization" and self.auth_mode is AuthMode.STATIC:
                 continue  # the client's static token means nothing upstream; the proxy's own credentials are used
-            if k == "accept" and "protobuf" in value:
-                kept = [p for p in value.split(",") if "protobuf" not in p]
-                headers.append((key, ",".join(kept).strip() or "application/json"))
-            else:
-                headers.append((key, value))
+            headers.append((key, json_accept(value) if k == "accept" else value))
         raw_path = request.scope.get("raw_path") or request.url.path.encode()
         target = raw_path.decode("latin-1")
         query = request.scope.get("query_string") or b""

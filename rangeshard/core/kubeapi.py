@@ -180,6 +180,12 @@ HOP_BY_HOP |= {"te", "trailer", "transfer-encoding", "upgrade", "host"}
 WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 
+def json_accept(value: str) -> str:
+    """Protobuf out of an ``Accept`` header (a proxy answering JSON only): client-go sends both and takes JSON."""
+    kept = [p for p in value.split(",") if "protobuf" not in p]
+    return ",".join(kept).strip() or "application/json"
+
+
 class RequestTooLarge(ApiError):
     """The request body is larger than the configured limit (413)."""
 

@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from controller_manager.config import load_config
-from controller_manager.external import PATHS, _json_accept
+from controller_manager.external import PATHS
 from hashing import NAMESPACE_PATH, OWNER_PATH, UID_PATH
 from rangeshard.core.errors import ConfigError
+from rangeshard.core.kubeapi import json_accept as _json_accept
 from rangeshard.core.rest import parse_rest_path
 
 HEAD = """
