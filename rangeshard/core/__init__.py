@@ -30,7 +30,8 @@ Owns
       written and read in one place.
     * :mod:`rangeshard.core.kubeapi` - Kubernetes API helpers shared by the
       two HTTP servers: ``ApiError``/``Status`` bodies, token files,
-      ``UserInfo``, the request-body limit.
+      ``UserInfo``, the request-body limit, the headers a proxy drops or
+      rewrites (``HOP_BY_HOP``, ``json_accept``).
     * :mod:`rangeshard.core.selectors` - the one label/field selector parser,
       parameterised by which fields a caller allows.
     * :mod:`rangeshard.core.rest` - resource identity (``GVR``) and the one
