@@ -32,13 +32,12 @@ import yaml
 from kubernetes import client as k8s
 
 from controller_manager.audit import AuditRecord, find_overlaps, read_records
-from controller_manager.process import spawn_manager
+from controller_manager.process import ManagerProcess
 from hashing import hash_key
 from local_apiserver.process import LocalApiServerProcess
 from range_filter_proxy.process import ProxyProcess
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
 from rangeshard.core.process import EtcdCluster, EtcdServer
-from rangeshard.testing import ManagerProcess
 from registry import Registry, Snapshot
 from tests.e2e.kube import replicasets, scale_replicaset
 
@@ -54,26 +53,26 @@ def _manager_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
 
 
-@dataclass
 class Manager(ManagerProcess):
     """The test kit's manager process, plus what the handover scenarios need."""
 
+    proc: subprocess.Popen[bytes]
+    audit: Path
+    hold_file: Path | None = None
+
     def terminate(self, timeout: float = 20) -> int:
         """Graceful leave; unlike the kit's, a manager that does not leave in time fails the test (no SIGKILL)."""
-        if self.alive:
-            self.proc.send_signal(signal.SIGTERM)
+        self.send(signal.SIGTERM)
         return self.proc.wait(timeout)
 
     def freeze(self) -> None:
         """SIGSTOP: the process keeps its registration until its lease expires, but does nothing."""
-        self.proc.send_signal(signal.SIGSTOP)
+        self.send(signal.SIGSTOP)
 
     def metrics_url(self) -> str:
         found = re.search(r"metrics on (http://\S+)/metrics", self.log.read_text(errors="replace"))
         assert found, f"{self.name} logged no metrics address"
         return found.group(1)
-
-    hold_file: Path | None = None
 
     def metric(self, name: str, **labels: str) -> float:
         """One sample of this manager's ``/metrics`` (0 when absent)."""
@@ -156,8 +155,8 @@ class Cluster:
         path.write_text(yaml.safe_dump(cfg))
         audit = self.workdir / f"{stem}.audit.jsonl"
         log = self.workdir / f"{stem}.log"
-        proc = spawn_manager(path, log, instance_prefix=name, audit_log=audit, log_level=log_level, env=_manager_env())
-        m = Manager(name, proc, path, audit, log)
+        m = Manager.of_config(name, path, log, instance_prefix=name, audit=audit, log_level=log_level, env=_manager_env())
+        m.start()
         m.hold_file = hold_file
         self.managers.append(m)
         return m
