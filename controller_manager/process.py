@@ -144,15 +144,22 @@ class ManagerProcess(ManagedProcess):
             else:
                 self.proc.send_signal(sig)
 
+    def wait(self, timeout: float) -> int | None:
+        """The exit code, or None if the child still runs after ``timeout`` seconds."""
+        try:
+            return self._started().wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
     def terminate(self, timeout: float = 20.0) -> int:
         """Graceful leave (SIGTERM); SIGKILL if it does not exit within ``timeout``; the exit code."""
         proc = self._started()
         self.send(signal.SIGTERM)
-        try:
-            return proc.wait(timeout)
-        except subprocess.TimeoutExpired:
+        code = self.wait(timeout)
+        if code is None:
             self.kill()
             return proc.wait(10)
+        return code
 
     def kill(self) -> None:
         """SIGKILL (fault injection); the handle stays for ``proc.returncode``."""
