@@ -70,7 +70,8 @@ class LocalCluster:
     starting one; ``etcd_port``/``etcd_peer_port``/``apiserver_port``/
     ``proxy_port``: fixed ports (None: any free one); ``etcd_fast``: etcd's
     short election timing (tests); ``fence_registry``: the managers' registry
-    prefix, turning the proxy's write fencing on; ``proxy_upstream``: where
+    prefix, turning the proxy's write fencing on (the registry in
+    ``fence_etcd``, default the cluster's etcd); ``proxy_upstream``: where
     the proxy reaches the API server (default its URL; a benchmark puts a
     byte-counting relay there).
     """
@@ -91,6 +92,7 @@ class LocalCluster:
         proxy_resources: Sequence[str] = (),
         proxy_args: Sequence[str] = (),
         fence_registry: str | None = None,
+        fence_etcd: str | None = None,
         proxy_upstream: Callable[[LocalApiServerProcess], str] | None = None,
     ) -> None:
         self.workdir = Path(workdir)
@@ -100,6 +102,7 @@ class LocalCluster:
         self._apiserver_options = (apiserver_port, bookmark_interval, list(apiserver_args))
         self._proxy_options = (proxy_port, list(proxy_resources), list(proxy_args), fence_registry)
         self._proxy_upstream = proxy_upstream
+        self._fence_etcd = fence_etcd
         self.etcd: EtcdServer | None = None
         self.apiserver: LocalApiServerProcess | None = None
         self.proxy: ProxyProcess | None = None
@@ -143,7 +146,7 @@ class LocalCluster:
         apiserver = self._require(self.apiserver)
         port, resources, args, fence_registry = self._proxy_options
         if fence_registry is not None:  # write fencing: the proxy watches the managers' registry
-            args = [*args, "--etcd", self.etcd_url, "--registry-prefix", fence_registry]
+            args = [*args, "--etcd", self._fence_etcd or self.etcd_url, "--registry-prefix", fence_registry]
         upstream = self._proxy_upstream(apiserver) if self._proxy_upstream is not None else apiserver.url
         self.proxy = ProxyProcess(
             upstream, port=port, resources=resources, log_file=self.workdir / "proxy.log", extra_args=args

@@ -199,28 +199,35 @@ def _component(name: str, kind: str, pid: int | None, port: int, url: str, healt
     )
 
 
+ManagersOpt = Annotated[int, typer.Option("--managers", "-n", help="Number of controller managers.")]
+DemoOpt = Annotated[bool, typer.Option("--demo", help="Create a few demo deployments.")]
+ConfigOpt = Annotated[Path, typer.Option("--config", help="Manager config (etcd and proxy endpoints are filled in).")]
+EtcdPortOpt = Annotated[int, typer.Option("--etcd-port", help="etcd client port (0: any free port).")]
+ApiserverPortOpt = Annotated[int, typer.Option("--apiserver-port", help="Local API server port (0: any).")]
+ProxyPortOpt = Annotated[int, typer.Option("--proxy-port", help="Proxy port (0: any).")]
+DetachOpt = Annotated[
+    bool,
+    typer.Option(
+        "--detach",
+        "-d",
+        help="Start everything in the background, print ready and exit 0 (see rangeshard status / rangeshard down).",
+    ),
+]
+ExitWhenReadyOpt = Annotated[
+    bool, typer.Option("--exit-when-ready", help="Stop everything once ready (smoke test).", hidden=True)
+]
+
+
 def up_command(
     state_dir: StateDirOpt = DEFAULT_STATE_DIR,
-    managers: Annotated[int, typer.Option("--managers", "-n", help="Number of controller managers.")] = 2,
-    demo: Annotated[bool, typer.Option("--demo", help="Create a few demo deployments.")] = False,
-    config: Annotated[
-        Path, typer.Option("--config", help="Manager config (etcd and proxy endpoints are filled in).")
-    ] = Path("config/local.yaml"),
-    etcd_port: Annotated[int, typer.Option("--etcd-port", help="etcd client port (0: any free port).")] = 2379,
-    apiserver_port: Annotated[int, typer.Option("--apiserver-port", help="Local API server port (0: any).")] = 6443,
-    proxy_port: Annotated[int, typer.Option("--proxy-port", help="Proxy port (0: any).")] = 8001,
-    detach: Annotated[
-        bool,
-        typer.Option(
-            "--detach",
-            "-d",
-            help="Start everything in the background, print ready and exit 0 "
-            "(see rangeshard status / rangeshard down).",
-        ),
-    ] = False,
-    exit_when_ready: Annotated[
-        bool, typer.Option("--exit-when-ready", help="Stop everything once ready (smoke test).", hidden=True)
-    ] = False,
+    managers: ManagersOpt = 2,
+    demo: DemoOpt = False,
+    config: ConfigOpt = Path("config/local.yaml"),
+    etcd_port: EtcdPortOpt = 2379,
+    apiserver_port: ApiserverPortOpt = 6443,
+    proxy_port: ProxyPortOpt = 8001,
+    detach: DetachOpt = False,
+    exit_when_ready: ExitWhenReadyOpt = False,
 ) -> None:
     """Run everything locally: etcd, the local API server, the proxy and N controller managers.
 

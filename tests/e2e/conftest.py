@@ -38,6 +38,7 @@ from local_apiserver.process import LocalApiServerProcess
 from range_filter_proxy.process import ProxyProcess
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
 from rangeshard.core.process import EtcdCluster, EtcdServer
+from rangeshard.localcluster import LocalCluster
 from registry import Registry, Snapshot
 from tests.e2e.kube import replicasets, scale_replicaset
 
@@ -155,7 +156,9 @@ class Cluster:
         path.write_text(yaml.safe_dump(cfg))
         audit = self.workdir / f"{stem}.audit.jsonl"
         log = self.workdir / f"{stem}.log"
-        m = Manager.of_config(name, path, log, instance_prefix=name, audit=audit, log_level=log_level, env=_manager_env())
+        m = Manager.of_config(
+            name, path, log, instance_prefix=name, audit=audit, log_level=log_level, env=_manager_env()
+        )
         m.start()
         m.hold_file = hold_file
         self.managers.append(m)
@@ -247,30 +250,31 @@ def _start_cluster(
     workdir: Path,
     registry_server: EtcdServer | None = None,
     apiserver_args: list[str] | None = None,
+    fenced: bool = False,
 ) -> Iterator[Cluster]:
-    storage = f"/e2e-{uuid.uuid4().hex[:8]}"
-    apiserver = LocalApiServerProcess(
-        etcd_url,
-        prefix=storage,
-        log_file=workdir / "apiserver.log",
+    """API server and proxy on ``etcd_url``; ``fenced``: the proxy fences writes against the registry."""
+    registry_prefix = f"/rs-{uuid.uuid4().hex[:8]}"
+    local = LocalCluster(
+        workdir,
+        etcd_url=etcd_url,
+        storage_prefix=f"/e2e-{uuid.uuid4().hex[:8]}",
         bookmark_interval=0.2,
-        extra_args=apiserver_args,
+        apiserver_args=apiserver_args or (),
+        fence_registry=registry_prefix if fenced else None,
+        fence_etcd=registry_etcd_url,
     )
-    apiserver.start()
-    proxy = ProxyProcess(apiserver.url, log_file=workdir / "proxy.log")
-    try:
-        proxy.start()
-        cluster = Cluster(etcd_url, registry_etcd_url, f"/rs-{uuid.uuid4().hex[:8]}", apiserver, proxy, workdir)
+    with local:
+        apiserver, proxy = local.apiserver, local.proxy
+        assert apiserver is not None and proxy is not None
+        cluster = Cluster(etcd_url, registry_etcd_url, registry_prefix, apiserver, proxy, workdir)
         cluster.registry_server = registry_server
         try:
             yield cluster
         finally:
+            for m in cluster.managers:
+                if m.alive:
+                    os.killpg(m.proc.pid, signal.SIGCONT)  # a frozen manager must be able to leave
             cluster.stop()
-    finally:
-        proxy.stop()
-        apiserver.stop()
-        with EtcdClient(EtcdConfig.from_urls(etcd_url)) as c:
-            c.delete_prefix(storage + "/")
 
 
 @pytest.fixture
@@ -352,34 +356,6 @@ def members_cluster(etcd_server: EtcdServer, etcd_members: EtcdCluster, tmp_path
 
 
 def _fenced_cluster(etcd_url: str, registry_urls: str, tmp_path: Path) -> Iterator[Cluster]:
-    storage = f"/e2e-{uuid.uuid4().hex[:8]}"
-    registry_prefix = f"/rs-{uuid.uuid4().hex[:8]}"
     audit = tmp_path / "apiserver-audit.jsonl"
-    apiserver = LocalApiServerProcess(
-        etcd_url,
-        prefix=storage,
-        log_file=tmp_path / "apiserver.log",
-        bookmark_interval=0.2,
-        extra_args=["--audit-log-path", str(audit), "--audit-level", "RequestResponse"],
-    )
-    apiserver.start()
-    proxy = ProxyProcess(
-        apiserver.url,
-        log_file=tmp_path / "proxy.log",
-        extra_args=["--etcd", registry_urls, "--registry-prefix", registry_prefix],
-    )
-    try:
-        proxy.start()
-        cluster = Cluster(etcd_url, registry_urls, registry_prefix, apiserver, proxy, tmp_path)
-        try:
-            yield cluster
-        finally:
-            for m in cluster.managers:
-                if m.alive:
-                    os.killpg(m.proc.pid, signal.SIGCONT)
-            cluster.stop()
-    finally:
-        proxy.stop()
-        apiserver.stop()
-        with EtcdClient(EtcdConfig.from_urls(etcd_url)) as c:
-            c.delete_prefix(storage + "/")
+    args = ["--audit-log-path", str(audit), "--audit-level", "RequestResponse"]
+    yield from _start_cluster(etcd_url, registry_urls, tmp_path, apiserver_args=args, fenced=True)
