@@ -33,7 +33,7 @@ import signal
 import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Self
+from typing import Any, Self
 
 from rangeshard.core.errors import RangeshardError
 from rangeshard.core.process import ManagedProcess, python_module_command
@@ -85,6 +85,7 @@ class ManagerProcess(ManagedProcess):
         signal_group: bool = False,
     ) -> None:
         self.name = name
+        self.what = f"manager {name}"
         self.command = list(command)
         self.log = self.log_path = Path(log)
         self.config = Path(config) if config is not None else None
@@ -104,26 +105,11 @@ class ManagerProcess(ManagedProcess):
         instance_prefix: str | None = None,
         audit: str | Path | None = None,
         log_level: str | None = "info",
-        env: Mapping[str, str] | None = None,
-        new_session: bool = True,
-        signal_group: bool = False,
+        **options: Any,
     ) -> Self:
-        """A ``rangeshard controller-manager --config CONFIG`` (see :func:`manager_command`), not started yet."""
+        """A ``rangeshard controller-manager --config CONFIG`` (:func:`manager_command`), not started yet."""
         command = manager_command(config, instance_prefix=instance_prefix, audit_log=audit, log_level=log_level)
-        return cls(
-            name,
-            command,
-            log,
-            config=config,
-            audit=audit,
-            env=env,
-            new_session=new_session,
-            signal_group=signal_group,
-        )
-
-    @property
-    def what(self) -> str:  # type: ignore[override]
-        return f"manager {self.name}"
+        return cls(name, command, log, config=config, audit=audit, **options)
 
     @property
     def alive(self) -> bool:
@@ -131,7 +117,7 @@ class ManagerProcess(ManagedProcess):
 
     def start(self) -> Self:
         """Start the child (output appended to ``log``); :class:`ManagerProcessError` if it cannot start."""
-        self._spawn(self.command, ManagerProcessError, f"manager {self.name}", self.env, new_session=self.new_session)
+        self._spawn(self.command, ManagerProcessError, self.what, self.env, new_session=self.new_session)
         return self
 
     def send(self, sig: int) -> None:
@@ -153,13 +139,11 @@ class ManagerProcess(ManagedProcess):
 
     def terminate(self, timeout: float = 20.0) -> int:
         """Graceful leave (SIGTERM); SIGKILL if it does not exit within ``timeout``; the exit code."""
-        proc = self._started()
         self.send(signal.SIGTERM)
         code = self.wait(timeout)
         if code is None:
             self.kill()
-            return proc.wait(10)
-        return code
+        return self._started().wait(10)
 
     def kill(self) -> None:
         """SIGKILL (fault injection); the handle stays for ``proc.returncode``."""
@@ -182,11 +166,3 @@ class ManagerProcess(ManagedProcess):
         if self.proc is None:
             raise ManagerProcessError(f"manager {self.name} was not started")
         return self.proc
-
-
-def stop_all(managers: Sequence[ManagerProcess], timeout: float = 20.0) -> None:
-    """Graceful leave of every manager at once: SIGTERM to all, then wait for each (SIGKILL after ``timeout``)."""
-    for m in managers:
-        m.send(signal.SIGTERM)
-    for m in managers:
-        m.stop(timeout)

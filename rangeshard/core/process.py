@@ -489,20 +489,18 @@ class EtcdCluster:
 
     def leader(self, timeout: float = 30.0) -> EtcdServer:
         """The member that is leader now (waits for an election to finish)."""
-        deadline = time.monotonic() + timeout
-        while True:
+        found: list[EtcdServer] = []
+
+        def check() -> tuple[bool, str]:
             for m in self.members:
-                if not m.running:
-                    continue
-                try:
-                    member_id, leader_id = m.status(timeout=0.5)
-                except RangeshardError:
-                    continue
-                if member_id == leader_id:
-                    return m
-            if time.monotonic() >= deadline:
-                raise EtcdServerError(f"no etcd leader among {self.urls} after {timeout}s")
-            time.sleep(0.05)
+                with contextlib.suppress(RangeshardError):
+                    if m.running and len(set(m.status(timeout=0.5))) == 1:  # its own id is the leader's
+                        found.append(m)
+                        return True, "elected"
+            return False, "no member is leader"
+
+        wait_ready(check, timeout, what=f"an etcd leader among {self.urls}", error=EtcdServerError)
+        return found[0]
 
     def stop(self) -> None:
         for m in self.members:

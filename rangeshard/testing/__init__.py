@@ -250,7 +250,7 @@ class TestCluster(LocalCluster):
         workdir = Path(workdir or tempfile.mkdtemp(prefix="rangeshard-testing-"))
         super().__init__(
             workdir,
-            etcd_url=etcd_url,
+            external_etcd=etcd_url,
             etcd_fast=True,
             storage_prefix=f"/rangeshard-testing-{uuid.uuid4().hex[:8]}",
             bookmark_interval=0.2,

@@ -256,7 +256,7 @@ def _start_cluster(
     registry_prefix = f"/rs-{uuid.uuid4().hex[:8]}"
     local = LocalCluster(
         workdir,
-        etcd_url=etcd_url,
+        external_etcd=etcd_url,
         storage_prefix=f"/e2e-{uuid.uuid4().hex[:8]}",
         bookmark_interval=0.2,
         apiserver_args=apiserver_args or (),

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from controller_manager.process import ManagerProcess, ManagerProcessError, manager_command, stop_all
+from controller_manager.process import ManagerProcess, ManagerProcessError, manager_command
 from rangeshard.core.errors import RangeshardError
 from rangeshard.localcluster import LocalCluster, LocalClusterError
 from tests.helpers import wait_until
@@ -89,7 +89,8 @@ def test_terminate_is_a_graceful_stop_and_the_handle_stays(tmp_path: Path) -> No
     )
     wait_until(lambda: "up" in stubborn.log_tail(), 30, "the child ignoring SIGTERM")
     assert stubborn.terminate(0.3) == -signal.SIGKILL
-    stop_all([m, stubborn])  # idempotent on stopped children
+    m.stop()  # idempotent on a stopped child
+    assert m.terminate() == 0
 
 
 def test_a_manager_that_was_never_started_cannot_be_terminated(tmp_path: Path) -> None:
@@ -108,4 +109,4 @@ def test_a_local_cluster_names_what_is_not_started(tmp_path: Path) -> None:
             getattr(cluster, part)
     assert cluster.parts() == []
     cluster.stop()  # idempotent, nothing started
-    assert LocalCluster(tmp_path, etcd_url="http://127.0.0.1:1").etcd_url == "http://127.0.0.1:1"
+    assert LocalCluster(tmp_path, external_etcd="http://127.0.0.1:1").etcd_url == "http://127.0.0.1:1"
