@@ -35,14 +35,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+import orjson
 import yaml
+from kubernetes import client as k8s
 
 from controller_manager.process import ManagerProcess
+from controller_manager.resources import raw_request
 from local_apiserver.process import LocalApiServerProcess
 from range_filter_proxy.process import ProxyProcess
 from rangeshard.core.errors import RangeshardError
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
-from rangeshard.core.process import EtcdServer, ManagedProcess
+from rangeshard.core.process import EtcdServer, ManagedProcess, wait_ready
 
 log = logging.getLogger(__name__)
 P = TypeVar("P")
@@ -184,6 +187,68 @@ class LocalCluster:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+    def api_client(self) -> Any:
+        """An official-client ``ApiClient`` talking to the local API server directly (close it when done)."""
+        cfg = k8s.Configuration()
+        cfg.host = self.api_url
+        return k8s.ApiClient(cfg)
+
+    def apply(self, manifest: str | Path | Mapping[str, Any], namespace: str | None = None) -> list[dict[str, Any]]:
+        """Create the objects of a YAML file, a YAML string or a dict (existing ones are left alone).
+
+        CRDs are waited for until their resources are served.
+        """
+        if isinstance(manifest, Mapping):
+            docs: list[Any] = [dict(manifest)]
+        else:
+            text = Path(manifest).read_text() if isinstance(manifest, Path) or "\n" not in manifest else manifest
+            docs = [d for d in yaml.safe_load_all(text) if d]
+        created: list[dict[str, Any]] = []
+        with self.api_client() as api:
+            for doc in docs:
+                created.append(self._create(api, doc, namespace))
+        return created
+
+    def _create(self, api: Any, doc: dict[str, Any], namespace: str | None) -> dict[str, Any]:
+        api_version = str(doc.get("apiVersion") or "")
+        kind = str(doc.get("kind") or "")
+        group, _, version = api_version.rpartition("/")
+        base = f"/apis/{group}/{version}" if group else f"/api/{version}"
+        found = orjson.loads(raw_request(api, "GET", base, timeout=10).data)
+        entry = next((r for r in found.get("resources") or [] if r.get("kind") == kind and "/" not in r["name"]), None)
+        if entry is None:
+            raise LocalClusterError(f"{api_version} serves no kind {kind!r}")
+        ns = (doc.get("metadata") or {}).get("namespace") or namespace
+        path = (
+            f"{base}/namespaces/{ns}/{entry['name']}" if entry.get("namespaced") and ns else f"{base}/{entry['name']}"
+        )
+        try:
+            obj: dict[str, Any] = orjson.loads(
+                raw_request(api, "POST", path, body=doc, content_type="application/json", timeout=10).data
+            )
+        except k8s.ApiException as e:
+            if e.status != 409:
+                raise
+            obj = doc
+        if kind == "CustomResourceDefinition":
+            spec = doc.get("spec") or {}
+            plural = (spec.get("names") or {}).get("plural")
+            versions = [v["name"] for v in spec.get("versions") or [] if v.get("served", True)]
+
+            def served() -> tuple[bool, str]:
+                for v in versions:
+                    try:
+                        listing = orjson.loads(raw_request(api, "GET", f"/apis/{spec['group']}/{v}", timeout=5).data)
+                    except k8s.ApiException as e:
+                        return False, f"{spec['group']}/{v}: {e.status}"
+                    if not any(r.get("name") == plural for r in listing.get("resources") or []):
+                        return False, f"{spec['group']}/{v} does not serve {plural}"
+                return True, "served"
+
+            name = (doc.get("metadata") or {}).get("name")
+            wait_ready(served, 10, what=f"CRD {name}", error=LocalClusterError, interval=0.05)
+        return obj
 
     @property
     def etcd_url(self) -> str:

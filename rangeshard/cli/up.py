@@ -36,13 +36,12 @@ Concurrency model
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 import yaml
@@ -67,8 +66,10 @@ from rangeshard.cli.updown import PortPlan, choose_port, demo_summary, plan_port
 from rangeshard.core.errors import ConfigError, RangeshardError
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
 from rangeshard.core.process import EtcdServer
-from rangeshard.localcluster import LocalCluster
 from registry import MembershipWatch, RegistryView
+
+if TYPE_CHECKING:
+    from rangeshard.localcluster import LocalCluster
 
 DEFAULT_MANAGER_CONFIG: dict[str, Any] = {
     "leaseTTLSeconds": 10,
@@ -115,37 +116,18 @@ def etcd_command(
         server.stop()
 
 
-def create_demo(api_url: str) -> None:
+def create_demo(cluster: LocalCluster) -> None:
     """A namespace ``demo`` and a few deployments (idempotent; the counts are reported by ``demo_summary``)."""
-    from kubernetes import client as k8s  # noqa: PLC0415
-    from kubernetes.client.exceptions import ApiException  # noqa: PLC0415
-
-    cfg = k8s.Configuration()
-    cfg.host = api_url
-    with k8s.ApiClient(cfg) as api:
-        core: Any = k8s.CoreV1Api(api)
-        apps: Any = k8s.AppsV1Api(api)
-        with contextlib.suppress(ApiException):
-            core.create_namespace({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "demo"}})
-        for name, replicas in DEMO_DEPLOYMENTS.items():
-            body = {
-                "apiVersion": "apps/v1",
-                "kind": "Deployment",
-                "metadata": {"name": name, "namespace": "demo"},
-                "spec": {
-                    "replicas": replicas,
-                    "selector": {"matchLabels": {"app": name}},
-                    "template": {
-                        "metadata": {"labels": {"app": name}},
-                        "spec": {"containers": [{"name": name, "image": f"example.local/{name}:1"}]},
-                    },
-                },
-            }
-            try:
-                apps.create_namespaced_deployment("demo", body)
-            except ApiException as e:
-                if e.status != 409:
-                    raise
+    docs: list[dict[str, Any]] = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "demo"}}]
+    for name, replicas in DEMO_DEPLOYMENTS.items():
+        template = {
+            "metadata": {"labels": {"app": name}},
+            "spec": {"containers": [{"name": name, "image": f"example.local/{name}:1"}]},
+        }
+        spec = {"replicas": replicas, "selector": {"matchLabels": {"app": name}}, "template": template}
+        docs.append({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name}, "spec": spec})
+    for doc in docs:
+        cluster.apply(doc, namespace="demo")
 
 
 def _registry_prefix(config: Path) -> str:
@@ -256,7 +238,7 @@ def up_command(
         _print_summary(console, cluster, state_dir, kubeconfig, managers)
         wait_healthy(components, cluster.parts(), cluster.etcd_url, controller_types, managers, stop)
         if demo:
-            create_demo(cluster.api_url)
+            create_demo(cluster)
             console.print(demo_summary(cluster.api_url, "demo"))
         console.print(f"ready: {managers} manager(s) active for {', '.join(controller_types)}; every component healthy")
         if detach:
@@ -296,6 +278,8 @@ def _preflight(state_dir: Path, managers: int, config: Path) -> list[str]:
 
 def _local_cluster(state_dir: Path, ports: PortPlan, config: Path) -> LocalCluster:
     """``up``'s cluster: etcd data in ``DIR/etcd``, the API server's audit log and simulated node, write fencing."""
+    from rangeshard.localcluster import LocalCluster  # noqa: PLC0415 (heavy: the servers' modules)
+
     return LocalCluster(
         state_dir,
         etcd_port=ports.etcd,

@@ -43,8 +43,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-import orjson
-import yaml
 from kubernetes import client as k8s
 
 from controller_manager.audit import AuditRecord, find_overlaps, read_records
@@ -280,68 +278,9 @@ class TestCluster(LocalCluster):
         """:func:`assert_no_stale_writes` over this cluster's API server audit log; the token writes checked."""
         return assert_no_stale_writes(self.apiserver_audit_log, controller_type)
 
-    def api_client(self) -> Any:
-        """An official-client ``ApiClient`` talking to the local API server directly (close it when done)."""
-        cfg = k8s.Configuration()
-        cfg.host = self.api_url
-        return k8s.ApiClient(cfg)
-
     def kubeconfig(self) -> Path:
         """A kubeconfig file for ``kubectl --kubeconfig`` against the local API server."""
         return self.write_kubeconfig(self.workdir / "kubeconfig", "test")
-
-    # -- objects -----------------------------------------------------------------------
-    def apply(self, manifest: str | Path | Mapping[str, Any], namespace: str | None = None) -> list[dict[str, Any]]:
-        """Create the objects of a YAML file, a YAML string or a dict (existing ones are left alone).
-
-        CRDs are waited for until their resources are served.
-        """
-        if isinstance(manifest, Mapping):
-            docs: list[Any] = [dict(manifest)]
-        else:
-            text = Path(manifest).read_text() if isinstance(manifest, Path) or "\n" not in manifest else manifest
-            docs = [d for d in yaml.safe_load_all(text) if d]
-        created: list[dict[str, Any]] = []
-        with self.api_client() as api:
-            for doc in docs:
-                created.append(self._create(api, doc, namespace))
-        return created
-
-    def _create(self, api: Any, doc: dict[str, Any], namespace: str | None) -> dict[str, Any]:
-        api_version = str(doc.get("apiVersion") or "")
-        kind = str(doc.get("kind") or "")
-        group, _, version = api_version.rpartition("/")
-        base = f"/apis/{group}/{version}" if group else f"/api/{version}"
-        found = orjson.loads(raw_request(api, "GET", base, timeout=10).data)
-        entry = next((r for r in found.get("resources") or [] if r.get("kind") == kind and "/" not in r["name"]), None)
-        if entry is None:
-            raise TestKitError(f"{api_version} serves no kind {kind!r}")
-        ns = (doc.get("metadata") or {}).get("namespace") or namespace
-        path = (
-            f"{base}/namespaces/{ns}/{entry['name']}" if entry.get("namespaced") and ns else f"{base}/{entry['name']}"
-        )
-        try:
-            obj: dict[str, Any] = orjson.loads(
-                raw_request(api, "POST", path, body=doc, content_type="application/json", timeout=10).data
-            )
-        except k8s.ApiException as e:
-            if e.status != 409:
-                raise
-            obj = doc
-        if kind == "CustomResourceDefinition":
-            spec = doc.get("spec") or {}
-            plural = (spec.get("names") or {}).get("plural")
-            versions = [v["name"] for v in spec.get("versions") or [] if v.get("served", True)]
-
-            def served() -> bool:
-                for v in versions:
-                    listing = orjson.loads(raw_request(api, "GET", f"/apis/{spec['group']}/{v}", timeout=5).data)
-                    if not any(r.get("name") == plural for r in listing.get("resources") or []):
-                        return False
-                return True
-
-            wait_until(lambda: _quiet(served), 10, f"CRD {(doc.get('metadata') or {}).get('name')} to be served")
-        return obj
 
     def create_namespace(self, name: str | None = None) -> str:
         name = name or f"test-{uuid.uuid4().hex[:8]}"
@@ -391,10 +330,3 @@ def _import(target: str) -> type[Controller]:
     if not (isinstance(obj, type) and issubclass(obj, Controller)):
         raise TestKitError(f"{target} is not a Controller subclass")
     return obj
-
-
-def _quiet(fn: Callable[[], bool]) -> bool:
-    try:
-        return fn()
-    except k8s.ApiException:
-        return False
