@@ -130,13 +130,16 @@ def create_demo(cluster: LocalCluster) -> None:
         cluster.apply(doc, namespace="demo")
 
 
+def _file_config(config: Path) -> dict[str, Any]:
+    """The manager config file's content (the built-in default without the file)."""
+    loaded = yaml.safe_load(config.read_text()) if config.is_file() else None
+    return loaded if isinstance(loaded, dict) else dict(DEFAULT_MANAGER_CONFIG)
+
+
 def _registry_prefix(config: Path) -> str:
     """The managers' registry prefix (the proxy fences writes against it)."""
-    if config.is_file():
-        loaded = yaml.safe_load(config.read_text())
-        if isinstance(loaded, dict) and isinstance(loaded.get("registryPrefix"), str):
-            return str(loaded["registryPrefix"])
-    return str(DEFAULT_MANAGER_CONFIG.get("registryPrefix", DEFAULT_REGISTRY_PREFIX))
+    prefix = _file_config(config).get("registryPrefix")
+    return prefix if isinstance(prefix, str) else DEFAULT_REGISTRY_PREFIX
 
 
 def _check_manager_config(config: Path) -> list[str]:
@@ -159,12 +162,7 @@ def _check_manager_config(config: Path) -> list[str]:
 
 def _manager_config(config: Path, etcd_url: str, proxy_url: str, metrics_port: int) -> dict[str, Any]:
     """The config of one manager: the file's (or the default), endpoints and metrics port filled in."""
-    manager_cfg = dict(DEFAULT_MANAGER_CONFIG)
-    if config.is_file():
-        loaded = yaml.safe_load(config.read_text())
-        if isinstance(loaded, dict):
-            manager_cfg = loaded
-    manager_cfg = {**manager_cfg, "etcd": {"endpoints": [etcd_url]}, "proxy": {"url": proxy_url}}
+    manager_cfg = {**_file_config(config), "etcd": {"endpoints": [etcd_url]}, "proxy": {"url": proxy_url}}
     if manager_cfg.get("metrics", {}) is not None:
         metrics = manager_cfg.get("metrics") or {}
         manager_cfg["metrics"] = {**metrics, "host": "127.0.0.1", "port": metrics_port}
