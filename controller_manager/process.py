@@ -3,12 +3,12 @@
 Purpose
     ``rangeshard up``, the test kit (:mod:`rangeshard.testing`), the e2e
     tests and the benchmarks all start managers as child processes.
-    :func:`manager_command` is the command line and :class:`ManagerProcess`
-    the process (output appended to a log file, stdin closed, optionally in
-    its own session): started, waited for, stopped and read the same way by
-    every launcher. A benchmark's own manager program
-    (``python -m bench.scaleout_manager``) is a :class:`ManagerProcess` with
-    another command.
+    :class:`ManagerProcess` is the process (output appended to a log file,
+    stdin closed, optionally in its own session), started, waited for,
+    stopped and read the same way by every launcher;
+    :meth:`ManagerProcess.of_config` builds the command line. A benchmark's
+    own manager program (``python -m bench.scaleout_manager``) is a
+    :class:`ManagerProcess` with another command.
 
 Invariants
     * The child runs ``python -P -m rangeshard.cli.main [--log-level L]
@@ -41,23 +41,6 @@ from rangeshard.core.process import ManagedProcess, python_module_command
 
 class ManagerProcessError(RangeshardError):
     """A controller-manager child process could not be started or did not become ready."""
-
-
-def manager_command(
-    config: str | Path,
-    *,
-    instance_prefix: str | None = None,
-    audit_log: str | Path | None = None,
-    log_level: str | None = "info",
-) -> list[str]:
-    """The command line of a controller manager (``log_level=None``: the CLI's default, as a user runs it)."""
-    cmd = python_module_command("rangeshard.cli.main", *(("--log-level", log_level) if log_level else ()))
-    cmd += ["controller-manager", "--config", str(config)]
-    if instance_prefix is not None:
-        cmd += ["--instance-prefix", instance_prefix]
-    if audit_log is not None:
-        cmd += ["--audit-log", str(audit_log)]
-    return cmd
 
 
 class ManagerProcess(ManagedProcess):
@@ -107,9 +90,15 @@ class ManagerProcess(ManagedProcess):
         log_level: str | None = "info",
         **options: Any,
     ) -> Self:
-        """A ``rangeshard controller-manager --config CONFIG`` (:func:`manager_command`), not started yet."""
-        command = manager_command(config, instance_prefix=instance_prefix, audit_log=audit, log_level=log_level)
-        return cls(name, command, log, config=config, audit=audit, **options)
+        """``rangeshard [--log-level L] controller-manager --config CONFIG ...``, not started yet.
+
+        ``log_level=None``: the CLI's default, as a user runs it.
+        """
+        cmd = python_module_command("rangeshard.cli.main", *(("--log-level", log_level) if log_level else ()))
+        cmd += ["controller-manager", "--config", str(config)]
+        cmd += ["--instance-prefix", instance_prefix] if instance_prefix is not None else []
+        cmd += ["--audit-log", str(audit)] if audit is not None else []
+        return cls(name, cmd, log, config=config, audit=audit, **options)
 
     @property
     def alive(self) -> bool:

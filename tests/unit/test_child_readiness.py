@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from controller_manager.process import ManagerProcess, ManagerProcessError, manager_command
+from controller_manager.process import ManagerProcess, ManagerProcessError
 from rangeshard.core.errors import RangeshardError
+from rangeshard.core.process import python_module_command
 from rangeshard.localcluster import LocalCluster, LocalClusterError
 from tests.helpers import wait_until
 
@@ -95,7 +96,8 @@ def test_terminate_is_a_graceful_stop_and_the_handle_stays(tmp_path: Path) -> No
 
 def test_a_manager_that_was_never_started_cannot_be_terminated(tmp_path: Path) -> None:
     m = ManagerProcess.of_config("m0", tmp_path / "c.yaml", tmp_path / "m0.log", instance_prefix="m0")
-    assert m.command == manager_command(tmp_path / "c.yaml", instance_prefix="m0")
+    cli = python_module_command("rangeshard.cli.main", "--log-level", "info", "controller-manager")
+    assert m.command == [*cli, "--config", str(tmp_path / "c.yaml"), "--instance-prefix", "m0"]
     assert m.returncode is None and not m.alive and m.log_tail() == ""
     with pytest.raises(ManagerProcessError, match="manager m0 was not started"):
         m.terminate()
