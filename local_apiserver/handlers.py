@@ -4,8 +4,9 @@ Purpose
     ``dispatch`` routes one resource request (already past the middleware):
     ``_prepare`` records its facts, authorizes, checks ``Accept`` (Tables for
     GETs that ask, :mod:`local_apiserver.tables`) and parses the list options
-    into a :class:`Call`; ``derive_verb`` derives the verb as kube-apiserver does
-    (405 for what it refuses); ``VERBS`` holds one handler per verb
+    into a :class:`Call`; ``derive_verb`` derives the verb as kube-apiserver
+    does (``request_verb``, which authorization uses too; 405 for what it
+    refuses); ``VERBS`` holds one handler per verb
     (``get``, ``list``, ``watch``, ``create``, ``update``, ``patch``,
     ``delete``, ``deletecollection``), which applies field validation to
     written bodies (:mod:`local_apiserver.fieldvalidation`) and calls the
@@ -172,26 +173,30 @@ def _prepare(state: State, request: Request, target: Target, info: dict[str, str
     return Call(state, request, target, store, table, query)
 
 
-_OBJECT_VERBS = {"PUT": "update", "PATCH": "patch", "DELETE": "delete"}
+_METHOD_VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
+
+
+def request_verb(method: str, target: Target, watch: bool) -> str:
+    """The verb kube-apiserver derives for a request (authorization, metrics and the handler use it)."""
+    if target.watch_path or (method == "GET" and target.name is None and watch):
+        return "watch"
+    if method in ("GET", "HEAD"):
+        return "get" if target.name is not None else "list"
+    if method == "DELETE" and target.name is None:
+        return "deletecollection"
+    return _METHOD_VERBS.get(method, method.lower())
 
 
 def derive_verb(method: str, target: Target, query: ListQuery | None) -> str:
-    """The verb kube-apiserver derives for a method on a target (405 for the combinations it refuses)."""
+    """:func:`request_verb` of a routed request; 405 for the combinations kube-apiserver refuses."""
     if query is not None and query.watch:
         if method != "GET" or target.subresource:
             raise method_not_allowed("watch is only allowed with GET on a collection or object")
         return "watch"
-    if method == "GET":
-        return "list" if target.name is None else "get"
-    if method == "POST":
-        return "create"
-    if target.name is None:
-        if method == "DELETE":
-            return "deletecollection"
-        raise method_not_allowed(f"{method} is not allowed on a collection")
-    if method not in _OBJECT_VERBS:
-        raise method_not_allowed(f"{method} is not supported")
-    return _OBJECT_VERBS[method]
+    if method not in ("GET", "POST", "DELETE") and (target.name is None or method not in _METHOD_VERBS):
+        refused = "is not allowed on a collection" if target.name is None else "is not supported"
+        raise method_not_allowed(f"{method} {refused}")
+    return request_verb(method, target, False)
 
 
 async def _get(call: Call) -> Response:
@@ -276,17 +281,9 @@ def _attributes(request: Request, target: Target) -> Attributes:
         watch = bool(parse_bool(request.query_params, "watch"))
     except ApiError:
         watch = False  # answered with a 400 by the handler; authorization sees a read
-    if target.watch_path or (method == "GET" and target.name is None and watch):
-        verb = "watch"
-    elif method in ("GET", "HEAD"):
-        verb = "get" if target.name is not None else "list"
-    elif method == "DELETE" and target.name is None:
-        verb = "deletecollection"
-    else:
-        verb = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}.get(method, method.lower())
     spec = target.spec
     return Attributes(
-        verb=verb,
+        verb=request_verb(method, target, watch),
         resource=spec.resource,
         group=spec.group,
         namespace=target.namespace or "",
