@@ -8,7 +8,8 @@ Purpose
     server on it, the proxy in front of it, and :class:`ManagerProcess`
     children added with :meth:`LocalCluster.add_manager`. Each caller only
     says what differs (ports, file names, bookmark interval, write fencing,
-    a relay between the proxy and the API server).
+    a relay between the proxy and the API server). :meth:`LocalCluster.apply`
+    creates objects from manifests (``up``'s demo, the test kit's fixtures).
 
 Invariants
     * :meth:`LocalCluster.start` returns with etcd, the API server and the
@@ -19,6 +20,8 @@ Invariants
       the proxy, the API server, then its own etcd; with a given etcd it
       deletes its storage prefix instead. It is idempotent; a failing step
       is reported to ``on_error`` (default: a WARNING) and the others still run.
+    * Only the proxy's process may differ in how it waits (``ProxyProcess``
+      keeps its own readiness loop until it moves onto ``wait_http_ready``).
     * Everything binds 127.0.0.1; logs go to ``workdir`` (``etcd.log``,
       ``apiserver.log``, ``proxy.log``, one per manager).
 
