@@ -91,6 +91,9 @@ class LocalCluster:
     proxy: ProxyProcess | None = field(default=None, init=False)
     managers: list[ManagerProcess] = field(default_factory=list, init=False)
 
+    def __post_init__(self) -> None:
+        self.workdir = Path(self.workdir)  # a str works too
+
     def start(self) -> LocalCluster:
         """Start etcd (unless external), the API server and the proxy, each ready before the next."""
         self.workdir.mkdir(parents=True, exist_ok=True)
