@@ -112,3 +112,18 @@ def test_a_local_cluster_names_what_is_not_started(tmp_path: Path) -> None:
     assert cluster.parts() == []
     cluster.stop()  # idempotent, nothing started
     assert LocalCluster(tmp_path, external_etcd="http://127.0.0.1:1").etcd_url == "http://127.0.0.1:1"
+
+
+def test_a_part_that_exits_fails_start_at_once_and_nothing_stays_behind(tmp_path: Path) -> None:
+    """An API server that exits (a bad flag) fails ``start`` with its log tail at once; the etcd started is stopped."""
+    from local_apiserver.process import LocalApiServerError  # noqa: PLC0415
+
+    cluster = LocalCluster(tmp_path, etcd_fast=True, apiserver_args=["--no-such-flag"])
+    started = time.monotonic()
+    with pytest.raises(
+        LocalApiServerError, match=r"local API server on http://127\.0\.0\.1:\d+ exited with code 2: .*"
+    ):
+        cluster.start()
+    assert time.monotonic() - started < 25  # not the 30 s readiness timeout
+    assert cluster.etcd is not None and not cluster.etcd.running
+    assert cluster.proxy is None
