@@ -8,7 +8,8 @@ Owns
       tree; the only module that imports pyetcd or grpc.
     * :mod:`rangeshard.core.process` - child-process management
       (``ManagedProcess``, the embedded ``EtcdServer``, a multi-member
-      ``EtcdCluster``, ``free_port``, ``terminate``).
+      ``EtcdCluster``, ``free_port``, ``terminate``, and ``wait_ready``: the
+      one readiness routine of our children).
     * :mod:`rangeshard.core.serving` - running an ASGI app under uvicorn so
       open streams end as soon as SIGINT/SIGTERM begins the shutdown.
     * :mod:`rangeshard.core.listoptions` - list/watch query parameters,
