@@ -30,7 +30,7 @@ import copy
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
