@@ -30,7 +30,7 @@ import copy
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
@@ -88,7 +88,7 @@ class DeleteOptions(BaseModel):
 
     kind: str | None = None
     apiVersion: str | None = None  # noqa: N815 (Kubernetes field name)
-    propagationPolicy: Literal["Background", "Foreground", "Orphan"] | None = None  # noqa: N815
+    propagationPolicy: str | None = None  # noqa: N815 (checked with kube's 422, not pydantic's 400)
     orphanDependents: bool | None = None  # noqa: N815
     gracePeriodSeconds: int | None = None  # noqa: N815
     preconditions: dict[str, str | None] | None = None
@@ -514,6 +514,8 @@ async def _delete(call: Call) -> Response:
     if options.dryRun:
         raise bad_request("dryRun is not supported by the local API server")
     policy = request.query_params.get("propagationPolicy") or options.propagationPolicy
+    if policy is not None and options.orphanDependents is not None:
+        raise ApiError(422, "Invalid", "propagationPolicy: Invalid value: orphanDependents and it cannot be both set")
     if policy is None and options.orphanDependents is not None:
         policy = "Orphan" if options.orphanDependents else "Background"
     policy = policy or "Background"

@@ -261,6 +261,12 @@ def test_legacy_orphan_dependents_and_bad_policy(kube: Any, namespace: str, http
     _dependents(kube, namespace, "legacy", ref)
     bad = http.delete(f"/api/v1/namespaces/{namespace}/configmaps/legacy", params={"propagationPolicy": "Sideways"})
     assert bad.status_code == 422 and bad.json()["kind"] == "Status", bad.text
+    # The same policy in the DeleteOptions body is the same 422 (kube validates both alike), not a 400.
+    url = f"/api/v1/namespaces/{namespace}/configmaps/legacy"
+    bad = http.request("DELETE", url, json={"propagationPolicy": "Sideways"})
+    assert bad.status_code == 422 and bad.json()["reason"] == "Invalid", bad.text
+    both = http.request("DELETE", url, json={"propagationPolicy": "Orphan", "orphanDependents": True})
+    assert both.status_code == 422 and "both" in both.json()["message"], both.text
     assert _owner_exists(kube, namespace, "ConfigMap", "legacy", gadgets) is not None
     ok = http.request("DELETE", f"/api/v1/namespaces/{namespace}/configmaps/legacy", json={"orphanDependents": True})
     assert ok.status_code == 200, ok.text
