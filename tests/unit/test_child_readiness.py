@@ -127,3 +127,26 @@ def test_a_part_that_exits_fails_start_at_once_and_nothing_stays_behind(tmp_path
     assert time.monotonic() - started < 25  # not the 30 s readiness timeout
     assert cluster.etcd is not None and not cluster.etcd.running
     assert cluster.proxy is None
+
+
+def test_a_proxy_that_exits_at_start_fails_at_once_with_its_log_tail(tmp_path: Path) -> None:
+    from range_filter_proxy.process import ProxyProcess, ProxyProcessError  # noqa: PLC0415
+
+    # An option the proxy's CLI refuses: it exits 2 before it serves anything.
+    proxy = ProxyProcess("http://127.0.0.1:9", log_file=tmp_path / "proxy.log", extra_args=["--no-such-option"])
+    started = time.monotonic()
+    with pytest.raises(ProxyProcessError, match=r"proxy exited with code 2: .*no-such-option"):
+        proxy.start(timeout=60)
+    assert time.monotonic() - started < 30  # at once, not after the timeout
+    assert not proxy.running
+
+
+def test_a_proxy_that_never_gets_ready_is_stopped_and_says_what_it_saw(tmp_path: Path) -> None:
+    from range_filter_proxy.process import ProxyProcess, ProxyProcessError  # noqa: PLC0415
+
+    # Nothing listens upstream: the proxy runs but its caches never sync, so /readyz stays 503.
+    proxy = ProxyProcess("http://127.0.0.1:9", resources=["configmaps"], log_file=tmp_path / "proxy.log")
+    # (Under load the port may not even be open yet: what was seen is then the connection error.)
+    with pytest.raises(ProxyProcessError, match=r"proxy not ready after 5s \(.+\)"):
+        proxy.start(timeout=5)
+    assert not proxy.running
