@@ -49,6 +49,7 @@ from range_filter_proxy.process import ProxyProcess
 from rangeshard.core.errors import RangeshardError
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
 from rangeshard.core.process import EtcdServer, ManagedProcess, wait_ready
+from rangeshard.core.rest import GVR, group_version_path
 
 log = logging.getLogger(__name__)
 P = TypeVar("P")
@@ -220,15 +221,12 @@ class LocalCluster:
         api_version = str(doc.get("apiVersion") or "")
         kind = str(doc.get("kind") or "")
         group, _, version = api_version.rpartition("/")
-        base = f"/apis/{group}/{version}" if group else f"/api/{version}"
-        found = orjson.loads(raw_request(api, "GET", base, timeout=10).data)
+        found = orjson.loads(raw_request(api, "GET", group_version_path(group, version), timeout=10).data)
         entry = next((r for r in found.get("resources") or [] if r.get("kind") == kind and "/" not in r["name"]), None)
         if entry is None:
             raise LocalClusterError(f"{api_version} serves no kind {kind!r}")
         ns = (doc.get("metadata") or {}).get("namespace") or namespace
-        path = (
-            f"{base}/namespaces/{ns}/{entry['name']}" if entry.get("namespaced") and ns else f"{base}/{entry['name']}"
-        )
+        path = GVR(group, version, entry["name"]).path(ns if entry.get("namespaced") else None)
         try:
             obj: dict[str, Any] = orjson.loads(
                 raw_request(api, "POST", path, body=doc, content_type="application/json", timeout=10).data
@@ -245,7 +243,9 @@ class LocalCluster:
             def served() -> tuple[bool, str]:
                 for v in versions:
                     try:
-                        listing = orjson.loads(raw_request(api, "GET", f"/apis/{spec['group']}/{v}", timeout=5).data)
+                        listing = orjson.loads(
+                            raw_request(api, "GET", group_version_path(spec["group"], v), timeout=5).data
+                        )
                     except k8s.ApiException as e:
                         return False, f"{spec['group']}/{v}: {e.status}"
                     if not any(r.get("name") == plural for r in listing.get("resources") or []):
