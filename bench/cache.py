@@ -55,8 +55,8 @@ from range_filter_proxy.cache import WatchCache
 from range_filter_proxy.cached import CachedObject, CacheSettings, WatchFilter
 from range_filter_proxy.heap import HeapKeeper, HeapSettings
 from range_filter_proxy.metrics import ProxyMetrics
-from range_filter_proxy.resources import GVR
 from range_filter_proxy.upstream import ListResult, WatchEvent, decode_watch_line
+from rangeshard.core.rest import GVR
 
 log = logging.getLogger(__name__)
 

@@ -1,11 +1,12 @@
 """Shared pieces of the benchmarks: a local cluster, a byte-counting relay, metrics and CPU readers.
 
 Purpose
-    :class:`BenchCluster` starts etcd, the local API server and the range
-    filter proxy as child processes on loopback (the proxy reaches the API
-    server through a :class:`CountingRelay`, so the bytes the upstream sends
-    to the proxy are measured, not estimated) and stops all of them, in
-    reverse order, whatever happens. Helpers read Prometheus text metrics,
+    :class:`BenchCluster` is the :class:`~rangeshard.localcluster.LocalCluster`
+    of the benchmarks: etcd, the local API server and the range filter proxy
+    as child processes on loopback (the proxy reaches the API server through
+    a :class:`CountingRelay`, so the bytes the upstream sends to the proxy are
+    measured, not estimated), all stopped, in reverse order, whatever happens;
+    the sections add their managers to it. Helpers read Prometheus text metrics,
     per-process CPU seconds from ``/proc/<pid>/stat`` (no psutil needed),
     percentiles, and build ~1 KiB pod objects.
 
@@ -39,14 +40,15 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import Any, TypeVar
 
 import httpx
 
+from controller_manager.process import ManagerProcess, ManagerProcessError
 from local_apiserver.process import LocalApiServerProcess
-from range_filter_proxy.process import ProxyProcess
-from rangeshard.core.process import EtcdServer
+from rangeshard.core.process import ReadyCheck, wait_ready
+from rangeshard.localcluster import LocalCluster
+from registry import Registry, State
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +114,24 @@ def wait_for(predicate: Callable[[], T], timeout: float, what: str, interval: fl
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out after {timeout:.1f}s waiting for {what} (last: {value!r})")
         time.sleep(interval)
+
+
+def settled(registry: Registry, controller_type: str, n: int) -> tuple[bool, str]:
+    """Whether ``n`` instances of ``controller_type`` are registered, all active and unlocked; the states seen."""
+    snap = registry.snapshot(controller_type)
+    ready = len(snap) == n and all(m.record.state is State.ACTIVE and not m.record.is_locked for m in snap)
+    return ready, str({m.instance_id: m.record.state.value for m in snap})
+
+
+def wait_managers(check: ReadyCheck, managers: Sequence[ManagerProcess], timeout: float, what: str) -> None:
+    """:func:`~rangeshard.core.process.wait_ready` while the live ``managers`` run (polled every 50 ms).
+
+    One that exits raises :class:`ManagerProcessError` at once (with its log tail); the timeout ``TimeoutError``.
+    """
+    live = [m for m in managers if m.alive]
+    wait_ready(
+        check, timeout, what=what, error=ManagerProcessError, children=live, timeout_error=TimeoutError, interval=0.05
+    )
 
 
 PAD_TARGET = 1024
@@ -251,70 +271,46 @@ class CountingRelay:
             self.loop.close()
 
 
-class BenchCluster:
+class BenchCluster(LocalCluster):
     """etcd + local API server + proxy (through a counting relay), as child processes (see module docstring)."""
 
     def __init__(self, workdir: Path | None = None, *, proxy_resources: Sequence[str] = ("pods",)) -> None:
         self._own_dir = workdir is None
-        self.workdir = workdir or Path(tempfile.mkdtemp(prefix="rangeshard-bench-"))
-        self.proxy_resources = list(proxy_resources)
-        self.etcd: EtcdServer | None = None
-        self.apiserver: LocalApiServerProcess | None = None
-        self.proxy: ProxyProcess | None = None
+        super().__init__(
+            workdir or Path(tempfile.mkdtemp(prefix="rangeshard-bench-")),
+            etcd_fast=True,
+            storage_prefix="/bench",
+            bookmark_interval=1.0,
+            proxy_resources=proxy_resources,
+            proxy_args=["--log-level", "warning"],
+            proxy_upstream=self._relay_to,
+        )
         self.relay: CountingRelay | None = None
         self.proxy_relay = -1
         self.direct_relay = -1
 
+    def _relay_to(self, apiserver: LocalApiServerProcess) -> str:
+        """The proxy's upstream: a relay counting the bytes (and another one for direct clients)."""
+        self.relay = CountingRelay()
+        self.proxy_relay = self.relay.add(apiserver.port)
+        self.direct_relay = self.relay.add(apiserver.port)
+        return self.relay.url(self.proxy_relay)
+
     def start(self) -> BenchCluster:
-        try:
-            self.etcd = EtcdServer(self.workdir / "etcd", fast=True, log_file=self.workdir / "etcd.log")
-            self.etcd.start()
-            self.apiserver = LocalApiServerProcess(
-                self.etcd.url, prefix="/bench", log_file=self.workdir / "apiserver.log", bookmark_interval=1.0
-            )
-            self.apiserver.start()
-            self.relay = CountingRelay()
-            self.proxy_relay = self.relay.add(self.apiserver.port)
-            self.direct_relay = self.relay.add(self.apiserver.port)
-            self.proxy = ProxyProcess(
-                self.relay.url(self.proxy_relay),
-                resources=self.proxy_resources,
-                log_file=self.workdir / "proxy.log",
-                extra_args=["--log-level", "warning"],
-            )
-            self.proxy.start()
-        except BaseException:
-            self.stop()
-            raise
+        super().start()
         return self
 
     @property
     def proxy_pid(self) -> int | None:
         return self.proxy.pid if self.proxy is not None else None
 
-    def stop(self) -> None:
-        """Stop every process this cluster started (reverse order; idempotent)."""
-        steps: list[Callable[[], None]] = []
-        if self.proxy is not None:
-            steps.append(self.proxy.stop)
+    def stop(self, on_error: Callable[[str, Exception], None] | None = None) -> None:
+        """Stop every process this cluster started (reverse order; idempotent), then the relay."""
+        super().stop(on_error)
         if self.relay is not None:
-            steps.append(self.relay.close)
-        if self.apiserver is not None:
-            steps.append(self.apiserver.stop)
-        if self.etcd is not None:
-            steps.append(self.etcd.stop)
-        for step in steps:
-            try:
-                step()
-            except Exception:
-                log.exception("bench cluster: cleanup step failed")
+            self.relay.close()
         if self._own_dir:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
     def __enter__(self) -> BenchCluster:
         return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()

@@ -27,20 +27,19 @@ from __future__ import annotations
 
 import logging
 import random
-import signal
-import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
-from bench.common import BenchCluster
+from bench import scaleout_manager
+from bench.common import BenchCluster, settled, wait_managers
 from bench.scaleout import RECONCILE_TIMEOUT, _create_configmaps
 from bench.scaleout_manager import CONTROLLER_TYPE
 from controller_manager.audit import read_records
+from controller_manager.process import ManagerProcess
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
-from registry import Registry, State
+from registry import Registry
 from registry.rebalance import apply_plan, make_plan, max_over_mean, owned
 
 log = logging.getLogger(__name__)
@@ -76,22 +75,12 @@ def run(
     prefix = f"/bench-cost-{uuid.uuid4().hex[:8]}"
     client = EtcdClient(EtcdConfig.from_urls(cluster.etcd.url))
     registry = Registry(client, prefix)
-    procs: list[subprocess.Popen[bytes]] = []
+    procs: list[ManagerProcess] = []
     audits: list[Path] = []
     phases: list[dict[str, Any]] = []
 
-    def settled() -> bool:
-        snap = registry.snapshot(CONTROLLER_TYPE)
-        return len(snap) == len(procs) and all(m.record.state is State.ACTIVE and not m.record.is_locked for m in snap)
-
-    def wait(predicate: Any, timeout: float, what: str) -> None:
-        deadline = time.monotonic() + timeout
-        while not predicate():
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"cost balance: {what} not reached in {timeout}s")
-            if any(p.poll() is not None for p in procs):
-                raise RuntimeError("cost balance: a manager exited")
-            time.sleep(0.1)
+    def wait_settled(what: str) -> None:
+        wait_managers(lambda: settled(registry, CONTROLLER_TYPE, len(procs)), procs, 60, f"cost balance: {what}")
 
     def measure(name: str) -> None:
         time.sleep(window / 2)  # the new layout's caches and requeues settle
@@ -126,17 +115,14 @@ def run(
             name = f"c{i}"
             audit = workdir / f"{name}.audit.jsonl"
             audits.append(audit)
-            cmd = [
-                sys.executable, "-m", "bench.scaleout_manager",
-                "--etcd", cluster.etcd.url, "--proxy", cluster.proxy.url,
-                "--registry-prefix", prefix, "--instance", name, "--audit", str(audit),
+            process = scaleout_manager.start(
+                cluster, name, prefix, audit, workdir / f"{name}.log",
                 "--workers", "4", "--latency", str(latency), "--namespace", NAMESPACE,
                 "--lease-ttl", "5", "--reconcile-timeout", str(RECONCILE_TIMEOUT),
                 "--period", str(period), "--cost-window", str(window), "--resync-seconds", "5",
-            ]  # fmt: skip
-            with open(workdir / f"{name}.log", "ab") as logf:
-                procs.append(subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
-            wait(settled, 60, f"{i + 1} managers active")
+            )  # fmt: skip
+            procs.append(process)
+            wait_settled(f"{i + 1} managers active")
         measure("halving (after joins)")
         for by in ("workload", "cost"):
             # The instances that received keys measure them from their first reconcile on: their decayed sums
@@ -144,19 +130,11 @@ def run(
             time.sleep(2.0 if by == "workload" else 2 * window)
             plan = make_plan(registry.snapshot(CONTROLLER_TYPE), by)
             moves = apply_plan(registry, plan, timeout=60)
-            wait(settled, 60, f"settled after apply --by {by}")
+            wait_settled(f"settled after apply --by {by}")
             measure(f"apply --by {by}")
             phases[-1]["moves"] = moves
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(20)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(10)
+        cluster.stop_managers(procs)
         client.close()
     return {
         "managers": managers,

@@ -45,8 +45,9 @@ import orjson
 
 from bench.common import stored_pod
 from range_filter_proxy.errors import UpstreamError
-from range_filter_proxy.resources import GVR, ResourceInfo
-from range_filter_proxy.upstream import ListResult, WatchEvent, decode_watch_line
+from range_filter_proxy.resources import ResourceInfo
+from range_filter_proxy.upstream import ListResult, Upstream, WatchEvent, decode_watch_line
+from rangeshard.core.rest import GVR
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +102,7 @@ async def paced(rate: float, count: int, batch: int) -> AsyncIterator[int]:
         await asyncio.sleep(0)
 
 
-class PodsUpstream:
+class PodsUpstream(Upstream):
     """The discovery half of an in-memory :class:`~range_filter_proxy.upstream.Upstream` of pods at ``rv``."""
 
     rv: int
@@ -133,7 +134,7 @@ class FeedUpstream(PodsUpstream):
         self.burst: dict[str, Any] = {"id": 0, "rate": 0.0, "count": 0, "emitted": 0, "done": True}
         self._go = asyncio.Event()
 
-    # ---- Upstream protocol ----------------------------------------------------------------
+    # ---- Upstream interface ---------------------------------------------------------------
 
     async def list(self, gvr: GVR, params: Mapping[str, str] | None = None) -> ListResult:
         return ListResult([orjson.loads(orjson.dumps(p)) for p in self.pods], str(self.rv))

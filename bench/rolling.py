@@ -36,17 +36,17 @@ from __future__ import annotations
 import itertools
 import logging
 import signal
-import subprocess
-import sys
 import threading
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
-from bench.common import BenchCluster
+from bench import scaleout_manager
+from bench.common import BenchCluster, wait_managers
 from bench.scaleout import NAMESPACE, RECONCILE_TIMEOUT, _create_configmaps, _read_audit
 from bench.scaleout_manager import CONTROLLER_TYPE
+from controller_manager.process import ManagerProcess
 from hashing import hash_key
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
 from registry import Registry, State
@@ -64,7 +64,8 @@ class _Rolling:
         self.prefix = f"/bench-rolling-{uuid.uuid4().hex[:8]}"
         self.client = EtcdClient(EtcdConfig.from_urls(self.etcd_url))
         self.registry = Registry(self.client, self.prefix)
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.cluster = cluster
+        self.procs: dict[str, ManagerProcess] = {}
         self.hung_stops = 0
         self.audits: list[Path] = []
         self.layouts: list[tuple[tuple[str, int], ...]] = []
@@ -74,28 +75,21 @@ class _Rolling:
     def spawn(self, name: str, incarnation: int) -> None:
         audit = self.workdir / f"{name}.{incarnation}.audit.jsonl"
         self.audits.append(audit)
-        cmd = [
-            sys.executable, "-m", "bench.scaleout_manager",
-            "--etcd", self.etcd_url, "--proxy", self.proxy_url,
-            "--registry-prefix", self.prefix, "--instance", name, "--audit", str(audit),
+        self.procs[name] = scaleout_manager.start(
+            self.cluster, name, self.prefix, audit, self.workdir / f"{name}.{incarnation}.log",
             "--workers", str(self.workers), "--latency", str(self.latency),
             "--namespace", NAMESPACE, "--lease-ttl", str(self.ttl),
             "--reconcile-timeout", str(RECONCILE_TIMEOUT), "--rejoin-grace", str(self.grace),
-        ]  # fmt: skip
-        with open(self.workdir / f"{name}.{incarnation}.log", "ab") as logf:
-            self.procs[name] = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        )  # fmt: skip
 
     def stop(self, name: str, timeout: float = 20.0) -> None:
-        proc = self.procs[name]
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
+        m = self.procs[name]
+        m.send(signal.SIGTERM)
+        if m.wait(timeout) is None:
             log.warning("manager %s did not stop within %ss: its threads' stacks go to its log", name, timeout)
-            proc.send_signal(signal.SIGUSR1)
+            m.send(signal.SIGUSR1)
             time.sleep(0.5)  # let faulthandler write the stacks
-            proc.kill()
-            proc.wait(10)
+            m.kill()
             self.hung_stops += 1
 
     def lease_of(self, name: str) -> int | None:
@@ -104,26 +98,20 @@ class _Rolling:
 
     def wait_active(self, names: list[str], timeout: float, not_lease: dict[str, int | None] | None = None) -> None:
         """Every name registered, active and unlocked; a name in ``not_lease`` on another lease (a new process)."""
-        deadline = time.monotonic() + timeout
         stale = not_lease or {}
-        while True:
+
+        def check() -> tuple[bool, str]:
             snap = self.registry.snapshot(CONTROLLER_TYPE)
             states = {m.instance_id: m.record for m in snap}
             leases = {m.instance_id: m.lease_id for m in snap}
-            if (
+            ready = (
                 set(states) == set(names)
                 and all(r.state is State.ACTIVE and not r.is_locked for r in states.values())
                 and all(leases[n] != lease for n, lease in stale.items())
-            ):
-                return
-            for name, proc in self.procs.items():
-                if proc.poll() is not None and name in names:
-                    raise RuntimeError(f"manager {name} exited with {proc.returncode}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"not all active after {timeout}s: { {i: r.state.value for i, r in states.items()} }"
-                )
-            time.sleep(0.05)
+            )
+            return ready, str({i: r.state.value for i, r in states.items()})
+
+        wait_managers(check, [self.procs[n] for n in names], timeout, "all active")
 
     def _poll(self) -> None:
         while not self._stop.wait(0.05):
@@ -139,15 +127,7 @@ class _Rolling:
         self._stop.set()
         if self._poller.is_alive():
             self._poller.join(5)
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.procs.values():
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
+        self.cluster.stop_managers(list(self.procs.values()))
         self.client.close()
 
 

@@ -34,8 +34,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -46,8 +44,10 @@ from typing import Any
 import httpx
 import orjson
 
-from bench.common import BenchCluster
+from bench import scaleout_manager
+from bench.common import BenchCluster, settled, wait_managers
 from bench.scaleout_manager import CONTROLLER_TYPE
+from controller_manager.process import ManagerProcess
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
 from registry import Registry, State
 
@@ -62,13 +62,18 @@ RECONCILE_TIMEOUT = 0.5
 
 @dataclass
 class ManagerProc:
-    name: str
-    proc: subprocess.Popen[bytes]
-    audit: Path
-    log: Path
+    process: ManagerProcess
     spawned: float
     registered: float | None = None
     active: float | None = None
+
+    @property
+    def name(self) -> str:
+        return self.process.name
+
+    @property
+    def audit(self) -> Path:
+        return self.process.audit or Path(f"{self.name}.audit.jsonl")
 
 
 def _create_configmaps(
@@ -135,51 +140,32 @@ class _Run:
 
     def spawn(self) -> ManagerProc:
         name = f"bench-m{len(self.managers) + 1}"
-        audit = self.workdir / f"{name}.audit.jsonl"
-        log_path = self.workdir / f"{name}.log"
-        cmd = [
-            sys.executable, "-m", "bench.scaleout_manager",
-            "--etcd", self.etcd_url, "--proxy", self.proxy_url,
-            "--registry-prefix", self.prefix, "--instance", name, "--audit", str(audit),
+        process = scaleout_manager.start(
+            self.cluster, name, self.prefix, self.workdir / f"{name}.audit.jsonl", self.workdir / f"{name}.log",
             "--workers", str(self.workers), "--latency", str(self.latency),
             "--namespace", NAMESPACE, "--lease-ttl", str(self.lease_ttl),
             "--reconcile-timeout", str(RECONCILE_TIMEOUT),
-        ]  # fmt: skip
-        with open(log_path, "ab") as logf:
-            proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        m = ManagerProc(name, proc, audit, log_path, time.time())
+        )  # fmt: skip
+        m = ManagerProc(process, time.time())
         self.managers.append(m)
         return m
 
     def wait_all_active(self, timeout: float) -> None:
-        """Poll the registry until every live manager is registered and active (none locked)."""
-        deadline = time.monotonic() + timeout
-        live = [m for m in self.managers if m.proc.poll() is None]
-        while True:
+        """Poll the registry until every live manager is registered and active (none locked), noting when each was."""
+        live = [m for m in self.managers if m.process.alive]
+
+        def check() -> tuple[bool, str]:
             snap = self.registry.snapshot(CONTROLLER_TYPE)
             now = time.time()
-            ok = len(snap) == len(live)
             for m in live:
                 member = snap.get(m.name)
-                if member is None:
-                    ok = False
-                    continue
-                if m.registered is None:
+                if member is not None and m.registered is None:
                     m.registered = now
-                if member.record.state == State.ACTIVE and not member.record.is_locked:
-                    if m.active is None:
-                        m.active = now
-                else:
-                    ok = False
-            if ok:
-                return
-            for m in live:
-                if m.proc.poll() is not None:
-                    raise RuntimeError(f"manager {m.name} exited: {m.log.read_text(errors='replace')[-1500:]}")
-            if time.monotonic() > deadline:
-                states = {x.instance_id: x.record.state.value for x in snap}
-                raise TimeoutError(f"managers not all active after {timeout}s: {states}")
-            time.sleep(0.05)
+                if member is not None and member.record.state == State.ACTIVE and not member.record.is_locked:
+                    m.active = m.active or now
+            return settled(self.registry, CONTROLLER_TYPE, len(live))
+
+        wait_managers(check, [m.process for m in live], timeout, "all managers active")
 
     def window(self, seconds: float) -> dict[str, Any]:
         time.sleep(1.0)  # let the newest instance's relist and queue fill settle
@@ -192,7 +178,7 @@ class _Run:
         for r in recs:
             per[r["instanceId"]] = per.get(r["instanceId"], 0) + 1
             keys.setdefault(r["instanceId"], set()).add(r["key"])
-        live = [m.name for m in self.managers if m.proc.poll() is None]
+        live = [m.name for m in self.managers if m.process.alive]
         return {
             "managers": len(live),
             "reconciles": len(recs),
@@ -208,11 +194,10 @@ class _Run:
         since = time.time() - 2.0
         victim_keys = {r["key"] for r in _read_audit([victim.audit]) if r["end"] >= since}
         t_kill = time.time()
-        victim.proc.kill()
-        victim.proc.wait(10)
+        victim.process.kill()
         gone = stable = first = None
         deadline = time.monotonic() + timeout
-        others = [m for m in self.managers if m is not victim and m.proc.poll() is None]
+        others = [m for m in self.managers if m is not victim and m.process.alive]
         while time.monotonic() < deadline and (gone is None or stable is None or first is None):
             now = time.time()
             snap = self.registry.snapshot(CONTROLLER_TYPE)
@@ -245,15 +230,7 @@ class _Run:
         }
 
     def close(self) -> None:
-        for m in self.managers:
-            if m.proc.poll() is None:
-                m.proc.terminate()
-        for m in self.managers:
-            try:
-                m.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                m.proc.kill()
-                m.proc.wait(5)
+        self.cluster.stop_managers([m.process for m in self.managers], timeout=15)
         self.client.close()
 
 

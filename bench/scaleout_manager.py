@@ -33,18 +33,38 @@ import argparse
 import faulthandler
 import logging
 import signal
+import sys
 import threading
 import time
-from typing import Any, ClassVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from controller_manager.audit import AuditLog
 from controller_manager.controller import Controller, ControllerRuntime, ReconcileContext, Requeue
 from controller_manager.manager import api_client_for
 from controller_manager.metrics import Metrics
+from controller_manager.process import ManagerProcess
 from controller_manager.resources import Resource
 from rangeshard.core.etcd import EtcdConfig
 
+if TYPE_CHECKING:
+    from rangeshard.localcluster import LocalCluster
+
 log = logging.getLogger(__name__)
+
+
+def start(cluster: LocalCluster, name: str, prefix: str, audit: Path, log_path: Path, *args: str) -> ManagerProcess:
+    """This program as a manager of ``cluster`` (registry ``prefix``, instance ``name``); ``args`` add options.
+
+    The one way the sections start it: a :class:`ManagerProcess` the cluster stops with itself.
+    """
+    command = [
+        sys.executable, "-m", "bench.scaleout_manager",
+        "--etcd", cluster.etcd_url, "--proxy", cluster.proxy_url,
+        "--registry-prefix", prefix, "--instance", name, "--audit", str(audit), *args,
+    ]  # fmt: skip
+    return cluster.add(ManagerProcess(name, command, log_path, audit=audit, new_session=False))
+
 
 CONFIGMAPS = Resource("configmaps", "", "v1", "ConfigMap", "CoreV1Api", "list_config_map_for_all_namespaces")
 CONTROLLER_TYPE = "benchsleep"

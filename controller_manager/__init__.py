@@ -25,8 +25,9 @@ Purpose
     * :mod:`controller_manager.manager` - the process
     * :mod:`controller_manager.external` - external controllers: the endpoint
       that shards an unmodified controller, and its child process
-    * :mod:`controller_manager.process` - the one launcher of manager child
-      processes (``up``, the test kit, tests, benchmarks)
+    * :mod:`controller_manager.process` - ``ManagerProcess``, the one launcher
+      and wrapper of manager child processes (``up``, the test kit, tests,
+      benchmarks)
 
 May import
     ``registry``, ``rangeshard.core`` (foundation) and ``hashing``. Never the

@@ -73,44 +73,21 @@ from controller_manager.metrics import Metrics
 from controller_manager.sharding import ShardInstance
 from hashing import NAMESPACE_PATH, OWNER_PATH, UID_PATH, HashRange, range_to_selector
 from rangeshard.core.etcd import EtcdConfig
-from rangeshard.core.kubeapi import status_object
+from rangeshard.core.kubeapi import HOP_BY_HOP, WRITE_METHODS, json_accept, status_object
 from rangeshard.core.listoptions import parse_bool
 from rangeshard.core.loops import start_thread
 from rangeshard.core.ownertoken import OwnerToken
+from rangeshard.core.process import terminate
+from rangeshard.core.rest import parse_rest_path
 
 log = logging.getLogger(__name__)
 
 PATHS = {"uid": UID_PATH, "owner": OWNER_PATH, "namespace": NAMESPACE_PATH}
-_HOP_BY_HOP = frozenset(
-    {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "proxy-connection", "host"}
-)
-_WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 #: Matches no object: lists and watches while the instance may serve nothing.
 _NOTHING = "metadata.name=rangeshard-serves-nothing.invalid"
 #: How many resourceVersions handed to the controller are remembered per serving period.
 _ISSUED_MAX = 65536
 _EXPIRED_MESSAGE = "rangeshard: the instance's range changed; relist"
-
-
-def resource_of(path: str) -> tuple[str, bool] | None:
-    """``(plural[.group], is_collection)`` of a resource request path, ``None`` for anything else.
-
-    ``/api/v1/[namespaces/NS/]PLURAL[/NAME[/SUB]]`` and
-    ``/apis/GROUP/VERSION/[namespaces/NS/]PLURAL[/NAME[/SUB]]``; a request
-    for namespaces themselves (``/api/v1/namespaces[/NAME]``) is the resource
-    ``namespaces``.
-    """
-    parts = [p for p in path.split("/") if p]
-    if len(parts) >= 3 and parts[0] == "api" and parts[1] == "v1":
-        group, rest = "", parts[2:]
-    elif len(parts) >= 4 and parts[0] == "apis":
-        group, rest = parts[1], parts[3:]
-    else:
-        return None
-    if len(rest) >= 3 and rest[0] == "namespaces":
-        rest = rest[2:]
-    plural = rest[0]
-    return (f"{plural}.{group}" if group else plural), len(rest) == 1
 
 
 class _Server(ThreadingHTTPServer):
@@ -344,29 +321,29 @@ def _handler(endpoint: Endpoint) -> type[BaseHTTPRequestHandler]:
             split = urlsplit(self.path)
             query = parse_qsl(split.query, keep_blank_values=True)
             params = dict(query)
-            found = resource_of(split.path)
-            sharded = found is not None and found[0] in endpoint.paths
-            headers = [(k, v) for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP]
-            headers = [(k, _json_accept(v) if k.lower() == "accept" else v) for k, v in headers]
+            found = parse_rest_path(split.path)
+            sharded = found is not None and found.gvr.label in endpoint.paths
+            headers = [(k, v) for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP]
+            headers = [(k, json_accept(v) if k.lower() == "accept" else v) for k, v in headers]
             auth = endpoint.auth_header()
             if auth is not None:
                 headers = [(k, v) for k, v in headers if k.lower() != "authorization"] + [("Authorization", auth)]
             body = self._body()
             watch = False
             generation = -1
-            if sharded and found is not None and found[1] and self.command == "GET":
+            if sharded and found is not None and found.collection and self.command == "GET":
                 if "shardSelector" in params:
                     self._status(400, "BadRequest", "shardSelector is set by rangeshard for this resource")
                     return
                 try:
-                    watch = bool(parse_bool(params, "watch"))
+                    watch = found.watch_prefix or bool(parse_bool(params, "watch"))
                 except Exception:  # the proxy answers the 400
                     watch = False
                 generation = endpoint.generation()
                 if watch and not endpoint.fresh(params.get("resourceVersion", "")):
                     self._expired()
                     return
-                selector = endpoint.served_selector(endpoint.paths[found[0]])
+                selector = endpoint.served_selector(endpoint.paths[found.gvr.label])
                 if selector is not None:
                     query.append(("shardSelector", selector))
                 else:
@@ -374,7 +351,7 @@ def _handler(endpoint: Endpoint) -> type[BaseHTTPRequestHandler]:
                     query = [(k, v) for k, v in query if k != "fieldSelector"]
                     query.append(("fieldSelector", f"{fields},{_NOTHING}" if fields else _NOTHING))
             target = split.path + ("?" + urlencode(query) if query else "")
-            if sharded and self.command in _WRITES:
+            if sharded and self.command in WRITE_METHODS:
                 with endpoint.write() as token:
                     if token is not None:
                         agent = self.headers.get("User-Agent", "")
@@ -382,7 +359,7 @@ def _handler(endpoint: Endpoint) -> type[BaseHTTPRequestHandler]:
                         headers.append(("User-Agent", f"{token.user_agent()} {agent}".strip()))
                     self._relay(target, headers, body, stream=False)
                 return
-            sharded_list = sharded and found is not None and found[1] and self.command == "GET" and not watch
+            sharded_list = sharded and found is not None and found.collection and self.command == "GET" and not watch
             self._relay(
                 target,
                 headers,
@@ -421,7 +398,7 @@ def _handler(endpoint: Endpoint) -> type[BaseHTTPRequestHandler]:
                 self._status(503, "ServiceUnavailable", f"the range filter proxy cannot be reached: {e}")
                 return
             try:
-                out = [(k, v) for k, v in response.headers.multi_items() if k.lower() not in _HOP_BY_HOP]
+                out = [(k, v) for k, v in response.headers.multi_items() if k.lower() not in HOP_BY_HOP]
                 if not stream or response.status_code != 200:
                     data = response.read()
                     if sharded_list and response.status_code == 200:
@@ -496,12 +473,6 @@ def _event_resource_version(line: str) -> str:
     except (orjson.JSONDecodeError, AttributeError):
         return ""
     return rv if isinstance(rv, str) else ""
-
-
-def _json_accept(value: str) -> str:
-    """Protobuf out of ``Accept`` (the proxy speaks JSON): client-go sends both and takes JSON."""
-    kept = [p for p in value.split(",") if "protobuf" not in p]
-    return ",".join(kept).strip() or "application/json"
 
 
 def _streaming(params: dict[str, str]) -> bool:
@@ -589,15 +560,8 @@ class Child:
 
     def stop(self, grace: float = 10.0) -> None:
         self._stop.set()
-        proc = self.proc
-        if proc is not None and proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(grace)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
+        if self.proc is not None:
+            terminate(self.proc, grace)
         if self._thread is not None:
             self._thread.join(5)
 

@@ -102,7 +102,7 @@ class Informer:
             if value is None or value == "":
                 continue
             query.append((names[key], str(value).lower() if isinstance(value, bool) else value))
-        return raw_request(self._api, "GET", self.resource.path(), query=query, timeout=_request_timeout)
+        return raw_request(self._api, "GET", self.resource.gvr.path(), query=query, timeout=_request_timeout)
 
     # -- store access ---------------------------------------------------------
     def get(self, key: str) -> dict[str, Any] | None:

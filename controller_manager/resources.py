@@ -2,7 +2,9 @@
 
 Purpose
     A :class:`Resource` names any resource, built-in or custom
-    (``Resource("widgets", "example.com", "v1", "Widget")``). Informers list
+    (``Resource("widgets", "example.com", "v1", "Widget")``); its identity and
+    REST paths are the foundation's :class:`rangeshard.core.rest.GVR`
+    (``Resource.gvr``). Informers list
     and watch it over the generic REST path (``/api/v1/<plural>`` or
     ``/apis/<group>/<version>/<plural>``) with ``shardSelector``, so CRDs and
     built-in resources work alike; no typed client class is needed. The two
@@ -23,13 +25,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
-from urllib.parse import quote
 
 import orjson
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from rangeshard.core.errors import ControllerError
+from rangeshard.core.rest import GVR
 
 
 @dataclass(frozen=True)
@@ -45,25 +47,13 @@ class Resource:
     namespaced: bool | None = None
 
     @property
-    def api_version(self) -> str:
-        return f"{self.group}/{self.version}" if self.group else self.version
+    def gvr(self) -> GVR:
+        """The resource's identity (:class:`rangeshard.core.rest.GVR`), which spells its paths."""
+        return GVR(self.group, self.version, self.name)
 
     @property
-    def base_path(self) -> str:
-        """``/api/v1`` or ``/apis/<group>/<version>``."""
-        return f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
-
-    def path(self, namespace: str | None = None, name: str | None = None, subresource: str | None = None) -> str:
-        """The REST path of the collection (all namespaces without ``namespace``), an object or a subresource."""
-        out = self.base_path
-        if namespace:
-            out += f"/namespaces/{quote(namespace, safe='')}"
-        out += f"/{self.name}"
-        if name is not None:
-            out += f"/{quote(name, safe='')}"
-            if subresource:
-                out += f"/{subresource}"
-        return out
+    def api_version(self) -> str:
+        return self.gvr.api_version
 
     def list_function(self, api_client: Any) -> Callable[..., Any]:
         """The bound typed-client ``list_*_for_all_namespaces`` method (only if ``api_class`` was given)."""
@@ -108,7 +98,7 @@ def discover_scope(api_client: Any, resource: Resource, timeout: float = 10.0) -
     """
     if resource.namespaced is not None:
         return resource
-    body = orjson.loads(raw_request(api_client, "GET", resource.base_path, timeout=timeout).data)
+    body = orjson.loads(raw_request(api_client, "GET", resource.gvr.base_path, timeout=timeout).data)
     for item in body.get("resources") or []:
         if isinstance(item, dict) and item.get("name") == resource.name:
             return replace(resource, namespaced=bool(item.get("namespaced")))

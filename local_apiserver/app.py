@@ -95,26 +95,37 @@ def create_app(
     """
     config = etcd if isinstance(etcd, EtcdConfig) else EtcdConfig.from_urls(etcd)
     state = State(config, prefix, bookmark_interval, authenticator, service_range)
+    app = FastAPI(
+        title="rangeshard local API server",
+        lifespan=_lifespan(state, startup_timeout, simulate_node, audit_log),
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
+    app.state.local = state
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    if authenticator is not None:
+        app.add_middleware(Authenticate, authenticator=authenticator)
+    _add_error_handlers(app, state)
+    _add_health_routes(app, state)
+    _add_openapi_routes(app, state)
+    _add_discovery_routes(app, state)
+    _add_api_route(app, state, audit_log)  # last: it matches every path
+    return app
+
+
+def _lifespan(
+    state: State, startup_timeout: float, simulate_node: str | None, audit_log: AuditLog | None
+) -> Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]:
+    """Start-up (reach etcd within ``startup_timeout``, else serve 503 until it is; the simulated node) and shutdown."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        deadline = time.monotonic() + startup_timeout
-        while True:
-            try:
-                store = await in_thread(state.connect)
-                await in_thread(store.ensure_namespaces)
-                state.bootstrapped = True
-                break
-            except (ApiError, RangeshardError) as e:
-                if time.monotonic() >= deadline:
-                    log.warning("etcd not reachable at start-up (%s); serving 503 until it is", e)
-                    break
-                await anyio.sleep(0.2)
-        log.info("local API server ready (etcd %s, prefix %s)", config.urls, prefix or "/registry")
+        await _bootstrap(state, startup_timeout)
+        log.info("local API server ready (etcd %s, prefix %s)", state.config.urls, state.prefix or "/registry")
         node: SimulatedNode | None = None
         if simulate_node:
-            store = await in_thread(state.connect)
-            node = SimulatedNode(store, config, simulate_node)
+            node = SimulatedNode(await in_thread(state.connect), state.config, simulate_node)
             node.start()
             log.info("simulating node %s", simulate_node)
         try:
@@ -130,13 +141,38 @@ def create_app(
             if audit_log is not None:
                 audit_log.close()
 
-    app = FastAPI(
-        title="rangeshard local API server", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
-    )
-    app.state.local = state
-    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
-    if authenticator is not None:
-        app.add_middleware(Authenticate, authenticator=authenticator)
+    return lifespan
+
+
+async def _bootstrap(state: State, timeout: float) -> None:
+    """Connect and create the built-in namespaces, retrying until ``timeout`` (then ``/readyz`` keeps trying)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            await in_thread(state.bootstrap)
+            return
+        except (ApiError, RangeshardError) as e:
+            if time.monotonic() >= deadline:
+                log.warning("etcd not reachable at start-up (%s); serving 503 until it is", e)
+                return
+            await anyio.sleep(0.2)
+
+
+def _bug(request: Request, exc: Exception) -> Response:
+    """A bug: a Status 500, its traceback logged."""
+    log.error("bug while serving %s %s", request.method, request.url.path, exc_info=exc)
+    return json_response(status_object(500, "InternalError", f"internal error: {type(exc).__name__}"), 500)
+
+
+def _client_gone(state: State, request: Request) -> Response:
+    """Expected (a killed client mid-write): a counter and a DEBUG line, no traceback. Nobody reads the answer."""
+    state.metrics.client_disconnects.inc()
+    log.debug("client disconnected during %s %s", request.method, request.url.path)
+    return json_response(status_object(400, "BadRequest", "client disconnected before the body was read"), 400)
+
+
+def _add_error_handlers(app: FastAPI, state: State) -> None:
+    """Every failure outside the API route answers a Kubernetes ``Status`` too."""
 
     @app.exception_handler(ApiError)
     async def api_error_handler(request: Request, exc: ApiError) -> Response:
@@ -148,20 +184,17 @@ def create_app(
         reason = reasons.get(exc.status_code, "BadRequest" if exc.status_code < 500 else "InternalError")
         return json_response(status_object(exc.status_code, reason, str(exc.detail)), exc.status_code)
 
-    def client_gone(request: Request) -> Response:
-        # Expected (a killed client mid-write): a counter and a DEBUG line, no traceback. Nobody reads the answer.
-        state.metrics.client_disconnects.inc()
-        log.debug("client disconnected during %s %s", request.method, request.url.path)
-        return json_response(status_object(400, "BadRequest", "client disconnected before the body was read"), 400)
-
     @app.exception_handler(ClientDisconnect)
     async def client_gone_handler(request: Request, exc: ClientDisconnect) -> Response:
-        return client_gone(request)
+        return _client_gone(state, request)
 
     @app.exception_handler(Exception)
     async def bug_handler(request: Request, exc: Exception) -> Response:
-        log.error("bug while serving %s %s", request.method, request.url.path, exc_info=exc)
-        return json_response(status_object(500, "InternalError", f"internal error: {type(exc).__name__}"), 500)
+        return _bug(request, exc)
+
+
+def _add_health_routes(app: FastAPI, state: State) -> None:
+    """``/healthz``, ``/livez``, ``/readyz`` (etcd answers; bootstraps late if start-up could not) and ``/metrics``."""
 
     @app.get("/healthz")
     @app.get("/livez")
@@ -170,12 +203,9 @@ def create_app(
 
     @app.get("/readyz")
     async def readyz() -> Response:
-        if not state.bootstrapped or state.client is None:
-            if not state.bootstrapped:
-                with contextlib.suppress(ApiError, RangeshardError):
-                    store = await in_thread(state.connect)
-                    await in_thread(store.ensure_namespaces)
-                    state.bootstrapped = True
+        if not state.bootstrapped:
+            with contextlib.suppress(ApiError, RangeshardError):
+                await in_thread(state.bootstrap)
             if not state.bootstrapped:
                 return PlainTextResponse("etcd not reached yet", status_code=503)
         try:
@@ -188,7 +218,10 @@ def create_app(
     async def metrics() -> Response:
         return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    documents = OpenAPIDocuments(state.table.specs)  # built-ins and the served CRD versions
+
+def _add_openapi_routes(app: FastAPI, state: State) -> None:
+    """``/openapi/v2`` and ``/openapi/v3[/<group-path>]`` of the built-ins and the served CRD versions."""
+    documents = OpenAPIDocuments(state.table.specs)
 
     @app.get("/openapi/v2")
     async def openapi_v2(request: Request) -> Response:
@@ -211,6 +244,10 @@ def create_app(
             return status_response(ApiError(404, "NotFound", f"no OpenAPI v3 document for {group_path!r}"))
         return _openapi(doc)
 
+
+def _add_discovery_routes(app: FastAPI, state: State) -> None:
+    """The discovery roots ``/version``, ``/api`` and ``/apis`` (group and version documents are resource paths)."""
+
     @app.get("/version")
     async def version() -> Response:
         return json_response(KUBE_VERSION)
@@ -228,10 +265,13 @@ def create_app(
 
     @app.get("/apis")
     async def api_groups() -> Response:
-        if state.store is not None and state.bootstrapped and state.crds.stale():
-            await in_thread(state.crds.refresh, state.store)  # CRDs' groups (local_apiserver.crd)
+        await state.refresh_crds()  # CRDs' groups (local_apiserver.crd)
         groups = [group_document(g, v) for g, v in named_groups(state.table)]
         return json_response({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
+
+
+def _add_api_route(app: FastAPI, state: State, audit_log: AuditLog | None) -> None:
+    """The one route of every resource path and the reviews: counted in the metrics and audited."""
 
     @app.api_route("/{path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"])
     async def api(request: Request, path: str) -> Response:
@@ -245,10 +285,9 @@ def create_app(
         except ApiError as e:
             response = status_response(e)
         except ClientDisconnect:
-            response = client_gone(request)
+            response = _client_gone(state, request)
         except Exception as e:  # a bug: answer a Status 500, log the traceback, count it
-            log.error("bug while serving %s %s", request.method, request.url.path, exc_info=e)
-            response = json_response(status_object(500, "InternalError", f"internal error: {type(e).__name__}"), 500)
+            response = _bug(request, e)
         state.metrics.requests.labels(
             verb=info["verb"],
             resource=info["resource"],
@@ -259,12 +298,9 @@ def create_app(
             response = await audit_log.record(request, facts_from_info(info), response, received)
         return response
 
-    return app
-
 
 async def _build(state: State, fn: Callable[[], T]) -> T:
-    if state.store is not None and state.bootstrapped and state.crds.stale():
-        await in_thread(state.crds.refresh, state.store)  # a CRD created through another server is described too
+    await state.refresh_crds()  # a CRD created through another server is described too
     try:
         return await in_thread(fn)
     except OpenAPIUnavailable as e:

@@ -8,8 +8,11 @@ Purpose
 
     * ``Orphan``: dependents lose the reference to the deleted owner instead;
     * ``Foreground``: the owner stays (``deletionTimestamp`` plus the
-      ``foregroundDeletion`` finalizer) until its dependents are gone, then
-      the finalizer is removed and the owner leaves etcd;
+      ``foregroundDeletion`` finalizer) until its blocking dependents (their
+      reference has ``blockOwnerDeletion: true``) are gone, then the finalizer
+      is removed and the owner leaves etcd; the other dependents are deleted
+      too, without holding the owner; a dependent that has dependents itself
+      is deleted in the foreground too (the owner waits for the whole tree);
     * a terminating namespace is emptied, then removed;
     * a dependent that still has a live owner only loses the dangling
       reference; an object created with owners that are all gone is deleted
@@ -170,6 +173,7 @@ class GarbageCollector:
         for namespace, works in gone.items():
             try:
                 self._collect(namespace, works)
+                self._wake_foreground_owners(works)
             except Exception as e:
                 for work in works:
                     self._retry(work, e)
@@ -216,6 +220,47 @@ class GarbageCollector:
                     found.append((spec, obj))
         return found
 
+    def _wake_foreground_owners(self, works: list[_Work]) -> None:
+        """Queue the Foreground deletion of the owners (still waiting) of objects that just left etcd.
+
+        As kube's collector re-examines an owner when one of its dependents goes, so an owner held for long by a
+        dependent's finalizer leaves as soon as that dependent does (not only within the bounded retries).
+        """
+        woken: set[Any] = set()
+        for work in works:
+            meta = work.obj["metadata"]
+            for ref in meta.get("ownerReferences") or []:
+                spec = spec_for_owner(ref, self.store.table)
+                if spec is None or ref.get("uid") in woken:
+                    continue
+                try:
+                    owner = self.store.get(
+                        spec, meta.get("namespace") if spec.namespaced else None, str(ref.get("name"))
+                    )
+                except ApiError as e:
+                    if e.code != 404:
+                        raise
+                    continue
+                ometa = owner["metadata"]
+                if ometa.get("uid") == ref.get("uid") and "foregroundDeletion" in (ometa.get("finalizers") or []):
+                    woken.add(ref.get("uid"))
+                    self._queue.put(_Work("foreground", spec, owner))
+
+    def _blocking_dependents(self, owner: Obj) -> list[tuple[ResourceSpec, Obj]]:
+        """Dependents whose reference to ``owner`` has ``blockOwnerDeletion: true``: a Foreground owner waits for them.
+
+        As kube's garbage collector: the others are deleted too, but the owner does not wait for them.
+        """
+        uid = owner["metadata"].get("uid")
+        return [
+            (spec, dep)
+            for spec, dep in self._dependents(owner)
+            if any(
+                r.get("uid") == uid and r.get("blockOwnerDeletion")
+                for r in dep["metadata"].get("ownerReferences") or []
+            )
+        ]
+
     def _owner_alive(self, ref: dict[str, Any], namespace: str | None) -> bool:
         """Does the owner ``ref`` names (by kind, name and uid) exist?
 
@@ -244,9 +289,14 @@ class GarbageCollector:
         self._collect(owner["metadata"].get("namespace"), [_Work("owner_gone", _NO_SPEC, owner, propagation)])
 
     def _collect(self, namespace: str | None, works: list[_Work]) -> None:
-        """One scan of ``namespace`` for dependents of the (gone) owners in ``works``."""
+        """One scan of ``namespace`` for dependents of the (gone or Foreground-deleting) owners in ``works``.
+
+        A dependent of a Foreground owner that has dependents of its own is deleted in the foreground too
+        (kube's collector does the same), so the owner waits for the whole blocking tree.
+        """
         orphan = {w.obj["metadata"].get("uid") for w in works if w.propagation == "Orphan"}
         cascade = {w.obj["metadata"].get("uid") for w in works if w.propagation != "Orphan"}
+        foreground = {w.obj["metadata"].get("uid") for w in works if w.propagation == "Foreground"}
         for spec in self.store.table.storage_specs():
             if not spec.namespaced and namespace:
                 continue  # namespaced owners cannot own cluster-scoped objects
@@ -260,8 +310,11 @@ class GarbageCollector:
                     continue
                 others = [r for r in refs if r.get("uid") not in dropped | gone_owners]
                 if gone_owners and not any(self._owner_alive(r, meta.get("namespace")) for r in others):
+                    if meta.get("deletionTimestamp"):
+                        continue  # already being deleted (held by finalizers): deleting again changes nothing
                     log.debug("deleting %s %s: its owners are gone", spec.resource, _name(dep))
-                    self._delete(spec, dep)
+                    deep = bool(gone_owners & foreground) and bool(self._dependents(dep))
+                    self._delete(spec, dep, "Foreground" if deep else "Background")
                 else:
                     self._drop_references(spec, dep, dropped | gone_owners)
 
@@ -283,19 +336,30 @@ class GarbageCollector:
             if e.code != 404:
                 raise
 
-    def _delete(self, spec: ResourceSpec, obj: Obj) -> None:
+    def _delete(self, spec: ResourceSpec, obj: Obj, propagation: str = "Background") -> None:
         meta = obj["metadata"]
         try:
-            self.store.delete(spec, meta.get("namespace"), str(meta.get("name")), precondition_uid=meta.get("uid"))
+            self.store.delete(
+                spec,
+                meta.get("namespace"),
+                str(meta.get("name")),
+                precondition_uid=meta.get("uid"),
+                propagation=propagation,
+            )
         except ApiError as e:
             if e.code not in (404, 409):  # already gone, or replaced by a new object of that name
                 raise
 
     def _foreground(self, work: _Work) -> None:
         owner = work.obj
-        self._delete_dependents(owner, "Background")
-        if self._dependents(owner):
-            raise ApiError(409, "Conflict", "dependents still present")  # retried later
+        self._delete_dependents(owner, "Foreground")
+        blocking = self._blocking_dependents(owner)
+        if any(not dep["metadata"].get("deletionTimestamp") for _, dep in blocking):
+            raise ApiError(409, "Conflict", "blocking dependents still present")  # retried later
+        if blocking:
+            # Every one is being deleted, held by finalizers (for as long as they like): the owner is woken
+            # when the last one leaves etcd (see _wake_foreground_owners), not by polling.
+            return
         meta = owner["metadata"]
         spec = work.spec
 

@@ -1,12 +1,17 @@
 """The verb handlers of the local API server: get, list, watch, create, update, patch, delete.
 
 Purpose
-    ``dispatch`` routes one resource request (already past the middleware)
-    to its verb: it authorizes, checks ``Accept`` (Tables for GETs that ask,
-    :mod:`local_apiserver.tables`), applies field validation to written
-    bodies (:mod:`local_apiserver.fieldvalidation`), and calls the store. Also
-    the ``scale`` subresource view, ``DeleteOptions`` handling and the
-    TokenReview/SubjectAccessReview endpoints (``review``).
+    ``dispatch`` routes one resource request (already past the middleware):
+    ``_prepare`` records its facts, authorizes, checks ``Accept`` (Tables for
+    GETs that ask, :mod:`local_apiserver.tables`) and parses the list options
+    into a :class:`Call`; ``derive_verb`` derives the verb as kube-apiserver
+    does (``request_verb``, which authorization uses too; 405 for what it
+    refuses); ``VERBS`` holds one handler per verb
+    (``get``, ``list``, ``watch``, ``create``, ``update``, ``patch``,
+    ``delete``, ``deletecollection``), which applies field validation to
+    written bodies (:mod:`local_apiserver.fieldvalidation`) and calls the
+    store. Also the ``scale`` subresource view, ``DeleteOptions`` handling and
+    the TokenReview/SubjectAccessReview endpoints (``review``).
 
 Invariants
     * The verb recorded in ``info`` (for metrics) is the one kube-apiserver
@@ -23,8 +28,9 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Callable
-from typing import Any, Literal
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
 
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
@@ -71,6 +77,9 @@ from rangeshard.core.listoptions import ListQuery, parse_bool
 
 log = logging.getLogger(__name__)
 
+#: The media types of create and update bodies.
+BODY_MEDIA = ("application/json", "application/yaml", "application/x-yaml")
+
 
 class DeleteOptions(BaseModel):
     """The fields of ``meta/v1 DeleteOptions`` this server honours (others are ignored)."""
@@ -79,134 +88,178 @@ class DeleteOptions(BaseModel):
 
     kind: str | None = None
     apiVersion: str | None = None  # noqa: N815 (Kubernetes field name)
-    propagationPolicy: Literal["Background", "Foreground", "Orphan"] | None = None  # noqa: N815
+    propagationPolicy: str | None = None  # noqa: N815 (checked with kube's 422, not pydantic's 400)
     orphanDependents: bool | None = None  # noqa: N815
     gracePeriodSeconds: int | None = None  # noqa: N815
     preconditions: dict[str, str | None] | None = None
     dryRun: list[str] | None = None  # noqa: N815
 
 
+@dataclass(frozen=True)
+class Call:
+    """One routed resource request: what every verb handler receives."""
+
+    state: State
+    request: Request
+    target: Target
+    store: Store
+    table: tables.TableRequest | None
+    query: ListQuery | None
+
+    @property
+    def spec(self) -> ResourceSpec:
+        return self.target.spec
+
+    @property
+    def list_query(self) -> ListQuery:
+        """The list options of a list or watch (routing parsed them: every GET on a collection, every watch)."""
+        if self.query is None:
+            raise bad_request("this request has no list options")
+        return self.query
+
+    @property
+    def name(self) -> str:
+        """The object's name (only handlers of object verbs ask; routing guaranteed one)."""
+        return self.target.name or ""
+
+    def field_validation(self, options: str) -> str:
+        """The ``fieldValidation`` directive of a write (``options``: CreateOptions, UpdateOptions, PatchOptions)."""
+        raw = self.request.query_params.get("fieldValidation")
+        return fieldvalidation.directive(raw, options, custom=self.spec.crd is not None)
+
+    async def crds_written(self) -> None:
+        """After a write of a CRD: this process serves its resources at once."""
+        if self.spec.resource == CRD_RESOURCE and self.spec.crd is None:
+            await in_thread(self.state.crds.refresh, self.store, force=True)
+
+
 async def dispatch(state: State, request: Request, path: str, info: dict[str, str]) -> Response:
-    if state.store is not None and state.bootstrapped and state.crds.stale():
-        await in_thread(state.crds.refresh, state.store)
+    """Route one request past the middleware: discovery documents, or a resource request to its verb's handler."""
+    await state.refresh_crds()
     target = parse_target(path, state.table)
-    method = request.method
     if isinstance(target, dict):
-        if method != "GET":
-            raise method_not_allowed(f"{method} is not allowed on discovery documents")
+        if request.method != "GET":
+            raise method_not_allowed(f"{request.method} is not allowed on discovery documents")
         return json_response(target)
+    call = _prepare(state, request, target, info)
+    verb = derive_verb(request.method, target, call.query)
+    info["verb"] = verb
+    return await VERBS[verb](call)
+
+
+def _prepare(state: State, request: Request, target: Target, info: dict[str, str]) -> Call:
+    """Record the request's facts in ``info``, check what every verb needs (authorization first) and route it."""
     spec = target.spec
-    info["resource"] = spec.resource
-    info["subresource"] = target.subresource
-    info["namespace"] = target.namespace or ""
-    info["name"] = target.name or ""
-    info["group"] = spec.group
-    info["version"] = spec.version
+    info.update(
+        resource=spec.resource,
+        subresource=target.subresource,
+        namespace=target.namespace or "",
+        name=target.name or "",
+        group=spec.group,
+        version=spec.version,
+    )
     if spec.namespaced and target.namespace is None and target.name is not None:
         raise not_found_path(f"{NOT_FOUND} ({spec.resource} are namespaced: use /namespaces/<ns>/{spec.resource})")
     if request.query_params.get("dryRun"):
         raise bad_request("dryRun is not supported by the local API server")
     _authorize(state, request, _attributes(request, target))
-    table = tables.requested(request, target) if method == "GET" else None
+    table = tables.requested(request, target) if request.method == "GET" else None
     if table is None:
         check_accept(request)
     store = state.require_store()
-    ns = target.namespace
-
-    query: ListQuery | None = None
-    if target.watch_path or (method == "GET" and target.name is None):
+    query = None
+    if target.watch_path or (request.method == "GET" and target.name is None):
         query = ListQuery.parse(request.query_params, watch_path=target.watch_path)
+    return Call(state, request, target, store, table, query)
+
+
+_METHOD_VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
+
+
+def request_verb(method: str, target: Target, watch: bool) -> str:
+    """The verb kube-apiserver derives for a request (authorization, metrics and the handler use it)."""
+    if target.watch_path or (method == "GET" and target.name is None and watch):
+        return "watch"
+    if method in ("GET", "HEAD"):
+        return "get" if target.name is not None else "list"
+    if method == "DELETE" and target.name is None:
+        return "deletecollection"
+    return _METHOD_VERBS.get(method, method.lower())
+
+
+def derive_verb(method: str, target: Target, query: ListQuery | None) -> str:
+    """:func:`request_verb` of a routed request; 405 for the combinations kube-apiserver refuses."""
     if query is not None and query.watch:
         if method != "GET" or target.subresource:
             raise method_not_allowed("watch is only allowed with GET on a collection or object")
-        info["verb"] = "watch"
-        return await _watch(state, store, request, target, table, query)
+        return "watch"
+    if method not in ("GET", "POST", "DELETE") and (target.name is None or method not in _METHOD_VERBS):
+        refused = "is not allowed on a collection" if target.name is None else "is not supported"
+        raise method_not_allowed(f"{method} {refused}")
+    return request_verb(method, target, False)
 
-    if method == "GET":
-        if target.name is None and query is not None:
-            info["verb"] = "list"
-            return await _list(store, request, target, table, query)
-        info["verb"] = "get"
-        obj = await in_thread(store.get, spec, ns, target.name)
-        shown = to_scale(spec, obj) if target.subresource == "scale" else obj
-        return json_response(table.single(shown) if table is not None else shown)
 
-    if method == "POST":
-        info["verb"] = "create"
-        if target.name is not None:
-            raise method_not_allowed(f"POST is not allowed on a single {spec.kind} (use PUT or PATCH)")
-        if spec.namespaced and ns is None:
-            raise method_not_allowed(f"create {spec.resource} under /namespaces/<namespace>/{spec.resource}")
-        mode = fieldvalidation.directive(
-            request.query_params.get("fieldValidation"), "CreateOptions", custom=spec.crd is not None
-        )
-        media, body = await read_body(request, ("application/json", "application/yaml", "application/x-yaml"))
-        warnings = await _validate_fields(request, spec, mode, media, body)
-        created = await in_thread(store.create, spec, ns, body)
-        if spec.resource == CRD_RESOURCE and spec.crd is None:
-            await in_thread(state.crds.refresh, store, force=True)  # served at once by this process
-        return _with_warnings(json_response(created, 201), warnings)
+async def _get(call: Call) -> Response:
+    obj = await in_thread(call.store.get, call.spec, call.target.namespace, call.target.name)
+    shown = to_scale(call.spec, obj) if call.target.subresource == "scale" else obj
+    return json_response(call.table.single(shown) if call.table is not None else shown)
 
-    if target.name is None:
-        if method == "DELETE":
-            info["verb"] = "deletecollection"
-            raise method_not_allowed(
-                "deletecollection is not supported by the local API server; delete objects one by one"
-            )
-        raise method_not_allowed(f"{method} is not allowed on a collection")
-    name = target.name
 
-    if method == "PUT":
-        info["verb"] = "update"
-        mode = fieldvalidation.directive(
-            request.query_params.get("fieldValidation"), "UpdateOptions", custom=spec.crd is not None
-        )
-        media, body = await read_body(request, ("application/json", "application/yaml", "application/x-yaml"))
-        if target.subresource == "scale":
-            return json_response(await in_thread(_update_scale, store, spec, ns, name, body, None))
-        warnings = await _validate_fields(request, spec, mode, media, body)
-        updated = await in_thread(store.update, spec, ns, name, body, subresource=target.subresource)
-        if spec.resource == CRD_RESOURCE and spec.crd is None:
-            await in_thread(state.crds.refresh, store, force=True)
-        return _with_warnings(json_response(updated), warnings)
+async def _create(call: Call) -> Response:
+    spec, ns = call.spec, call.target.namespace
+    if call.target.name is not None:
+        raise method_not_allowed(f"POST is not allowed on a single {spec.kind} (use PUT or PATCH)")
+    if spec.namespaced and ns is None:
+        raise method_not_allowed(f"create {spec.resource} under /namespaces/<namespace>/{spec.resource}")
+    mode = call.field_validation("CreateOptions")
+    media, body = await read_body(call.request, BODY_MEDIA)
+    warnings = await _validate_fields(call.request, spec, mode, media, body)
+    created = await in_thread(call.store.create, spec, ns, body)
+    await call.crds_written()
+    return _with_warnings(json_response(created, 201), warnings)
 
-    if method == "PATCH":
-        info["verb"] = "patch"
-        mode = fieldvalidation.directive(
-            request.query_params.get("fieldValidation"), "PatchOptions", custom=spec.crd is not None
-        )
-        media, patch = await read_body(request, (MERGE_PATCH, JSON_PATCH, STRATEGIC_PATCH))
-        duplicates = fieldvalidation.duplicate_fields(await request.body(), media) if mode != "Ignore" else ()
-        patch_warnings: list[str] = []
-        if media in (MERGE_PATCH, STRATEGIC_PATCH) and not isinstance(patch, dict):
-            raise bad_request("a merge patch must be a JSON object")
-        schema = "scale" if target.subresource == "scale" else spec.resource
 
-        def apply(doc: Obj) -> Any:
-            if media == JSON_PATCH:
-                patched = json_patch(doc, patch)
-            elif media == STRATEGIC_PATCH:
-                patched = strategic_merge(doc, patch, schema)
-            else:
-                patched = merge_patch(doc, patch)
-            if target.subresource != "scale":
-                patch_warnings[:] = fieldvalidation.check(spec, mode, patched, duplicates)
-            return patched
+async def _update(call: Call) -> Response:
+    spec, ns, name = call.spec, call.target.namespace, call.name
+    mode = call.field_validation("UpdateOptions")
+    media, body = await read_body(call.request, BODY_MEDIA)
+    if call.target.subresource == "scale":
+        return json_response(await in_thread(_update_scale, call.store, spec, ns, name, body, None))
+    warnings = await _validate_fields(call.request, spec, mode, media, body)
+    updated = await in_thread(call.store.update, spec, ns, name, body, subresource=call.target.subresource)
+    await call.crds_written()
+    return _with_warnings(json_response(updated), warnings)
 
-        if target.subresource == "scale":
-            return json_response(await in_thread(_update_scale, store, spec, ns, name, None, apply))
-        patched = await in_thread(_patch, store, spec, ns, name, apply, target.subresource)
-        if spec.resource == CRD_RESOURCE and spec.crd is None:
-            await in_thread(state.crds.refresh, store, force=True)
-        return _with_warnings(json_response(patched), patch_warnings)
 
-    if method == "DELETE":
-        info["verb"] = "delete"
-        if target.subresource:
-            raise method_not_allowed(f"DELETE is not allowed on {spec.resource}/{target.subresource}")
-        return await _delete(store, request, spec, ns, name)
+async def _patch(call: Call) -> Response:
+    spec, ns, name, subresource = call.spec, call.target.namespace, call.name, call.target.subresource
+    mode = call.field_validation("PatchOptions")
+    media, patch = await read_body(call.request, (MERGE_PATCH, JSON_PATCH, STRATEGIC_PATCH))
+    duplicates = fieldvalidation.duplicate_fields(await call.request.body(), media) if mode != "Ignore" else ()
+    if media in (MERGE_PATCH, STRATEGIC_PATCH) and not isinstance(patch, dict):
+        raise bad_request("a merge patch must be a JSON object")
+    warnings: list[str] = []
 
-    raise method_not_allowed(f"{method} is not supported")
+    def apply(doc: Obj) -> Any:
+        if media == JSON_PATCH:
+            patched = json_patch(doc, patch)
+        elif media == STRATEGIC_PATCH:
+            patched = strategic_merge(doc, patch, "scale" if subresource == "scale" else spec.resource)
+        else:
+            patched = merge_patch(doc, patch)
+        if subresource != "scale":
+            warnings[:] = fieldvalidation.check(spec, mode, patched, duplicates)
+        return patched
+
+    if subresource == "scale":
+        return json_response(await in_thread(_update_scale, call.store, spec, ns, name, None, apply))
+    patched = await in_thread(_apply_patch, call.store, spec, ns, name, apply, subresource)
+    await call.crds_written()
+    return _with_warnings(json_response(patched), warnings)
+
+
+async def _deletecollection(call: Call) -> Response:
+    raise method_not_allowed("deletecollection is not supported by the local API server; delete objects one by one")
 
 
 async def _validate_fields(request: Request, spec: ResourceSpec, mode: str, media: str, body: Any) -> list[str]:
@@ -228,17 +281,9 @@ def _attributes(request: Request, target: Target) -> Attributes:
         watch = bool(parse_bool(request.query_params, "watch"))
     except ApiError:
         watch = False  # answered with a 400 by the handler; authorization sees a read
-    if target.watch_path or (method == "GET" and target.name is None and watch):
-        verb = "watch"
-    elif method in ("GET", "HEAD"):
-        verb = "get" if target.name is not None else "list"
-    elif method == "DELETE" and target.name is None:
-        verb = "deletecollection"
-    else:
-        verb = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}.get(method, method.lower())
     spec = target.spec
     return Attributes(
-        verb=verb,
+        verb=request_verb(method, target, watch),
         resource=spec.resource,
         group=spec.group,
         namespace=target.namespace or "",
@@ -269,22 +314,20 @@ async def review(state: State, request: Request, path: str, info: dict[str, str]
     if request.method != "POST":
         raise method_not_allowed(f"{request.method} is not allowed on {resource}: only create (POST)")
     _authorize(state, request, Attributes(verb="create", resource=resource, group=group))
-    _, body = await read_body(request, ("application/json", "application/yaml", "application/x-yaml"))
+    _, body = await read_body(request, BODY_MEDIA)
     if resource == "tokenreviews":
         return json_response(token_review(state.authenticator, body), 201)
     return json_response(subject_access_review(body), 201)
 
 
-async def _list(
-    store: Store, request: Request, target: Target, table: tables.TableRequest | None, query: ListQuery
-) -> Response:
-    spec = target.spec
+async def _list(call: Call) -> Response:
+    spec, request, query = call.spec, call.request, call.list_query
     labels, fields = query_selectors(request, spec, None)
     shard = shard_param(request)
     result = await in_thread(
-        store.list_page,
+        call.store.list_page,
         spec,
-        target.namespace,
+        call.target.namespace,
         labels,
         fields,
         limit=query.limit,
@@ -298,21 +341,19 @@ async def _list(
         meta["continue"] = result.continue_token
     if shard is not None:
         meta["shardInfo"] = {"selector": str(shard)}
-    if table is not None:
-        return json_response(table.of(result.items, meta))
+    if call.table is not None:
+        return json_response(call.table.of(result.items, meta))
     return json_response(
         {"kind": spec.list_kind, "apiVersion": spec.api_version, "metadata": meta, "items": result.items}
     )
 
 
-async def _watch(
-    state: State, store: Store, request: Request, target: Target, table: tables.TableRequest | None, query: ListQuery
-) -> Response:
-    spec = target.spec
-    labels, fields = query_selectors(request, spec, target.name)
+async def _watch(call: Call) -> Response:
+    spec, request, query, state = call.spec, call.request, call.list_query, call.state
+    labels, fields = query_selectors(request, spec, call.target.name)
     req = WatchRequest(
         spec=spec,
-        namespace=target.namespace,
+        namespace=call.target.namespace,
         labels=labels,
         fields=fields,
         resource_version=query.resource_version,
@@ -323,7 +364,7 @@ async def _watch(
     )
     gauge = state.metrics.watches.labels(resource=spec.resource)
     stream = await watch_events(
-        store,
+        call.store,
         state.config,
         req,
         bookmark_interval=state.bookmark_interval,
@@ -331,12 +372,12 @@ async def _watch(
         on_close=gauge.dec,
         shutdown=state.shutdown,
     )
-    if table is not None:
-        stream = table.watch(stream)
+    if call.table is not None:
+        stream = call.table.watch(stream)
     return StreamingResponse(stream, media_type="application/json", headers={"Cache-Control": "no-cache"})
 
 
-def _patch(
+def _apply_patch(
     store: Store, spec: ResourceSpec, ns: str | None, name: str, apply: Callable[[Obj], Any], subresource: str
 ) -> Obj:
     def mutate(current: Obj) -> Obj:
@@ -455,7 +496,10 @@ def _update_scale(
     return to_scale(spec, store.guaranteed_update(spec, ns, name, mutate))
 
 
-async def _delete(store: Store, request: Request, spec: ResourceSpec, ns: str | None, name: str) -> Response:
+async def _delete(call: Call) -> Response:
+    store, request, spec, ns, name = call.store, call.request, call.spec, call.target.namespace, call.name
+    if call.target.subresource:
+        raise method_not_allowed(f"DELETE is not allowed on {spec.resource}/{call.target.subresource}")
     options = DeleteOptions()
     raw = await request.body()
     if raw.strip():
@@ -470,6 +514,8 @@ async def _delete(store: Store, request: Request, spec: ResourceSpec, ns: str | 
     if options.dryRun:
         raise bad_request("dryRun is not supported by the local API server")
     policy = request.query_params.get("propagationPolicy") or options.propagationPolicy
+    if policy is not None and options.orphanDependents is not None:
+        raise ApiError(422, "Invalid", "propagationPolicy: Invalid value: orphanDependents and it cannot be both set")
     if policy is None and options.orphanDependents is not None:
         policy = "Orphan" if options.orphanDependents else "Background"
     policy = policy or "Background"
@@ -504,3 +550,16 @@ async def _delete(store: Store, request: Request, spec: ResourceSpec, ns: str | 
     if spec.group:
         details["group"] = spec.group
     return json_response(success_body(details))
+
+
+#: One handler per verb (the verb as kube-apiserver names it, also the metrics' ``verb`` label).
+VERBS: dict[str, Callable[[Call], Awaitable[Response]]] = {
+    "get": _get,
+    "list": _list,
+    "watch": _watch,
+    "create": _create,
+    "update": _update,
+    "patch": _patch,
+    "delete": _delete,
+    "deletecollection": _deletecollection,
+}

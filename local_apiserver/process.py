@@ -20,11 +20,8 @@ import logging
 import os
 import subprocess
 import tempfile
-import time
 from collections.abc import Mapping
 from pathlib import Path
-
-import httpx
 
 from rangeshard.core.errors import RangeshardError
 from rangeshard.core.process import ManagedProcess, free_port, python_module_command
@@ -38,6 +35,8 @@ class LocalApiServerError(RangeshardError):
 
 class LocalApiServerProcess(ManagedProcess):
     """One local API server child process (see module docstring)."""
+
+    error = LocalApiServerError
 
     def __init__(
         self,
@@ -77,6 +76,10 @@ class LocalApiServerProcess(ManagedProcess):
         scheme = "https" if self.tls_cert else "http"
         return f"{scheme}://{self.host}:{self.port}"
 
+    @property
+    def what(self) -> str:  # type: ignore[override]
+        return f"local API server on {self.url}"
+
     def command(self) -> list[str]:
         cmd = python_module_command("local_apiserver", "--etcd", self.etcd_url, "--port", str(self.port))
         cmd += ["--host", self.host]
@@ -99,28 +102,8 @@ class LocalApiServerProcess(ManagedProcess):
         return self
 
     def wait_ready(self, timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
-        last = "no answer"
-        # A readiness probe of our own child on loopback: no data is sent, so the
-        # (possibly self-signed) certificate is not verified here.
-        with httpx.Client(timeout=1.0, verify=False) as client:  # noqa: S501
-            while time.monotonic() < deadline:
-                if self.proc is not None and self.proc.poll() is not None:
-                    raise LocalApiServerError(
-                        f"local API server exited with code {self.proc.returncode}: {self.log_tail()}"
-                    )
-                try:
-                    resp = client.get(f"{self.url}/readyz")
-                    if resp.status_code == 200:
-                        return
-                    last = f"{resp.status_code} {resp.text}"
-                except httpx.HTTPError as e:
-                    last = str(e)
-                time.sleep(0.05)
-        self.stop()
-        raise LocalApiServerError(
-            f"local API server on {self.url} not ready after {timeout}s ({last}): {self.log_tail()}"
-        )
+        """Until ``/readyz`` answers 200 (:meth:`ManagedProcess.wait_http_ready`)."""
+        self.wait_http_ready(f"{self.url}/readyz", timeout)
 
     def __enter__(self) -> LocalApiServerProcess:
         return self.start()

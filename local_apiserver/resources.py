@@ -1,8 +1,9 @@
 """The table of served resources: built-ins (one :class:`ResourceSpec` entry each) plus CRDs.
 
 Purpose
-    Describe every resource the local API server serves (group, version,
-    plural, kind, scope, short names, subresources, defaults hooks) so routing,
+    Describe every resource the local API server serves (its identity, a
+    :class:`rangeshard.core.rest.GVR` derived from group, version and plural;
+    kind, scope, short names, subresources, defaults hooks) so routing,
     discovery, storage keys and validation are all driven by one table.
     :data:`RESOURCES` holds the built-in resources; a :class:`ResourceTable`
     (one per app) adds the resources of the CustomResourceDefinitions stored
@@ -34,6 +35,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from rangeshard.core.rest import GVR
 from rangeshard.core.tables import PrinterColumn
 
 VERBS = ("create", "delete", "get", "list", "patch", "update", "watch")
@@ -74,8 +76,13 @@ class ResourceSpec:
     stored_as: str = ""
 
     @property
+    def gvr(self) -> GVR:
+        """The resource's identity (:class:`rangeshard.core.rest.GVR`)."""
+        return GVR(self.group, self.version, self.resource)
+
+    @property
     def api_version(self) -> str:
-        return f"{self.group}/{self.version}" if self.group else self.version
+        return self.gvr.api_version
 
     @property
     def storage_group(self) -> str:
@@ -94,7 +101,7 @@ class ResourceSpec:
     @property
     def group_resource(self) -> str:
         """``resource.group`` as kube-apiserver spells it in messages (``pods``, ``deployments.apps``)."""
-        return f"{self.resource}.{self.group}" if self.group else self.resource
+        return self.gvr.label
 
 
 _EVENT_REFERENCE_FIELDS = ("kind", "namespace", "name", "uid", "apiVersion")
@@ -410,13 +417,6 @@ class ResourceTable:
 
     def by_group_version(self, group: str, version: str) -> list[ResourceSpec]:
         return [s for s in self._specs if s.group == group and s.version == version]
-
-    def for_kind(self, kind: str, api_version: str) -> ResourceSpec | None:
-        """The spec serving objects of ``kind`` in ``api_version`` (owner references)."""
-        for spec in self._specs:
-            if spec.kind == kind and spec.api_version == api_version:
-                return spec
-        return None
 
 
 def groups() -> dict[str, list[str]]:

@@ -29,6 +29,7 @@ from hashing import SelectorSyntaxError, ShardSelector, parse_shard_selector
 from local_apiserver import resources
 from local_apiserver.errors import bad_request, not_acceptable, not_found_path, unsupported_media_type
 from local_apiserver.resources import ResourceSpec
+from rangeshard.core.rest import group_version, parse_rest_path, split_group_version
 from rangeshard.core.selectors import FieldSelector, LabelSelector, parse_field_selector, parse_label_selector
 
 KUBE_VERSION = {
@@ -139,8 +140,12 @@ def _resource_list(table: resources.ResourceTable, group: str, version: str) -> 
                     "verbs": ["get", "patch", "update"],
                 }
             )
-    gv = f"{group}/{version}" if group else version
-    return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": out}
+    return {
+        "kind": "APIResourceList",
+        "apiVersion": "v1",
+        "groupVersion": group_version(group, version),
+        "resources": out,
+    }
 
 
 NOT_FOUND = "the server could not find the requested resource"
@@ -149,12 +154,11 @@ NOT_FOUND = "the server could not find the requested resource"
 def parse_target(path: str, table: resources.ResourceTable = _BUILTIN_TABLE) -> Target | dict[str, Any]:
     """A resource target, or a discovery document; 404 ``ApiError`` for anything else.
 
-    ``table`` is the app's resource table (built-ins plus the CRDs it serves).
+    ``table`` is the app's resource table (built-ins plus the CRDs it serves). Group, version,
+    namespace, resource, name and subresource are read by :func:`rangeshard.core.rest.parse_rest_path`.
     """
     groups = table.groups()
-    segs = [s for s in path.strip("/").split("/")]
-    if not segs or segs == [""]:
-        raise not_found_path(NOT_FOUND)
+    segs = path.strip("/").split("/")
     if segs == ["api"]:
         return {"kind": "APIVersions", "versions": ["v1"]}
     if segs == ["apis"]:
@@ -163,51 +167,34 @@ def parse_target(path: str, table: resources.ResourceTable = _BUILTIN_TABLE) -> 
             "apiVersion": "v1",
             "groups": [group_document(g, v) for g, v in named_groups(table)],
         }
-    if segs[0] == "api":
-        if len(segs) < 2 or segs[1] not in groups.get("", []):
-            raise not_found_path(NOT_FOUND)
-        group, version, rest = "", segs[1], segs[2:]
-    elif segs[0] == "apis":
-        if len(segs) >= 2 and segs[1] in REVIEW_GROUPS:
-            if len(segs) == 2:
-                return group_document(segs[1], ["v1"]) | {"kind": "APIGroup", "apiVersion": "v1"}
-            if len(segs) == 3 and segs[2] == "v1":
-                return _review_resource_list(segs[1])
-            raise not_found_path(NOT_FOUND)
-        if len(segs) < 2 or segs[1] not in groups or not segs[1]:
-            raise not_found_path(NOT_FOUND)
-        if len(segs) == 2:
-            return group_document(segs[1], groups[segs[1]]) | {"kind": "APIGroup", "apiVersion": "v1"}
-        if segs[2] not in groups[segs[1]]:
-            raise not_found_path(NOT_FOUND)
-        group, version, rest = segs[1], segs[2], segs[3:]
-    else:
+    if len(segs) == 2 and segs[0] == "apis" and segs[1] and (segs[1] in groups or segs[1] in REVIEW_GROUPS):
+        versions = groups.get(segs[1]) or ["v1"]
+        return group_document(segs[1], versions) | {"kind": "APIGroup", "apiVersion": "v1"}
+    split = split_group_version(path)
+    if split is None:
+        raise not_found_path(NOT_FOUND)
+    group, version, rest = split
+    if group in REVIEW_GROUPS:
+        if version == "v1" and not rest:
+            return _review_resource_list(group)
+        raise not_found_path(NOT_FOUND)
+    if version not in groups.get(group, []):
         raise not_found_path(NOT_FOUND)
     if not rest:
         return _resource_list(table, group, version)
-    watch_path = False
-    if rest[0] == "watch":
-        watch_path = True
-        rest = rest[1:]
-    namespace: str | None = None
-    if len(rest) >= 3 and rest[0] == "namespaces":
-        inner = table.lookup(group, version, rest[2])
-        if inner is not None and inner.namespaced:
-            namespace = rest[1]
-            rest = rest[2:]
-        elif inner is None and not (group == "" and rest[2] in ("status", "finalize")):
-            # /namespaces/<ns>/secrets: an unserved resource, not a subresource of namespaces.
-            raise not_found_path(f"{NOT_FOUND} (no resource {rest[2]!r} in {group or 'core'}/{version})")
-    if not rest or len(rest) > 3 or any(not s for s in rest):
+    parsed = parse_rest_path(path)
+    if parsed is None or parsed.tail:
         raise not_found_path(NOT_FOUND)
-    spec = table.lookup(group, version, rest[0])
+    resource = parsed.gvr.resource
+    spec = table.lookup(group, version, resource)
     if spec is None:
-        raise not_found_path(f"{NOT_FOUND} (no resource {rest[0]!r} in {group or 'core'}/{version})")
-    name = rest[1] if len(rest) > 1 else None
-    sub = rest[2] if len(rest) > 2 else ""
+        raise not_found_path(f"{NOT_FOUND} (no resource {resource!r} in {group or 'core'}/{version})")
+    if parsed.namespace is not None and not spec.namespaced:
+        raise not_found_path(f"{NOT_FOUND} ({spec.group_resource} is cluster-scoped, not in a namespace)")
+    sub = parsed.subresource
     if sub and not ((sub == "status" and spec.status) or (sub == "scale" and spec.scale)):
         raise not_found_path(f"{NOT_FOUND} (no subresource {sub!r} of {spec.resource})")
-    return Target(spec, namespace, name, sub, watch_path)
+    return Target(spec, parsed.namespace, parsed.name, sub, parsed.watch_prefix)
 
 
 def check_accept(request: Request) -> None:

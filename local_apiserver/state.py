@@ -103,6 +103,16 @@ class State:
                 self.gc.start()
             return self.store
 
+    def bootstrap(self) -> None:
+        """Connect and create the built-in namespaces; ``bootstrapped`` once that worked (raises otherwise)."""
+        self.connect().ensure_namespaces()
+        self.bootstrapped = True
+
+    async def refresh_crds(self) -> None:
+        """Re-read the CRDs when the table is stale (a CRD created through another server is served too)."""
+        if self.store is not None and self.bootstrapped and self.crds.stale():
+            await in_thread(self.crds.refresh, self.store)
+
     def require_store(self) -> Store:
         if self.store is None or not self.bootstrapped:
             raise ApiError(503, "ServiceUnavailable", "the local API server is starting (etcd not reached yet)")

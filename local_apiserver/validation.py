@@ -280,6 +280,20 @@ def apply_defaults(spec: ResourceSpec, obj: dict[str, Any]) -> None:
             status.setdefault("phase", "Pending")
     elif spec.resource == "secrets" and spec.group == "":
         _secret_defaults(obj)
+    elif spec.resource in ("persistentvolumeclaims", "persistentvolumes") and isinstance(body_spec, dict):
+        # kube's defaulters: Filesystem volumes, Pending until bound; a PV is retained by default.
+        body_spec.setdefault("volumeMode", "Filesystem")
+        if spec.resource == "persistentvolumes":
+            body_spec.setdefault("persistentVolumeReclaimPolicy", "Retain")
+        status = obj.get("status")
+        obj["status"] = status = status if isinstance(status, dict) else {}
+        status.setdefault("phase", "Pending")
+    elif spec.resource == "cronjobs" and isinstance(body_spec, dict):
+        # kube's CronJob defaults (kubectl get cronjobs prints SUSPEND from them).
+        body_spec.setdefault("suspend", False)
+        body_spec.setdefault("concurrencyPolicy", "Allow")
+        body_spec.setdefault("successfulJobsHistoryLimit", 3)
+        body_spec.setdefault("failedJobsHistoryLimit", 1)
     elif spec.resource == "horizontalpodautoscalers" and isinstance(body_spec, dict):
         _hpa_defaults(spec, obj, body_spec)
     elif spec.resource == "namespaces":

@@ -8,21 +8,26 @@ Purpose
     else is passed through. See docs/proxy.md.
 
 Modules
-    ``app`` (FastAPI: routing, list/watch handlers, pass-through), ``cache``
-    (the shared watch caches: store, history, dispatch; ``CacheManager``),
-    ``cached`` (cached objects and events, watch filters, settings),
-    ``dispatch`` (which watchers an event can concern, by shard range),
-    ``watcher`` (one downstream watch and its bounded queue),
-    ``watchresponse`` (its HTTP body; the app class), ``wire`` (fast decoding
-    of upstream watch lines), ``paging`` (``limit``/``continue`` of cached
-    lists), ``tables`` (Table answers), ``fencing`` (write fencing by owner
-    token), ``upstream``
-    (our ``Upstream`` interface and its HTTP implementation), ``watchstream``
-    (the upstream watch read with an asyncio protocol + httptools), ``resources``
-    (GVRs, discovery, paths), ``auth`` (``--auth-mode none|static|delegate``:
-    who may read), ``heap`` (the heap keeper), ``metrics``, ``errors``, ``cli``
-    (``rangeshard proxy``), ``process`` (child process). Label/field selectors
-    come from :mod:`rangeshard.core.selectors`. See docs/security.md.
+    ``app`` (FastAPI: the settings root ``ProxySettings``, routing, the app
+    factory), ``listing`` (list/watch of cached collections: list options,
+    paging, Table answers), ``passthrough`` (everything else, forwarded
+    upstream; write fencing), ``cache`` (the shared watch caches: store,
+    history, dispatch; ``CacheManager``), ``cached`` (cached objects and
+    events, watch filters, settings), ``dispatch`` (which watchers an event
+    can concern, by shard range), ``watcher`` (one downstream watch and its
+    bounded queue), ``watchresponse`` (its HTTP body; the app class),
+    ``wire`` (fast decoding of upstream watch lines), ``paging``
+    (``limit``/``continue`` of cached lists), ``tables`` (Table answers),
+    ``fencing`` (write fencing by owner token), ``upstream`` (our
+    ``Upstream`` interface, every capability of the upstream, and its HTTP
+    implementation), ``watchstream`` (the upstream watch read with an asyncio
+    protocol + httptools), ``resources`` (discovery information around the
+    foundation's ``GVR``), ``auth`` (``--auth-mode none|static|delegate``:
+    who may read), ``heap`` (the heap keeper), ``metrics``, ``errors``,
+    ``cli`` (``rangeshard proxy``), ``process`` (child process). Resource
+    identity and REST paths come from :mod:`rangeshard.core.rest`,
+    label/field selectors from :mod:`rangeshard.core.selectors`. See
+    docs/security.md.
 
 May import
     ``rangeshard.core`` (foundation), ``registry`` and ``hashing``. Never the

@@ -56,11 +56,13 @@ import time
 from collections import OrderedDict
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, TypeVar
 
 from range_filter_proxy.errors import ApiError, UpstreamError
+from range_filter_proxy.upstream import Upstream
 from rangeshard.core.errors import ConfigError
 from rangeshard.core.kubeapi import Attributes, UserInfo, token_digest
+from rangeshard.core.rest import split_group_version
 
 log = logging.getLogger(__name__)
 
@@ -125,14 +127,6 @@ class TtlCache(Generic[K, V]):
         return len(self._data)
 
 
-class Reviewer(Protocol):
-    """Where delegated reviews go: the upstream, with the proxy's own credentials."""
-
-    async def post_json(self, path: str, doc: dict[str, Any]) -> Any:
-        """POST ``doc`` as JSON and return the decoded answer (raises :class:`UpstreamError`)."""
-        ...
-
-
 def bearer_token(authorization: str | None) -> str | None:
     """The token of an ``Authorization: Bearer <token>`` header value, else None."""
     if not authorization:
@@ -169,11 +163,10 @@ def forbidden(user: UserInfo, attrs: Attributes, reason: str = "") -> ApiError:
 
 def _is_discovery(path: str) -> bool:
     segs = [s for s in path.split("/") if s]
-    return (
-        segs in (["version"], ["api"], ["apis"], ["metrics"])
-        or (len(segs) == 2 and segs[0] in ("api", "apis"))
-        or (len(segs) == 3 and segs[0] == "apis")
-    )
+    if segs in (["version"], ["api"], ["apis"], ["metrics"]) or (len(segs) == 2 and segs[0] == "apis"):
+        return True
+    split = split_group_version("/".join(segs))  # a group/version's root: /api/v1, /apis/apps/v1
+    return split is not None and not split[2]
 
 
 def static_policy(user: UserInfo, attrs: Attributes) -> bool:
@@ -194,7 +187,7 @@ def _review_failed(what: str, e: UpstreamError) -> ApiError:
 class ProxyAuth:
     """Authentication and authorization of one proxy (see module docstring)."""
 
-    def __init__(self, settings: AuthSettings, reviewer: Reviewer | None = None) -> None:
+    def __init__(self, settings: AuthSettings, reviewer: Upstream | None = None) -> None:
         if settings.mode is AuthMode.STATIC and not settings.users:
             raise ConfigError("--auth-mode static needs --token-file")
         if settings.mode is AuthMode.DELEGATE and reviewer is None:

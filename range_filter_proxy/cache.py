@@ -74,11 +74,12 @@ from range_filter_proxy.cached import (
 from range_filter_proxy.dispatch import DispatchIndex
 from range_filter_proxy.errors import ApiError, UpstreamError, UpstreamGone, gone
 from range_filter_proxy.metrics import ProxyMetrics
-from range_filter_proxy.resources import GVR, ResourceInfo
+from range_filter_proxy.resources import ResourceInfo
 from range_filter_proxy.upstream import ListResult, Upstream, WatchEvent
 from range_filter_proxy.watcher import Watcher
 from range_filter_proxy.wire import OBJECT_EVENTS
 from rangeshard.core.loops import start_task
+from rangeshard.core.rest import GVR, group_version
 
 log = logging.getLogger(__name__)
 
@@ -188,15 +189,8 @@ class WatchCache:
             started = loop.time()
             received = 0
             try:
-                # An HTTP upstream applies each read's events from its socket callback
-                # (no task switch per read); any other Upstream is iterated.
-                watch_apply = getattr(self.upstream, "watch_apply", None)
-                if watch_apply is not None:
-                    received = await watch_apply(self.info.gvr, str(self.rv), self.apply)
-                else:
-                    async for event in self.upstream.watch(self.info.gvr, str(self.rv)):
-                        received += 1
-                        self.apply(event)
+                # An HTTP upstream applies each read's events from its socket callback (no task switch per read).
+                received = await self.upstream.watch_apply(self.info.gvr, str(self.rv), self.apply)
             except UpstreamGone:
                 return
             finally:
@@ -664,8 +658,7 @@ class CacheManager:
             version = await self.upstream.preferred_version(group)
         info = await self.resource_info(group, version, resource)
         if info is None:
-            gv = f"{group}/{version}" if group else version
-            raise UpstreamError(f"the upstream has no resource {resource!r} in {gv}", 404)
+            raise UpstreamError(f"the upstream has no resource {resource!r} in {group_version(group, version)}", 404)
         if not info.cacheable:
             raise UpstreamError(f"resource {info.gvr} does not support list and watch", 422)
         return info

@@ -135,7 +135,7 @@ class CachedObject(msgspec.Struct, eq=False, gc=False):
         except ValueError as e:
             raise UpstreamError(f"{info.gvr}: object {meta.get('name')!r}: {e}") from e
         if "kind" not in obj or "apiVersion" not in obj:
-            obj = {"kind": info.kind, "apiVersion": info.gvr.group_version, **obj}
+            obj = {"kind": info.kind, "apiVersion": info.gvr.api_version, **obj}
             raw = None
         labels = meta.get("labels")
         ns = meta.get("namespace")

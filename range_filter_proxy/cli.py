@@ -1,10 +1,13 @@
 """The ``rangeshard proxy`` command (also ``python -m range_filter_proxy``).
 
 Purpose
-    :func:`proxy_command` parses the options (typer), loads the upstream
-    configuration (URL, kubeconfig or in-cluster) and serves
-    :func:`range_filter_proxy.app.create_app` with uvicorn until SIGINT/SIGTERM.
-    The project CLI registers this function as ``rangeshard proxy``.
+    :func:`proxy_command` parses the options (typer; each declared once
+    below as an ``Annotated`` type), loads the upstream configuration (URL,
+    kubeconfig or in-cluster), turns the rest into the proxy's settings root
+    (:func:`proxy_settings` -> :class:`range_filter_proxy.app.ProxySettings`)
+    and serves :func:`range_filter_proxy.app.create_app` with uvicorn until
+    SIGINT/SIGTERM. The project CLI registers this function as
+    ``rangeshard proxy``.
 
 Invariants
     * Exactly one of ``--upstream``, ``--kubeconfig`` or ``--in-cluster``;
@@ -30,96 +33,117 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from rangeshard.core.errors import ConfigError
 from rangeshard.core.etcd_options import CaCertOpt, CertOpt, KeyOpt, PasswordOpt, UserOpt, config_from_options
 
+if TYPE_CHECKING:
+    from range_filter_proxy.app import ProxySettings
+    from range_filter_proxy.auth import AuthSettings
+    from range_filter_proxy.fencing import FenceSettings
+
+UpstreamOpt = Annotated[str | None, typer.Option("--upstream", help="Upstream API server URL (no credentials)")]
+KubeconfigOpt = Annotated[
+    str | None, typer.Option("--kubeconfig", help="Take upstream URL, TLS and credentials from this kubeconfig")
+]
+ContextOpt = Annotated[str | None, typer.Option("--context", help="kubeconfig context to use")]
+InClusterOpt = Annotated[bool, typer.Option("--in-cluster", help="Use the pod's service account config")]
+PortOpt = Annotated[int, typer.Option("--port", help="Port to listen on")]
+HostOpt = Annotated[str, typer.Option("--host", help="Address to listen on")]
+ResourcesOpt = Annotated[
+    str,
+    typer.Option("--resources", help="Comma-separated resources to cache from start-up, e.g. pods,replicasets.apps"),
+]
+BookmarkIntervalOpt = Annotated[
+    float, typer.Option("--bookmark-interval", help="Seconds between bookmarks of a quiet watch")
+]
+HistoryEventsOpt = Annotated[
+    int, typer.Option("--history-events", help="Events kept per resource for resuming watches (at least)")
+]
+HistorySecondsOpt = Annotated[
+    float, typer.Option("--history-seconds", help="Seconds of events kept per resource (at least)")
+]
+ConsistentReadTimeoutOpt = Annotated[
+    float,
+    typer.Option(
+        "--consistent-read-timeout",
+        help="Seconds a consistent read waits for the cache before listing upstream instead",
+    ),
+]
+LogLevelOpt = Annotated[str, typer.Option("--log-level", help="debug, info, warning, error")]
+UpstreamCaOpt = Annotated[
+    str | None, typer.Option("--upstream-ca", help="PEM CA bundle verifying an https:// --upstream")
+]
+TlsCertOpt = Annotated[str | None, typer.Option("--tls-cert", help="Serve HTTPS with this certificate (PEM)")]
+TlsKeyOpt = Annotated[str | None, typer.Option("--tls-key", help="Private key (PEM) of --tls-cert")]
+AuthModeOpt = Annotated[
+    str,
+    typer.Option(
+        "--auth-mode",
+        help="Who may read through the proxy: none (anybody who reaches the port), "
+        "static (--token-file), delegate (TokenReview + SubjectAccessReview against the upstream)",
+    ),
+]
+TokenFileOpt = Annotated[
+    str | None,
+    typer.Option("--token-file", help='Tokens of --auth-mode static: CSV lines token,user,uid[,"group1,group2"]'),
+]
+AuthCacheTtlOpt = Annotated[
+    float, typer.Option("--auth-cache-ttl", help="Seconds a delegated review answer is cached (0: never)")
+]
+AuthCacheSizeOpt = Annotated[int, typer.Option("--auth-cache-size", help="Entries kept in each delegated review cache")]
+MaxBodyOpt = Annotated[int, typer.Option("--max-request-body-bytes", help="Largest accepted request body (413 beyond)")]
+GcFreezeOpt = Annotated[
+    float,
+    typer.Option(
+        "--gc-freeze-interval",
+        help="Seconds between collect-and-freeze passes that keep garbage-collector pauses short "
+        "with large caches (0: leave the collector alone)",
+    ),
+]
+GcFullOpt = Annotated[
+    float, typer.Option("--gc-full-interval", help="Seconds between complete collections of the frozen heap")
+]
+EtcdOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--etcd",
+        help="Turn on write fencing: etcd endpoints URL[,URL...] of the instance registry. Writes carrying a "
+        "controller manager's owner token are forwarded only while it owns the object (else 409)",
+        show_default=False,
+    ),
+]
+RegistryPrefixOpt = Annotated[str, typer.Option("--registry-prefix", help="Registry key prefix in etcd (with --etcd)")]
+
 
 def proxy_command(
-    upstream: Annotated[str | None, typer.Option("--upstream", help="Upstream API server URL (no credentials)")] = None,
-    kubeconfig: Annotated[
-        str | None, typer.Option("--kubeconfig", help="Take upstream URL, TLS and credentials from this kubeconfig")
-    ] = None,
-    context: Annotated[str | None, typer.Option("--context", help="kubeconfig context to use")] = None,
-    in_cluster: Annotated[bool, typer.Option("--in-cluster", help="Use the pod's service account config")] = False,
-    port: Annotated[int, typer.Option("--port", help="Port to listen on")] = 8001,
-    host: Annotated[str, typer.Option("--host", help="Address to listen on")] = "127.0.0.1",
-    resources: Annotated[
-        str,
-        typer.Option(
-            "--resources", help="Comma-separated resources to cache from start-up, e.g. pods,replicasets.apps"
-        ),
-    ] = "",
-    bookmark_interval: Annotated[
-        float, typer.Option("--bookmark-interval", help="Seconds between bookmarks of a quiet watch")
-    ] = 10.0,
-    history_events: Annotated[
-        int, typer.Option("--history-events", help="Events kept per resource for resuming watches (at least)")
-    ] = 10_000,
-    history_seconds: Annotated[
-        float, typer.Option("--history-seconds", help="Seconds of events kept per resource (at least)")
-    ] = 300.0,
-    consistent_read_timeout: Annotated[
-        float,
-        typer.Option(
-            "--consistent-read-timeout",
-            help="Seconds a consistent read waits for the cache before listing upstream instead",
-        ),
-    ] = 0.5,
-    log_level: Annotated[str, typer.Option("--log-level", help="debug, info, warning, error")] = "info",
-    upstream_ca: Annotated[
-        str | None, typer.Option("--upstream-ca", help="PEM CA bundle verifying an https:// --upstream")
-    ] = None,
-    tls_cert: Annotated[str | None, typer.Option("--tls-cert", help="Serve HTTPS with this certificate (PEM)")] = None,
-    tls_key: Annotated[str | None, typer.Option("--tls-key", help="Private key (PEM) of --tls-cert")] = None,
-    auth_mode: Annotated[
-        str,
-        typer.Option(
-            "--auth-mode",
-            help="Who may read through the proxy: none (anybody who reaches the port), "
-            "static (--token-file), delegate (TokenReview + SubjectAccessReview against the upstream)",
-        ),
-    ] = "none",
-    token_file: Annotated[
-        str | None,
-        typer.Option("--token-file", help='Tokens of --auth-mode static: CSV lines token,user,uid[,"group1,group2"]'),
-    ] = None,
-    auth_cache_ttl: Annotated[
-        float, typer.Option("--auth-cache-ttl", help="Seconds a delegated review answer is cached (0: never)")
-    ] = 10.0,
-    auth_cache_size: Annotated[
-        int, typer.Option("--auth-cache-size", help="Entries kept in each delegated review cache")
-    ] = 10_000,
-    max_request_body_bytes: Annotated[
-        int, typer.Option("--max-request-body-bytes", help="Largest accepted request body (413 beyond)")
-    ] = 3 * 1024 * 1024,
-    gc_freeze_interval: Annotated[
-        float,
-        typer.Option(
-            "--gc-freeze-interval",
-            help="Seconds between collect-and-freeze passes that keep garbage-collector pauses short "
-            "with large caches (0: leave the collector alone)",
-        ),
-    ] = 0.25,
-    gc_full_interval: Annotated[
-        float,
-        typer.Option("--gc-full-interval", help="Seconds between complete collections of the frozen heap"),
-    ] = 3600.0,
-    etcd: Annotated[
-        str | None,
-        typer.Option(
-            "--etcd",
-            help="Turn on write fencing: etcd endpoints URL[,URL...] of the instance registry. Writes carrying a "
-            "controller manager's owner token are forwarded only while it owns the object (else 409)",
-            show_default=False,
-        ),
-    ] = None,
-    registry_prefix: Annotated[
-        str, typer.Option("--registry-prefix", help="Registry key prefix in etcd (with --etcd)")
-    ] = "/rangeshard",
+    upstream: UpstreamOpt = None,
+    kubeconfig: KubeconfigOpt = None,
+    context: ContextOpt = None,
+    in_cluster: InClusterOpt = False,
+    port: PortOpt = 8001,
+    host: HostOpt = "127.0.0.1",
+    resources: ResourcesOpt = "",
+    bookmark_interval: BookmarkIntervalOpt = 10.0,
+    history_events: HistoryEventsOpt = 10_000,
+    history_seconds: HistorySecondsOpt = 300.0,
+    consistent_read_timeout: ConsistentReadTimeoutOpt = 0.5,
+    log_level: LogLevelOpt = "info",
+    upstream_ca: UpstreamCaOpt = None,
+    tls_cert: TlsCertOpt = None,
+    tls_key: TlsKeyOpt = None,
+    auth_mode: AuthModeOpt = "none",
+    token_file: TokenFileOpt = None,
+    auth_cache_ttl: AuthCacheTtlOpt = 10.0,
+    auth_cache_size: AuthCacheSizeOpt = 10_000,
+    max_request_body_bytes: MaxBodyOpt = 3 * 1024 * 1024,
+    gc_freeze_interval: GcFreezeOpt = 0.25,
+    gc_full_interval: GcFullOpt = 3600.0,
+    etcd: EtcdOpt = None,
+    registry_prefix: RegistryPrefixOpt = "/rangeshard",
     etcd_cacert: CaCertOpt = None,
     etcd_cert: CertOpt = None,
     etcd_key: KeyOpt = None,
@@ -127,84 +151,21 @@ def proxy_command(
     etcd_password: PasswordOpt = None,
 ) -> None:
     """Serve the range filter proxy: shard-filtered list/watch from one shared watch per resource."""
+    options = dict(locals())  # every option by name, for proxy_settings
     from range_filter_proxy.app import create_app  # noqa: PLC0415
-    from range_filter_proxy.auth import AuthMode, AuthSettings  # noqa: PLC0415
-    from range_filter_proxy.cached import CacheSettings  # noqa: PLC0415
-    from range_filter_proxy.fencing import FenceSettings  # noqa: PLC0415
-    from range_filter_proxy.heap import HeapSettings  # noqa: PLC0415
     from range_filter_proxy.upstream import load_upstream_config  # noqa: PLC0415
-    from rangeshard.core.kubeapi import load_token_file  # noqa: PLC0415
     from rangeshard.core.logs import configure_logging  # noqa: PLC0415
     from rangeshard.core.serving import serve  # noqa: PLC0415  (keep `rangeshard --help` fast)
 
     try:
         level = configure_logging(log_level)
-    except ConfigError as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2) from e
-    try:
         config = load_upstream_config(upstream, kubeconfig, context, in_cluster, upstream_ca)
-        try:
-            mode = AuthMode(auth_mode)
-        except ValueError as e:
-            raise ConfigError(f"--auth-mode must be none, static or delegate, got {auth_mode!r}") from e
-        if (tls_cert is None) != (tls_key is None):
-            raise ConfigError("--tls-cert and --tls-key go together")
-        for path in (tls_cert, tls_key):
-            if path is not None and not os.path.isfile(path):
-                raise ConfigError(f"TLS file {path} does not exist")
-        if token_file is not None and mode is not AuthMode.STATIC:
-            raise ConfigError("--token-file is only used with --auth-mode static")
-        if mode is AuthMode.STATIC and token_file is None:
-            raise ConfigError("--auth-mode static needs --token-file")
-        if max_request_body_bytes < 1024:
-            raise ConfigError("--max-request-body-bytes must be at least 1024")
-        auth = AuthSettings(
-            mode=mode,
-            users=load_token_file(token_file) if token_file is not None else {},
-            cache_ttl=auth_cache_ttl,
-            cache_size=auth_cache_size,
-        )
-        if bookmark_interval <= 0 or history_events < 1 or history_seconds < 0 or consistent_read_timeout < 0:
-            raise ConfigError(
-                "--bookmark-interval must be > 0, --history-events >= 1, "
-                "--history-seconds and --consistent-read-timeout >= 0"
-            )
-        if gc_freeze_interval < 0 or (gc_freeze_interval > 0 and gc_full_interval < gc_freeze_interval):
-            raise ConfigError("--gc-freeze-interval must be >= 0 and --gc-full-interval >= --gc-freeze-interval")
-        heap = HeapSettings(gc_freeze_interval, gc_full_interval) if gc_freeze_interval > 0 else None
-        settings = CacheSettings(
-            bookmark_interval=bookmark_interval,
-            history_events=history_events,
-            history_seconds=history_seconds,
-            history_hard_cap=max(10 * history_events, 100_000),
-            consistent_read_timeout=consistent_read_timeout,
-        )
-        fencing: FenceSettings | None = None
-        etcd_extras = (etcd_cacert, etcd_cert, etcd_key, etcd_user, etcd_password)
-        if etcd is None and any(v is not None for v in etcd_extras):
-            raise ConfigError("--etcd-cacert/--etcd-cert/--etcd-key/--etcd-user/--etcd-password need --etcd")
-        if etcd is not None:
-            if not registry_prefix.startswith("/") or registry_prefix.rstrip("/") == "":
-                raise ConfigError("--registry-prefix must be an absolute key prefix such as /rangeshard")
-            fencing = FenceSettings(
-                config_from_options(etcd, etcd_cacert, etcd_cert, etcd_key, etcd_user, etcd_password),
-                registry_prefix.rstrip("/"),
-            )
-        app = create_app(
-            config,
-            resources=[r for r in resources.split(",") if r.strip()],
-            settings=settings,
-            auth=auth,
-            max_body_bytes=max_request_body_bytes,
-            heap=heap,
-            fencing=fencing,
-        )
+        app = create_app(config, proxy_settings(**options))
     except ConfigError as e:
         for problem in e.problems:
             typer.echo(f"error: {problem}", err=True)
         raise typer.Exit(2) from e
-    if mode is AuthMode.NONE and host not in ("127.0.0.1", "localhost", "::1"):
+    if auth_mode == "none" and host not in ("127.0.0.1", "localhost", "::1"):
         logging.getLogger(__name__).warning(
             "listening on %s with --auth-mode none: anybody who reaches the port reads every cached resource "
             "with the proxy's credentials (see docs/security.md)",
@@ -221,3 +182,99 @@ def proxy_command(
         ssl_certfile=tls_cert,
         ssl_keyfile=tls_key,
     )
+
+
+def proxy_settings(
+    *,
+    resources: str,
+    bookmark_interval: float,
+    history_events: int,
+    history_seconds: float,
+    consistent_read_timeout: float,
+    tls_cert: str | None,
+    tls_key: str | None,
+    auth_mode: str,
+    token_file: str | None,
+    auth_cache_ttl: float,
+    auth_cache_size: int,
+    max_request_body_bytes: int,
+    gc_freeze_interval: float,
+    gc_full_interval: float,
+    etcd: str | None,
+    registry_prefix: str,
+    etcd_cacert: str | None,
+    etcd_cert: str | None,
+    etcd_key: str | None,
+    etcd_user: str | None,
+    etcd_password: str | None,
+    **_other: Any,
+) -> ProxySettings:
+    """The settings root of the command's options (``ConfigError`` naming the flag for a bad value)."""
+    from range_filter_proxy.app import ProxySettings  # noqa: PLC0415
+    from range_filter_proxy.cached import CacheSettings  # noqa: PLC0415
+    from range_filter_proxy.heap import HeapSettings  # noqa: PLC0415
+
+    auth = _auth_settings(auth_mode, token_file, auth_cache_ttl, auth_cache_size)
+    if (tls_cert is None) != (tls_key is None):
+        raise ConfigError("--tls-cert and --tls-key go together")
+    for path in (tls_cert, tls_key):
+        if path is not None and not os.path.isfile(path):
+            raise ConfigError(f"TLS file {path} does not exist")
+    if max_request_body_bytes < 1024:
+        raise ConfigError("--max-request-body-bytes must be at least 1024")
+    if bookmark_interval <= 0 or history_events < 1 or history_seconds < 0 or consistent_read_timeout < 0:
+        raise ConfigError(
+            "--bookmark-interval must be > 0, --history-events >= 1, "
+            "--history-seconds and --consistent-read-timeout >= 0"
+        )
+    if gc_freeze_interval < 0 or (gc_freeze_interval > 0 and gc_full_interval < gc_freeze_interval):
+        raise ConfigError("--gc-freeze-interval must be >= 0 and --gc-full-interval >= --gc-freeze-interval")
+    return ProxySettings(
+        resources=tuple(r for r in resources.split(",") if r.strip()),
+        settings=CacheSettings(
+            bookmark_interval=bookmark_interval,
+            history_events=history_events,
+            history_seconds=history_seconds,
+            history_hard_cap=max(10 * history_events, 100_000),
+            consistent_read_timeout=consistent_read_timeout,
+        ),
+        auth=auth,
+        max_body_bytes=max_request_body_bytes,
+        heap=HeapSettings(gc_freeze_interval, gc_full_interval) if gc_freeze_interval > 0 else None,
+        fencing=_fence_settings(etcd, registry_prefix, (etcd_cacert, etcd_cert, etcd_key, etcd_user, etcd_password)),
+    )
+
+
+def _auth_settings(auth_mode: str, token_file: str | None, cache_ttl: float, cache_size: int) -> AuthSettings:
+    from range_filter_proxy.auth import AuthMode, AuthSettings  # noqa: PLC0415
+    from rangeshard.core.kubeapi import load_token_file  # noqa: PLC0415
+
+    try:
+        mode = AuthMode(auth_mode)
+    except ValueError as e:
+        raise ConfigError(f"--auth-mode must be none, static or delegate, got {auth_mode!r}") from e
+    if token_file is not None and mode is not AuthMode.STATIC:
+        raise ConfigError("--token-file is only used with --auth-mode static")
+    if mode is AuthMode.STATIC and token_file is None:
+        raise ConfigError("--auth-mode static needs --token-file")
+    return AuthSettings(
+        mode=mode,
+        users=load_token_file(token_file) if token_file is not None else {},
+        cache_ttl=cache_ttl,
+        cache_size=cache_size,
+    )
+
+
+def _fence_settings(
+    etcd: str | None, registry_prefix: str, tls_and_auth: tuple[str | None, ...]
+) -> FenceSettings | None:
+    """``tls_and_auth``: ``--etcd-cacert``, ``--etcd-cert``, ``--etcd-key``, ``--etcd-user``, ``--etcd-password``."""
+    from range_filter_proxy.fencing import FenceSettings  # noqa: PLC0415
+
+    if etcd is None and any(v is not None for v in tls_and_auth):
+        raise ConfigError("--etcd-cacert/--etcd-cert/--etcd-key/--etcd-user/--etcd-password need --etcd")
+    if etcd is None:
+        return None
+    if not registry_prefix.startswith("/") or registry_prefix.rstrip("/") == "":
+        raise ConfigError("--registry-prefix must be an absolute key prefix such as /rangeshard")
+    return FenceSettings(config_from_options(etcd, *tls_and_auth), registry_prefix.rstrip("/"))

@@ -16,15 +16,11 @@ Concurrency model
 
 from __future__ import annotations
 
-import contextlib
 import os
 import subprocess
 import tempfile
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-
-import httpx
 
 from range_filter_proxy.errors import ProxyError
 from rangeshard.core.process import ManagedProcess, free_port, python_module_command
@@ -38,6 +34,8 @@ class ProxyProcess(ManagedProcess):
     """A proxy child process in front of ``upstream_url`` (``pid``, ``stop``, ``kill``: :class:`ManagedProcess`)."""
 
     tail_lines = 30
+    what = "proxy"
+    error = ProxyProcessError
 
     def __init__(
         self,
@@ -100,24 +98,8 @@ class ProxyProcess(ManagedProcess):
         if self.resources:
             cmd += ["--resources", ",".join(self.resources)]
         cmd += self.extra_args
-        proc = self._spawn(cmd, ProxyProcessError, "the proxy", self.env, new_session=False)
-        deadline = time.monotonic() + timeout
-        # A readiness probe of our own child on loopback: no data is sent, so a
-        # (possibly self-signed) certificate is not verified here.
-        with httpx.Client(timeout=2.0, verify=False) as client:  # noqa: S501
-            while True:
-                if proc.poll() is not None:
-                    tail = self.log_tail()
-                    self.proc = None
-                    raise ProxyProcessError(f"proxy exited with code {proc.returncode}: {tail}")
-                with contextlib.suppress(httpx.HTTPError):
-                    if client.get(self.url + "/readyz").status_code == 200:
-                        return
-                if time.monotonic() > deadline:
-                    tail = self.log_tail()
-                    self.kill()
-                    raise ProxyProcessError(f"proxy not ready after {timeout:.0f}s: {tail}")
-                time.sleep(0.05)  # polling interval while waiting for readiness
+        self._spawn(cmd, ProxyProcessError, "the proxy", self.env, new_session=False)
+        self.wait_http_ready(self.url + "/readyz", timeout)
 
     def __enter__(self) -> ProxyProcess:
         self.start()

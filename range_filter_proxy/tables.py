@@ -25,9 +25,10 @@ import logging
 import time
 
 from range_filter_proxy.errors import UpstreamError
-from range_filter_proxy.resources import GVR, ResourceInfo
+from range_filter_proxy.resources import ResourceInfo
 from range_filter_proxy.upstream import Upstream
 from rangeshard.core import tables as core
+from rangeshard.core.rest import GVR
 
 log = logging.getLogger(__name__)
 CRD_COLUMNS_TTL = 30.0

@@ -1,10 +1,11 @@
 """The upstream API server, seen through an interface of our own.
 
 Purpose
-    :class:`Upstream` is everything the shared watch cache needs from an
-    API server: discovery, a list, a watch stream and the current
-    resourceVersion. :class:`HttpUpstream` implements it (and the raw
-    pass-through of every other request) with one ``httpx.AsyncClient`` against
+    :class:`Upstream` is everything the proxy needs from an API server, one
+    explicit interface: what the shared watch cache needs (discovery, a
+    list, a watch stream and the current resourceVersion) and the optional
+    capabilities with their defaults (pass-through, delegated reviews).
+    :class:`HttpUpstream` implements all of it with one ``httpx.AsyncClient`` against
     a real kube-apiserver or the local API server, except the watch body,
     which :mod:`range_filter_proxy.watchstream` reads (an asyncio protocol
     parsing with httptools: a fraction of httpx's CPU per read); tests may
@@ -37,16 +38,17 @@ import logging
 import ssl
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import httpx
 import orjson
 
-from range_filter_proxy.errors import UpstreamError, UpstreamGone, UpstreamUnavailable, bad_request
-from range_filter_proxy.resources import GVR, ResourceInfo, parse_resource_list
+from range_filter_proxy.errors import ApiError, UpstreamError, UpstreamGone, UpstreamUnavailable, bad_request
+from range_filter_proxy.resources import ResourceInfo, parse_resource_list
 from range_filter_proxy.watchstream import WatchStream, open_watch
 from range_filter_proxy.wire import WireObject, decode_line
 from rangeshard.core.errors import ConfigError
+from rangeshard.core.rest import GVR, group_version_path
 
 log = logging.getLogger(__name__)
 
@@ -134,9 +136,6 @@ class WatchEvent:
         return f"WatchEvent({self.type!r}, name={name!r})"
 
 
-#: The events of one read of a watch stream (``list`` is a method name inside :class:`HttpUpstream`).
-WatchBatch = list[WatchEvent]
-
 #: A watch line longer than this (no newline in sight) is a broken upstream, not an object.
 MAX_WATCH_LINE_BYTES = 64 * 1024 * 1024
 
@@ -194,28 +193,73 @@ def decode_watch_line(line: bytes, what: str) -> WatchEvent:
     return WatchEvent(etype, obj, raw)
 
 
-class Upstream(Protocol):
-    """What the watch cache consumes; implemented over HTTP and, in tests, in memory."""
+class Upstream:
+    """The upstream as the proxy uses it: one explicit interface of every capability.
+
+    Every upstream implements the five methods the watch cache needs
+    (``discover``, ``preferred_version``, ``list``, ``watch``,
+    ``current_resource_version``); tests and benches implement them in
+    memory. The rest has a default here, and an upstream that can do more
+    says so by overriding it:
+
+    * ``watch_apply`` - a watch whose events are applied as they are read
+      (default: iterate ``watch``);
+    * ``forward`` - pass an arbitrary request through (default: 404, nothing
+      is passed through);
+    * ``post_json`` - TokenReview / SubjectAccessReview for ``--auth-mode
+      delegate`` (``reviews``; default: none);
+    * ``aclose`` - release connections (default: nothing to release).
+    """
+
+    #: True if :meth:`post_json` sends delegated reviews.
+    reviews: bool = False
 
     async def discover(self, group: str, version: str) -> dict[str, ResourceInfo]:
         """The resources of one group/version (raises :class:`UpstreamError`)."""
-        ...
+        raise NotImplementedError
 
     async def preferred_version(self, group: str) -> str:
         """The preferred version of an API group (``v1`` for the core group)."""
-        ...
+        raise NotImplementedError
 
     async def list(self, gvr: GVR, params: Mapping[str, str] | None = None) -> ListResult:
         """List a whole collection (``params`` are extra query parameters)."""
-        ...
+        raise NotImplementedError
 
     def watch(self, gvr: GVR, resource_version: str) -> AsyncIterator[WatchEvent]:
         """Watch a collection after ``resource_version`` (raises :class:`UpstreamGone` on 410)."""
-        ...
+        raise NotImplementedError
 
     async def current_resource_version(self, gvr: GVR) -> str:
         """The upstream's current resourceVersion, as a consistent (quorum) read would see it."""
-        ...
+        raise NotImplementedError
+
+    async def watch_apply(self, gvr: GVR, resource_version: str, apply: Callable[[WatchEvent], None]) -> int:
+        """Watch, calling ``apply`` for every event; the number of events once the watch ends."""
+        count = 0
+        async for event in self.watch(gvr, resource_version):
+            count += 1
+            apply(event)
+        return count
+
+    async def forward(
+        self,
+        method: str,
+        target: str,
+        headers: Sequence[tuple[str, str]],
+        body: AsyncIterator[bytes] | None,
+        *,
+        own_credentials: bool = True,
+    ) -> httpx.Response:
+        """Send ``method target`` (raw path and query) upstream; the *streaming* response (caller closes it)."""
+        raise ApiError(404, "NotFound", f"the proxy cannot pass {method} {target.split('?', 1)[0]} through")
+
+    async def post_json(self, path: str, doc: dict[str, Any]) -> Any:
+        """POST ``doc`` with the proxy's own credentials; the decoded answer (2xx) or :class:`UpstreamError`."""
+        raise UpstreamError(f"POST {path}: this upstream sends no reviews", 501)
+
+    async def aclose(self) -> None:
+        """Release what the upstream holds (connections)."""
 
 
 @dataclass(slots=True)
@@ -308,8 +352,10 @@ def _status_message(body: bytes, fallback: str) -> tuple[str, dict[str, Any] | N
     return fallback, None
 
 
-class HttpUpstream:
-    """:class:`Upstream` over HTTP, plus raw pass-through."""
+class HttpUpstream(Upstream):
+    """:class:`Upstream` over HTTP, with every capability: raw pass-through and delegated reviews."""
+
+    reviews = True
 
     def __init__(self, config: UpstreamConfig, *, max_connections: int = 200) -> None:
         self.config = config
@@ -368,7 +414,7 @@ class HttpUpstream:
             raise UpstreamError(f"POST {path}: response is not JSON") from e
 
     async def discover(self, group: str, version: str) -> dict[str, ResourceInfo]:
-        path = f"/apis/{group}/{version}" if group else f"/api/{version}"
+        path = group_version_path(group, version)
         doc = await self._get_json(path)
         if not isinstance(doc, dict):
             raise UpstreamError(f"GET {path}: not an APIResourceList")
@@ -385,7 +431,7 @@ class HttpUpstream:
         return version
 
     async def list(self, gvr: GVR, params: Mapping[str, str] | None = None) -> ListResult:
-        doc = await self._get_json(gvr.collection_path(), params)
+        doc = await self._get_json(gvr.path(), params)
         if not isinstance(doc, dict):
             raise UpstreamError(f"list {gvr}: not a list object")
         items = doc.get("items") or []
@@ -405,9 +451,13 @@ class HttpUpstream:
         return (await self.list(gvr, {"limit": "1"})).resource_version
 
     async def watch(self, gvr: GVR, resource_version: str) -> AsyncIterator[WatchEvent]:
-        async for events in self.watch_batches(gvr, resource_version):
-            for event in events:
-                yield event
+        stream = await self._open_watch(gvr, resource_version)
+        try:
+            async for lines in stream.batches():
+                for line in lines:
+                    yield decode_watch_line(line, stream.what)
+        finally:
+            stream.close()
 
     async def _open_watch(self, gvr: GVR, resource_version: str) -> WatchStream:
         """Open a watch stream (status 200; 410 raises :class:`UpstreamGone`, others :class:`UpstreamError`).
@@ -424,7 +474,7 @@ class HttpUpstream:
         what = f"watch {gvr}"
         stream = await open_watch(
             self.config.base_url,
-            gvr.collection_path(),
+            gvr.path(),
             params,
             list(self._headers().items()),
             verify=self.config.verify,
@@ -443,26 +493,6 @@ class HttpUpstream:
                 raise UpstreamGone(message, status)
             raise UpstreamError(message, stream.status, status)
         return stream
-
-    async def watch_batches(self, gvr: GVR, resource_version: str) -> AsyncIterator[WatchBatch]:
-        """:meth:`watch`, one list per read. When a line fails to decode (an ``ERROR``
-        event, 410 included), the events before it are yielded first."""
-        stream = await self._open_watch(gvr, resource_version)
-        what = stream.what
-        decode = decode_watch_line
-        try:
-            async for lines in stream.batches():
-                events: WatchBatch = []
-                try:
-                    for line in lines:
-                        events.append(decode(line, what))
-                except UpstreamError:
-                    if events:
-                        yield events
-                    raise
-                yield events
-        finally:
-            stream.close()
 
     async def watch_apply(self, gvr: GVR, resource_version: str, apply: Callable[[WatchEvent], None]) -> int:
         """Watch, calling ``apply`` for every event as its read arrives; the number of lines once the watch ends.

@@ -185,7 +185,7 @@ class Watcher:
             meta["annotations"] = {INITIAL_EVENTS_END: "true"}
         info = self.cache.info
         return event_line(
-            "BOOKMARK", orjson.dumps({"kind": info.kind, "apiVersion": info.gvr.group_version, "metadata": meta})
+            "BOOKMARK", orjson.dumps({"kind": info.kind, "apiVersion": info.gvr.api_version, "metadata": meta})
         )
 
     async def stream(self) -> AsyncGenerator[bytes, None]:

@@ -9,7 +9,10 @@ This package holds two floors of the house (see ``docs/architecture.md``):
   imports nothing above it.
 
 Also here: :mod:`rangeshard.testing`, a test kit for your own sharded
-controllers (top floor, beside the CLI).
+controllers (top floor, beside the CLI), and, one floor below them,
+:mod:`rangeshard.localcluster`: the one way to run etcd, the local API
+server, the proxy and N controller managers as child processes (``up``,
+the test kit and the benchmarks all use it).
 
 The components live in the top-level packages ``hashing``, ``registry``,
 ``range_filter_proxy``, ``controller_manager`` and ``local_apiserver``.

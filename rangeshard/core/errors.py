@@ -15,8 +15,9 @@ The tree::
     ├── PortInUseError              (rangeshard.core.ports) a port ``up`` needs is taken (exit 1)
     ├── NotReadyError               (rangeshard.cli.updown) a component ``up`` started died or stayed unhealthy
     ├── UpRunningError              (rangeshard.cli.up) an ``up`` recorded in the state dir is still running
+    ├── LocalClusterError           (rangeshard.localcluster) a part of the local cluster asked for before start
     ├── TestKitError                (rangeshard.testing) a part of the test cluster did not start, a wait timed out
-    ├── ManagerProcessError         (controller_manager.process) a controller-manager child could not be started
+    ├── ManagerProcessError         (controller_manager.process) a controller-manager child did not start
     ├── ControllerError             raised inside the controller framework
     │   ├── ReconcileTimeout        a reconcile reached its deadline (fencing or its own bound)
     │   ├── Requeue                 (controller_manager.controller) reconcile again later

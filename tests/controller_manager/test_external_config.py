@@ -9,9 +9,11 @@ from pathlib import Path
 import pytest
 
 from controller_manager.config import load_config
-from controller_manager.external import PATHS, _json_accept, resource_of
+from controller_manager.external import PATHS
 from hashing import NAMESPACE_PATH, OWNER_PATH, UID_PATH
 from rangeshard.core.errors import ConfigError
+from rangeshard.core.kubeapi import json_accept as _json_accept
+from rangeshard.core.rest import parse_rest_path
 
 HEAD = """
 etcd: {endpoints: ["http://127.0.0.1:2379"]}
@@ -121,7 +123,8 @@ def test_the_cli_exits_2_with_file_field_problem(tmp_path: Path) -> None:
     ],
 )
 def test_resource_of(path: str, expected: tuple[str, bool] | None) -> None:
-    assert resource_of(path) == expected
+    parsed = parse_rest_path(path)  # what the endpoint classifies a request by
+    assert (None if parsed is None else (parsed.gvr.label, parsed.collection)) == expected
 
 
 def test_paths_and_accept() -> None:

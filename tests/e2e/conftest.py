@@ -32,13 +32,13 @@ import yaml
 from kubernetes import client as k8s
 
 from controller_manager.audit import AuditRecord, find_overlaps, read_records
-from controller_manager.process import spawn_manager
+from controller_manager.process import ManagerProcess
 from hashing import hash_key
 from local_apiserver.process import LocalApiServerProcess
 from range_filter_proxy.process import ProxyProcess
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
 from rangeshard.core.process import EtcdCluster, EtcdServer
-from rangeshard.testing import ManagerProcess
+from rangeshard.localcluster import LocalCluster
 from registry import Registry, Snapshot
 from tests.e2e.kube import replicasets, scale_replicaset
 
@@ -54,26 +54,26 @@ def _manager_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
 
 
-@dataclass
 class Manager(ManagerProcess):
     """The test kit's manager process, plus what the handover scenarios need."""
 
+    proc: subprocess.Popen[bytes]
+    audit: Path
+    hold_file: Path | None = None
+
     def terminate(self, timeout: float = 20) -> int:
         """Graceful leave; unlike the kit's, a manager that does not leave in time fails the test (no SIGKILL)."""
-        if self.alive:
-            self.proc.send_signal(signal.SIGTERM)
+        self.send(signal.SIGTERM)
         return self.proc.wait(timeout)
 
     def freeze(self) -> None:
         """SIGSTOP: the process keeps its registration until its lease expires, but does nothing."""
-        self.proc.send_signal(signal.SIGSTOP)
+        self.send(signal.SIGSTOP)
 
     def metrics_url(self) -> str:
         found = re.search(r"metrics on (http://\S+)/metrics", self.log.read_text(errors="replace"))
         assert found, f"{self.name} logged no metrics address"
         return found.group(1)
-
-    hold_file: Path | None = None
 
     def metric(self, name: str, **labels: str) -> float:
         """One sample of this manager's ``/metrics`` (0 when absent)."""
@@ -156,8 +156,10 @@ class Cluster:
         path.write_text(yaml.safe_dump(cfg))
         audit = self.workdir / f"{stem}.audit.jsonl"
         log = self.workdir / f"{stem}.log"
-        proc = spawn_manager(path, log, instance_prefix=name, audit_log=audit, log_level=log_level, env=_manager_env())
-        m = Manager(name, proc, path, audit, log)
+        m = Manager.of_config(
+            name, path, log, instance_prefix=name, audit=audit, log_level=log_level, env=_manager_env()
+        )
+        m.start()
         m.hold_file = hold_file
         self.managers.append(m)
         return m
@@ -248,30 +250,31 @@ def _start_cluster(
     workdir: Path,
     registry_server: EtcdServer | None = None,
     apiserver_args: list[str] | None = None,
+    fenced: bool = False,
 ) -> Iterator[Cluster]:
-    storage = f"/e2e-{uuid.uuid4().hex[:8]}"
-    apiserver = LocalApiServerProcess(
-        etcd_url,
-        prefix=storage,
-        log_file=workdir / "apiserver.log",
+    """API server and proxy on ``etcd_url``; ``fenced``: the proxy fences writes against the registry."""
+    registry_prefix = f"/rs-{uuid.uuid4().hex[:8]}"
+    local = LocalCluster(
+        workdir,
+        external_etcd=etcd_url,
+        storage_prefix=f"/e2e-{uuid.uuid4().hex[:8]}",
         bookmark_interval=0.2,
-        extra_args=apiserver_args,
+        apiserver_args=apiserver_args or (),
+        fence_registry=registry_prefix if fenced else None,
+        fence_etcd=registry_etcd_url,
     )
-    apiserver.start()
-    proxy = ProxyProcess(apiserver.url, log_file=workdir / "proxy.log")
-    try:
-        proxy.start()
-        cluster = Cluster(etcd_url, registry_etcd_url, f"/rs-{uuid.uuid4().hex[:8]}", apiserver, proxy, workdir)
+    with local:
+        apiserver, proxy = local.apiserver, local.proxy
+        assert apiserver is not None and proxy is not None
+        cluster = Cluster(etcd_url, registry_etcd_url, registry_prefix, apiserver, proxy, workdir)
         cluster.registry_server = registry_server
         try:
             yield cluster
         finally:
+            for m in cluster.managers:
+                if m.alive:
+                    os.killpg(m.proc.pid, signal.SIGCONT)  # a frozen manager must be able to leave
             cluster.stop()
-    finally:
-        proxy.stop()
-        apiserver.stop()
-        with EtcdClient(EtcdConfig.from_urls(etcd_url)) as c:
-            c.delete_prefix(storage + "/")
 
 
 @pytest.fixture
@@ -353,34 +356,6 @@ def members_cluster(etcd_server: EtcdServer, etcd_members: EtcdCluster, tmp_path
 
 
 def _fenced_cluster(etcd_url: str, registry_urls: str, tmp_path: Path) -> Iterator[Cluster]:
-    storage = f"/e2e-{uuid.uuid4().hex[:8]}"
-    registry_prefix = f"/rs-{uuid.uuid4().hex[:8]}"
     audit = tmp_path / "apiserver-audit.jsonl"
-    apiserver = LocalApiServerProcess(
-        etcd_url,
-        prefix=storage,
-        log_file=tmp_path / "apiserver.log",
-        bookmark_interval=0.2,
-        extra_args=["--audit-log-path", str(audit), "--audit-level", "RequestResponse"],
-    )
-    apiserver.start()
-    proxy = ProxyProcess(
-        apiserver.url,
-        log_file=tmp_path / "proxy.log",
-        extra_args=["--etcd", registry_urls, "--registry-prefix", registry_prefix],
-    )
-    try:
-        proxy.start()
-        cluster = Cluster(etcd_url, registry_urls, registry_prefix, apiserver, proxy, tmp_path)
-        try:
-            yield cluster
-        finally:
-            for m in cluster.managers:
-                if m.alive:
-                    os.killpg(m.proc.pid, signal.SIGCONT)
-            cluster.stop()
-    finally:
-        proxy.stop()
-        apiserver.stop()
-        with EtcdClient(EtcdConfig.from_urls(etcd_url)) as c:
-            c.delete_prefix(storage + "/")
+    args = ["--audit-log-path", str(audit), "--audit-level", "RequestResponse"]
+    yield from _start_cluster(etcd_url, registry_urls, tmp_path, apiserver_args=args, fenced=True)

@@ -284,5 +284,5 @@ def test_readyz_and_up_name_the_informer_that_keeps_a_manager_not_ready(cluster:
          "healthUrl": m.metrics_url() + "/readyz"}
     )  # fmt: skip
     with pytest.raises(NotReadyError) as caught:
-        wait_healthy([component], lambda _c: None, etcd_server.url, ["certificate"], 1, threading.Event(), timeout=1)
+        wait_healthy([component], [], etcd_server.url, ["certificate"], 1, threading.Event(), timeout=1)
     assert "manager m9: informer certificate-gizmos: 404 " in str(caught.value), str(caught.value)

@@ -148,7 +148,8 @@ def test_bad_updates_and_patches(http: httpx.Client) -> None:
     _status(http.patch(f"{CM}/u", content=b'[{"op":"test","path":"/metadata/name","value":"z"}]', headers=jsonp), 422)
     _status(http.patch(f"{CM}/u", content=b'[{"op":"fly","path":"/x"}]', headers=jsonp), 400)
     _status(http.request("DELETE", f"{CM}/u", content=b"{bad", headers=JSON), 400)
-    _status(http.request("DELETE", f"{CM}/u", json={"propagationPolicy": "Sometimes"}), 400)
+    # kube validates DeleteOptions (ValidateDeleteOptions): an unsupported policy is 422 Invalid.
+    _status(http.request("DELETE", f"{CM}/u", json={"propagationPolicy": "Sometimes"}), 422)
     _status(http.request("DELETE", f"{CM}/u", json={"preconditions": {"uid": "nope"}}), 409)
     dep = deployment("sc")
     http.post("/apis/apps/v1/namespaces/default/deployments", json=dep)

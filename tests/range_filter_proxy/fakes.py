@@ -16,8 +16,9 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from range_filter_proxy.errors import UpstreamError, UpstreamGone
-from range_filter_proxy.resources import GVR, ResourceInfo
-from range_filter_proxy.upstream import ListResult, WatchEvent
+from range_filter_proxy.resources import ResourceInfo
+from range_filter_proxy.upstream import ListResult, Upstream, WatchEvent
+from rangeshard.core.rest import GVR
 
 PODS = GVR("", "v1", "pods")
 REPLICASETS = GVR("apps", "v1", "replicasets")
@@ -30,7 +31,7 @@ INFOS = {
 }
 
 
-class FakeUpstream:
+class FakeUpstream(Upstream):
     """In-memory upstream; every method must be called from the test's event loop."""
 
     def __init__(self) -> None:
@@ -50,7 +51,7 @@ class FakeUpstream:
         #: Lists with a shardSelector (the proxy's probe), counted apart from list_calls.
         self.shard_selector_lists: list[str] = []
 
-    # ---- Upstream protocol ----------------------------------------------------------------
+    # ---- Upstream interface ---------------------------------------------------------------
 
     async def discover(self, group: str, version: str) -> dict[str, ResourceInfo]:
         found = {g.resource: i for g, i in INFOS.items() if g.group == group and g.version == version}
@@ -134,7 +135,7 @@ class FakeUpstream:
                 {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "rs", "uid": owner_uid, "controller": True}
             ]
         info = INFOS[gvr]
-        obj = {"kind": info.kind, "apiVersion": gvr.group_version, "metadata": meta, "spec": spec or {}}
+        obj = {"kind": info.kind, "apiVersion": gvr.api_version, "metadata": meta, "spec": spec or {}}
         self.objects[gvr][(namespace or "", name)] = obj
         self._emit(gvr, "ADDED", obj)
         return copy.deepcopy(obj)
@@ -170,7 +171,7 @@ class FakeUpstream:
 
     def bookmark(self, gvr: GVR) -> None:
         """Send a BOOKMARK at the current RV to every open watch of ``gvr``."""
-        obj = {"kind": INFOS[gvr].kind, "apiVersion": gvr.group_version, "metadata": {"resourceVersion": str(self.rv)}}
+        obj = {"kind": INFOS[gvr].kind, "apiVersion": gvr.api_version, "metadata": {"resourceVersion": str(self.rv)}}
         for g, q in self._queues:
             if g == gvr:
                 q.put_nowait(("BOOKMARK", obj))

@@ -8,9 +8,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from range_filter_proxy.errors import UpstreamError
-from range_filter_proxy.resources import GVR, ResourceInfo
+from range_filter_proxy.resources import ResourceInfo
 from range_filter_proxy.tables import ProxyTables
 from range_filter_proxy.upstream import ListResult
+from rangeshard.core.rest import GVR
 
 WIDGETS = ResourceInfo(GVR("example.com", "v1", "widgets"), "Widget", True, frozenset({"list", "watch"}))
 GADGETS = ResourceInfo(GVR("example.org", "v1", "gadgets"), "Gadget", True, frozenset({"list", "watch"}))

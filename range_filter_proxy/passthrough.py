@@ -1,0 +1,150 @@
+"""Passing every request the cache does not serve through to the upstream, with write fencing.
+
+Purpose
+    :class:`PassThrough` forwards a request upstream unchanged (status,
+    headers, streaming body, the client's ``Authorization``) and relays the
+    answer as a stream. With write fencing on, a write carrying an owner token
+    is forwarded only if :class:`range_filter_proxy.fencing.WriteFence` lets
+    it pass; else ``409`` (``fenced_status``), counted in
+    ``range_filter_proxy_fenced_writes_total{reason}``. Writes without a token
+    pass unchanged.
+
+Invariants
+    * Hop-by-hop headers are dropped both ways; protobuf is removed from the
+      ``Accept`` header (the proxy answers JSON only).
+    * In ``static`` auth mode the client's token stays here: the proxy's own
+      credentials are used upstream; in ``delegate`` mode the proxy's own are
+      never added.
+    * An upstream that cannot pass requests through (an in-memory one) answers
+      404 (:meth:`range_filter_proxy.upstream.Upstream.forward`).
+    * A relayed stream ends as soon as the shutdown begins.
+
+Concurrency model
+    Coroutines on the proxy's event loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+from fastapi import Request, Response
+from fastapi.responses import StreamingResponse
+from starlette.background import BackgroundTask
+
+from range_filter_proxy.auth import AuthMode
+from range_filter_proxy.cache import CacheManager
+from range_filter_proxy.errors import UpstreamError
+from range_filter_proxy.fencing import WriteFence, shard_hash_of
+from range_filter_proxy.listing import json_response
+from range_filter_proxy.metrics import ProxyMetrics
+from range_filter_proxy.upstream import Upstream
+from rangeshard.core.kubeapi import HOP_BY_HOP, WRITE_METHODS, RequestTooLarge, json_accept
+from rangeshard.core.ownertoken import FENCED_HEADER, SHARD_HASH_HEADER, OwnerToken, fenced_status, parse_shard_hash
+from rangeshard.core.rest import parse_rest_path
+from rangeshard.core.serving import ShutdownSignal, until_shutdown
+
+log = logging.getLogger(__name__)
+
+
+class PassThrough:
+    """Forwarding to the upstream, fenced writes (see module docstring)."""
+
+    def __init__(
+        self,
+        upstream: Upstream,
+        manager: CacheManager,
+        metrics: ProxyMetrics,
+        auth_mode: AuthMode,
+        fence: WriteFence | None,
+        shutdown: ShutdownSignal,
+    ) -> None:
+        self.upstream = upstream
+        self.manager = manager
+        self.metrics = metrics
+        self.auth_mode = auth_mode
+        self.fence = fence
+        self.shutdown = shutdown
+
+    async def fence_write(self, request: Request, fence: WriteFence) -> Response | None:
+        """The 409 of a fenced write with an owner token, or ``None`` to pass it through."""
+        token = OwnerToken.parse(request.headers.get("user-agent"))
+        if token is None:
+            return None
+        self.metrics.fencing_checks.inc()
+        body: Any = None
+        if request.method in ("POST", "PUT", "PATCH"):
+            # A merge/strategic patch may set ownerReferences (adoption); a JSON patch is a list (ignored).
+            raw = await request.body()  # kept by Starlette: request.stream() replays it upstream
+            with contextlib.suppress(orjson.JSONDecodeError):
+                body = orjson.loads(raw) if raw else None
+        cached: Any = None
+        target = parse_rest_path(request.url.path)
+        if target is not None and target.name is not None:
+            cache = self.manager.caches.get(target.gvr)
+            if cache is not None:
+                hit = cache.objects.get((target.namespace or "", target.name))
+                cached = hit.obj if hit is not None else None
+        declared = parse_shard_hash(request.headers.get(SHARD_HASH_HEADER))
+        shard_hash, verdict = shard_hash_of(declared, body, cached)
+        if verdict is None:
+            verdict = await fence.check(token, shard_hash)
+        if verdict is None:
+            return None
+        self.metrics.fenced_writes.labels(verdict.reason).inc()
+        log.info("fenced %s %s of %s: %s", request.method, request.url.path, token, verdict.why)
+        response = json_response(409, fenced_status(token, verdict.reason, verdict.why))
+        response.headers[FENCED_HEADER] = verdict.reason
+        return response
+
+    async def forward(self, request: Request) -> Response:
+        """The upstream's answer to ``request``, relayed as a stream (or the 409 of a fenced write)."""
+        if self.fence is not None and request.method in WRITE_METHODS:
+            fenced = await self.fence_write(request, self.fence)
+            if fenced is not None:
+                return fenced
+        self.metrics.passthrough_requests.labels(request.method).inc()
+        headers: list[tuple[str, str]] = []
+        for key, value in request.headers.items():
+            k = key.lower()
+            if k in HOP_BY_HOP:
+                continue
+            if k == "authorization" and self.auth_mode is AuthMode.STATIC:
+                continue  # the client's static token means nothing upstream; the proxy's own credentials are used
+            headers.append((key, json_accept(value) if k == "accept" else value))
+        raw_path = request.scope.get("raw_path") or request.url.path.encode()
+        target = raw_path.decode("latin-1")
+        query = request.scope.get("query_string") or b""
+        if query:
+            target += "?" + query.decode("latin-1")
+        has_body = request.method not in ("GET", "HEAD", "OPTIONS") or "content-length" in request.headers
+        body: AsyncIterator[bytes] | None = request.stream() if has_body else None
+        try:
+            resp = await self.upstream.forward(
+                request.method, target, headers, body, own_credentials=self.auth_mode is not AuthMode.DELEGATE
+            )
+        except UpstreamError as e:
+            too_large = e.__cause__
+            while too_large is not None and not isinstance(too_large, RequestTooLarge):
+                too_large = too_large.__cause__ or too_large.__context__
+            if isinstance(too_large, RequestTooLarge):
+                raise too_large from e
+            raise
+        out_headers = {k: v for k, v in resp.headers.multi_items() if k.lower() not in HOP_BY_HOP}
+
+        async def relay() -> AsyncIterator[bytes]:
+            try:
+                async for chunk in resp.aiter_raw():
+                    yield chunk
+            finally:
+                await resp.aclose()
+
+        return StreamingResponse(
+            until_shutdown(relay(), self.shutdown),
+            status_code=resp.status_code,
+            headers=out_headers,
+            background=BackgroundTask(resp.aclose),
+        )
