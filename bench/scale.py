@@ -8,7 +8,7 @@ Purpose
       first, so a reconcile finds nothing to write) on a private cluster
       (etcd, the local API server, the proxy), reconciled by the built-in
       ``replicaset`` controller in N = 1, 2, 4, ... real ``rangeshard
-      controller-manager`` processes (:func:`controller_manager.process.spawn_manager`).
+      controller-manager`` processes (:class:`controller_manager.process.ManagerProcess`).
       Per N: seconds from spawn to every instance ``active`` (synced, unlocked),
       per-manager RSS (``VmRSS``) and peak RSS (``VmHWM``) from
       ``/proc/<pid>/status``, the informer cache sizes
@@ -55,6 +55,7 @@ import signal
 import subprocess
 import time
 import uuid
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -62,17 +63,26 @@ import httpx
 import orjson
 import yaml
 
-from bench.common import BenchCluster, metric_value, percentile, proc_cpu_seconds, scrape, stored_pod, wait_for
+from bench.common import (
+    BenchCluster,
+    metric_value,
+    percentile,
+    proc_cpu_seconds,
+    scrape,
+    settled,
+    stored_pod,
+    wait_managers,
+)
 from bench.fanout import equal_ranges
 from bench.feed import NAMESPACE as FEED_NAMESPACE
 from bench.feed import SENT_ANNOTATION
 from bench.throughput import _Client, _run_loop, _spawn_printing_port, _watch
-from controller_manager.process import spawn_manager
+from controller_manager.process import ManagerProcess
 from hashing import UID_PATH, range_to_selector
 from range_filter_proxy.process import ProxyProcess
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
 from rangeshard.core.process import free_port
-from registry import Registry, State
+from registry import Registry
 
 CONTROLLER = "replicaset"
 RS_NAMESPACE = "bench-scale-rs"
@@ -178,13 +188,14 @@ class _Managers:
     def __init__(self, cluster: BenchCluster, workdir: Path, *, workers: int, delay: float) -> None:
         if cluster.etcd is None or cluster.proxy is None:
             raise RuntimeError("the benchmark cluster is not started")
+        self.cluster = cluster
         self.etcd_url, self.proxy_url = cluster.etcd.url, cluster.proxy.url
         self.workdir = workdir
         self.workers, self.delay = workers, delay
         self.prefix = f"/bench-scale-{uuid.uuid4().hex[:8]}"
         self.etcd = EtcdClient(EtcdConfig.from_urls(cluster.etcd.url))
         self.registry = Registry(self.etcd, self.prefix)
-        self.procs: list[subprocess.Popen[bytes]] = []
+        self.procs: list[ManagerProcess] = []
         self.metrics_urls: list[str] = []
 
     def spawn(self, n: int) -> None:
@@ -202,23 +213,20 @@ class _Managers:
             path = self.workdir / f"m{i}.yaml"
             path.write_text(yaml.safe_dump(config))
             self.metrics_urls.append(f"http://127.0.0.1:{port}/metrics")
-            self.procs.append(
-                spawn_manager(path, self.workdir / f"m{i}.log", instance_prefix=f"m{i}", log_level="warning")
+            m = ManagerProcess.of_config(
+                f"m{i}", path, self.workdir / f"m{i}.log", instance_prefix=f"m{i}", log_level="warning"
             )
+            self.procs.append(m.start())
 
-    def all_active(self, n: int) -> bool:
-        for i, p in enumerate(self.procs):
-            if p.poll() is not None:
-                raise RuntimeError(f"manager m{i} exited with {p.returncode}; see {self.workdir / f'm{i}.log'}")
-        snap = self.registry.snapshot(CONTROLLER)
-        records = [m.record for m in snap]
-        return len(records) == n and all(r.state is State.ACTIVE and not r.is_locked for r in records)
+    def wait_active(self, n: int, timeout: float) -> None:
+        """Every one of the ``n`` instances registered, active and unlocked (a manager that exits raises)."""
+        wait_managers(partial(settled, self.registry, CONTROLLER, n), self.procs, timeout, f"{n} replicaset instances")
 
     def scrape_all(self) -> list[str]:
         return [scrape(u, timeout=10) for u in self.metrics_urls]
 
     def close(self) -> None:
-        _stop(self.procs)
+        self.cluster.stop_managers(self.procs, timeout=20)
         self.etcd.close()
 
 
@@ -228,7 +236,7 @@ def _manager_row(ms: _Managers, texts: list[str]) -> list[dict[str, Any]]:
         rows.append(
             {
                 "manager": f"m{i}",
-                **proc_memory(p.pid),
+                **proc_memory(p.pid or 0),
                 "cacheObjects": {
                     inf: int(metric_value(text, "rangeshard_informer_cache_objects", informer=inf))
                     for inf in ("replicasets", "pods")
@@ -247,7 +255,7 @@ def _one_count(
     try:
         t0 = time.monotonic()
         ms.spawn(n)
-        wait_for(lambda: ms.all_active(n), timeout, f"{n} active replicaset instances", interval=0.1)
+        ms.wait_active(n, timeout)
         synced = time.monotonic() - t0
         # Reconciles/s while every manager still works through the resync of its range.
         before = ms.scrape_all()
