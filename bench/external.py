@@ -171,7 +171,11 @@ class _Run:
 
     def close(self) -> None:
         self.stop_managers()
-        self.api.delete(f"/api/v1/namespaces/{self.ns}")
+        path = f"/api/v1/namespaces/{self.ns}"
+        self.api.delete(path)
+        # The next run's kopf watches every namespace: it must not find this run's
+        # Gadgets still being deleted (a full run's 2,000 kept the next one busy).
+        wait_for(lambda: self.api.get(path).status_code == 404, 300, f"namespace {self.ns} deleted")
         self.api.close()
         self.etcd.close()
 
