@@ -181,6 +181,17 @@ class Cluster:
             if m.range is not None and not any(m.range.contains(h) for h in hashes)
         ]
 
+    def idle_in(self, ns: str) -> list[Manager]:
+        """Managers that hold neither a replicaset nor a deployment of ``ns`` in their ranges (may rightly be idle)."""
+        deployments = k8s.AppsV1Api(self.api).list_namespaced_deployment(ns).items
+        hashes = [hash_key(d.metadata.uid) for d in deployments]
+        busy = {
+            m.instance_id
+            for m in self.snapshot("deployment")
+            if m.range is not None and any(m.range.contains(h) for h in hashes)
+        }
+        return [m for m in self.without_objects(ns) if f"{m.name}-deployment" not in busy]
+
     def records(self, may_be_idle: Iterable[Manager] = ()) -> list[AuditRecord]:
         """Every manager's audit records; fails if a started manager (not in ``may_be_idle``) recorded nothing."""
         idle_ok = {m.name for m in may_be_idle}

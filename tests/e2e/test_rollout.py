@@ -263,6 +263,7 @@ def test_pods_ready_rolling_update_history_undo_restart_events(node_cluster: Clu
     reasons = {e["reason"] for e in events}
     expected = {"ScalingReplicaSet", "SuccessfulCreate", "SuccessfulDelete", "Scheduled", "Started", "Killing"}
     assert expected <= reasons, reasons
-    assert cluster.overlaps() == []
+    # A manager whose ranges hold neither the deployment nor any of its replicasets rightly reconciled nothing.
+    assert cluster.overlaps(may_be_idle=cluster.idle_in(ns)) == []
     for manager in cluster.managers:  # nothing left to prove: skip the graceful leaves of the teardown
         manager.kill()
