@@ -183,9 +183,13 @@ def format_selector(selector: Any) -> str:
     return ",".join(t for _, t in reqs) or _NONE
 
 
-def _containers(obj: Obj, field: str) -> str:
-    cs = _list(_get(obj, "spec", "template", "spec", "containers"))
-    return ",".join(str(c.get(field, "")) for c in cs if isinstance(c, dict))
+def _containers_at(path: tuple[str, ...], field: str) -> Callable[[Obj, dt.datetime], str]:
+    """``field`` of each container in the list at ``path`` (a pod template's, a CronJob's job template's)."""
+
+    def cell(obj: Obj, now: dt.datetime) -> str:
+        return ",".join(str(c.get(field, "")) for c in _list(_get(obj, *path)) if isinstance(c, dict))
+
+    return cell
 
 
 def _name(obj: Obj, now: dt.datetime) -> Any:
@@ -316,9 +320,29 @@ def _integer(*path: str) -> Callable[[Obj, dt.datetime], Any]:
     return lambda obj, now: _int(_get(obj, *path))
 
 
+def _or(default: str, *path: str) -> Callable[[Obj, dt.datetime], Any]:
+    """The value at ``path``, ``default`` when it is absent or falsy."""
+    return lambda obj, now: _get(obj, *path) or default
+
+
+def _ready_of(obj: Obj, now: dt.datetime) -> str:
+    return f"{_int(_get(obj, 'status', 'readyReplicas'))}/{_int(_get(obj, 'spec', 'replicas'))}"
+
+
+def _kind_name(*path: str) -> Callable[[Obj, dt.datetime], str]:
+    """``Kind/name`` of the reference at ``path`` (a roleRef, a scaleTargetRef)."""
+
+    def cell(obj: Obj, now: dt.datetime) -> str:
+        ref = _get(obj, *path) or {}
+        return f"{ref.get('kind', '')}/{ref.get('name', '')}"
+
+    return cell
+
+
+_POD_TEMPLATE = ("spec", "template", "spec", "containers")
 _WIDE_WORKLOAD = (
-    Column("Containers", "string", lambda o, n: _containers(o, "name"), "", "Names of each container.", 1),
-    Column("Images", "string", lambda o, n: _containers(o, "image"), "", "Images referenced by each container.", 1),
+    Column("Containers", "string", _containers_at(_POD_TEMPLATE, "name"), "", "Names of each container.", 1),
+    Column("Images", "string", _containers_at(_POD_TEMPLATE, "image"), "", "Images referenced by each container.", 1),
     Column("Selector", "string", lambda o, n: format_selector(_get(o, "spec", "selector")), "", "Label selector.", 1),
 )
 
@@ -397,13 +421,7 @@ BUILTIN_COLUMNS: dict[tuple[str, str], tuple[Column, ...]] = {
     ),
     ("apps", "deployments"): (
         _NAME,
-        Column(
-            "Ready",
-            "string",
-            lambda o, n: f"{_int(_get(o, 'status', 'readyReplicas'))}/{_int(_get(o, 'spec', 'replicas'))}",
-            "",
-            "Number of the pod with ready state.",
-        ),
+        Column("Ready", "string", _ready_of, "", "Number of the pod with ready state."),
         Column("Up-to-date", "integer", _integer("status", "updatedReplicas"), "", "Updated replicas."),
         Column("Available", "integer", _integer("status", "availableReplicas"), "", "Available replicas."),
         _AGE,
@@ -411,7 +429,7 @@ BUILTIN_COLUMNS: dict[tuple[str, str], tuple[Column, ...]] = {
     ),
     ("", "namespaces"): (
         _NAME,
-        Column("Status", "string", lambda o, n: _get(o, "status", "phase") or "", "", "The status of the namespace."),
+        Column("Status", "string", _or("", "status", "phase"), "", "The status of the namespace."),
         _AGE,
     ),
     ("", "configmaps"): (
@@ -427,13 +445,13 @@ BUILTIN_COLUMNS: dict[tuple[str, str], tuple[Column, ...]] = {
     ),
     ("coordination.k8s.io", "leases"): (
         _NAME,
-        Column("Holder", "string", lambda o, n: _get(o, "spec", "holderIdentity") or "", "", "The holder."),
+        Column("Holder", "string", _or("", "spec", "holderIdentity"), "", "The holder."),
         _AGE,
     ),
     ("", "events"): (
         Column("Last Seen", "string", _event_last_seen, "", "Time when this event was last seen."),
-        Column("Type", "string", lambda o, n: _get(o, "type") or "", "", "Type of this event."),
-        Column("Reason", "string", lambda o, n: _get(o, "reason") or "", "", "Why the action was taken."),
+        Column("Type", "string", _or("", "type"), "", "Type of this event."),
+        Column("Reason", "string", _or("", "reason"), "", "Why the action was taken."),
         Column("Object", "string", _event_object, "", "The object that this event is about."),
         Column(
             "Subobject",
@@ -476,10 +494,6 @@ def _svc_ports(obj: Obj, now: dt.datetime) -> str:
         port = f"{p.get('port')}:{p['nodePort']}" if p.get("nodePort") else f"{p.get('port')}"
         out.append(f"{port}/{p.get('protocol') or 'TCP'}")
     return ",".join(out) if out else "<none>"
-
-
-def _ready_of(obj: Obj, now: dt.datetime) -> str:
-    return f"{_int(_get(obj, 'status', 'readyReplicas'))}/{_int(_get(obj, 'spec', 'replicas'))}"
 
 
 def _job_status(obj: Obj, now: dt.datetime) -> str:
@@ -540,11 +554,6 @@ def _created_at(obj: Obj, now: dt.datetime) -> str:
     return str(_get(obj, "metadata", "creationTimestamp") or "")
 
 
-def _role_ref(obj: Obj, now: dt.datetime) -> str:
-    ref = _get(obj, "roleRef") or {}
-    return f"{ref.get('kind', '')}/{ref.get('name', '')}"
-
-
 def _subjects(kind: str) -> Callable[[Obj, dt.datetime], str]:
     def cell(obj: Obj, now: dt.datetime) -> str:
         names = []
@@ -559,7 +568,7 @@ def _subjects(kind: str) -> Callable[[Obj, dt.datetime], str]:
 
 _BINDING = (
     _NAME,
-    Column("Role", "string", _role_ref, "", "Role of the binding."),
+    Column("Role", "string", _kind_name("roleRef"), "", "Role of the binding."),
     _AGE,
     Column("Users", "string", _subjects("User"), "", "Users in the binding.", 1),
     Column("Groups", "string", _subjects("Group"), "", "Groups in the binding.", 1),
@@ -571,7 +580,7 @@ BUILTIN_COLUMNS.update(
     {
         ("", "secrets"): (
             _NAME,
-            Column("Type", "string", lambda o, n: _get(o, "type") or "", "", "The type of the secret."),
+            Column("Type", "string", _or("", "type"), "", "The type of the secret."),
             Column("Data", "integer", lambda o, n: len(_get(o, "data") or {}), "", "The number of keys."),
             _AGE,
         ),
@@ -582,19 +591,15 @@ BUILTIN_COLUMNS.update(
         ),
         ("", "services"): (
             _NAME,
-            Column(
-                "Type", "string", lambda o, n: _get(o, "spec", "type") or "ClusterIP", "", "The type of the service."
-            ),
-            Column(
-                "Cluster-IP", "string", lambda o, n: _get(o, "spec", "clusterIP") or "<none>", "", "The cluster IP."
-            ),
+            Column("Type", "string", _or("ClusterIP", "spec", "type"), "", "The type of the service."),
+            Column("Cluster-IP", "string", _or("<none>", "spec", "clusterIP"), "", "The cluster IP."),
             Column("External-IP", "string", _svc_external_ip, "", "The external IPs."),
             Column("Port(s)", "string", _svc_ports, "", "The ports of the service."),
             _AGE,
             Column(
                 "Selector",
                 "string",
-                lambda o, n: format_selector({"matchLabels": _get(o, "spec", "selector") or {}}) or "<none>",
+                lambda o, n: format_labels(_get(o, "spec", "selector")),
                 "",
                 "The selector.",
                 1,
@@ -616,13 +621,7 @@ BUILTIN_COLUMNS.update(
             Column(
                 "Node Selector",
                 "string",
-                lambda o, n: (
-                    ",".join(
-                        f"{k}={v}"
-                        for k, v in sorted((_get(o, "spec", "template", "spec", "nodeSelector") or {}).items())
-                    )
-                    or "<none>"
-                ),
+                lambda o, n: format_labels(_get(o, "spec", "template", "spec", "nodeSelector")),
                 "",
                 "The node selector.",
             ),
@@ -639,8 +638,8 @@ BUILTIN_COLUMNS.update(
         ),
         ("batch", "cronjobs"): (
             _NAME,
-            Column("Schedule", "string", lambda o, n: _get(o, "spec", "schedule") or "", "", "The schedule."),
-            Column("Timezone", "string", lambda o, n: _get(o, "spec", "timeZone") or "<none>", "", "The time zone."),
+            Column("Schedule", "string", _or("", "spec", "schedule"), "", "The schedule."),
+            Column("Timezone", "string", _or("<none>", "spec", "timeZone"), "", "The time zone."),
             Column("Suspend", "boolean", _bool_text("spec", "suspend"), "", "Suspended."),
             Column("Active", "integer", lambda o, n: len(_list(_get(o, "status", "active"))), "", "Active jobs."),
             Column("Last Schedule", "string", _cronjob_last, "", "When the job was last scheduled."),
@@ -648,7 +647,7 @@ BUILTIN_COLUMNS.update(
         ),
         ("networking.k8s.io", "ingresses"): (
             _NAME,
-            Column("Class", "string", lambda o, n: _get(o, "spec", "ingressClassName") or "<none>", "", "The class."),
+            Column("Class", "string", _or("<none>", "spec", "ingressClassName"), "", "The class."),
             Column("Hosts", "string", _ingress_hosts, "", "The hosts."),
             Column("Address", "string", _ingress_address, "", "The addresses."),
             Column("Ports", "string", _ingress_ports, "", "The ports."),
@@ -687,15 +686,6 @@ def _more(items: list[str], count: int, limit: int, empty: str) -> str:
     if count > limit:
         return f"{text} + {count - limit} more..."
     return text or empty
-
-
-def _containers_at(path: tuple[str, ...], field: str) -> Callable[[Obj, dt.datetime], str]:
-    """``field`` of each container in the list at ``path`` (a PodTemplate's or a CronJob's job template)."""
-
-    def cell(obj: Obj, now: dt.datetime) -> str:
-        return ",".join(str(c.get(field, "")) for c in _list(_get(obj, *path)) if isinstance(c, dict))
-
-    return cell
 
 
 def _pvc_status(obj: Obj, now: dt.datetime) -> str:
@@ -796,11 +786,6 @@ def hpa_targets(obj: Obj) -> str:
     if len(shown) > 2:
         return f"{', '.join(shown[:2])} + {len(shown) - 2} more..."
     return ", ".join(shown)
-
-
-def _hpa_reference(obj: Obj, now: dt.datetime) -> str:
-    ref = _get(obj, "spec", "scaleTargetRef") or {}
-    return f"{ref.get('kind', '')}/{ref.get('name', '')}"
 
 
 def _hpa_min(obj: Obj, now: dt.datetime) -> str:
@@ -967,7 +952,7 @@ def _param_kind(obj: Obj, now: dt.datetime) -> str:
 _WEBHOOKS = (_NAME, Column("Webhooks", "integer", _count("webhooks"), "", "The number of webhooks."), _AGE)
 _HPA = (
     _NAME,
-    Column("Reference", "string", _hpa_reference, "", "The scale target."),
+    Column("Reference", "string", _kind_name("spec", "scaleTargetRef"), "", "The scale target."),
     Column("Targets", "string", lambda o, n: hpa_targets(o), "", "The current and target metric values."),
     Column("MinPods", "string", _hpa_min, "", "The minimum number of replicas."),
     Column("MaxPods", "integer", _integer("spec", "maxReplicas"), "", "The maximum number of replicas."),
@@ -1010,7 +995,7 @@ BUILTIN_COLUMNS.update(
             Column(
                 "Reclaim Policy",
                 "string",
-                lambda o, n: _get(o, "spec", "persistentVolumeReclaimPolicy") or "",
+                _or("", "spec", "persistentVolumeReclaimPolicy"),
                 "",
                 "What happens to the volume when released.",
             ),
@@ -1128,14 +1113,8 @@ BUILTIN_COLUMNS.update(
         ("storage.k8s.io", "storageclasses"): (
             Column("Name", "string", _storage_class_name, "name", "Name must be unique within a namespace."),
             Column("Provisioner", "string", _text("provisioner"), "", "The provisioner."),
-            Column("ReclaimPolicy", "string", lambda o, n: _get(o, "reclaimPolicy") or "Delete", "", "Reclaim policy."),
-            Column(
-                "VolumeBindingMode",
-                "string",
-                lambda o, n: _get(o, "volumeBindingMode") or "Immediate",
-                "",
-                "When volumes are bound.",
-            ),
+            Column("ReclaimPolicy", "string", _or("Delete", "reclaimPolicy"), "", "Reclaim policy."),
+            Column("VolumeBindingMode", "string", _or("Immediate", "volumeBindingMode"), "", "When volumes are bound."),
             Column("AllowVolumeExpansion", "string", _bool("allowVolumeExpansion"), "", "Volumes may grow."),
             _AGE,
         ),
@@ -1165,7 +1144,7 @@ BUILTIN_COLUMNS.update(
             Column(
                 "PreemptionPolicy",
                 "string",
-                lambda o, n: _get(o, "preemptionPolicy") or "PreemptLowerPriority",
+                _or("PreemptLowerPriority", "preemptionPolicy"),
                 "",
                 "The preemption policy.",
             ),
