@@ -164,8 +164,7 @@ class RingHub:
     """The latest ring payload and the SSE subscribers waiting for the next one.
 
     Every method except the ``*_threadsafe`` ones (:meth:`publish_threadsafe`,
-    :meth:`etcd_status_threadsafe`, :meth:`close_threadsafe`) must be called
-    on the event loop.
+    :meth:`etcd_status_threadsafe`) must be called on the event loop.
     """
 
     def __init__(self, prefix: str) -> None:
@@ -198,9 +197,6 @@ class RingHub:
         """Report the probe's result (called on the probe thread)."""
         self._call_soon(self.set_etcd_status, reachable)
 
-    def close_threadsafe(self) -> None:
-        self._call_soon(self.close)
-
     # loop-only
     @property
     def closed(self) -> bool:
@@ -209,10 +205,6 @@ class RingHub:
     @property
     def synced(self) -> bool:
         return self._view is not None
-
-    @property
-    def subscribers(self) -> int:
-        return len(self._subscribers)
 
     def _render(self) -> bytes:
         doc = ring_payload(self._view, prefix=self.prefix, etcd=self._etcd, received_at=self._received_at)

@@ -51,7 +51,7 @@ import os
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -204,19 +204,6 @@ def translate(e: BaseException, what: str) -> RegistryError:
     return RegistryError(f"{what}: {type(e).__name__}: {e}")
 
 
-@contextlib.contextmanager
-def translated(what: str) -> Iterator[None]:
-    """Context manager translating pyetcd/gRPC errors raised inside it."""
-    try:
-        yield
-    except (etcd_exc.Etcd3Exception, grpc.RpcError) as e:
-        raise translate(e, what) from e
-    except ValueError as e:
-        if "failed node" in str(e):
-            raise translate(e, what) from e
-        raise
-
-
 #: Transaction building blocks (compares ``txn.Mod(key) == rev``, operations ``txn.Put``/``txn.Delete``).
 txn = etcd_txn
 
@@ -351,7 +338,6 @@ class EtcdClient:
             raise translate(e, f"connecting to {config.urls}") from e
         # Spread clients over the members; a member that works stays preferred.
         self._preferred = random.randrange(n)
-        self._secure = creds is not None
         self.txn = etcd_txn
         self._auth_lock = threading.Lock()
         self._watching = False
