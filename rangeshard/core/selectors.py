@@ -226,14 +226,21 @@ class _LabelParser:
         return tuple(values)
 
 
-def parse_label_selector(text: str | None) -> LabelSelector:
-    """Parse a ``labelSelector`` query value; raise :class:`SelectorParseError` if invalid."""
+def _given(text: str | None, kind: str) -> str | None:
+    """The selector string, None when it selects everything; 400 when longer than :data:`MAX_SELECTOR_LENGTH`."""
     if text is None or not text.strip():
-        return LabelSelector()
+        return None
     if len(text) > MAX_SELECTOR_LENGTH:
         raise SelectorParseError(
-            f"label selector is {len(text)} characters long; at most {MAX_SELECTOR_LENGTH} allowed"
+            f"{kind} selector is {len(text)} characters long; at most {MAX_SELECTOR_LENGTH} allowed"
         )
+    return text
+
+
+def parse_label_selector(text: str | None) -> LabelSelector:
+    """Parse a ``labelSelector`` query value; raise :class:`SelectorParseError` if invalid."""
+    if (text := _given(text, "label")) is None:
+        return LabelSelector()
     parser = _LabelParser(text)
     reqs = parser.parse()
     for r in reqs:
@@ -309,12 +316,8 @@ def parse_field_selector(
     ``allowed`` names the fields the caller supports (others: 400 "field label
     not supported" naming ``kind``); ``None`` accepts any dotted path.
     """
-    if text is None or not text.strip():
+    if (text := _given(text, "field")) is None:
         return FieldSelector()
-    if len(text) > MAX_SELECTOR_LENGTH:
-        raise SelectorParseError(
-            f"field selector is {len(text)} characters long; at most {MAX_SELECTOR_LENGTH} allowed"
-        )
     reqs: list[FieldRequirement] = []
     for raw in _split_unescaped(text):
         part = raw.strip()
