@@ -60,14 +60,10 @@ def configure_logging(level: str) -> None:
 
 def fail(error: RangeshardError) -> NoReturn:
     """Print an expected error and exit: 2 for bad input, 1 for runtime failures."""
-    if isinstance(error, ConfigError):
+    if isinstance(error, ConfigError | PortInUseError):
         for problem in error.problems:
             typer.echo(f"error: {problem}", err=True)
-        raise typer.Exit(2)
-    if isinstance(error, PortInUseError):
-        for problem in error.problems:
-            typer.echo(f"error: {problem}", err=True)
-        raise typer.Exit(1)
+        raise typer.Exit(2 if isinstance(error, ConfigError) else 1)
     if isinstance(error, RegistryUnavailable):
         typer.echo(f"error: {error} (is etcd running? set --etcd or RANGESHARD_ETCD)", err=True)
         raise typer.Exit(1)

@@ -127,9 +127,4 @@ def from_events_v1(ev: Obj) -> Obj:
         "deprecatedCount": "count",
         "reportingController": "reportingComponent",
     }
-    out: Obj = {}
-    for k, v in ev.items():
-        out[renamed.get(k, k)] = v
-    out["apiVersion"] = "v1"
-    out["kind"] = "Event"
-    return out
+    return {**{renamed.get(k, k): v for k, v in ev.items()}, "apiVersion": "v1", "kind": "Event"}

@@ -256,17 +256,10 @@ class TestCluster(LocalCluster):
         )
         self.groups: list[Managers] = []
 
-    def start(self) -> TestCluster:
-        super().start()
-        return self
-
     def stop(self, on_error: Callable[[str, Exception], None] | None = None) -> None:
         """Stop the managers of every group, then the cluster (a given etcd keeps nothing of this cluster)."""
         self.groups.clear()
         super().stop(on_error or (lambda _what, _e: None))
-
-    def __enter__(self) -> TestCluster:
-        return self.start()
 
     # -- addresses and clients -------------------------------------------------------
     @property
