@@ -53,6 +53,7 @@ from rangeshard.cli.common import DEFAULT_REGISTRY_PREFIX, fail
 from rangeshard.cli.state import (
     DEFAULT_STATE_DIR,
     Component,
+    ComponentKind,
     StateDirOpt,
     UpState,
     process_start_time,
@@ -169,18 +170,9 @@ def _manager_config(config: Path, etcd_url: str, proxy_url: str, metrics_port: i
     return manager_cfg
 
 
-def _component(name: str, kind: str, pid: int | None, port: int, url: str, health: str | None) -> Component:
-    return Component.model_validate(
-        {
-            "name": name,
-            "kind": kind,
-            "pid": pid,
-            "startTime": process_start_time(pid) if pid else None,
-            "port": port,
-            "url": url,
-            "healthUrl": health,
-        }
-    )
+def _component(name: str, kind: ComponentKind, pid: int | None, port: int, url: str, health: str | None) -> Component:
+    start_time = process_start_time(pid) if pid else None
+    return Component(name=name, kind=kind, pid=pid, start_time=start_time, port=port, url=url, health_url=health)
 
 
 ManagersOpt = Annotated[int, typer.Option("--managers", "-n", help="Number of controller managers.")]
@@ -332,18 +324,15 @@ def _start_managers(
 
 def _write_up_state(state_dir: Path, detach: bool, kubeconfig: Path, components: list[Component]) -> None:
     """``DIR/up.json``: what runs where, for ``rangeshard status`` and ``down``."""
-    write_state(
-        state_dir,
-        UpState.model_validate(
-            {
-                "upPid": os.getpid(),
-                "upStartTime": process_start_time(os.getpid()),
-                "detached": detach,
-                "kubeconfig": str(kubeconfig),
-                "components": [c.model_dump(by_alias=True) for c in components],
-            }
-        ),
+    pid = os.getpid()
+    state = UpState(
+        up_pid=pid,
+        up_start_time=process_start_time(pid),
+        detached=detach,
+        kubeconfig=str(kubeconfig),
+        components=components,
     )
+    write_state(state_dir, state)
 
 
 def _print_summary(console: Console, cluster: LocalCluster, state_dir: Path, kubeconfig: Path, managers: int) -> None:
