@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import functools
 import inspect
+import signal
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Any, NoReturn
@@ -69,6 +71,14 @@ def fail(error: RangeshardError) -> NoReturn:
         raise typer.Exit(1)
     typer.echo(f"error: {error}", err=True)
     raise typer.Exit(1)
+
+
+def stop_on_signals() -> threading.Event:
+    """An event that SIGTERM and SIGINT set (a long-running command's main loop waits on it)."""
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    return stop
 
 
 @dataclass(frozen=True)

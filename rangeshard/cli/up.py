@@ -37,7 +37,6 @@ Concurrency model
 from __future__ import annotations
 
 import os
-import signal
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -49,7 +48,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.text import Text
 
-from rangeshard.cli.common import DEFAULT_REGISTRY_PREFIX, fail
+from rangeshard.cli.common import DEFAULT_REGISTRY_PREFIX, fail, stop_on_signals
 from rangeshard.cli.state import (
     DEFAULT_STATE_DIR,
     Component,
@@ -87,13 +86,6 @@ class UpRunningError(RangeshardError):
     """An ``up`` recorded in the state dir is still running."""
 
 
-def _stop_event() -> threading.Event:
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    return stop
-
-
 def etcd_command(
     state_dir: StateDirOpt = DEFAULT_STATE_DIR,
     port: Annotated[int, typer.Option("--port", help="Client port.")] = 2379,
@@ -109,7 +101,7 @@ def etcd_command(
         fail(e)
     typer.echo(f"etcd serving on {server.url} (data {server.data_dir}, log {server.log_path}); Ctrl-C stops it")
     typer.echo(f"try: RANGESHARD_ETCD={server.url} rangeshard registry list")
-    stop = _stop_event()
+    stop = stop_on_signals()
     try:
         while not stop.wait(0.5):
             pass
@@ -217,7 +209,7 @@ def up_command(
     except RangeshardError as e:
         fail(e)
     state_dir.mkdir(parents=True, exist_ok=True)
-    stop = _stop_event()
+    stop = stop_on_signals()
     cluster = _local_cluster(state_dir, ports, config)
     keep_running = False
     try:

@@ -146,11 +146,10 @@ def _target(controller: type[Controller] | str) -> str:
     return f"{controller.__module__}:{controller.__qualname__}"
 
 
-def _child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+def _child_env() -> dict[str, str]:
+    """Added to a manager's environment: this process's ``sys.path`` as ``PYTHONPATH`` (see module docstring)."""
     paths = [p for p in sys.path if p and Path(p).is_dir()]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "PYTHONUNBUFFERED": "1"}
-    env.update(extra or {})
-    return env
+    return {"PYTHONPATH": os.pathsep.join(paths), "PYTHONUNBUFFERED": "1"}
 
 
 @dataclass
