@@ -67,14 +67,14 @@ from fastapi import FastAPI
 from fastapi.responses import HTMLResponse, PlainTextResponse, Response, StreamingResponse
 
 from hashing import MAX_HASH
-from rangeshard.cli.common import DEFAULT_REGISTRY_PREFIX, EtcdOptions, fail, with_etcd_options
+from rangeshard.cli.common import EtcdOptions, fail, with_etcd_options
 from rangeshard.core import serving
 from rangeshard.core.errors import ConfigError, RangeshardError
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
 from rangeshard.core.loops import start_thread
 from rangeshard.core.process import free_port
 from rangeshard.core.serving import ShutdownSignal
-from registry import MembershipWatch, RegistryView
+from registry import DEFAULT_PREFIX, MembershipWatch, RegistryView
 from registry.models import check_name
 
 log = logging.getLogger(__name__)
@@ -317,7 +317,7 @@ class EtcdProbe:
 def create_app(
     config: EtcdConfig,
     *,
-    prefix: str = DEFAULT_REGISTRY_PREFIX,
+    prefix: str = DEFAULT_PREFIX,
     controller_type: str | None = None,
     hub: RingHub | None = None,
     keepalive: float = KEEPALIVE_SECONDS,
@@ -383,7 +383,7 @@ def serve(
     *,
     host: str,
     port: int,
-    prefix: str = DEFAULT_REGISTRY_PREFIX,
+    prefix: str = DEFAULT_PREFIX,
     controller_type: str | None = None,
 ) -> None:
     """Run the dashboard in the foreground until SIGINT/SIGTERM."""

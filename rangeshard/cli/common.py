@@ -45,13 +45,6 @@ EtcdOpt = Annotated[
 PrefixOpt = Annotated[str, typer.Option("--prefix", help="Registry key prefix in etcd.")]
 
 
-#: Build the etcd config from the shared options (raises ConfigError).
-etcd_config = config_from_options
-
-
-DEFAULT_REGISTRY_PREFIX = DEFAULT_PREFIX
-
-
 def configure_logging(level: str) -> None:
     """Install the one stderr handler (:func:`rangeshard.core.logs.configure_logging`); exit 2 on a bad level."""
     try:
@@ -94,7 +87,7 @@ class EtcdOptions:
     password: str | None = field(repr=False)
 
     def config(self) -> EtcdConfig:
-        return etcd_config(self.etcd, self.cacert, self.cert, self.key, self.user, self.password)
+        return config_from_options(self.etcd, self.cacert, self.cert, self.key, self.user, self.password)
 
 
 # (parameter name, annotation, default, EtcdOptions field)

@@ -48,7 +48,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.text import Text
 
-from rangeshard.cli.common import DEFAULT_REGISTRY_PREFIX, fail, stop_on_signals
+from rangeshard.cli.common import fail, stop_on_signals
 from rangeshard.cli.state import (
     DEFAULT_STATE_DIR,
     Component,
@@ -66,7 +66,7 @@ from rangeshard.cli.updown import PortPlan, choose_port, demo_summary, plan_port
 from rangeshard.core.errors import ConfigError, RangeshardError
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
 from rangeshard.core.process import EtcdServer
-from registry import MembershipWatch, RegistryView
+from registry import DEFAULT_PREFIX, MembershipWatch, RegistryView
 
 if TYPE_CHECKING:
     from rangeshard.localcluster import LocalCluster
@@ -132,7 +132,7 @@ def _file_config(config: Path) -> dict[str, Any]:
 def _registry_prefix(config: Path) -> str:
     """The managers' registry prefix (the proxy fences writes against it)."""
     prefix = _file_config(config).get("registryPrefix")
-    return prefix if isinstance(prefix, str) else DEFAULT_REGISTRY_PREFIX
+    return prefix if isinstance(prefix, str) else DEFAULT_PREFIX
 
 
 def _check_manager_config(config: Path) -> list[str]:
