@@ -73,7 +73,7 @@ from pyetcd import etcdrpc
 from pyetcd import transactions as etcd_txn
 from pyetcd.utils import prefix_range_end
 
-from rangeshard.core.errors import CompareFailed, ConfigError, RegistryError, RegistryUnavailable, WatchCompacted
+from rangeshard.core.errors import ConfigError, RegistryError, RegistryUnavailable, WatchCompacted
 
 log = logging.getLogger(__name__)
 
@@ -471,12 +471,6 @@ class EtcdClient:
             idempotent=not any(_writes(op) for op in [*success, *(failure or [])]),
         )
         return bool(ok), responses
-
-    def guarded(self, compare: list[Any], success: list[Any], what: str) -> None:
-        """Run a transaction; raise :class:`CompareFailed` if its compare fails."""
-        ok, _ = self.transaction(compare, success, [], what)
-        if not ok:
-            raise CompareFailed(f"{what}: the registry changed concurrently (compare failed)")
 
     # -- leases ------------------------------------------------------------
     def grant_lease(self, ttl: int) -> int:
