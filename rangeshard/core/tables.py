@@ -675,11 +675,11 @@ def format_labels(labels: Any) -> str:
     return ",".join(f"{k}={labels[k]}" for k in sorted(labels))
 
 
-def _more(items: list[str], count: int, limit: int, empty: str) -> str:
+def _more(items: list[str], limit: int, empty: str) -> str:
     """kube's ``listWithMoreString``: the first ``limit`` items, then `` + N more...``."""
     text = ",".join(items[:limit])
-    if count > limit:
-        return f"{text} + {count - limit} more..."
+    if len(items) > limit:
+        return f"{text} + {len(items) - limit} more..."
     return text or empty
 
 
@@ -787,14 +787,11 @@ def format_endpoints(obj: Obj) -> str:
     if not subsets:
         return _NONE
     shown: list[str] = []
-    count = 0
     for ss in subsets:
         ips = [str(a.get("ip", "")) for a in _list(ss.get("addresses")) if isinstance(a, dict)]
         ports = [p for p in _list(ss.get("ports")) if isinstance(p, dict)]
-        pairs = list(ips) if not ports else [_host_port(ip, p.get("port")) for p in ports for ip in ips]
-        count += len(pairs)
-        shown.extend(pairs)
-    return _more(shown, count, 3, "")
+        shown.extend(ips if not ports else [_host_port(ip, p.get("port")) for p in ports for ip in ips])
+    return _more(shown, 3, "")
 
 
 def _host_port(ip: str, port: Any) -> str:
@@ -804,14 +801,14 @@ def _host_port(ip: str, port: Any) -> str:
 def _slice_ports(obj: Obj, now: dt.datetime) -> str:
     ports = [p for p in _list(_get(obj, "ports")) if isinstance(p, dict)]
     names = [str(p["port"]) if p.get("port") is not None else str(p.get("name") or "*") for p in ports]
-    return _more(names, len(names), 3, "<unset>")
+    return _more(names, 3, "<unset>")
 
 
 def _slice_endpoints(obj: Obj, now: dt.datetime) -> str:
     addresses = [
         str(a) for e in _list(_get(obj, "endpoints")) if isinstance(e, dict) for a in _list(e.get("addresses"))
     ]
-    return _more(addresses, len(addresses), 3, "<unset>")
+    return _more(addresses, 3, "<unset>")
 
 
 def _quota(limits: bool) -> Callable[[Obj, dt.datetime], str]:
