@@ -666,18 +666,7 @@ class PrefixWatch:
                 self.member.failed(response)
             self._end(error)
             return
-        events: list[WatchEvent] = []
-        for ev in response.events:
-            raw = ev._event
-            has_prev = raw.HasField("prev_kv") and raw.prev_kv.version > 0
-            events.append(
-                WatchEvent(
-                    deleted=isinstance(ev, etcd_events.DeleteEvent),
-                    kv=_kv(raw.kv),
-                    prev_value=bytes(raw.prev_kv.value) if has_prev else None,
-                )
-            )
-        self._callback(WatchBatch(int(response.header.revision), tuple(events)))
+        self._callback(WatchBatch(int(response.header.revision), tuple(_watch_event(ev) for ev in response.events)))
 
     def _end(self, error: RegistryError) -> None:
         with self._lock:
@@ -741,6 +730,13 @@ def _kv(kv: Any) -> KV:
         version=int(kv.version),
         lease_id=int(kv.lease),
     )
+
+
+def _watch_event(ev: Any) -> WatchEvent:
+    raw = ev._event
+    has_prev = raw.HasField("prev_kv") and raw.prev_kv.version > 0
+    prev_value = bytes(raw.prev_kv.value) if has_prev else None
+    return WatchEvent(deleted=isinstance(ev, etcd_events.DeleteEvent), kv=_kv(raw.kv), prev_value=prev_value)
 
 
 def _channel_credentials(config: EtcdConfig) -> Any:
