@@ -18,7 +18,7 @@ import functools
 import inspect
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any, NoReturn
 
@@ -28,7 +28,7 @@ from rangeshard.core import help_format, logs
 from rangeshard.core.errors import ConfigError, PortInUseError, RangeshardError, RegistryUnavailable
 from rangeshard.core.etcd import EtcdConfig
 from rangeshard.core.etcd_options import CaCertOpt, CertOpt, KeyOpt, PasswordOpt, UserOpt, config_from_options
-from registry import DEFAULT_PREFIX
+from registry import DEFAULT_PREFIX, Snapshot
 
 help_format.install()
 
@@ -72,6 +72,12 @@ def stop_on_signals() -> threading.Event:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     return stop
+
+
+def unknown_type(controller_type: str, snapshots: Mapping[str, Snapshot]) -> ConfigError:
+    """``--type`` names a type without registered instances (exit 2); the message lists the known ones."""
+    known = ", ".join(sorted(t for t, s in snapshots.items() if s.members)) or "none"
+    return ConfigError(f"--type: no instance of controller type {controller_type!r} is registered (known: {known})")
 
 
 @dataclass(frozen=True)
