@@ -2,14 +2,17 @@
 
 Purpose
     Declare each shared option once so every command spells it the same way,
-    and turn them into an :class:`~rangeshard.core.etcd.EtcdConfig`.
+    and turn them into an :class:`~rangeshard.core.etcd.EtcdConfig`; the
+    errors and stop signal several commands share (:func:`fail`,
+    :func:`unknown_type`, :func:`stop_on_signals`).
 
 Invariants
     The etcd password is read from an option or ``RANGESHARD_ETCD_PASSWORD`` and
     never printed.
 
 Concurrency model
-    Pure helpers, called on the main thread.
+    Pure helpers, called on the main thread (``stop_on_signals`` installs the
+    SIGINT/SIGTERM handlers, which only the main thread may do).
 """
 
 from __future__ import annotations
