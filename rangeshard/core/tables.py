@@ -1193,11 +1193,8 @@ def printer_columns(columns: Sequence[PrinterColumn]) -> tuple[Column, ...]:
 
 def crd_printer_columns(crd: Any, version: str) -> tuple[PrinterColumn, ...] | None:
     """The ``additionalPrinterColumns`` of ``version`` in a CustomResourceDefinition object (None if not served)."""
-    for ver in _list(_get(crd, "spec", "versions")):
-        if not isinstance(ver, dict) or ver.get("name") != version:
-            continue
-        return version_printer_columns(ver)
-    return None
+    versions = (v for v in _list(_get(crd, "spec", "versions")) if isinstance(v, dict) and v.get("name") == version)
+    return next((version_printer_columns(v) for v in versions), None)
 
 
 def version_printer_columns(ver: Mapping[str, Any]) -> tuple[PrinterColumn, ...]:
