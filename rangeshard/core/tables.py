@@ -819,8 +819,7 @@ def _quota(limits: bool) -> Callable[[Obj, dt.datetime], str]:
         used = _get(obj, "status", "used") or {}
         out = []
         for name in sorted(hard):
-            parts = name.split(".")
-            if (len(parts) > 1 and parts[0] == "limits") == limits:
+            if name.startswith("limits.") == limits:
                 out.append(f"{name}: {_quantity(used.get(name))}/{hard[name]}")
         return ", ".join(out)
 
