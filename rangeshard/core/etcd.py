@@ -247,11 +247,6 @@ _health: dict[str, _Health] = {}
 _health_lock = threading.Lock()
 
 
-def _health_of(endpoint: EtcdEndpoint) -> _Health:
-    with _health_lock:
-        return _health.setdefault(f"{endpoint.host}:{endpoint.port}", _Health())
-
-
 class _Member:
     """One etcd member: its own pyetcd client (channel and stubs) and its shared health."""
 
@@ -259,7 +254,8 @@ class _Member:
         self.endpoint = endpoint
         self.raw = raw
         self.attempt_timeout = attempt_timeout
-        self.health = _health_of(endpoint)
+        with _health_lock:
+            self.health = _health.setdefault(f"{endpoint.host}:{endpoint.port}", _Health())
 
     def failed(self, e: BaseException) -> None:
         with _health_lock:

@@ -282,10 +282,6 @@ def _pod_ready(obj: Obj, now: dt.datetime) -> str:
     return f"{ready}/{total}"
 
 
-def _pod_reason(obj: Obj, now: dt.datetime) -> str:
-    return pod_status(obj)[2]
-
-
 def _pod_restarts(obj: Obj, now: dt.datetime) -> str:
     _, _, _, restarts, last = pod_status(obj)
     if last is None:
@@ -412,7 +408,7 @@ BUILTIN_COLUMNS: dict[tuple[str, str], tuple[Column, ...]] = {
     ("", "pods"): (
         _NAME,
         _col("Ready", _pod_ready, "The aggregate readiness state of this pod for accepting traffic."),
-        _col("Status", _pod_reason, "The aggregate status of the containers in this pod."),
+        _col("Status", lambda o, n: pod_status(o)[2], "The aggregate status of the containers in this pod."),
         _col("Restarts", _pod_restarts, "The number of times the containers in this pod restarted."),
         _AGE,
         _col("IP", _or_none("status", "podIP"), "IP address allocated to the pod.", 1),
@@ -550,10 +546,6 @@ def _ingress_address(obj: Obj, now: dt.datetime) -> str:
     return ",".join(str(a) for a in out if a)
 
 
-def _ingress_ports(obj: Obj, now: dt.datetime) -> str:
-    return "80, 443" if _list(_get(obj, "spec", "tls")) else "80"
-
-
 def _created_at(obj: Obj, now: dt.datetime) -> str:
     return str(_get(obj, "metadata", "creationTimestamp") or "")
 
@@ -645,7 +637,7 @@ BUILTIN_COLUMNS.update(
             _col("Class", _or("<none>", "spec", "ingressClassName"), "The class."),
             _col("Hosts", _ingress_hosts, "The hosts."),
             _col("Address", _ingress_address, "The addresses."),
-            _col("Ports", _ingress_ports, "The ports."),
+            _col("Ports", lambda o, n: "80, 443" if _list(_get(o, "spec", "tls")) else "80", "The ports."),
             _AGE,
         ),
         ("rbac.authorization.k8s.io", "roles"): _ROLE,
