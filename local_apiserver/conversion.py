@@ -101,51 +101,17 @@ _SPEC_FIELDS: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {
         ),
     ),
 }
-_STATUS_FIELDS: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {
-    "Resource": (
-        "resource",
-        (
-            ("name", "name"),
-            ("currentAverageUtilization", "current.averageUtilization"),
-            ("currentAverageValue", "current.averageValue"),
-        ),
-    ),
-    "ContainerResource": (
-        "containerResource",
-        (
-            ("name", "name"),
-            ("container", "container"),
-            ("currentAverageUtilization", "current.averageUtilization"),
-            ("currentAverageValue", "current.averageValue"),
-        ),
-    ),
-    "Pods": (
-        "pods",
-        (
-            ("metricName", "metric.name"),
-            ("selector", "metric.selector"),
-            ("currentAverageValue", "current.averageValue"),
-        ),
-    ),
-    "Object": (
-        "object",
-        (
-            ("target", "describedObject"),
-            ("metricName", "metric.name"),
-            ("selector", "metric.selector"),
-            ("currentValue", "current.value"),
-            ("averageValue", "current.averageValue"),
-        ),
-    ),
-    "External": (
-        "external",
-        (
-            ("metricName", "metric.name"),
-            ("metricSelector", "metric.selector"),
-            ("currentValue", "current.value"),
-            ("currentAverageValue", "current.averageValue"),
-        ),
-    ),
+
+
+def _status_field(v1: str, v2: str) -> tuple[str, str]:
+    if not v2.startswith("target."):
+        return v1, v2
+    return v1.replace("target", "current"), "current." + v2.removeprefix("target.")
+
+
+# MetricStatus keeps "current" where MetricSpec keeps "target" (the Object metric's `target` is its object).
+_STATUS_FIELDS = {
+    kind: (member, tuple(_status_field(v1, v2) for v1, v2 in fields)) for kind, (member, fields) in _SPEC_FIELDS.items()
 }
 
 
@@ -183,10 +149,7 @@ def keep_status(spec: ResourceSpec, current: Obj, new: Obj) -> None:
             annotations[key] = old[key]
         else:
             annotations.pop(key, None)
-    if annotations:
-        meta["annotations"] = annotations
-    else:
-        meta.pop("annotations", None)
+    _set_annotations(meta, annotations)
 
 
 # -- HorizontalPodAutoscaler --------------------------------------------------------------------------------------
@@ -205,6 +168,13 @@ def _put(node: Obj, path: str, value: Any) -> None:
     for part in parts[:-1]:
         node = node.setdefault(part, {})
     node[parts[-1]] = value
+
+
+def _set_annotations(meta: Obj, annotations: Obj) -> None:
+    if annotations:
+        meta["annotations"] = annotations
+    else:
+        meta.pop("annotations", None)
 
 
 def _dict(value: Any) -> Obj:
@@ -296,10 +266,7 @@ def hpa_to_v1(obj: Obj) -> Obj:
         if status.get("conditions"):
             annotations[CONDITIONS_ANNOTATION] = _json(status["conditions"])
         out["status"] = new_status
-    if annotations:
-        meta["annotations"] = annotations
-    else:
-        meta.pop("annotations", None)
+    _set_annotations(meta, annotations)
     out["metadata"] = meta
     return out
 
@@ -370,9 +337,6 @@ def hpa_to_v2(obj: Obj) -> Obj:
             new_status["conditions"] = conditions
         out["status"] = new_status
     kept = {k: v for k, v in annotations.items() if k not in _ROUND_TRIP}
-    if kept:
-        meta["annotations"] = kept
-    else:
-        meta.pop("annotations", None)
+    _set_annotations(meta, kept)
     out["metadata"] = meta
     return out
