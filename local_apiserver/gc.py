@@ -37,12 +37,13 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from local_apiserver.crd import specs_for
 from local_apiserver.errors import ApiError
-from local_apiserver.resources import CRD_RESOURCE, RESOURCES, ResourceSpec, ResourceTable
+from local_apiserver.resources import CRD_RESOURCE, RESOURCES, ResourceSpec, ResourceTable, namespaces_spec
 from local_apiserver.store import Obj, Store
 
 log = logging.getLogger(__name__)
@@ -121,12 +122,7 @@ class GarbageCollector:
         self.store.table.set_crd(name, ())
         for spec in specs[:1]:
             for obj in list(self.store.iter_all(spec)):
-                meta = obj["metadata"]
-                try:
-                    self.store.delete(spec, meta.get("namespace"), str(meta.get("name")), propagation="Background")
-                except ApiError as e:
-                    if e.code not in (404, 409):
-                        raise
+                self._delete(spec, obj)
             # Objects held by finalizers go too: nothing serves them any more.
             self.store.client.delete_prefix(self.store.resource_prefix(spec))
         log.info("CRD %s deleted: its objects were removed and it is no longer served", name)
@@ -134,11 +130,6 @@ class GarbageCollector:
     def object_created(self, spec: ResourceSpec, obj: Obj) -> None:
         if obj["metadata"].get("ownerReferences"):
             self._queue.put(_Work("check_owners", spec, obj))
-
-    def idle(self) -> bool:
-        """True when no work is queued or scheduled (for tests and shutdown)."""
-        with self._lock:
-            return self._queue.unfinished_tasks == 0 and not self._timers
 
     # -- worker --------------------------------------------------------------
     def _run(self) -> None:
@@ -233,13 +224,8 @@ class GarbageCollector:
                 spec = spec_for_owner(ref, self.store.table)
                 if spec is None or ref.get("uid") in woken:
                     continue
-                try:
-                    owner = self.store.get(
-                        spec, meta.get("namespace") if spec.namespaced else None, str(ref.get("name"))
-                    )
-                except ApiError as e:
-                    if e.code != 404:
-                        raise
+                owner = self._get(spec, meta.get("namespace") if spec.namespaced else None, str(ref.get("name")))
+                if owner is None:
                     continue
                 ometa = owner["metadata"]
                 if ometa.get("uid") == ref.get("uid") and "foregroundDeletion" in (ometa.get("finalizers") or []):
@@ -275,13 +261,8 @@ class GarbageCollector:
         cache_key = (spec.resource, ns, str(ref.get("name") or ""), str(ref.get("uid") or ""))
         if cache_key in self._alive:
             return self._alive[cache_key]
-        try:
-            owner = self.store.get(spec, ns, cache_key[2])
-            alive = bool(owner["metadata"].get("uid") == ref.get("uid"))
-        except ApiError as e:
-            if e.code != 404:
-                raise
-            alive = False
+        owner = self._get(spec, ns, cache_key[2])
+        alive = owner is not None and owner["metadata"].get("uid") == ref.get("uid")
         self._alive[cache_key] = alive
         return alive
 
@@ -330,6 +311,19 @@ class GarbageCollector:
                 cmeta.pop("ownerReferences", None)
             return current
 
+        self._update(spec, meta, mutate)
+
+    def _get(self, spec: ResourceSpec, namespace: str | None, name: str) -> Obj | None:
+        """The object, or None when there is none."""
+        try:
+            return self.store.get(spec, namespace, name)
+        except ApiError as e:
+            if e.code != 404:
+                raise
+            return None
+
+    def _update(self, spec: ResourceSpec, meta: Obj, mutate: Callable[[Obj], Obj]) -> None:
+        """``guaranteed_update`` of the object ``meta`` names; nothing when it is gone."""
         try:
             self.store.guaranteed_update(spec, meta.get("namespace"), str(meta.get("name")), mutate)
         except ApiError as e:
@@ -361,7 +355,6 @@ class GarbageCollector:
             # when the last one leaves etcd (see _wake_foreground_owners), not by polling.
             return
         meta = owner["metadata"]
-        spec = work.spec
 
         def mutate(current: Obj) -> Obj:
             if current["metadata"].get("uid") != meta.get("uid"):
@@ -373,11 +366,7 @@ class GarbageCollector:
                 current["metadata"].pop("finalizers", None)
             return current
 
-        try:
-            self.store.guaranteed_update(spec, meta.get("namespace"), str(meta.get("name")), mutate)
-        except ApiError as e:
-            if e.code != 404:
-                raise
+        self._update(work.spec, meta, mutate)
 
     def _empty_namespace(self, ns: Obj) -> None:
         name = str(ns["metadata"].get("name"))
@@ -395,21 +384,9 @@ class GarbageCollector:
             )
             if remaining:
                 raise ApiError(409, "Conflict", f"namespace {name} still has {remaining} objects")
-        spec = next(s for s in RESOURCES if s.resource == "namespaces")
-
-        def mutate(current: Obj) -> Obj:
-            if current["metadata"].get("uid") != ns["metadata"].get("uid"):
-                raise ApiError(404, "NotFound", "namespace replaced")
-            current.setdefault("spec", {}).pop("finalizers", None)
-            return current
-
-        try:
-            current = self.store.get(spec, None, name)
-        except ApiError as e:
-            if e.code == 404:
-                return
-            raise
-        if current["metadata"].get("uid") != ns["metadata"].get("uid"):
+        spec = namespaces_spec()
+        current = self._get(spec, None, name)
+        if current is None or current["metadata"].get("uid") != ns["metadata"].get("uid"):
             return
         if current["metadata"].get("finalizers"):
             return  # somebody else's finalizer: the namespace goes when they remove it
