@@ -58,7 +58,7 @@ from local_apiserver.errors import (
 from local_apiserver.resources import ResourceSpec, ResourceTable, lookup, namespaces_spec
 from local_apiserver.validation import apply_defaults, check_body_shape, check_secret_update, validate_object
 from rangeshard.core.errors import RegistryError, RegistryUnavailable
-from rangeshard.core.etcd import KV, EtcdClient
+from rangeshard.core.etcd import KV, EtcdClient, prefix_end
 from rangeshard.core.selectors import FieldSelector, LabelSelector
 from rangeshard.core.timestamps import format_time, parse_time
 
@@ -84,11 +84,6 @@ def parse_resource_version(value: str | None, what: str = "resourceVersion") -> 
         # etcd revisions are int64: a larger value can never exist (and would overflow the request).
         raise bad_request(f"invalid {what}: {value!r} is larger than any resource version (2^63-1)")
     return rv
-
-
-def prefix_range_end(prefix: str) -> str:
-    """The first key after every key starting with ``prefix`` (prefix ends with '/')."""
-    return prefix[:-1] + chr(ord(prefix[-1]) + 1)
 
 
 def etcd_errors(e: RegistryError) -> ApiError:
@@ -213,7 +208,7 @@ class Store:
             if pinned:
                 namespace = pinned
         prefix = self.resource_prefix(spec, namespace)
-        end = prefix_range_end(prefix)
+        end = prefix_end(prefix)
         start = prefix
         read_rev: int | None = None
         rv = parse_resource_version(resource_version)
