@@ -216,6 +216,14 @@ def _metric_to_v2(metric: Any, table: dict[str, tuple[str, tuple[tuple[str, str]
     return out
 
 
+def cpu_utilization_metric(percent: Any) -> Obj:
+    """The autoscaling/v2 metric of a CPU utilization target (``targetCPUUtilizationPercentage``)."""
+    return {
+        "type": "Resource",
+        "resource": {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": percent}},
+    }
+
+
 def _is_cpu_utilization(metric: Any, field: str) -> bool:
     metric = _dict(metric)
     resource = _dict(metric.get("resource"))
@@ -296,12 +304,7 @@ def hpa_to_v2(obj: Obj) -> Obj:
     metrics = [_metric_to_v2(m, _SPEC_FIELDS, False) for m in _annotation_list(annotations, METRICS_ANNOTATION) or []]
     cpu = spec.get("targetCPUUtilizationPercentage")
     if cpu is not None:
-        metrics.append(
-            {
-                "type": "Resource",
-                "resource": {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": cpu}},
-            }
-        )
+        metrics.append(cpu_utilization_metric(cpu))
     if metrics:
         new_spec["metrics"] = metrics
     behavior = annotations.get(BEHAVIOR_ANNOTATION)
