@@ -46,6 +46,7 @@ from hashing import ShardSelector
 from local_apiserver.conversion import to_api
 from local_apiserver.errors import ApiError, status_object
 from local_apiserver.resources import ResourceSpec
+from local_apiserver.state import in_thread
 from local_apiserver.store import Obj, Store, parse_resource_version
 from rangeshard.core.errors import RegistryError, WatchCompacted
 from rangeshard.core.etcd import EtcdClient, EtcdConfig, PrefixWatch, WatchBatch, WatchEvent
@@ -224,29 +225,9 @@ async def watch_events(
     rv = parse_resource_version(req.resource_version)
     initial: list[Obj] = []
     if rv is None or rv == 0 or req.send_initial_events:
-
-        def read_initial() -> tuple[int, list[Obj]]:
-            items: list[Obj] = []
-            token: str | None = None
-            revision = 0
-            while True:
-                res = store.list_page(
-                    req.spec,
-                    req.namespace,
-                    req.labels,
-                    req.fields,
-                    limit=500,
-                    continue_token=token,
-                    shard=req.shard,
-                )
-                revision = revision or res.revision
-                items.extend(res.items)
-                if not res.continue_token:
-                    return revision, items
-                token = res.continue_token
-
-        list_rev, initial = await anyio.to_thread.run_sync(read_initial)
-        start = list_rev + 1
+        # Without a limit list_page reads every page at one revision.
+        res = await in_thread(store.list_page, req.spec, req.namespace, req.labels, req.fields, shard=req.shard)
+        initial, start = res.items, res.revision + 1
     else:
         start = rv + 1
     namespace = req.namespace
