@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import yaml
@@ -42,17 +41,6 @@ from local_apiserver.resources import ResourceSpec
 Obj = dict[str, Any]
 DIRECTIVES = ("Ignore", "Strict", "Warn")
 _REF = "#/definitions/"
-
-
-@dataclass(frozen=True)
-class FieldProblems:
-    """What one decoded body had wrong (unknown field paths, duplicated keys)."""
-
-    unknown: tuple[str, ...] = ()
-    duplicate: tuple[str, ...] = ()
-
-    def messages(self) -> list[str]:
-        return [f'duplicate field "{d}"' for d in self.duplicate] + [f'unknown field "{u}"' for u in self.unknown]
 
 
 #: The directive used for a custom resource when the request names none: unknown fields are left in place
@@ -197,8 +185,8 @@ def check(spec: ResourceSpec, mode: str, obj: Any, duplicates: tuple[str, ...] =
     """
     if mode == SCHEMA:
         return []
-    problems = FieldProblems(unknown_fields(spec, obj, prune=mode != "Strict"), duplicates)
-    messages = problems.messages()
+    unknown = unknown_fields(spec, obj, prune=mode != "Strict")
+    messages = [f'duplicate field "{d}"' for d in duplicates] + [f'unknown field "{u}"' for u in unknown]
     if not messages:
         return []
     if mode == "Strict":
