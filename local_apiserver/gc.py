@@ -43,7 +43,7 @@ from typing import Any
 
 from local_apiserver.crd import specs_for
 from local_apiserver.errors import ApiError
-from local_apiserver.resources import CRD_RESOURCE, RESOURCES, ResourceSpec, ResourceTable, namespaces_spec
+from local_apiserver.resources import CRD_RESOURCE, RESOURCES, ResourceSpec, ResourceTable, core_spec
 from local_apiserver.store import Obj, Store
 
 log = logging.getLogger(__name__)
@@ -384,7 +384,7 @@ class GarbageCollector:
             )
             if remaining:
                 raise ApiError(409, "Conflict", f"namespace {name} still has {remaining} objects")
-        spec = namespaces_spec()
+        spec = core_spec("namespaces")
         current = self._get(spec, None, name)
         if current is None or current["metadata"].get("uid") != ns["metadata"].get("uid"):
             return

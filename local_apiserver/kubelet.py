@@ -56,7 +56,7 @@ from collections.abc import Callable
 from typing import Any
 
 from local_apiserver.errors import ApiError
-from local_apiserver.resources import lookup
+from local_apiserver.resources import core_spec
 from local_apiserver.store import Obj, Store
 from rangeshard.core.errors import RangeshardError, RegistryError
 from rangeshard.core.etcd import EtcdClient, EtcdConfig, WatchBatch
@@ -72,13 +72,6 @@ DEFAULT_STOP_SECONDS = 1.0
 DEFAULT_RUN_SECONDS = 1.0
 #: Restart policies whose pods run to completion (Job pods).
 RUN_TO_COMPLETION = ("Never", "OnFailure")
-
-
-def _spec(resource: str) -> Any:
-    spec = lookup("", "v1", resource)
-    if spec is None:  # pragma: no cover - the table always holds these
-        raise LookupError(f"{resource} missing from the resource table")
-    return spec
 
 
 def _now() -> str:
@@ -191,9 +184,9 @@ class SimulatedNode:
         self.name = name
         self.stop_seconds = stop_seconds
         self.run_seconds = run_seconds
-        self.pods = _spec("pods")
-        self.events = _spec("events")
-        self.nodes = _spec("nodes")
+        self.pods = core_spec("pods")
+        self.events = core_spec("events")
+        self.nodes = core_spec("nodes")
         self._queue: queue.Queue[tuple[str, Any]] = queue.Queue()
         self._timers: list[tuple[float, int, str, str, str, str]] = []
         self._seq = itertools.count()

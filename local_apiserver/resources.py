@@ -341,8 +341,9 @@ def lookup(group: str, version: str, resource: str) -> ResourceSpec | None:
     return _find(RESOURCES, (group, version, resource))
 
 
-def namespaces_spec() -> ResourceSpec:
-    spec = lookup("", "v1", "namespaces")
-    if spec is None:  # pragma: no cover - the table always holds namespaces
-        raise LookupError("namespaces missing from the resource table")
+def core_spec(resource: str) -> ResourceSpec:
+    """A built-in core/v1 resource the server itself uses (namespaces, pods, ...)."""
+    spec = lookup("", "v1", resource)
+    if spec is None:  # pragma: no cover - the table always holds these
+        raise LookupError(f"{resource} missing from the resource table")
     return spec

@@ -55,7 +55,7 @@ from local_apiserver.errors import (
     timeout,
     unavailable,
 )
-from local_apiserver.resources import ResourceSpec, ResourceTable, lookup, namespaces_spec
+from local_apiserver.resources import ResourceSpec, ResourceTable, core_spec
 from local_apiserver.validation import apply_defaults, check_body_shape, check_secret_update, validate_object
 from rangeshard.core.errors import RegistryError, RegistryUnavailable
 from rangeshard.core.etcd import KV, EtcdClient, prefix_end
@@ -324,11 +324,8 @@ class Store:
 
     def _default_service_account(self, namespace: str) -> None:
         """Every namespace gets a ServiceAccount ``default``, as kube-controller-manager creates one."""
-        sa = lookup("", "v1", "serviceaccounts")
-        if sa is None:
-            return
         try:
-            self.create(sa, namespace, {"metadata": {"name": "default"}})
+            self.create(core_spec("serviceaccounts"), namespace, {"metadata": {"name": "default"}})
         except ApiError as e:
             if e.code not in (403, 409):  # already there, or the namespace is already terminating
                 raise
@@ -351,10 +348,10 @@ class Store:
 
     def _require_namespace(self, namespace: str, spec: ResourceSpec, name: str) -> tuple[str, int]:
         """``(key, mod revision)`` of the active namespace; 404 if absent, 403 if terminating."""
-        kv = self.get_kv(namespaces_spec(), None, namespace)
+        kv = self.get_kv(core_spec("namespaces"), None, namespace)
         if kv is None:
             raise not_found("namespaces", namespace)
-        ns = self.decode(namespaces_spec(), kv)
+        ns = self.decode(core_spec("namespaces"), kv)
         if ns["metadata"].get("deletionTimestamp"):
             raise forbidden(
                 spec.group_resource,
@@ -367,7 +364,7 @@ class Store:
         """Create the namespaces kube-apiserver creates at start-up (if absent)."""
         for name in names:
             try:
-                self.create(namespaces_spec(), None, {"metadata": {"name": name}})
+                self.create(core_spec("namespaces"), None, {"metadata": {"name": name}})
             except ApiError as e:
                 if e.code != 409:
                     raise
