@@ -155,18 +155,27 @@ def keep_status(spec: ResourceSpec, current: Obj, new: Obj) -> None:
 # -- HorizontalPodAutoscaler --------------------------------------------------------------------------------------
 
 
-def _get(node: Any, path: str) -> Any:
-    for part in path.split("."):
+def _path(path: str) -> list[str]:
+    return [p for p in path.strip().lstrip(".").split(".") if p]
+
+
+def get_path(node: Any, path: str) -> Any:
+    """The value at the dotted ``path`` (a leading ``.`` allowed, as in a CRD's scale paths); None if absent."""
+    for part in _path(path):
         if not isinstance(node, dict):
             return None
         node = node.get(part)
     return node
 
 
-def _put(node: Obj, path: str, value: Any) -> None:
-    parts = path.split(".")
+def set_path(node: Obj, path: str, value: Any) -> None:
+    """Set the value at the dotted ``path``; missing (or non-object) parents become objects."""
+    parts = _path(path)
     for part in parts[:-1]:
-        node = node.setdefault(part, {})
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = node[part] = {}
+        node = child
     node[parts[-1]] = value
 
 
@@ -188,7 +197,7 @@ def _metric_to_v1(metric: Any, table: dict[str, tuple[str, tuple[tuple[str, str]
     if kind in table:
         member, fields = table[kind]
         source = _dict(metric.get(member))
-        converted = {v1: _get(source, v2) for v1, v2 in fields if _get(source, v2) is not None}
+        converted = {v1: get_path(source, v2) for v1, v2 in fields if get_path(source, v2) is not None}
         out[member] = converted
     return out
 
@@ -203,7 +212,7 @@ def _metric_to_v2(metric: Any, table: dict[str, tuple[str, tuple[tuple[str, str]
         converted: Obj = {}
         for v1, v2 in fields:
             if source.get(v1) is not None:
-                _put(converted, v2, copy.deepcopy(source[v1]))
+                set_path(converted, v2, copy.deepcopy(source[v1]))
         if not status:
             target = converted.setdefault("target", {})
             if kind in ("Resource", "ContainerResource"):
@@ -230,7 +239,7 @@ def _is_cpu_utilization(metric: Any, field: str) -> bool:
     return (
         metric.get("type") == "Resource"
         and resource.get("name") == "cpu"
-        and _get(resource, f"{field}.averageUtilization") is not None
+        and get_path(resource, f"{field}.averageUtilization") is not None
     )
 
 
