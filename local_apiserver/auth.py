@@ -38,7 +38,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from local_apiserver.errors import ApiError, bad_request
+from local_apiserver.errors import ApiError, bad_request, invalid_request
 from rangeshard.core.kubeapi import Attributes, UserInfo, token_digest
 
 log = logging.getLogger(__name__)
@@ -181,20 +181,16 @@ def subject_access_review(body: Any) -> dict[str, Any]:
         raise bad_request("spec.user and spec.uid must be strings")
     groups = _strings(spec.get("groups"), "spec.groups")
     if not user and not groups:
-        raise ApiError(
-            422,
-            "Invalid",
+        raise invalid_request(
             'SubjectAccessReview.authorization.k8s.io "" is invalid: spec.user: Invalid value: "": '
-            "at least one of user or group must be specified",
+            "at least one of user or group must be specified"
         )
     res, nonres = spec.get("resourceAttributes"), spec.get("nonResourceAttributes")
     attrs_doc = res if res is not None else nonres
     if (res is None) == (nonres is None) or not isinstance(attrs_doc, dict):
-        raise ApiError(
-            422,
-            "Invalid",
+        raise invalid_request(
             'SubjectAccessReview.authorization.k8s.io "" is invalid: spec.resourceAttributes: '
-            "exactly one of nonResourceAttributes or resourceAttributes must be specified",
+            "exactly one of nonResourceAttributes or resourceAttributes must be specified"
         )
 
     def text(name: str) -> str:

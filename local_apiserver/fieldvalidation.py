@@ -34,7 +34,7 @@ from typing import Any
 
 import yaml
 
-from local_apiserver.errors import ApiError
+from local_apiserver.errors import bad_request, invalid_request
 from local_apiserver.openapi import OpenAPIUnavailable, schema_for
 from local_apiserver.resources import ResourceSpec
 
@@ -57,11 +57,9 @@ def directive(value: str | None, options_kind: str, *, custom: bool = False) -> 
     if value is None or value == "":
         return SCHEMA if custom else "Warn"
     if value not in DIRECTIVES:
-        raise ApiError(
-            422,
-            "Invalid",
+        raise invalid_request(
             f'{options_kind}.meta.k8s.io "" is invalid: fieldValidation: Unsupported value: "{value}": '
-            'supported values: "", "Ignore", "Strict", "Warn"',
+            'supported values: "", "Ignore", "Strict", "Warn"'
         )
     return value
 
@@ -190,11 +188,9 @@ def check(spec: ResourceSpec, mode: str, obj: Any, duplicates: tuple[str, ...] =
     if not messages:
         return []
     if mode == "Strict":
-        raise ApiError(
-            400,
-            "BadRequest",
+        raise bad_request(
             f'{spec.kind} in version "{spec.version}" cannot be handled as a {spec.kind}: '
-            f"strict decoding error: {', '.join(messages)}",
+            f"strict decoding error: {', '.join(messages)}"
         )
     return messages if mode == "Warn" else []
 

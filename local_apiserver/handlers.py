@@ -42,6 +42,7 @@ from local_apiserver.conversion import get_path, set_path
 from local_apiserver.errors import (
     ApiError,
     bad_request,
+    invalid_request,
     method_not_allowed,
     not_found_path,
     success_body,
@@ -381,10 +382,8 @@ def _apply_patch(
         meta = patched.get("metadata") or {}
         for immutable in ("name", "uid"):
             if meta.get(immutable) != current["metadata"].get(immutable):
-                raise ApiError(
-                    422,
-                    "Invalid",
-                    f'{spec.kind} "{name}" is invalid: metadata.{immutable}: Invalid value: field is immutable',
+                raise invalid_request(
+                    f'{spec.kind} "{name}" is invalid: metadata.{immutable}: Invalid value: field is immutable'
                 )
         rv = meta.get("resourceVersion")
         if rv is not None:
@@ -485,14 +484,12 @@ async def _delete(call: Call) -> Response:
         raise bad_request("dryRun is not supported by the local API server")
     policy = request.query_params.get("propagationPolicy") or options.propagationPolicy
     if policy is not None and options.orphanDependents is not None:
-        raise ApiError(422, "Invalid", "propagationPolicy: Invalid value: orphanDependents and it cannot be both set")
+        raise invalid_request("propagationPolicy: Invalid value: orphanDependents and it cannot be both set")
     if policy is None and options.orphanDependents is not None:
         policy = "Orphan" if options.orphanDependents else "Background"
     policy = policy or "Background"
     if policy not in ("Background", "Foreground", "Orphan"):
-        raise ApiError(
-            422, "Invalid", f"propagationPolicy: Unsupported value: {policy!r}: Background, Foreground, Orphan"
-        )
+        raise invalid_request(f"propagationPolicy: Unsupported value: {policy!r}: Background, Foreground, Orphan")
     grace = options.gracePeriodSeconds
     raw_grace = request.query_params.get("gracePeriodSeconds")
     if raw_grace is not None:

@@ -51,6 +51,7 @@ from local_apiserver.errors import (
     conflict,
     forbidden,
     gone,
+    invalid_request,
     not_found,
     timeout,
     unavailable,
@@ -470,12 +471,10 @@ class Store:
         if cur_meta.get("deletionTimestamp"):
             added = set(meta.get("finalizers") or []) - set(cur_meta.get("finalizers") or [])
             if added:
-                raise ApiError(
-                    422,
-                    "Invalid",
+                raise invalid_request(
                     f'{spec.kind} "{cur_meta["name"]}" is invalid: metadata.finalizers: Forbidden: '
                     "no new finalizers can be added if the object is being deleted, "
-                    f"found new finalizers {sorted(added)}",
+                    f"found new finalizers {sorted(added)}"
                 )
         validate_object(spec, new)
         apply_defaults(spec, new)

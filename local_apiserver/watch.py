@@ -44,7 +44,7 @@ import orjson
 
 from hashing import ShardSelector
 from local_apiserver.conversion import to_api
-from local_apiserver.errors import ApiError, status_object
+from local_apiserver.errors import ApiError, gone, status_object, unavailable
 from local_apiserver.resources import ResourceSpec
 from local_apiserver.state import in_thread
 from local_apiserver.store import Obj, Store, parse_resource_version
@@ -106,11 +106,7 @@ class EtcdWatch:
             )
         except WatchCompacted as e:
             self.close()
-            raise ApiError(
-                410,
-                "Expired",
-                f"too old resource version: {self.start_revision - 1} ({e.compacted_revision})",
-            ) from e
+            raise gone(f"too old resource version: {self.start_revision - 1} ({e.compacted_revision})") from e
         except BaseException:
             self.close()
             raise
@@ -243,7 +239,7 @@ async def watch_events(
             raise
         compacted = e
     except RegistryError as e:
-        raise ApiError(503, "ServiceUnavailable", f"cannot watch: {e}") from e
+        raise unavailable(f"cannot watch: {e}") from e
     on_open()
     if shutdown is not None:
         forget = shutdown.on_set(lambda: etcd_watch.deliver(("closed", "the server is shutting down")))
