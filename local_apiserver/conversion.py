@@ -190,19 +190,8 @@ def _dict(value: Any) -> Obj:
     return value if isinstance(value, dict) else {}
 
 
-def _metric_to_v1(metric: Any, table: dict[str, tuple[str, tuple[tuple[str, str], ...]]]) -> Obj:
-    metric = _dict(metric)
-    kind = metric.get("type")
-    out: Obj = {"type": kind}
-    if kind in table:
-        member, fields = table[kind]
-        source = _dict(metric.get(member))
-        converted = {v1: get_path(source, v2) for v1, v2 in fields if get_path(source, v2) is not None}
-        out[member] = converted
-    return out
-
-
-def _metric_to_v2(metric: Any, table: dict[str, tuple[str, tuple[tuple[str, str], ...]]], status: bool) -> Obj:
+def _metric(metric: Any, table: dict[str, tuple[str, tuple[tuple[str, str], ...]]], to_v2: bool) -> Obj:
+    """One MetricSpec (``table`` :data:`_SPEC_FIELDS`) or MetricStatus converted to v1 or (``to_v2``) to v2."""
     metric = _dict(metric)
     kind = metric.get("type")
     out: Obj = {"type": kind}
@@ -211,9 +200,11 @@ def _metric_to_v2(metric: Any, table: dict[str, tuple[str, tuple[tuple[str, str]
         source = _dict(metric.get(member))
         converted: Obj = {}
         for v1, v2 in fields:
-            if source.get(v1) is not None:
+            if not to_v2 and get_path(source, v2) is not None:
+                converted[v1] = get_path(source, v2)
+            elif to_v2 and source.get(v1) is not None:
                 set_path(converted, v2, copy.deepcopy(source[v1]))
-        if not status:
+        if to_v2 and table is _SPEC_FIELDS:
             target = converted.setdefault("target", {})
             if kind in ("Resource", "ContainerResource"):
                 target["type"] = "Utilization" if "averageUtilization" in target else "AverageValue"
@@ -261,7 +252,7 @@ def hpa_to_v1(obj: Obj) -> Obj:
         if _is_cpu_utilization(metric, "target") and "targetCPUUtilizationPercentage" not in new_spec:
             new_spec["targetCPUUtilizationPercentage"] = metric["resource"]["target"]["averageUtilization"]
         else:
-            others.append(_metric_to_v1(metric, _SPEC_FIELDS))
+            others.append(_metric(metric, _SPEC_FIELDS, to_v2=False))
     if others:
         annotations[METRICS_ANNOTATION] = _json(others)
     if spec.get("behavior") is not None:
@@ -279,7 +270,7 @@ def hpa_to_v1(obj: Obj) -> Obj:
                 new_status["currentCPUUtilizationPercentage"] = metric["resource"]["current"]["averageUtilization"]
                 break
         if current:
-            annotations[CURRENT_METRICS_ANNOTATION] = _json([_metric_to_v1(m, _STATUS_FIELDS) for m in current])
+            annotations[CURRENT_METRICS_ANNOTATION] = _json([_metric(m, _STATUS_FIELDS, to_v2=False) for m in current])
         if status.get("conditions"):
             annotations[CONDITIONS_ANNOTATION] = _json(status["conditions"])
         out["status"] = new_status
@@ -310,7 +301,7 @@ def hpa_to_v2(obj: Obj) -> Obj:
     annotations = _dict(meta.get("annotations"))
     spec = _dict(obj.get("spec"))
     new_spec: Obj = {k: spec[k] for k in ("scaleTargetRef", "minReplicas", "maxReplicas") if k in spec}
-    metrics = [_metric_to_v2(m, _SPEC_FIELDS, False) for m in _annotation_list(annotations, METRICS_ANNOTATION) or []]
+    metrics = [_metric(m, _SPEC_FIELDS, to_v2=True) for m in _annotation_list(annotations, METRICS_ANNOTATION) or []]
     cpu = spec.get("targetCPUUtilizationPercentage")
     if cpu is not None:
         metrics.append(cpu_utilization_metric(cpu))
@@ -333,7 +324,7 @@ def hpa_to_v2(obj: Obj) -> Obj:
         }
         current = _annotation_list(annotations, CURRENT_METRICS_ANNOTATION)
         if current is not None:
-            new_status["currentMetrics"] = [_metric_to_v2(m, _STATUS_FIELDS, True) for m in current]
+            new_status["currentMetrics"] = [_metric(m, _STATUS_FIELDS, to_v2=True) for m in current]
         elif status.get("currentCPUUtilizationPercentage") is not None:
             new_status["currentMetrics"] = [
                 {
