@@ -74,10 +74,6 @@ DEFAULT_RUN_SECONDS = 1.0
 RUN_TO_COMPLETION = ("Never", "OnFailure")
 
 
-def _now() -> str:
-    return format_time()
-
-
 def pod_ip(uid: str) -> str:
     """A stable address in 10.244.0.0/16 for a pod uid."""
     n = int.from_bytes(hashlib.sha256(uid.encode()).digest()[:2], "big") % (254 * 254)
@@ -85,8 +81,7 @@ def pod_ip(uid: str) -> str:
 
 
 def _condition(kind: str, status: bool, now: str, reason: str | None = None) -> Obj:
-    cond: Obj = {"type": kind, "status": "True" if status else "False", "lastProbeTime": None}
-    cond["lastTransitionTime"] = now
+    cond: Obj = {"type": kind, "status": str(status), "lastProbeTime": None, "lastTransitionTime": now}
     if reason:
         cond["reason"] = reason
     return cond
@@ -96,7 +91,7 @@ def _set_condition(status: Obj, kind: str, value: bool, now: str, reason: str | 
     conds = [c for c in status.get("conditions") or [] if isinstance(c, dict)]
     for c in conds:
         if c.get("type") == kind:
-            if c.get("status") != ("True" if value else "False"):
+            if c.get("status") != str(value):
                 c.update(_condition(kind, value, now, reason))
             status["conditions"] = conds
             return
@@ -216,7 +211,7 @@ class SimulatedNode:
 
     # -- the node object -----------------------------------------------------
     def _node_status(self) -> Obj:
-        now = _now()
+        now = format_time()
         capacity = {"cpu": str(os.cpu_count() or 2), "memory": "8Gi", "pods": "110", "ephemeral-storage": "50Gi"}
         conds = [
             {"type": t, "status": "False", "reason": r, "message": m}
@@ -400,7 +395,7 @@ class SimulatedNode:
             current.setdefault("spec", {})["nodeName"] = self.name
             status = current.setdefault("status", {})
             status.setdefault("phase", "Pending")
-            _set_condition(status, "PodScheduled", True, _now())
+            _set_condition(status, "PodScheduled", True, format_time())
             return current
 
         bound = self._update(pod, mutate)
@@ -420,7 +415,7 @@ class SimulatedNode:
                 return None
             if (current.get("spec") or {}).get("nodeName") != self.name:
                 return None
-            now = _now()
+            now = format_time()
             uid = str(current["metadata"]["uid"])
             status["phase"] = "Running"
             status["hostIP"] = NODE_IP
@@ -462,7 +457,7 @@ class SimulatedNode:
             status = current.get("status") or {}
             if meta.get("uid") != uid or meta.get("deletionTimestamp") or status.get("phase") != "Running":
                 return current
-            now = _now()
+            now = format_time()
             _set_condition(status, "ContainersReady", True, now)
             _set_condition(status, "Ready", True, now)
             for c in status.get("containerStatuses") or []:
@@ -480,7 +475,7 @@ class SimulatedNode:
             status = current.get("status") or {}
             if meta.get("uid") != uid or meta.get("deletionTimestamp") or status.get("phase") != "Running":
                 return current
-            now = _now()
+            now = format_time()
             status["phase"] = "Succeeded"
             _set_condition(status, "PodReadyToStartContainers", False, now)
             for kind in ("ContainersReady", "Ready"):
@@ -511,7 +506,7 @@ class SimulatedNode:
             status = current.get("status") or {}
             if not status.get("containerStatuses"):
                 return None
-            now = _now()
+            now = format_time()
             _set_condition(status, "ContainersReady", False, now, "ContainersNotReady")
             _set_condition(status, "Ready", False, now, "ContainersNotReady")
             for c in status.get("containerStatuses") or []:
