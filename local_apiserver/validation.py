@@ -39,32 +39,22 @@ _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 _STRING_MAPS = ("labels", "annotations")
 _HPA_DEFAULT_CPU = 80  # kube's autoscaling.DefaultCPUUtilization
-_DEPLOYMENT_STRATEGY = {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "25%", "maxSurge": "25%"}}
+_ROLLING_UPDATE = {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "25%", "maxSurge": "25%"}}
 # The spec fields kube-apiserver's defaulters set (those controllers and printers read), per built-in resource.
 _SPEC_DEFAULTS: dict[str, dict[str, Any]] = {
-    "replicasets": {"replicas": 1},
-    "deployments": {
-        "replicas": 1,
-        "strategy": _DEPLOYMENT_STRATEGY,
-        "revisionHistoryLimit": 10,
-        "progressDeadlineSeconds": 600,
-    },
-    "pods": {
-        "restartPolicy": "Always",
-        "terminationGracePeriodSeconds": 30,
-        "dnsPolicy": "ClusterFirst",
-        "schedulerName": "default-scheduler",
-    },
+    "replicasets": dict(replicas=1),
+    "deployments": dict(replicas=1, strategy=_ROLLING_UPDATE, revisionHistoryLimit=10, progressDeadlineSeconds=600),
+    "pods": dict(
+        restartPolicy="Always",
+        terminationGracePeriodSeconds=30,
+        dnsPolicy="ClusterFirst",
+        schedulerName="default-scheduler",
+    ),
     # Filesystem volumes; a PV is retained by default.
-    "persistentvolumeclaims": {"volumeMode": "Filesystem"},
-    "persistentvolumes": {"volumeMode": "Filesystem", "persistentVolumeReclaimPolicy": "Retain"},
+    "persistentvolumeclaims": dict(volumeMode="Filesystem"),
+    "persistentvolumes": dict(volumeMode="Filesystem", persistentVolumeReclaimPolicy="Retain"),
     # kubectl get cronjobs prints SUSPEND from these.
-    "cronjobs": {
-        "suspend": False,
-        "concurrencyPolicy": "Allow",
-        "successfulJobsHistoryLimit": 3,
-        "failedJobsHistoryLimit": 1,
-    },
+    "cronjobs": dict(suspend=False, concurrencyPolicy="Allow", successfulJobsHistoryLimit=3, failedJobsHistoryLimit=1),
 }
 
 
