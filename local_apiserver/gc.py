@@ -37,7 +37,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -200,16 +200,19 @@ class GarbageCollector:
 
     def _dependents(self, owner: Obj) -> list[tuple[ResourceSpec, Obj]]:
         uid = owner["metadata"].get("uid")
-        namespace = owner["metadata"].get("namespace")
-        found: list[tuple[ResourceSpec, Obj]] = []
+        return [
+            (spec, obj)
+            for spec, obj in self._scan(owner["metadata"].get("namespace"))
+            if any(r.get("uid") == uid for r in obj["metadata"].get("ownerReferences") or [])
+        ]
+
+    def _scan(self, namespace: str | None) -> Iterator[tuple[ResourceSpec, Obj]]:
+        """Every stored object an owner in ``namespace`` (None: cluster-scoped) may own, or in that namespace."""
         for spec in self.store.table.storage_specs():
             if not spec.namespaced and namespace:
                 continue  # namespaced owners cannot own cluster-scoped objects
             for obj in self.store.iter_all(spec, namespace if spec.namespaced else None):
-                refs = obj["metadata"].get("ownerReferences") or []
-                if any(r.get("uid") == uid for r in refs):
-                    found.append((spec, obj))
-        return found
+                yield spec, obj
 
     def _wake_foreground_owners(self, works: list[_Work]) -> None:
         """Queue the Foreground deletion of the owners (still waiting) of objects that just left etcd.
@@ -278,26 +281,23 @@ class GarbageCollector:
         orphan = {w.obj["metadata"].get("uid") for w in works if w.propagation == "Orphan"}
         cascade = {w.obj["metadata"].get("uid") for w in works if w.propagation != "Orphan"}
         foreground = {w.obj["metadata"].get("uid") for w in works if w.propagation == "Foreground"}
-        for spec in self.store.table.storage_specs():
-            if not spec.namespaced and namespace:
-                continue  # namespaced owners cannot own cluster-scoped objects
-            for dep in self.store.iter_all(spec, namespace if spec.namespaced else None):
-                meta = dep["metadata"]
-                refs = meta.get("ownerReferences") or []
-                uids = {r.get("uid") for r in refs}
-                dropped = uids & orphan
-                gone_owners = uids & cascade
-                if not dropped and not gone_owners:
-                    continue
-                others = [r for r in refs if r.get("uid") not in dropped | gone_owners]
-                if gone_owners and not any(self._owner_alive(r, meta.get("namespace")) for r in others):
-                    if meta.get("deletionTimestamp"):
-                        continue  # already being deleted (held by finalizers): deleting again changes nothing
-                    log.debug("deleting %s %s: its owners are gone", spec.resource, _name(dep))
-                    deep = bool(gone_owners & foreground) and bool(self._dependents(dep))
-                    self._delete(spec, dep, "Foreground" if deep else "Background")
-                else:
-                    self._drop_references(spec, dep, dropped | gone_owners)
+        for spec, dep in self._scan(namespace):
+            meta = dep["metadata"]
+            refs = meta.get("ownerReferences") or []
+            uids = {r.get("uid") for r in refs}
+            dropped = uids & orphan
+            gone_owners = uids & cascade
+            if not dropped and not gone_owners:
+                continue
+            others = [r for r in refs if r.get("uid") not in dropped | gone_owners]
+            if gone_owners and not any(self._owner_alive(r, meta.get("namespace")) for r in others):
+                if meta.get("deletionTimestamp"):
+                    continue  # already being deleted (held by finalizers): deleting again changes nothing
+                log.debug("deleting %s %s: its owners are gone", spec.resource, _name(dep))
+                deep = bool(gone_owners & foreground) and bool(self._dependents(dep))
+                self._delete(spec, dep, "Foreground" if deep else "Background")
+            else:
+                self._drop_references(spec, dep, dropped | gone_owners)
 
     def _drop_references(self, spec: ResourceSpec, dep: Obj, uids: set[Any]) -> None:
         meta = dep["metadata"]
@@ -371,17 +371,12 @@ class GarbageCollector:
     def _empty_namespace(self, ns: Obj) -> None:
         name = str(ns["metadata"].get("name"))
         left = 0
-        for spec in self.store.table.storage_specs():
-            if not spec.namespaced:
-                continue
-            for obj in self.store.iter_all(spec, name):
-                self._delete(spec, obj)
-                left += 1
+        for spec, obj in self._scan(name):
+            self._delete(spec, obj)
+            left += 1
         if left:
             # Deleted objects may have finalizers or new ones may race in: check again.
-            remaining = sum(
-                1 for s in self.store.table.storage_specs() if s.namespaced for _ in self.store.iter_all(s, name)
-            )
+            remaining = sum(1 for _ in self._scan(name))
             if remaining:
                 raise ApiError(409, "Conflict", f"namespace {name} still has {remaining} objects")
         spec = core_spec("namespaces")
