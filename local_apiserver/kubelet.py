@@ -452,16 +452,23 @@ class SimulatedNode:
             self._after(self.run_seconds, "complete", started)
 
     def _mark_ready(self, ns: str, name: str, uid: str) -> None:
+        def ready(status: Obj, now: str) -> None:
+            _set_condition(status, "ContainersReady", True, now)
+            _set_condition(status, "Ready", True, now)
+            for c in status.get("containerStatuses") or []:
+                c["ready"] = True
+
+        self._update_running(ns, name, uid, ready)
+
+    def _update_running(self, ns: str, name: str, uid: str, change: Callable[[Obj, str], None]) -> None:
+        """``change(status, now)`` of the pod ``uid`` while it is Running and not being deleted."""
+
         def mutate(current: Obj) -> Obj:
             meta = current["metadata"]
             status = current.get("status") or {}
             if meta.get("uid") != uid or meta.get("deletionTimestamp") or status.get("phase") != "Running":
                 return current
-            now = format_time()
-            _set_condition(status, "ContainersReady", True, now)
-            _set_condition(status, "Ready", True, now)
-            for c in status.get("containerStatuses") or []:
-                c["ready"] = True
+            change(status, format_time())
             current["status"] = status
             return current
 
@@ -470,12 +477,7 @@ class SimulatedNode:
     def _complete(self, ns: str, name: str, uid: str) -> None:
         """The containers of a run-to-completion pod exit 0: ``Succeeded`` (what a kubelet reports)."""
 
-        def mutate(current: Obj) -> Obj:
-            meta = current["metadata"]
-            status = current.get("status") or {}
-            if meta.get("uid") != uid or meta.get("deletionTimestamp") or status.get("phase") != "Running":
-                return current
-            now = format_time()
+        def completed(status: Obj, now: str) -> None:
             status["phase"] = "Succeeded"
             _set_condition(status, "PodReadyToStartContainers", False, now)
             for kind in ("ContainersReady", "Ready"):
@@ -493,10 +495,8 @@ class SimulatedNode:
                         "containerID": c.get("containerID"),
                     }
                 }
-            current["status"] = status
-            return current
 
-        self.store.guaranteed_update(self.pods, ns, name, mutate)
+        self._update_running(ns, name, uid, completed)
 
     def _kill(self, pod: Obj) -> None:
         meta = pod["metadata"]
