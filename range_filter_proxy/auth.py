@@ -69,7 +69,6 @@ log = logging.getLogger(__name__)
 MASTERS = "system:masters"
 READERS = "rangeshard:readers"
 READ_VERBS = frozenset({"get", "list", "watch"})
-PUBLIC_PATHS = frozenset({"/healthz", "/readyz"})
 TOKEN_REVIEW_PATH = "/apis/authentication.k8s.io/v1/tokenreviews"  # noqa: S105 (a path, not a secret)
 SUBJECT_ACCESS_REVIEW_PATH = "/apis/authorization.k8s.io/v1/subjectaccessreviews"
 
@@ -204,10 +203,6 @@ class ProxyAuth:
         self._authz: TtlCache[tuple[UserInfo, Attributes], tuple[bool, str]] = TtlCache(
             settings.cache_ttl, settings.cache_size
         )
-
-    @property
-    def enabled(self) -> bool:
-        return self.mode is not AuthMode.NONE
 
     async def authenticate(self, authorization: str | None) -> UserInfo | None:
         """The user behind an ``Authorization`` header; None in mode ``none``; else 401."""

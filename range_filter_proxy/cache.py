@@ -227,11 +227,8 @@ class WatchCache:
 
     def replace(self, listed: ListResult) -> None:
         """Install a fresh list: new store, empty history, every watcher closed."""
-        objects: dict[tuple[str, str], CachedObject] = {}
-        for item in listed.items:
-            o = CachedObject.build(item, self.info)
-            objects[o.key] = o
-        self._install(objects, listed.resource_version)
+        built = (CachedObject.build(item, self.info) for item in listed.items)
+        self._install({o.key: o for o in built}, listed.resource_version)
 
     def _install(self, objects: dict[tuple[str, str], CachedObject], resource_version: str) -> None:
         rv = parse_rv(resource_version) if resource_version else 0
@@ -372,16 +369,13 @@ class WatchCache:
 
     async def wait_synced(self) -> None:
         """Wait for the first sync; 503 if it does not come in time, 404 if the resource went away upstream."""
-        if self.synced.is_set() and not self.gone:
-            return
-        if self.gone:
-            raise ApiError(404, "NotFound", f"the upstream no longer serves {self.info.gvr.label}")
-        try:
-            await asyncio.wait_for(self.synced.wait(), timeout=self.settings.sync_timeout)
-        except TimeoutError as e:
-            raise ApiError(
-                503, "ServiceUnavailable", f"the watch cache of {self.info.gvr.label} is not synced yet; retry"
-            ) from e
+        if not self.synced.is_set():  # a cache that went away is synced (``_drop``)
+            try:
+                await asyncio.wait_for(self.synced.wait(), timeout=self.settings.sync_timeout)
+            except TimeoutError as e:
+                raise ApiError(
+                    503, "ServiceUnavailable", f"the watch cache of {self.info.gvr.label} is not synced yet; retry"
+                ) from e
         if self.gone:
             raise ApiError(404, "NotFound", f"the upstream no longer serves {self.info.gvr.label}")
 
@@ -427,13 +421,21 @@ class WatchCache:
         if await self.wait_for_rv(current, self.settings.consistent_read_timeout):
             return self.select(filt), self.rv
         self.metrics.consistent_read_fallbacks.labels(self._label).inc()
-        listed = await self.upstream.list(self.info.gvr)
+        chosen, rv = await self.list_upstream(filt)
+        chosen.sort(key=lambda o: o.key)
+        return chosen, rv
+
+    async def list_upstream(
+        self, filt: WatchFilter, params: dict[str, str] | None = None
+    ) -> tuple[list[CachedObject], int]:
+        """The objects of an upstream list (``params``: its query) that pass ``filt``, in its order, and its RV."""
+        listed = await self.upstream.list(self.info.gvr, params)
         items = [CachedObject.build(i, self.info) for i in listed.items]
-        chosen = sorted((o for o in items if filt.matches(o)), key=lambda o: o.key)
         try:
-            return chosen, parse_rv(listed.resource_version)
+            rv = parse_rv(listed.resource_version)
         except ValueError as e:
             raise UpstreamError(f"{self.info.gvr}: upstream list resourceVersion is not an integer") from e
+        return [o for o in items if filt.matches(o)], rv
 
     async def wait_not_older_than(self, rv: int) -> None:
         """Wait until the cache reaches ``rv``; 504 ``Timeout`` (too large resource version) if not in time."""
@@ -533,10 +535,8 @@ class CacheManager:
         self.configured: list[GVR] = []
         self._configure_task: asyncio.Task[None] | None = None
         self._configured_done = asyncio.Event()
-        #: Whether the upstream filters lists by ``shardSelector`` itself (KEP-5866):
-        #: ``None`` until probed (after the first cache synced), see :meth:`_probe_shard_selector`.
-        self.upstream_shard_selector: bool | None = None
-        #: What the probe saw, for ``/readyz?verbose``.
+        #: Whether the upstream filters lists by ``shardSelector`` itself (KEP-5866), as the probe
+        #: saw it (:meth:`_probe_shard_selector`), for ``/readyz?verbose``.
         self.upstream_shard_selector_detail = "not probed yet (no watch cache has synced)"
         self._probe_task: asyncio.Task[None] | None = None
 
@@ -586,10 +586,11 @@ class CacheManager:
             self.caches[info.gvr] = cache
             cache.start()
             if self._probe_task is None:
-                self._probe_task = asyncio.create_task(
-                    self._probe_shard_selector(cache), name="watch-cache:probe-shard-selector"
+                self._probe_task = start_task(
+                    self._probe_shard_selector(cache),
+                    "watch-cache:probe-shard-selector",
+                    what="probing the upstream for shardSelector support",
                 )
-                self._probe_task.add_done_callback(self._probe_done)
         elif configured:
             cache.on_gone = None  # first started by a request, then configured: keep it
         return cache
@@ -636,12 +637,7 @@ class CacheManager:
                 )
             return
 
-    def _probe_done(self, task: asyncio.Task[None]) -> None:
-        if not task.cancelled() and task.exception() is not None:
-            log.error("probing the upstream for shardSelector support failed", exc_info=task.exception())
-
     def _shard_selector_probed(self, supported: bool, detail: str) -> None:
-        self.upstream_shard_selector = supported
         self.upstream_shard_selector_detail = detail
         self.metrics.upstream_shard_selector_supported.set(1 if supported else 0)
         log.info("upstream shardSelector %s", detail)
@@ -690,12 +686,7 @@ class CacheManager:
                 pending.pop(0)
             self._configured_done.set()
 
-        self._configure_task = asyncio.create_task(run(), name="watch-cache:configure")
-        self._configure_task.add_done_callback(self._configure_done)
-
-    def _configure_done(self, task: asyncio.Task[None]) -> None:
-        if not task.cancelled() and task.exception() is not None:
-            log.error("resolving the configured resources failed", exc_info=task.exception())
+        self._configure_task = start_task(run(), "watch-cache:configure", what="resolving the configured resources")
 
     def ready(self) -> tuple[bool, list[str]]:
         """Whether every configured cache has synced, and what is still missing."""
@@ -710,13 +701,10 @@ class CacheManager:
 
     async def stop(self) -> None:
         """Stop every cache and background task."""
-        if self._probe_task is not None:
-            self._probe_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._probe_task
-        if self._configure_task is not None:
-            self._configure_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._configure_task
+        for task in (self._probe_task, self._configure_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         for cache in list(self.caches.values()):
             await cache.stop()

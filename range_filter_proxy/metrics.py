@@ -30,7 +30,6 @@ Concurrency model
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -68,11 +67,6 @@ class ResourceStats:
         #: Non-cumulative counts per bucket of :data:`LATENCY_BUCKETS`, plus one for +Inf.
         self.latency_buckets = [0] * (len(LATENCY_BUCKETS) + 1)
         self.latency_sum = 0.0
-
-    def observe_latency(self, seconds: float) -> None:
-        """Count one delivery that took ``seconds``."""
-        self.latency_buckets[bisect_left(LATENCY_BUCKETS, seconds)] += 1
-        self.latency_sum += seconds
 
 
 class _StatsCollector(Collector):
