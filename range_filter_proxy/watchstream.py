@@ -297,11 +297,14 @@ class WatchStream:
             size += sum(len(x) for x in pieces)
         return b"".join(parts)[:limit]
 
-    async def batches(self) -> AsyncIterator[list[bytes]]:
-        """The non-blank lines of the body (without ``\\n``), as one list per wake-up."""
+    def _lines(self) -> _Lines:
         if self._p.encoded:
             raise UpstreamError(f"{self.what}: the upstream compressed a watch response nobody asked to compress")
-        lines = _Lines(self.max_line, self.what)
+        return _Lines(self.max_line, self.what)
+
+    async def batches(self) -> AsyncIterator[list[bytes]]:
+        """The non-blank lines of the body (without ``\\n``), as one list per wake-up."""
+        lines = self._lines()
         while True:
             pieces = await self._read()
             if not pieces:
@@ -320,10 +323,7 @@ class WatchStream:
         An exception of ``sink`` closes the connection and is raised here.
         """
         p = self._p
-        if p.encoded:
-            raise UpstreamError(f"{self.what}: the upstream compressed a watch response nobody asked to compress")
-        lines = _Lines(self.max_line, self.what)
-        p.lines = lines
+        p.lines = lines = self._lines()
         p.sink = sink
         try:
             p.deliver()  # what arrived together with the response head
