@@ -169,13 +169,7 @@ class WatchCache:
         """The resource is gone upstream (e.g. its CRD was deleted): end every watch, forget everything."""
         log.info("watch cache %s dropped: %s", self.info.gvr, reason)
         self.gone = True
-        for w in list(self.watchers.values()):
-            w.close("resource no longer served by the upstream")
-        self.watchers.clear()
-        self._index = DispatchIndex(())
-        self.metrics.downstream_watches.labels(self._label).set(0)
-        self.objects = {}
-        self.history.clear()
+        self._reset({}, "resource no longer served by the upstream")
         self.synced.set()  # wakes requests waiting for a first sync: they answer 404 (wait_synced)
         if self.on_gone is not None:
             self.on_gone(self)
@@ -232,13 +226,7 @@ class WatchCache:
 
     def _install(self, objects: dict[tuple[str, str], CachedObject], resource_version: str) -> None:
         rv = parse_rv(resource_version) if resource_version else 0
-        for w in list(self.watchers.values()):
-            w.close("watch cache relisted")
-        self.watchers.clear()
-        self._index = DispatchIndex(())
-        self.metrics.downstream_watches.labels(self._label).set(0)
-        self.objects = objects
-        self.history.clear()
+        self._reset(objects, "watch cache relisted")
         self.rv = rv
         self.history_start_rv = rv
         self.synced.set()
@@ -247,6 +235,16 @@ class WatchCache:
         # the cyclic collector's sight, so full collections stay cheap (seconds at 100k objects).
         gc.freeze()
         log.info("watch cache %s synced: %d objects at resourceVersion %d", self.info.gvr, len(objects), rv)
+
+    def _reset(self, objects: dict[tuple[str, str], CachedObject], reason: str) -> None:
+        """Close and forget every watcher (``reason``), replace the store, clear the history."""
+        for w in list(self.watchers.values()):
+            w.close(reason)
+        self.watchers.clear()
+        self._index = DispatchIndex(())
+        self.metrics.downstream_watches.labels(self._label).set(0)
+        self.objects = objects
+        self.history.clear()
 
     def apply(self, event: WatchEvent) -> None:
         """Apply one upstream watch event and dispatch it to every watcher."""
@@ -477,12 +475,6 @@ class WatchCache:
                 w.closed = True
                 return w
             after = resume_from
-            for ev in self.history:
-                if ev.rv <= after:
-                    continue
-                variant = filt.variant(ev)
-                if variant is not None:
-                    backlog.append(ev.line(variant))
         else:
             if initial is None:
                 objs: Iterable[CachedObject] = self.select(filt)
@@ -492,15 +484,15 @@ class WatchCache:
                 after = initial_rv if initial_rv is not None else self.rv
             backlog.extend(event_line("ADDED", o.raw) for o in objs)
             # Events the cache has already applied beyond ``after`` (when the
-            # snapshot came from elsewhere and is older than the cache) are replayed.
-            if after < self.rv:
-                if after < self.history_start_rv:
-                    raise gone(f"too old resource version: {after} ({self.history_start_rv})")
-                for ev in self.history:
-                    if ev.rv > after:
-                        variant = filt.variant(ev)
-                        if variant is not None:
-                            backlog.append(ev.line(variant))
+            # snapshot came from elsewhere and is older than the cache) are replayed below.
+            if after < self.rv and after < self.history_start_rv:
+                raise gone(f"too old resource version: {after} ({self.history_start_rv})")
+        if after < self.rv:  # replay the history after ``after``
+            for ev in self.history:
+                if ev.rv > after:
+                    variant = filt.variant(ev)
+                    if variant is not None:
+                        backlog.append(ev.line(variant))
         w = Watcher(
             self,
             filt,
@@ -627,14 +619,13 @@ class CacheManager:
                 await asyncio.sleep(backoff)  # retry backoff, not synchronisation
                 backoff = min(backoff * 2, self.settings.relist_backoff_max)
                 continue
-            if listed.shard_info is not None:
-                self._shard_selector_probed(
-                    True, f"supported: native KEP-5866 upstream (a list of {label} answered with metadata.shardInfo)"
-                )
-            else:
-                self._shard_selector_probed(
-                    False, f"not supported: the upstream answered a list of {label} without metadata.shardInfo"
-                )
+            supported = listed.shard_info is not None
+            self._shard_selector_probed(
+                supported,
+                f"supported: native KEP-5866 upstream (a list of {label} answered with metadata.shardInfo)"
+                if supported
+                else f"not supported: the upstream answered a list of {label} without metadata.shardInfo",
+            )
             return
 
     def _shard_selector_probed(self, supported: bool, detail: str) -> None:
