@@ -62,15 +62,16 @@ from range_filter_proxy.errors import ApiError, UpstreamError
 from range_filter_proxy.upstream import Upstream
 from rangeshard.core.errors import ConfigError
 from rangeshard.core.kubeapi import Attributes, UserInfo, token_digest
-from rangeshard.core.rest import split_group_version
+from rangeshard.core.rest import GVR, split_group_version
 
 log = logging.getLogger(__name__)
 
 MASTERS = "system:masters"
 READERS = "rangeshard:readers"
 READ_VERBS = frozenset({"get", "list", "watch"})
-TOKEN_REVIEW_PATH = "/apis/authentication.k8s.io/v1/tokenreviews"  # noqa: S105 (a path, not a secret)
-SUBJECT_ACCESS_REVIEW_PATH = "/apis/authorization.k8s.io/v1/subjectaccessreviews"
+#: The review resources ``delegate`` mode posts to.
+TOKEN_REVIEWS = GVR("authentication.k8s.io", "v1", "tokenreviews")
+SUBJECT_ACCESS_REVIEWS = GVR("authorization.k8s.io", "v1", "subjectaccessreviews")
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
@@ -247,16 +248,21 @@ class ProxyAuth:
         await self.authorize(user, attrs)
         return user
 
-    async def _token_review(self, token: str) -> UserInfo | None:
+    async def _review(self, resource: GVR, kind: str, spec: dict[str, Any]) -> dict[str, Any] | None:
+        """Send a ``kind`` review of ``spec`` to the upstream; the ``status`` of its answer, if it has one."""
         if self.reviewer is None:  # excluded by __init__
             raise unauthorized()
-        doc = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": token}}
+        doc = {"apiVersion": resource.api_version, "kind": kind, "spec": spec}
         try:
-            answer = await self.reviewer.post_json(TOKEN_REVIEW_PATH, doc)
+            answer = await self.reviewer.post_json(resource.path(), doc)
         except UpstreamError as e:
-            raise _review_failed("TokenReview", e) from e
+            raise _review_failed(kind, e) from e
         status = answer.get("status") if isinstance(answer, dict) else None
-        if not isinstance(status, dict) or status.get("authenticated") is not True:
+        return status if isinstance(status, dict) else None
+
+    async def _token_review(self, token: str) -> UserInfo | None:
+        status = await self._review(TOKEN_REVIEWS, "TokenReview", {"token": token})
+        if status is None or status.get("authenticated") is not True:
             return None
         user = status.get("user")
         if not isinstance(user, dict) or not isinstance(user.get("username"), str):
@@ -276,30 +282,18 @@ class ProxyAuth:
         )
 
     async def _subject_access_review(self, user: UserInfo, attrs: Attributes) -> tuple[bool, str]:
-        if self.reviewer is None:  # excluded by __init__
-            return False, "no reviewer"
         spec: dict[str, Any] = {"user": user.username, "groups": list(user.groups)}
         if user.uid:
             spec["uid"] = user.uid
         if user.extra:
             spec["extra"] = {k: list(v) for k, v in user.extra}
         if attrs.resource:
-            spec["resourceAttributes"] = {
-                "verb": attrs.verb,
-                "group": attrs.group,
-                "version": attrs.version,
-                "resource": attrs.resource,
-                "namespace": attrs.namespace,
-            }
+            fields = ("verb", "group", "version", "resource", "namespace")
+            spec["resourceAttributes"] = {f: getattr(attrs, f) for f in fields}
         else:
             spec["nonResourceAttributes"] = {"verb": attrs.verb, "path": attrs.path}
-        doc = {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview", "spec": spec}
-        try:
-            answer = await self.reviewer.post_json(SUBJECT_ACCESS_REVIEW_PATH, doc)
-        except UpstreamError as e:
-            raise _review_failed("SubjectAccessReview", e) from e
-        status = answer.get("status") if isinstance(answer, dict) else None
-        if not isinstance(status, dict):
+        status = await self._review(SUBJECT_ACCESS_REVIEWS, "SubjectAccessReview", spec)
+        if status is None:
             return False, "the SubjectAccessReview answer has no status"
         reason = status.get("reason")
         return status.get("allowed") is True and status.get("denied") is not True, (
