@@ -164,9 +164,7 @@ class _WatchProtocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
-        if self._idle_timer is not None:
-            self._idle_timer.cancel()
-            self._idle_timer = None
+        self._stop_idle_timer()
         if not self.headers_done.done():
             self._head_failed(UpstreamUnavailable(f"connection closed before a response: {exc!r}"))
         elif not self.complete and self.framed and self.error is None:
@@ -255,10 +253,13 @@ class _WatchProtocol(asyncio.Protocol):
         self._waiter = self._loop.create_future()
         await self._waiter
 
-    def close(self) -> None:
+    def _stop_idle_timer(self) -> None:
         if self._idle_timer is not None:
             self._idle_timer.cancel()
             self._idle_timer = None
+
+    def close(self) -> None:
+        self._stop_idle_timer()
         if self.transport is not None and not self.lost:
             self.transport.close()
 
