@@ -500,16 +500,12 @@ class Registry:
                 raise CompareFailed(f"{party.instance_id} is locked (handover in progress); retry when it is active")
         if dry_run:
             return me, receiver
-        moved = me.record.evolve(hash_key=new_key)
-        recv_rec = (moved if receiver is me else receiver.record).evolve(
-            is_locked=True, state=State.LOCKED, giver=giver.instance_id
-        )
-        if receiver is me:
-            moved = recv_rec
+        lock: dict[str, object] = {"is_locked": True, "state": State.LOCKED, "giver": giver.instance_id}
+        moved = me.record.evolve(hash_key=new_key, **(lock if receiver is me else {}))
         prefix = self.layout.type_prefix(controller_type)
         puts = [txn.Put(me.key, moved.to_json(), me.lease_id)]
         if receiver is not me:
-            puts.append(txn.Put(receiver.key, recv_rec.to_json(), receiver.lease_id))
+            puts.append(txn.Put(receiver.key, receiver.record.evolve(**lock).to_json(), receiver.lease_id))
         ok, _ = self.client.transaction(
             compare=[txn.Mod(prefix, prefix_end(prefix)) < snap.revision + 1],
             success=puts,
