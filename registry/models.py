@@ -201,17 +201,11 @@ class Snapshot:
         return len(self.members)
 
     def get(self, instance_id: str) -> Member | None:
-        for m in self.members:
-            if m.instance_id == instance_id:
-                return m
-        return None
+        return next((m for m in self.members if m.instance_id == instance_id), None)
 
     def owner_of(self, key: int) -> Member | None:
         """The member whose range contains ``key``."""
-        for m in self.members:
-            if m.range is not None and m.range.contains(key):
-                return m
-        return None
+        return next((m for m in self.members if m.range is not None and m.range.contains(key)), None)
 
     def receivers_of(self, giver: str) -> list[Member]:
         """Locked members waiting for ``giver`` to unlock them."""
