@@ -553,10 +553,9 @@ class CacheManager:
                 try:
                     found = await self.upstream.discover(group, version)
                 except UpstreamError as e:
-                    if e.code == 404:
-                        found = {}
-                    else:
+                    if e.code != 404:
                         raise
+                    found = {}
                 entry = (time.monotonic(), found)
                 self._discovery[key] = entry
         return entry[1].get(resource)

@@ -31,6 +31,7 @@ Concurrency model
 from __future__ import annotations
 
 from collections.abc import Iterator
+from itertools import accumulate
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
@@ -103,13 +104,10 @@ class _StatsCollector(Collector):
             "Time from receiving an event upstream to handing it to a downstream connection",
             labels=["resource"],
         )
+        bounds = (*(repr(b) for b in LATENCY_BUCKETS), "+Inf")
         for resource, s in items:
-            running = 0
-            buckets: list[tuple[str, float]] = []
-            for bound, n in zip((*(repr(b) for b in LATENCY_BUCKETS), "+Inf"), s.latency_buckets, strict=True):
-                running += n
-                buckets.append((bound, running))
-            hist.add_metric([resource], buckets, s.latency_sum)
+            cumulative = list(zip(bounds, accumulate(s.latency_buckets), strict=True))
+            hist.add_metric([resource], cumulative, s.latency_sum)
         yield hist
 
 
