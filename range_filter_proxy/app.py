@@ -227,7 +227,6 @@ def create_app(
 
     app = ProxyApp(lifespan=lifespan, openapi_url=None, docs_url=None, redoc_url=None)
     app.state.proxy = state
-    app.state.heap_keeper = state.heap_keeper
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
 
     @app.exception_handler(ApiError)

@@ -196,7 +196,6 @@ class ProxyAuth:
             raise ConfigError("--token-file is only used with --auth-mode static")
         if settings.cache_ttl < 0 or settings.cache_size < 1:
             raise ConfigError("--auth-cache-ttl must be >= 0 and --auth-cache-size >= 1")
-        self.settings = settings
         self.mode = settings.mode
         self.reviewer = reviewer
         self._users = dict(settings.users)
