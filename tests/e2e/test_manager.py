@@ -240,7 +240,8 @@ def test_partitioned_instance_is_taken_over(cluster: Cluster, etcd_server: EtcdS
         for i in range(8):
             scale_replicaset(api, "part", f"rs{i}", 1)
         wait_until(lambda: replicasets_converged(api, "part"), 30, "converged after the rejoin")
-        cluster.assert_safe_handover()
+        # With 8 replicasets, one half of the hash space holds none in 1 run of 128.
+        cluster.assert_safe_handover(may_be_idle=cluster.without_objects("part"))
         cluster.assert_no_tracebacks()
     finally:
         relay.close()
