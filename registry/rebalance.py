@@ -314,10 +314,8 @@ def _member_segments(m: Member, by: str = "workload") -> list[Segment]:
     hist = m.record.histogram
     mine = _histogram_segments(hist, rng) if hist is not None else None
     if by == "cost":
-        weighted = None
         units = _cost_units(hist) if hist is not None and mine is not None else None
-        if hist is not None and units is not None:
-            weighted = _gap_segments(hist, rng, units)
+        weighted = _gap_segments(hist, rng, units) if hist is not None and units is not None else None
         return weighted if weighted is not None else [Segment(rng.lo, rng.hi, member_cost_units(m))]
     return mine if mine is not None else [Segment(rng.lo, rng.hi, m.record.workload_num)]
 
