@@ -129,13 +129,9 @@ class TtlCache(Generic[K, V]):
 
 def bearer_token(authorization: str | None) -> str | None:
     """The token of an ``Authorization: Bearer <token>`` header value, else None."""
-    if not authorization:
-        return None
-    scheme, _, token = authorization.strip().partition(" ")
+    scheme, _, token = (authorization or "").strip().partition(" ")
     token = token.strip()
-    if scheme.lower() != "bearer" or not token:
-        return None
-    return token
+    return token if scheme.lower() == "bearer" and token else None
 
 
 def unauthorized() -> ApiError:

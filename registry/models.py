@@ -165,9 +165,7 @@ class InstanceRecord(BaseModel):
 
     def evolve(self, **changes: object) -> InstanceRecord:
         """A copy with fields changed (python names) and re-validated."""
-        data = self.model_dump()
-        data.update(changes)
-        return InstanceRecord.model_validate(data)
+        return InstanceRecord.model_validate({**self.model_dump(), **changes})
 
 
 @dataclass(frozen=True)
