@@ -31,7 +31,6 @@ from hashing.keys import (
     controller_owner_uid,
     fnv1a_64,
     hash_key,
-    object_hash_key,
 )
 from hashing.ranges import HashRange, derive_ranges, split_largest
 from hashing.selector import (
@@ -45,8 +44,6 @@ from hashing.selector import (
     ShardSelector,
     parse_shard_selector,
     range_to_selector,
-    ranges_to_selector,
-    selector_to_ranges,
 )
 
 __all__ = [
@@ -67,10 +64,7 @@ __all__ = [
     "derive_ranges",
     "fnv1a_64",
     "hash_key",
-    "object_hash_key",
     "parse_shard_selector",
     "range_to_selector",
-    "ranges_to_selector",
-    "selector_to_ranges",
     "split_largest",
 ]

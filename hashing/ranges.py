@@ -23,7 +23,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from hashing.keys import MAX_HASH, UINT64_SPACE
+from hashing.keys import MAX_HASH
 
 T = TypeVar("T")
 
@@ -76,17 +76,6 @@ class HashRange:
         """The same keys in the 64-bit FNV space: ``[2*lo, 2*hi + 2)``."""
         return 2 * self.lo, 2 * self.hi + 2
 
-    @classmethod
-    def from_uint64(cls, start: int, end: int) -> HashRange:
-        """Inverse of :meth:`to_uint64` for ``[start, end)`` aligned to even bounds."""
-        if not (0 <= start < end <= UINT64_SPACE):
-            raise ValueError(f"invalid uint64 range [{start:#x}, {end:#x}): need start < end <= 2**64")
-        if start % 2 or end % 2:
-            raise ValueError(
-                f"uint64 range [{start:#x}, {end:#x}) is not aligned to the 63-bit key space (both bounds must be even)"
-            )
-        return cls(start // 2, end // 2 - 1)
-
     def __str__(self) -> str:
         return f"[{self.lo}, {self.hi}]"
 
@@ -126,14 +115,7 @@ def split_largest(candidates: Sequence[tuple[HashRange, int]]) -> int:
     ties go to the higher workload, then to the lower start. Ranges of a single
     key cannot be split and are skipped; ``ValueError`` if none can be.
     """
-    best: int | None = None
-    best_rank: tuple[int, int, int] | None = None
-    for i, (rng, workload) in enumerate(candidates):
-        if rng.size < 2:
-            continue
-        rank = (rng.size, workload, -rng.lo)
-        if best_rank is None or rank > best_rank:
-            best, best_rank = i, rank
-    if best is None:
+    splittable = [i for i, (rng, _) in enumerate(candidates) if rng.size >= 2]
+    if not splittable:
         raise ValueError("no range can be split: every range holds a single key")
-    return best
+    return max(splittable, key=lambda i: (candidates[i][0].size, candidates[i][1], -candidates[i][0].lo))
