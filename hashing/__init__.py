@@ -31,6 +31,7 @@ from hashing.keys import (
     controller_owner_uid,
     fnv1a_64,
     hash_key,
+    object_hash_key,
 )
 from hashing.ranges import HashRange, derive_ranges, split_largest
 from hashing.selector import (
@@ -44,6 +45,8 @@ from hashing.selector import (
     ShardSelector,
     parse_shard_selector,
     range_to_selector,
+    ranges_to_selector,
+    selector_to_ranges,
 )
 
 __all__ = [
@@ -64,7 +67,10 @@ __all__ = [
     "derive_ranges",
     "fnv1a_64",
     "hash_key",
+    "object_hash_key",
     "parse_shard_selector",
     "range_to_selector",
+    "ranges_to_selector",
+    "selector_to_ranges",
     "split_largest",
 ]

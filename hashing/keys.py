@@ -3,8 +3,8 @@
 Purpose
     ``hash_key`` places a string (an object's ``metadata.uid``) in the 63-bit
     space ``[0, MAX_HASH]`` that instances divide among themselves;
-    ``controller_owner_uid`` finds the uid a dependent object is hashed by
-    on the owner path (its controller owner's, Arktos "owner hash key").
+    ``object_hash_key`` picks which uid an object is hashed by (its controller
+    owner's, Arktos "owner hash key", else its own).
 
 Invariants
     * ``0 <= hash_key(v) <= MAX_HASH`` for every string ``v``.
@@ -69,4 +69,23 @@ def controller_owner_uid(metadata: Mapping[str, Any]) -> str | None:
             uid = ref.get("uid")
             if isinstance(uid, str) and uid:
                 return uid
+    return None
+
+
+def object_hash_key(obj: Mapping[str, Any]) -> int | None:
+    """Return the key an object is sharded by, or ``None`` if it has no uid.
+
+    A dependent object (one with a controller ownerReference) is hashed by
+    that reference's uid so it lands on the same instance as its owner;
+    anything else by its own ``metadata.uid``.
+    """
+    metadata = obj.get("metadata")
+    if not isinstance(metadata, Mapping):
+        return None
+    owner = controller_owner_uid(metadata)
+    if owner is not None:
+        return hash_key(owner)
+    uid = metadata.get("uid")
+    if isinstance(uid, str) and uid:
+        return hash_key(uid)
     return None

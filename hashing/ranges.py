@@ -23,7 +23,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from hashing.keys import MAX_HASH
+from hashing.keys import MAX_HASH, UINT64_SPACE
 
 T = TypeVar("T")
 
@@ -75,6 +75,17 @@ class HashRange:
     def to_uint64(self) -> tuple[int, int]:
         """The same keys in the 64-bit FNV space: ``[2*lo, 2*hi + 2)``."""
         return 2 * self.lo, 2 * self.hi + 2
+
+    @classmethod
+    def from_uint64(cls, start: int, end: int) -> HashRange:
+        """Inverse of :meth:`to_uint64` for ``[start, end)`` aligned to even bounds."""
+        if not (0 <= start < end <= UINT64_SPACE):
+            raise ValueError(f"invalid uint64 range [{start:#x}, {end:#x}): need start < end <= 2**64")
+        if start % 2 or end % 2:
+            raise ValueError(
+                f"uint64 range [{start:#x}, {end:#x}) is not aligned to the 63-bit key space (both bounds must be even)"
+            )
+        return cls(start // 2, end // 2 - 1)
 
     def __str__(self) -> str:
         return f"[{self.lo}, {self.hi}]"

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -268,3 +268,16 @@ def range_to_selector(rng: HashRange, path: str = UID_PATH) -> str:
     """Render an int64 range as a one-term selector over ``[2*lo, 2*hi + 2)``."""
     start, end = rng.to_uint64()
     return str(ShardSelector((ShardRange(path, start, end),)))
+
+
+def ranges_to_selector(ranges: Sequence[HashRange], path: str = UID_PATH) -> str:
+    """Render several int64 ranges as one selector (terms joined by ``||``)."""
+    return str(ShardSelector(tuple(ShardRange(path, *r.to_uint64()) for r in ranges)))
+
+
+def selector_to_ranges(selector: str | ShardSelector) -> list[HashRange]:
+    """Convert a selector back to int64 ranges (bounds must be even; one path only)."""
+    sel = parse_shard_selector(selector) if isinstance(selector, str) else selector
+    if len(sel.paths) != 1:
+        raise ValueError(f"selector mixes paths {sorted(sel.paths)}; convert one path at a time")
+    return [HashRange.from_uint64(t.start, t.end) for t in sel.terms]

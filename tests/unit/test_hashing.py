@@ -21,8 +21,11 @@ from hashing import (
     derive_ranges,
     fnv1a_64,
     hash_key,
+    object_hash_key,
     parse_shard_selector,
     range_to_selector,
+    ranges_to_selector,
+    selector_to_ranges,
     split_largest,
 )
 
@@ -45,6 +48,15 @@ def test_hash_key_utf8() -> None:
 @given(st.text())
 def test_hash_key_in_space(value: str) -> None:
     assert 0 <= hash_key(value) <= MAX_HASH
+
+
+def test_object_hash_key_prefers_controller_owner() -> None:
+    owned = {"metadata": {"uid": "pod-1", "ownerReferences": [{"uid": "rs-1", "controller": True}]}}
+    not_controller = {"metadata": {"uid": "pod-2", "ownerReferences": [{"uid": "rs-1", "controller": False}]}}
+    assert object_hash_key(owned) == hash_key("rs-1")
+    assert object_hash_key(not_controller) == hash_key("pod-2")
+    assert object_hash_key({"metadata": {}}) is None
+    assert object_hash_key({}) is None
 
 
 def test_hash_range_basics() -> None:
@@ -79,6 +91,7 @@ def test_uint64_roundtrip(a: int, b: int) -> None:
     r = HashRange(min(a, b), max(a, b))
     start, end = r.to_uint64()
     assert (start, end) == (2 * r.lo, 2 * r.hi + 2)
+    assert HashRange.from_uint64(start, end) == r
 
 
 @given(st.text(min_size=1), keys_st, keys_st)
@@ -86,6 +99,13 @@ def test_uint64_membership_matches(value: str, a: int, b: int) -> None:
     r = HashRange(min(a, b), max(a, b))
     start, end = r.to_uint64()
     assert (hash_key(value) in r) == (start <= fnv1a_64(value) < end)
+
+
+def test_from_uint64_rejects_unaligned() -> None:
+    with pytest.raises(ValueError, match="not aligned"):
+        HashRange.from_uint64(1, 4)
+    with pytest.raises(ValueError, match="start < end"):
+        HashRange.from_uint64(4, 4)
 
 
 @given(st.lists(keys_st, min_size=1, max_size=40))
@@ -216,10 +236,11 @@ def test_parser_never_crashes(text: str) -> None:
 @given(st.lists(st.tuples(keys_st, keys_st), min_size=1, max_size=5), st.sampled_from([UID_PATH, OWNER_PATH]))
 def test_selector_roundtrip(pairs: list[tuple[int, int]], path: str) -> None:
     ranges = [HashRange(min(a, b), max(a, b)) for a, b in pairs]
-    text = " || ".join(range_to_selector(r, path) for r in ranges)
+    text = ranges_to_selector(ranges, path)
     parsed = parse_shard_selector(text)
     assert str(parsed) == text
     assert parse_shard_selector(str(parsed)) == parsed
+    assert selector_to_ranges(text) == ranges
 
 
 def test_owner_path_semantics() -> None:
