@@ -404,6 +404,17 @@ class Registry:
 
         return self.update(controller_type, instance_id, mutate, lease_id=lease_id)
 
+    def lock(
+        self, controller_type: str, receiver: str, giver: str, *, expected_mod_revision: int | None = None
+    ) -> None:
+        """Mark ``receiver`` locked until ``giver`` unlocks it (guarded; :class:`CompareFailed` on races)."""
+        member = self._read(controller_type, receiver)
+        if expected_mod_revision is not None and member.mod_revision != expected_mod_revision:
+            raise CompareFailed(f"locking {controller_type}/{receiver}: record changed since it was read")
+        new = member.record.evolve(is_locked=True, state=State.LOCKED, giver=giver)
+        if not self._cas(member, new, f"locking {controller_type}/{receiver}"):
+            raise CompareFailed(f"locking {controller_type}/{receiver}: the record changed concurrently")
+
     def unlock(
         self, controller_type: str, receiver: str, giver: str, *, expected_mod_revision: int | None = None
     ) -> None:

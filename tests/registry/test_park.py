@@ -131,7 +131,7 @@ def test_a_receiver_locked_by_a_parked_giver_may_unlock_itself(registry: Registr
     registry.join(CT, "b", leases(30))
     # Park a with a hand-made record (as an older manager might leave it): b still names a as giver.
     registry.park(CT, "a", la, leases(30), 30)
-    registry.update(CT, "b", lambda rec: rec.evolve(is_locked=True, state=State.LOCKED, giver="a"))
+    registry.lock(CT, "b", "a")
     registry.unlock_orphaned(CT, "b")
     b = registry.snapshot(CT).get("b")
     assert b is not None and not b.record.is_locked
