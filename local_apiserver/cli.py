@@ -26,14 +26,27 @@ Concurrency model
 from __future__ import annotations
 
 import logging
-import os
 from typing import Annotated
 
 import typer
 
 from rangeshard.core.errors import ConfigError, RangeshardError, RegistryUnavailable
 from rangeshard.core.etcd import ENV_ENDPOINTS, EtcdClient
-from rangeshard.core.etcd_options import CaCertOpt, CertOpt, KeyOpt, PasswordOpt, UserOpt, config_from_options
+from rangeshard.core.options import (
+    LOOPBACK_HOSTS,
+    CaCertOpt,
+    CertOpt,
+    HostOpt,
+    KeyOpt,
+    LogLevelOpt,
+    MaxBodyOpt,
+    PasswordOpt,
+    TlsCertOpt,
+    TlsKeyOpt,
+    UserOpt,
+    check_serving_options,
+    config_from_options,
+)
 
 log = logging.getLogger(__name__)
 
@@ -46,16 +59,16 @@ def local_apiserver_command(
         ),
     ] = None,
     port: Annotated[int, typer.Option("--port", help="TCP port to listen on")] = 6443,
-    host: Annotated[str, typer.Option("--host", help="address to bind")] = "127.0.0.1",
+    host: HostOpt = "127.0.0.1",
     prefix: Annotated[
         str | None, typer.Option("--prefix", help="etcd key prefix for stored objects (default /registry)")
     ] = None,
-    tls_cert: Annotated[str | None, typer.Option("--tls-cert", help="serve HTTPS with this certificate (PEM)")] = None,
-    tls_key: Annotated[str | None, typer.Option("--tls-key", help="private key (PEM) for --tls-cert")] = None,
+    tls_cert: TlsCertOpt = None,
+    tls_key: TlsKeyOpt = None,
     bookmark_interval: Annotated[
         float, typer.Option("--bookmark-interval", help="seconds between watch bookmarks (when allowed)")
     ] = 60.0,
-    log_level: Annotated[str, typer.Option("--log-level", help="debug, info, warning, error")] = "info",
+    log_level: LogLevelOpt = "info",
     etcd_cacert: CaCertOpt = None,
     etcd_cert: CertOpt = None,
     etcd_key: KeyOpt = None,
@@ -77,9 +90,7 @@ def local_apiserver_command(
             "(and stops them gracefully on delete); see docs/local_apiserver.md.",
         ),
     ] = None,
-    max_request_body_bytes: Annotated[
-        int, typer.Option("--max-request-body-bytes", help="Largest accepted request body (413 beyond).")
-    ] = 3 * 1024 * 1024,
+    max_request_body_bytes: MaxBodyOpt = 3 * 1024 * 1024,
     audit_log_path: Annotated[
         str | None,
         typer.Option(
@@ -110,11 +121,7 @@ def local_apiserver_command(
     try:
         if not 0 < port < 65536:
             raise ConfigError(f"--port must be in 1..65535, got {port}")
-        if (tls_cert is None) != (tls_key is None):
-            raise ConfigError("--tls-cert and --tls-key go together")
-        for path in (tls_cert, tls_key):
-            if path is not None and not os.path.isfile(path):
-                raise ConfigError(f"TLS file {path} does not exist")
+        check_serving_options(tls_cert, tls_key, max_request_body_bytes)
         if bookmark_interval <= 0:
             raise ConfigError("--bookmark-interval must be positive")
         if prefix is not None and (not prefix.startswith("/") or prefix.rstrip("/") == ""):
@@ -127,8 +134,6 @@ def local_apiserver_command(
             service_range = parse_range(service_cluster_ip_range)
         except ValueError as e:
             raise ConfigError(f"--service-cluster-ip-range: {e}") from None
-        if max_request_body_bytes < 1024:
-            raise ConfigError("--max-request-body-bytes must be at least 1024")
         config = config_from_options(etcd, etcd_cacert, etcd_cert, etcd_key, etcd_user, etcd_password)
         authenticator = TokenAuthenticator(load_token_file(token_file)) if token_file is not None else None
         level = AuditLevel.parse(audit_level)
@@ -144,7 +149,7 @@ def local_apiserver_command(
     except RangeshardError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(1) from e
-    if authenticator is None and host not in ("127.0.0.1", "localhost", "::1"):
+    if authenticator is None and host not in LOOPBACK_HOSTS:
         log.warning("listening on %s without --token-file: anybody who reaches the port can do anything", host)
     app = create_app(
         config,

@@ -32,13 +32,26 @@ Concurrency model
 from __future__ import annotations
 
 import logging
-import os
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from rangeshard.core.errors import ConfigError
-from rangeshard.core.etcd_options import CaCertOpt, CertOpt, KeyOpt, PasswordOpt, UserOpt, config_from_options
+from rangeshard.core.options import (
+    LOOPBACK_HOSTS,
+    CaCertOpt,
+    CertOpt,
+    HostOpt,
+    KeyOpt,
+    LogLevelOpt,
+    MaxBodyOpt,
+    PasswordOpt,
+    TlsCertOpt,
+    TlsKeyOpt,
+    UserOpt,
+    check_serving_options,
+    config_from_options,
+)
 
 if TYPE_CHECKING:
     from range_filter_proxy.app import ProxySettings
@@ -52,7 +65,6 @@ KubeconfigOpt = Annotated[
 ContextOpt = Annotated[str | None, typer.Option("--context", help="kubeconfig context to use")]
 InClusterOpt = Annotated[bool, typer.Option("--in-cluster", help="Use the pod's service account config")]
 PortOpt = Annotated[int, typer.Option("--port", help="Port to listen on")]
-HostOpt = Annotated[str, typer.Option("--host", help="Address to listen on")]
 ResourcesOpt = Annotated[
     str,
     typer.Option("--resources", help="Comma-separated resources to cache from start-up, e.g. pods,replicasets.apps"),
@@ -73,12 +85,9 @@ ConsistentReadTimeoutOpt = Annotated[
         help="Seconds a consistent read waits for the cache before listing upstream instead",
     ),
 ]
-LogLevelOpt = Annotated[str, typer.Option("--log-level", help="debug, info, warning, error")]
 UpstreamCaOpt = Annotated[
     str | None, typer.Option("--upstream-ca", help="PEM CA bundle verifying an https:// --upstream")
 ]
-TlsCertOpt = Annotated[str | None, typer.Option("--tls-cert", help="Serve HTTPS with this certificate (PEM)")]
-TlsKeyOpt = Annotated[str | None, typer.Option("--tls-key", help="Private key (PEM) of --tls-cert")]
 AuthModeOpt = Annotated[
     str,
     typer.Option(
@@ -95,7 +104,6 @@ AuthCacheTtlOpt = Annotated[
     float, typer.Option("--auth-cache-ttl", help="Seconds a delegated review answer is cached (0: never)")
 ]
 AuthCacheSizeOpt = Annotated[int, typer.Option("--auth-cache-size", help="Entries kept in each delegated review cache")]
-MaxBodyOpt = Annotated[int, typer.Option("--max-request-body-bytes", help="Largest accepted request body (413 beyond)")]
 GcFreezeOpt = Annotated[
     float,
     typer.Option(
@@ -165,7 +173,7 @@ def proxy_command(
         for problem in e.problems:
             typer.echo(f"error: {problem}", err=True)
         raise typer.Exit(2) from e
-    if auth_mode == "none" and host not in ("127.0.0.1", "localhost", "::1"):
+    if auth_mode == "none" and host not in LOOPBACK_HOSTS:
         logging.getLogger(__name__).warning(
             "listening on %s with --auth-mode none: anybody who reaches the port reads every cached resource "
             "with the proxy's credentials (see docs/security.md)",
@@ -215,13 +223,7 @@ def proxy_settings(
     from range_filter_proxy.heap import HeapSettings  # noqa: PLC0415
 
     auth = _auth_settings(auth_mode, token_file, auth_cache_ttl, auth_cache_size)
-    if (tls_cert is None) != (tls_key is None):
-        raise ConfigError("--tls-cert and --tls-key go together")
-    for path in (tls_cert, tls_key):
-        if path is not None and not os.path.isfile(path):
-            raise ConfigError(f"TLS file {path} does not exist")
-    if max_request_body_bytes < 1024:
-        raise ConfigError("--max-request-body-bytes must be at least 1024")
+    check_serving_options(tls_cert, tls_key, max_request_body_bytes)
     if bookmark_interval <= 0 or history_events < 1 or history_seconds < 0 or consistent_read_timeout < 0:
         raise ConfigError(
             "--bookmark-interval must be > 0, --history-events >= 1, "

@@ -30,7 +30,7 @@ import typer
 from rangeshard.core import help_format, logs
 from rangeshard.core.errors import ConfigError, PortInUseError, RangeshardError, RegistryUnavailable
 from rangeshard.core.etcd import EtcdConfig
-from rangeshard.core.etcd_options import CaCertOpt, CertOpt, KeyOpt, PasswordOpt, UserOpt, config_from_options
+from rangeshard.core.options import CaCertOpt, CertOpt, KeyOpt, PasswordOpt, UserOpt, config_from_options
 from registry import DEFAULT_PREFIX, Snapshot
 
 help_format.install()

@@ -20,8 +20,8 @@ Owns
     * :mod:`rangeshard.core.ownertoken` - owner tokens in a manager's
       User-Agent.
     * :mod:`rangeshard.core.clock` - the injectable monotonic clock.
-    * :mod:`rangeshard.core.etcd_options` - the etcd TLS/credential options
-      of every command.
+    * :mod:`rangeshard.core.options` - command-line options the commands
+      share (etcd TLS/credentials, serving).
     * :mod:`rangeshard.core.ports` - is a port free, and who holds it.
     * :mod:`rangeshard.core.help_format` - ``--help`` shows flags as flags.
     * :mod:`rangeshard.core.logs` - the one logging setup of every entry point.
