@@ -126,6 +126,18 @@ class ControllerManager:
         self.runtimes: list[ControllerRuntime | ExternalRuntime] = []
         classes = resolve_controllers(config.controllers)
         for name, section in config.controllers.items():
+            # What every runtime takes, built-in or external.
+            common: dict[str, Any] = {
+                "etcd_config": self.etcd_config,
+                "registry_prefix": config.registry_prefix,
+                "instance_id": f"{self.prefix}-{name}",
+                "lease_ttl": config.lease_ttl_seconds,
+                "reconcile_timeout": config.reconcile_timeout_seconds,
+                "metrics": self.metrics,
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+                "rejoin_grace": config.rejoin_grace_seconds,
+            }
             if section.external is not None:
                 self.runtimes.append(
                     ExternalRuntime(
@@ -135,15 +147,7 @@ class ControllerManager:
                         proxy_url=config.proxy.url,
                         proxy_token_file=config.proxy.token_file,
                         proxy_ca_cert=config.proxy.ca_cert,
-                        etcd_config=self.etcd_config,
-                        registry_prefix=config.registry_prefix,
-                        instance_id=f"{self.prefix}-{name}",
-                        lease_ttl=config.lease_ttl_seconds,
-                        reconcile_timeout=config.reconcile_timeout_seconds,
-                        metrics=self.metrics,
-                        host=socket.gethostname(),
-                        pid=os.getpid(),
-                        rejoin_grace=config.rejoin_grace_seconds,
+                        **common,
                     )
                 )
                 continue
@@ -156,20 +160,12 @@ class ControllerManager:
                     cls,
                     controller_type=controller_type(name, cls),
                     api_client=api_client,
-                    etcd_config=self.etcd_config,
-                    registry_prefix=config.registry_prefix,
-                    instance_id=f"{self.prefix}-{name}",
                     workers=section.workers,
-                    lease_ttl=config.lease_ttl_seconds,
-                    reconcile_timeout=config.reconcile_timeout_seconds,
-                    metrics=self.metrics,
                     audit=self.audit,
-                    host=socket.gethostname(),
-                    pid=os.getpid(),
                     reconcile_delay=section.reconcile_delay_seconds,
                     reconcile_hold_file=section.reconcile_hold_file,
-                    rejoin_grace=config.rejoin_grace_seconds,
                     cost_window=config.cost_window_seconds,
+                    **common,
                 )
             )
         self.status: StatusServer | None = None
