@@ -81,28 +81,14 @@ class Informer:
         self._resp: Any = None
         self._thread: threading.Thread | None = None
         self.synced_epoch = -1
-        self.lists = 0
-        self.errors = 0
         #: The last list/watch failure (``404 no resource 'secrets' in core/v1``), ``None`` once a list succeeded:
         #: what the manager's ``/readyz`` (and ``rangeshard up``) say when this informer keeps it not ready.
         self.last_error: str | None = None
 
-    def _list(self, *, shard_selector: str, _request_timeout: Any, **params: Any) -> Any:
-        """``GET`` the collection (all namespaces) with ``shardSelector``; the raw urllib3 response."""
-        names = {
-            "watch": "watch",
-            "resource_version": "resourceVersion",
-            "allow_watch_bookmarks": "allowWatchBookmarks",
-            "timeout_seconds": "timeoutSeconds",
-        }
-        query: list[tuple[str, Any]] = [("shardSelector", shard_selector)]
-        for key, value in params.items():
-            if key == "_preload_content":
-                continue
-            if value is None or value == "":
-                continue
-            query.append((names[key], str(value).lower() if isinstance(value, bool) else value))
-        return raw_request(self._api, "GET", self.resource.gvr.path(), query=query, timeout=_request_timeout)
+    def _get(self, selector: str, timeout: Any, **params: Any) -> Any:
+        """``GET`` the collection (all namespaces) with ``shardSelector`` and the non-empty ``params``; raw response."""
+        query = [("shardSelector", selector), *((k, v) for k, v in params.items() if v not in (None, ""))]
+        return raw_request(self._api, "GET", self.resource.gvr.path(), query=query, timeout=timeout)
 
     # -- store access ---------------------------------------------------------
     def get(self, key: str) -> dict[str, Any] | None:
@@ -157,7 +143,6 @@ class Informer:
                 backoff = 0.2
                 self._watch(selector, rv)
             except ApiException as e:
-                self.errors += 1
                 self.last_error = f"{e.status} {_status_message(e)}"
                 log.warning("informer %s: API error %s: %s", self.name, e.status, (e.body or e.reason or "")[:200])
                 self._stop.wait(backoff)
@@ -165,14 +150,13 @@ class Informer:
             except Exception as e:
                 if self._stop.is_set() or self._reset.is_set():
                     continue
-                self.errors += 1
                 self.last_error = f"{type(e).__name__}: {e}"[:300]
                 log.warning("informer %s: %s: %s; relisting", self.name, type(e).__name__, e)
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 5.0)
 
     def _list_once(self, selector: str, epoch: int) -> str:
-        resp = self._list(shard_selector=selector, _preload_content=False, _request_timeout=self.request_timeout)
+        resp = self._get(selector, self.request_timeout)
         raw = getattr(resp, "response", resp)
         status = getattr(raw, "status", 200)
         data = raw.data if hasattr(raw, "data") else raw.read()
@@ -184,7 +168,6 @@ class Informer:
             o.setdefault("apiVersion", self.resource.api_version)
             o.setdefault("kind", self.resource.kind)
         self._replace(items, epoch)
-        self.lists += 1
         rv = str((body.get("metadata") or {}).get("resourceVersion") or "")
         log.debug("informer %s: listed %s objects at rv %s (epoch %s)", self.name, len(items), rv, epoch)
         return rv
@@ -216,14 +199,13 @@ class Informer:
 
     def _watch(self, selector: str, rv: str) -> None:
         while not self._stop.is_set() and not self._reset.is_set():
-            resp = self._list(
-                shard_selector=selector,
-                watch=True,
-                resource_version=rv,
-                allow_watch_bookmarks=True,
-                timeout_seconds=self.watch_timeout,
-                _preload_content=False,
-                _request_timeout=(self.request_timeout, self.watch_timeout + self.request_timeout),
+            resp = self._get(
+                selector,
+                (self.request_timeout, self.watch_timeout + self.request_timeout),
+                watch="true",
+                resourceVersion=rv,
+                allowWatchBookmarks="true",
+                timeoutSeconds=self.watch_timeout,
             )
             self._resp = resp
             try:
@@ -246,8 +228,6 @@ class Informer:
                     new_rv = (obj.get("metadata") or {}).get("resourceVersion")
                     if new_rv:
                         rv = str(new_rv)
-                    if etype == "BOOKMARK":
-                        continue
                     if etype not in ("ADDED", "MODIFIED", "DELETED"):
                         continue
                     obj.setdefault("apiVersion", self.resource.api_version)
