@@ -57,6 +57,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
 from rangeshard.core.errors import ConfigError
+from rangeshard.core.timestamps import format_micro_time
 
 log = logging.getLogger(__name__)
 
@@ -221,7 +222,7 @@ def find_overlaps(records: Iterable[AuditRecord]) -> list[tuple[AuditRecord, Aud
 
 
 def _ts(t: float) -> str:
-    return datetime.fromtimestamp(t, UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+    return format_micro_time(datetime.fromtimestamp(t, UTC))
 
 
 def _describe(r: AuditRecord) -> str:
