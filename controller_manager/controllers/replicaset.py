@@ -31,7 +31,7 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from controller_manager.controller import Controller, ControllerRuntime, Expectations, ReconcileContext, Requeue
-from controller_manager.controllers.common import available_in, is_ready, is_terminating, selector_matches
+from controller_manager.controllers.common import available_in, is_ready, is_terminating, owner_ref, selector_matches
 from controller_manager.controllers.events import EventRecorder
 from controller_manager.resources import PODS, REPLICASETS, Resource, controller_ref, object_key
 
@@ -114,20 +114,9 @@ class ReplicaSetController(Controller):
         if wait is not None:
             raise Requeue(after=wait, reason="pods become available after minReadySeconds")
 
-    def _owner_ref(self, rs: dict[str, Any]) -> dict[str, Any]:
-        meta = rs["metadata"]
-        return {
-            "apiVersion": "apps/v1",
-            "kind": "ReplicaSet",
-            "name": meta["name"],
-            "uid": meta["uid"],
-            "controller": True,
-            "blockOwnerDeletion": True,
-        }
-
     def _adopt(self, rs: dict[str, Any], pod: dict[str, Any], ctx: ReconcileContext) -> bool:
         pmeta = pod["metadata"]
-        refs = [*list(pmeta.get("ownerReferences") or []), self._owner_ref(rs)]
+        refs = [*list(pmeta.get("ownerReferences") or []), owner_ref(rs, "ReplicaSet")]
         body = {"metadata": {"ownerReferences": refs, "resourceVersion": pmeta["resourceVersion"]}}
         try:
             self.core.patch_namespaced_pod(
@@ -152,7 +141,7 @@ class ReplicaSetController(Controller):
                 "namespace": meta["namespace"],
                 "labels": dict(tmeta.get("labels") or {}),
                 "annotations": dict(tmeta.get("annotations") or {}),
-                "ownerReferences": [self._owner_ref(rs)],
+                "ownerReferences": [owner_ref(rs, "ReplicaSet")],
             },
             "spec": template.get("spec") or {"containers": [{"name": "main", "image": "pause"}]},
         }
