@@ -666,11 +666,7 @@ def _type_name(annotation: Any) -> str:
 
 
 def _range(metadata: list[Any]) -> str:
-    bounds: dict[str, Any] = {}
-    for m in metadata:
-        for attr in ("ge", "gt", "le", "lt"):
-            if hasattr(m, attr):
-                bounds[attr] = getattr(m, attr)
+    bounds = {attr: getattr(m, attr) for m in metadata for attr in ("ge", "gt", "le", "lt") if hasattr(m, attr)}
     if "ge" in bounds and "le" in bounds:
         return f"{bounds['ge']}..{bounds['le']}"
     symbols = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}

@@ -63,9 +63,12 @@ from rangeshard.core.errors import ControllerError, ReconcileTimeout
 from rangeshard.core.etcd import EtcdConfig
 from rangeshard.core.loops import start_thread
 from rangeshard.core.ownertoken import OwnerToken
+from rangeshard.core.rest import GVR
 from registry.rebalance import add_cost, gap_histogram, histogram
 
 log = logging.getLogger(__name__)
+
+_CRDS = GVR("apiextensions.k8s.io", "v1", "customresourcedefinitions")
 
 
 class Requeue(ControllerError):
@@ -358,12 +361,7 @@ class ControllerRuntime:
             name = (crd.get("metadata") or {}).get("name")
             try:
                 raw_request(
-                    self.api_client,
-                    "POST",
-                    "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
-                    body=crd,
-                    content_type="application/json",
-                    timeout=timeout,
+                    self.api_client, "POST", _CRDS.path(), body=crd, content_type="application/json", timeout=timeout
                 )
                 log.info("%s: created CustomResourceDefinition %s", self.name, name)
             except ApiException as e:

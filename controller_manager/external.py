@@ -602,7 +602,6 @@ class ExternalRuntime:
         rejoin_grace: float = 0.0,
     ) -> None:
         self.name = controller_type
-        self.section = section
         self.instance_id = instance_id
         self.lease_ttl = lease_ttl
         endpoint: Endpoint | None = None

@@ -142,18 +142,17 @@ class Informer:
                 self.last_error = None
                 backoff = 0.2
                 self._watch(selector, rv)
+                continue
             except ApiException as e:
                 self.last_error = f"{e.status} {_status_message(e)}"
                 log.warning("informer %s: API error %s: %s", self.name, e.status, (e.body or e.reason or "")[:200])
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, 5.0)
             except Exception as e:
                 if self._stop.is_set() or self._reset.is_set():
                     continue
                 self.last_error = f"{type(e).__name__}: {e}"[:300]
                 log.warning("informer %s: %s: %s; relisting", self.name, type(e).__name__, e)
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, 5.0)
+            self._stop.wait(backoff)
+            backoff = min(backoff * 2, 5.0)
 
     def _list_once(self, selector: str, epoch: int) -> str:
         resp = self._get(selector, self.request_timeout)
