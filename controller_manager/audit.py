@@ -109,18 +109,8 @@ class AuditLog:
 
     def record(self, controller_type: str, instance_id: str, key: str, start: float, end: float) -> None:
         """Append one record. Raises ``OSError`` if the write fails; after :meth:`close` it is dropped."""
-        line = json.dumps(
-            {
-                "controllerType": controller_type,
-                "instanceId": instance_id,
-                "key": key,
-                "start": start,
-                "end": end,
-                "pid": self._pid,
-            },
-            separators=(",", ":"),
-            ensure_ascii=False,
-        )
+        fields = {"controllerType": controller_type, "instanceId": instance_id, "key": key, "start": start, "end": end}
+        line = json.dumps({**fields, "pid": self._pid}, separators=(",", ":"), ensure_ascii=False)
         data = (line + "\n").encode("utf-8")
         with self._lock:
             if self._fd is None:

@@ -144,8 +144,7 @@ class EtcdSection(_Section):
     """How the manager reaches etcd (the registry). Relative file paths are relative to the config file."""
 
     endpoints: tuple[Annotated[str, AfterValidator(_etcd_url)], ...] = Field(
-        (DEFAULT_ETCD,),
-        description="etcd client URLs, `http://host:port` or `https://host:port`.",
+        (DEFAULT_ETCD,), description="etcd client URLs, `http://host:port` or `https://host:port`."
     )
     ca_cert: str | None = Field(
         None, alias="caCert", description="PEM file of the CA that signed etcd's server certificate (https endpoints)."
@@ -395,7 +394,7 @@ class ManagerConfig(_Section):
         BeforeValidator(_none_to_empty_mapping),
     ] = Field(
         description=f"Controllers this manager runs, by name (built-ins: {', '.join(KNOWN_CONTROLLERS)}; "
-        "plugins by `class:` or entry point); at least one.",
+        "plugins by `class:` or entry point); at least one."
     )
 
     @model_validator(mode="before")
@@ -436,8 +435,7 @@ class ManagerConfig(_Section):
     def _timeout_below_half_ttl(self) -> ManagerConfig:
         if not self.reconcile_timeout_seconds < self.lease_ttl_seconds / 2:
             raise _field_error(
-                "reconcileTimeoutSeconds",
-                f"must be less than leaseTTLSeconds / 2 ({self.lease_ttl_seconds / 2:g})",
+                "reconcileTimeoutSeconds", f"must be less than leaseTTLSeconds / 2 ({self.lease_ttl_seconds / 2:g})"
             )
         return self
 

@@ -17,11 +17,12 @@ Concurrency model
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from rangeshard.core.loops import start_thread
 
 log = logging.getLogger(__name__)
 
@@ -146,14 +147,13 @@ class StatusServer:
         self.server.daemon_threads = True
         self.port = int(self.server.server_address[1])
         self.host = host
-        self._thread = threading.Thread(target=self.server.serve_forever, name="status-server", daemon=True)
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
     def start(self) -> None:
-        self._thread.start()
+        start_thread("status-server", self.server.serve_forever, what="status server")
 
     def stop(self) -> None:
         self.server.shutdown()

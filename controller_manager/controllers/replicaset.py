@@ -167,13 +167,10 @@ class ReplicaSetController(Controller):
             try:
                 self.core.delete_namespaced_pod(pmeta["name"], pmeta["namespace"], _request_timeout=ctx.timeout())
                 self.recorder.event(_typed(rs), "SuccessfulDelete", f"Deleted pod: {pmeta['name']}")
-            except ApiException as e:
-                if e.status == 404:
+            except BaseException as e:
+                if isinstance(e, ApiException) and e.status == 404:
                     self.expectations.observe(key, dels=1)
                     continue
-                self.expectations.observe(key, dels=len(victims) - i)
-                raise
-            except BaseException:
                 self.expectations.observe(key, dels=len(victims) - i)
                 raise
         return victims
