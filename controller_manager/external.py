@@ -326,6 +326,7 @@ def _handler(endpoint: Endpoint) -> type[BaseHTTPRequestHandler]:
             params = dict(query)
             found = parse_rest_path(split.path)
             sharded = found is not None and found.gvr.label in endpoint.paths
+            sharded_get = sharded and found is not None and found.collection and self.command == "GET"
             headers = [(k, v) for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP]
             headers = [(k, json_accept(v) if k.lower() == "accept" else v) for k, v in headers]
             auth = endpoint.auth_header()
@@ -334,7 +335,7 @@ def _handler(endpoint: Endpoint) -> type[BaseHTTPRequestHandler]:
             body = self._body()
             watch = False
             generation = -1
-            if sharded and found is not None and found.collection and self.command == "GET":
+            if sharded_get and found is not None:
                 if "shardSelector" in params:
                     self._status(400, "BadRequest", "shardSelector is set by rangeshard for this resource")
                     return
@@ -362,14 +363,13 @@ def _handler(endpoint: Endpoint) -> type[BaseHTTPRequestHandler]:
                         headers.append(("User-Agent", f"{token.user_agent()} {agent}".strip()))
                     self._relay(target, headers, body, stream=False)
                 return
-            sharded_list = sharded and found is not None and found.collection and self.command == "GET" and not watch
             self._relay(
                 target,
                 headers,
                 body,
                 stream=watch or _streaming(params),
                 sharded_watch=watch,
-                sharded_list=sharded_list,
+                sharded_list=sharded_get and not watch,
                 generation=generation,
             )
 

@@ -119,12 +119,11 @@ class Informer:
         self._reset.set()
         resp = self._resp
         if resp is not None:
-            raw = getattr(resp, "response", resp)
-            shutdown = getattr(raw, "shutdown", None)
+            shutdown = getattr(resp, "shutdown", None)  # where urllib3 has it: wakes a blocked read
             with contextlib.suppress(Exception):
                 if shutdown is not None:
                     shutdown()
-                raw.close()
+                resp.close()
 
     # -- the loop -------------------------------------------------------------
     def _run(self) -> None:
@@ -155,13 +154,10 @@ class Informer:
             backoff = min(backoff * 2, 5.0)
 
     def _list_once(self, selector: str, epoch: int) -> str:
-        resp = self._get(selector, self.request_timeout)
-        raw = getattr(resp, "response", resp)
-        status = getattr(raw, "status", 200)
-        data = raw.data if hasattr(raw, "data") else raw.read()
-        if status != 200:
-            raise ApiException(status=status, reason=data[:300].decode("utf-8", "replace"))
-        body = orjson.loads(data)
+        resp = self._get(selector, self.request_timeout)  # a urllib3 response (see raw_request)
+        if resp.status != 200:
+            raise ApiException(status=resp.status, reason=resp.data[:300].decode("utf-8", "replace"))
+        body = orjson.loads(resp.data)
         items = {object_key(o): o for o in body.get("items") or []}
         for o in items.values():
             o.setdefault("apiVersion", self.resource.api_version)
@@ -210,11 +206,9 @@ class Informer:
             try:
                 if self._reset.is_set():
                     return
-                raw = getattr(resp, "response", resp)
-                status = getattr(raw, "status", 200)
-                if status != 200:
-                    raise ApiException(status=status, reason=str(getattr(raw, "data", b"")[:300]))
-                for line in _iter_lines(raw):
+                if resp.status != 200:
+                    raise ApiException(status=resp.status, reason=str(resp.data[:300]))
+                for line in _iter_lines(resp):
                     if not line:
                         continue
                     event = orjson.loads(line)
@@ -243,7 +237,7 @@ class Informer:
             finally:
                 self._resp = None
                 with contextlib.suppress(Exception):
-                    getattr(resp, "response", resp).release_conn()
+                    resp.release_conn()
 
 
 def _status_message(e: ApiException) -> str:

@@ -39,6 +39,7 @@ from controller_manager.metrics import Metrics, StatusServer
 from controller_manager.plugins import controller_type, resolve_controllers
 from rangeshard.core.errors import ConfigError
 from rangeshard.core.etcd import EtcdConfig
+from rangeshard.core.loops import start_thread
 
 log = logging.getLogger(__name__)
 
@@ -183,12 +184,8 @@ class ControllerManager:
         A failing informer is named as ``informer <controller>-<resource>: <error>`` (its name says
         the controller); any other reason is ``<controller>: <why>``.
         """
-        out = []
-        for rt in self.runtimes:
-            why = rt.not_ready_reason()
-            if why is not None:
-                out.append(why if why.startswith("informer ") else f"{rt.name}: {why}")
-        return out
+        reasons = [(rt.name, rt.not_ready_reason()) for rt in self.runtimes]
+        return [why if why.startswith("informer ") else f"{name}: {why}" for name, why in reasons if why is not None]
 
     def start(self) -> None:
         if self.status is not None:
@@ -204,9 +201,7 @@ class ControllerManager:
 
     def stop(self) -> None:
         """Graceful leave of every controller (in parallel), then the status server."""
-        threads = [threading.Thread(target=rt.stop, name=f"leave-{rt.name}") for rt in self.runtimes]
-        for t in threads:
-            t.start()
+        threads = [start_thread(f"leave-{rt.name}", rt.stop, daemon=False) for rt in self.runtimes]
         for t in threads:
             t.join()
         if self.status is not None:
