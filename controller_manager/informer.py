@@ -218,9 +218,7 @@ class Informer:
                         code = obj.get("code")
                         log.info("informer %s: watch error %s (%s); relisting", self.name, code, obj.get("message"))
                         return
-                    new_rv = (obj.get("metadata") or {}).get("resourceVersion")
-                    if new_rv:
-                        rv = str(new_rv)
+                    rv = str((obj.get("metadata") or {}).get("resourceVersion") or rv)
                     if etype not in ("ADDED", "MODIFIED", "DELETED"):
                         continue
                     obj.setdefault("apiVersion", self.resource.api_version)
