@@ -53,15 +53,12 @@ class ReplicaSetController(Controller):
 
     def orphan_keys(self, resource: Resource, obj: dict[str, Any]) -> list[str]:
         meta = obj.get("metadata") or {}
-        ns = meta.get("namespace")
-        keys = []
-        for rs in self.rt.store(REPLICASETS).items():
-            rmeta = rs.get("metadata") or {}
-            if rmeta.get("namespace") == ns and selector_matches(
-                (rs.get("spec") or {}).get("selector"), meta.get("labels")
-            ):
-                keys.append(object_key(rs))
-        return keys
+        return [
+            object_key(rs)
+            for rs in self.rt.store(REPLICASETS).items()
+            if (rs.get("metadata") or {}).get("namespace") == meta.get("namespace")
+            and selector_matches((rs.get("spec") or {}).get("selector"), meta.get("labels"))
+        ]
 
     def on_dependent_event(self, event: str, resource: Resource, obj: dict[str, Any]) -> None:
         ref = controller_ref(obj)
