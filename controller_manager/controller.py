@@ -321,11 +321,8 @@ class ControllerRuntime:
             inf.reset()
 
     def _workload(self, rng: HashRange) -> tuple[int, dict[str, Any] | None]:
-        keys = []
-        for obj in self.informers[self.controller.main.name].items():
-            uid = (obj.get("metadata") or {}).get("uid")
-            if uid:
-                keys.append(_uid_hash(uid))
+        uids = [(obj.get("metadata") or {}).get("uid") for obj in self.informers[self.controller.main.name].items()]
+        keys = [_uid_hash(uid) for uid in uids if uid]
         hist = gap_histogram(keys, rng)
         # The 256 equal-width counts of earlier versions too, for their readers (the planner reads the gaps).
         hist["counts"] = histogram(keys, rng)
