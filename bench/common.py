@@ -296,10 +296,6 @@ class BenchCluster(LocalCluster):
         self.direct_relay = self.relay.add(apiserver.port)
         return self.relay.url(self.proxy_relay)
 
-    def start(self) -> BenchCluster:
-        super().start()
-        return self
-
     @property
     def proxy_pid(self) -> int | None:
         return self.proxy.pid if self.proxy is not None else None
@@ -311,6 +307,3 @@ class BenchCluster(LocalCluster):
             self.relay.close()
         if self._own_dir:
             shutil.rmtree(self.workdir, ignore_errors=True)
-
-    def __enter__(self) -> BenchCluster:
-        return self.start()

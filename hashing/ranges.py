@@ -126,14 +126,7 @@ def split_largest(candidates: Sequence[tuple[HashRange, int]]) -> int:
     ties go to the higher workload, then to the lower start. Ranges of a single
     key cannot be split and are skipped; ``ValueError`` if none can be.
     """
-    best: int | None = None
-    best_rank: tuple[int, int, int] | None = None
-    for i, (rng, workload) in enumerate(candidates):
-        if rng.size < 2:
-            continue
-        rank = (rng.size, workload, -rng.lo)
-        if best_rank is None or rank > best_rank:
-            best, best_rank = i, rank
-    if best is None:
+    splittable = [i for i, (rng, _) in enumerate(candidates) if rng.size >= 2]
+    if not splittable:
         raise ValueError("no range can be split: every range holds a single key")
-    return best
+    return max(splittable, key=lambda i: (candidates[i][0].size, candidates[i][1], -candidates[i][0].lo))

@@ -57,7 +57,7 @@ from local_apiserver.handlers import dispatch, review
 from local_apiserver.kubelet import SimulatedNode
 from local_apiserver.middleware import Authenticate
 from local_apiserver.openapi import OpenAPIDocuments, OpenAPIUnavailable
-from local_apiserver.routing import KUBE_VERSION, SUBJECT_ACCESS_REVIEWS, TOKEN_REVIEWS, group_document, named_groups
+from local_apiserver.routing import KUBE_VERSION, SUBJECT_ACCESS_REVIEWS, TOKEN_REVIEWS, parse_target
 from local_apiserver.services import DEFAULT_SERVICE_RANGE
 from local_apiserver.state import State, in_thread, json_response, status_response
 from rangeshard.core.errors import RangeshardError
@@ -266,8 +266,7 @@ def _add_discovery_routes(app: FastAPI, state: State) -> None:
     @app.get("/apis")
     async def api_groups() -> Response:
         await state.refresh_crds()  # CRDs' groups (local_apiserver.crd)
-        groups = [group_document(g, v) for g, v in named_groups(state.table)]
-        return json_response({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
+        return json_response(parse_target("apis", state.table))
 
 
 def _add_api_route(app: FastAPI, state: State, audit_log: AuditLog | None) -> None:

@@ -73,15 +73,8 @@ class AuditLevel(StrEnum):
 
 def facts_from_info(info: Mapping[str, str]) -> Attributes:
     """The request's verb and object, as the request handler recorded them in ``info``."""
-    return Attributes(
-        verb=info.get("verb", ""),
-        resource=info.get("resource", ""),
-        subresource=info.get("subresource", ""),
-        namespace=info.get("namespace", ""),
-        name=info.get("name", ""),
-        group=info.get("group", ""),
-        version=info.get("version", ""),
-    )
+    keys = ("verb", "resource", "subresource", "namespace", "name", "group", "version")
+    return Attributes(**{key: info.get(key, "") for key in keys})
 
 
 class AuditLog:
@@ -98,7 +91,6 @@ class AuditLog:
         except OSError as e:
             raise ConfigError(f"--audit-log-path: cannot open {path}: {e.strerror}") from e
         self._lock = threading.Lock()
-        self.written = 0
 
     def write(self, event: Mapping[str, Any]) -> None:
         line = orjson.dumps(event) + b"\n"
@@ -106,7 +98,6 @@ class AuditLog:
             if self._fd is None:
                 return
             os.write(self._fd, line)
-            self.written += 1
 
     def close(self) -> None:
         with self._lock:

@@ -38,7 +38,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from local_apiserver.errors import ApiError, bad_request
+from local_apiserver.errors import ApiError, bad_request, invalid_request
 from rangeshard.core.kubeapi import Attributes, UserInfo, token_digest
 
 log = logging.getLogger(__name__)
@@ -104,9 +104,8 @@ def forbidden_error(user: UserInfo, attrs: Attributes) -> ApiError:
         return ApiError(403, "Forbidden", message, {})
     resource = f"{attrs.resource}/{attrs.subresource}" if attrs.subresource else attrs.resource
     scope = f'in the namespace "{attrs.namespace}"' if attrs.namespace else "at the cluster scope"
-    subject = f"{attrs.resource}.{attrs.group}" if attrs.group else attrs.resource
-    if attrs.name:
-        subject += f' "{attrs.name}"'
+    group_resource = f"{attrs.resource}.{attrs.group}" if attrs.group else attrs.resource
+    subject = f'{group_resource} "{attrs.name}"' if attrs.name else group_resource
     message = (
         f'{subject} is forbidden: {who} cannot {attrs.verb} resource "{resource}" in API group "{attrs.group}" {scope}'
     )
@@ -139,6 +138,17 @@ def _strings(value: Any, field: str) -> list[str]:
     return list(value)
 
 
+def _review(kind: str, api_version: str, spec: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
+    """The answer to a review: the request's ``spec`` and its ``status``."""
+    return {
+        "kind": kind,
+        "apiVersion": api_version,
+        "metadata": {"creationTimestamp": None},
+        "spec": spec,
+        "status": status,
+    }
+
+
 def token_review(authenticator: TokenAuthenticator | None, body: Any) -> dict[str, Any]:
     """Answer a ``TokenReview`` (authentication.k8s.io/v1)."""
     api_version = "authentication.k8s.io/v1"
@@ -158,13 +168,7 @@ def token_review(authenticator: TokenAuthenticator | None, body: Any) -> dict[st
                 status["audiences"] = audiences
         else:
             status["error"] = "invalid bearer token"
-    return {
-        "kind": "TokenReview",
-        "apiVersion": api_version,
-        "metadata": {"creationTimestamp": None},
-        "spec": spec,
-        "status": status,
-    }
+    return _review("TokenReview", api_version, spec, status)
 
 
 def subject_access_review(body: Any) -> dict[str, Any]:
@@ -177,20 +181,16 @@ def subject_access_review(body: Any) -> dict[str, Any]:
         raise bad_request("spec.user and spec.uid must be strings")
     groups = _strings(spec.get("groups"), "spec.groups")
     if not user and not groups:
-        raise ApiError(
-            422,
-            "Invalid",
+        raise invalid_request(
             'SubjectAccessReview.authorization.k8s.io "" is invalid: spec.user: Invalid value: "": '
-            "at least one of user or group must be specified",
+            "at least one of user or group must be specified"
         )
     res, nonres = spec.get("resourceAttributes"), spec.get("nonResourceAttributes")
     attrs_doc = res if res is not None else nonres
     if (res is None) == (nonres is None) or not isinstance(attrs_doc, dict):
-        raise ApiError(
-            422,
-            "Invalid",
+        raise invalid_request(
             'SubjectAccessReview.authorization.k8s.io "" is invalid: spec.resourceAttributes: '
-            "exactly one of nonResourceAttributes or resourceAttributes must be specified",
+            "exactly one of nonResourceAttributes or resourceAttributes must be specified"
         )
 
     def text(name: str) -> str:
@@ -211,11 +211,4 @@ def subject_access_review(body: Any) -> dict[str, Any]:
     else:
         attrs = Attributes(verb=text("verb"), path=text("path"))
     allowed, reason = authorize(UserInfo(user, uid, tuple(groups)), attrs)
-    status: dict[str, Any] = {"allowed": allowed, "reason": reason}
-    return {
-        "kind": "SubjectAccessReview",
-        "apiVersion": api_version,
-        "metadata": {"creationTimestamp": None},
-        "spec": spec,
-        "status": status,
-    }
+    return _review("SubjectAccessReview", api_version, spec, {"allowed": allowed, "reason": reason})

@@ -100,7 +100,7 @@ def local_apiserver_command(
     from local_apiserver.app import create_app  # noqa: PLC0415
     from local_apiserver.audit import AuditLevel, AuditLog  # noqa: PLC0415
     from local_apiserver.auth import TokenAuthenticator  # noqa: PLC0415
-    from local_apiserver.resources import lookup  # noqa: PLC0415
+    from local_apiserver.resources import core_spec  # noqa: PLC0415
     from local_apiserver.services import parse_range  # noqa: PLC0415
     from local_apiserver.validation import name_problem  # noqa: PLC0415
     from rangeshard.core.kubeapi import load_token_file  # noqa: PLC0415
@@ -120,8 +120,7 @@ def local_apiserver_command(
         if prefix is not None and (not prefix.startswith("/") or prefix.rstrip("/") == ""):
             raise ConfigError("--prefix must be an absolute key prefix such as /registry")
         configure_logging(log_level)
-        nodes = lookup("", "v1", "nodes")
-        problem = name_problem(nodes, simulate_node) if simulate_node is not None and nodes else None
+        problem = name_problem(core_spec("nodes"), simulate_node) if simulate_node is not None else None
         if problem:
             raise ConfigError(f"--simulate-node: {problem}")
         try:

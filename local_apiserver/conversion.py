@@ -101,51 +101,17 @@ _SPEC_FIELDS: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {
         ),
     ),
 }
-_STATUS_FIELDS: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {
-    "Resource": (
-        "resource",
-        (
-            ("name", "name"),
-            ("currentAverageUtilization", "current.averageUtilization"),
-            ("currentAverageValue", "current.averageValue"),
-        ),
-    ),
-    "ContainerResource": (
-        "containerResource",
-        (
-            ("name", "name"),
-            ("container", "container"),
-            ("currentAverageUtilization", "current.averageUtilization"),
-            ("currentAverageValue", "current.averageValue"),
-        ),
-    ),
-    "Pods": (
-        "pods",
-        (
-            ("metricName", "metric.name"),
-            ("selector", "metric.selector"),
-            ("currentAverageValue", "current.averageValue"),
-        ),
-    ),
-    "Object": (
-        "object",
-        (
-            ("target", "describedObject"),
-            ("metricName", "metric.name"),
-            ("selector", "metric.selector"),
-            ("currentValue", "current.value"),
-            ("averageValue", "current.averageValue"),
-        ),
-    ),
-    "External": (
-        "external",
-        (
-            ("metricName", "metric.name"),
-            ("metricSelector", "metric.selector"),
-            ("currentValue", "current.value"),
-            ("currentAverageValue", "current.averageValue"),
-        ),
-    ),
+
+
+def _status_field(v1: str, v2: str) -> tuple[str, str]:
+    if not v2.startswith("target."):
+        return v1, v2
+    return v1.replace("target", "current"), "current." + v2.removeprefix("target.")
+
+
+# MetricStatus keeps "current" where MetricSpec keeps "target" (the Object metric's `target` is its object).
+_STATUS_FIELDS = {
+    kind: (member, tuple(_status_field(v1, v2) for v1, v2 in fields)) for kind, (member, fields) in _SPEC_FIELDS.items()
 }
 
 
@@ -183,47 +149,49 @@ def keep_status(spec: ResourceSpec, current: Obj, new: Obj) -> None:
             annotations[key] = old[key]
         else:
             annotations.pop(key, None)
-    if annotations:
-        meta["annotations"] = annotations
-    else:
-        meta.pop("annotations", None)
+    _set_annotations(meta, annotations)
 
 
 # -- HorizontalPodAutoscaler --------------------------------------------------------------------------------------
 
 
-def _get(node: Any, path: str) -> Any:
-    for part in path.split("."):
+def _path(path: str) -> list[str]:
+    return [p for p in path.strip().lstrip(".").split(".") if p]
+
+
+def get_path(node: Any, path: str) -> Any:
+    """The value at the dotted ``path`` (a leading ``.`` allowed, as in a CRD's scale paths); None if absent."""
+    for part in _path(path):
         if not isinstance(node, dict):
             return None
         node = node.get(part)
     return node
 
 
-def _put(node: Obj, path: str, value: Any) -> None:
-    parts = path.split(".")
+def set_path(node: Obj, path: str, value: Any) -> None:
+    """Set the value at the dotted ``path``; missing (or non-object) parents become objects."""
+    parts = _path(path)
     for part in parts[:-1]:
-        node = node.setdefault(part, {})
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = node[part] = {}
+        node = child
     node[parts[-1]] = value
+
+
+def _set_annotations(meta: Obj, annotations: Obj) -> None:
+    if annotations:
+        meta["annotations"] = annotations
+    else:
+        meta.pop("annotations", None)
 
 
 def _dict(value: Any) -> Obj:
     return value if isinstance(value, dict) else {}
 
 
-def _metric_to_v1(metric: Any, table: dict[str, tuple[str, tuple[tuple[str, str], ...]]]) -> Obj:
-    metric = _dict(metric)
-    kind = metric.get("type")
-    out: Obj = {"type": kind}
-    if kind in table:
-        member, fields = table[kind]
-        source = _dict(metric.get(member))
-        converted = {v1: _get(source, v2) for v1, v2 in fields if _get(source, v2) is not None}
-        out[member] = converted
-    return out
-
-
-def _metric_to_v2(metric: Any, table: dict[str, tuple[str, tuple[tuple[str, str], ...]]], status: bool) -> Obj:
+def _metric(metric: Any, table: dict[str, tuple[str, tuple[tuple[str, str], ...]]], to_v2: bool) -> Obj:
+    """One MetricSpec (``table`` :data:`_SPEC_FIELDS`) or MetricStatus converted to v1 or (``to_v2``) to v2."""
     metric = _dict(metric)
     kind = metric.get("type")
     out: Obj = {"type": kind}
@@ -232,9 +200,11 @@ def _metric_to_v2(metric: Any, table: dict[str, tuple[str, tuple[tuple[str, str]
         source = _dict(metric.get(member))
         converted: Obj = {}
         for v1, v2 in fields:
-            if source.get(v1) is not None:
-                _put(converted, v2, copy.deepcopy(source[v1]))
-        if not status:
+            if not to_v2 and get_path(source, v2) is not None:
+                converted[v1] = get_path(source, v2)
+            elif to_v2 and source.get(v1) is not None:
+                set_path(converted, v2, copy.deepcopy(source[v1]))
+        if to_v2 and table is _SPEC_FIELDS:
             target = converted.setdefault("target", {})
             if kind in ("Resource", "ContainerResource"):
                 target["type"] = "Utilization" if "averageUtilization" in target else "AverageValue"
@@ -246,13 +216,21 @@ def _metric_to_v2(metric: Any, table: dict[str, tuple[str, tuple[tuple[str, str]
     return out
 
 
+def cpu_utilization_metric(percent: Any) -> Obj:
+    """The autoscaling/v2 metric of a CPU utilization target (``targetCPUUtilizationPercentage``)."""
+    return {
+        "type": "Resource",
+        "resource": {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": percent}},
+    }
+
+
 def _is_cpu_utilization(metric: Any, field: str) -> bool:
     metric = _dict(metric)
     resource = _dict(metric.get("resource"))
     return (
         metric.get("type") == "Resource"
         and resource.get("name") == "cpu"
-        and _get(resource, f"{field}.averageUtilization") is not None
+        and get_path(resource, f"{field}.averageUtilization") is not None
     )
 
 
@@ -274,7 +252,7 @@ def hpa_to_v1(obj: Obj) -> Obj:
         if _is_cpu_utilization(metric, "target") and "targetCPUUtilizationPercentage" not in new_spec:
             new_spec["targetCPUUtilizationPercentage"] = metric["resource"]["target"]["averageUtilization"]
         else:
-            others.append(_metric_to_v1(metric, _SPEC_FIELDS))
+            others.append(_metric(metric, _SPEC_FIELDS, to_v2=False))
     if others:
         annotations[METRICS_ANNOTATION] = _json(others)
     if spec.get("behavior") is not None:
@@ -292,14 +270,11 @@ def hpa_to_v1(obj: Obj) -> Obj:
                 new_status["currentCPUUtilizationPercentage"] = metric["resource"]["current"]["averageUtilization"]
                 break
         if current:
-            annotations[CURRENT_METRICS_ANNOTATION] = _json([_metric_to_v1(m, _STATUS_FIELDS) for m in current])
+            annotations[CURRENT_METRICS_ANNOTATION] = _json([_metric(m, _STATUS_FIELDS, to_v2=False) for m in current])
         if status.get("conditions"):
             annotations[CONDITIONS_ANNOTATION] = _json(status["conditions"])
         out["status"] = new_status
-    if annotations:
-        meta["annotations"] = annotations
-    else:
-        meta.pop("annotations", None)
+    _set_annotations(meta, annotations)
     out["metadata"] = meta
     return out
 
@@ -326,15 +301,10 @@ def hpa_to_v2(obj: Obj) -> Obj:
     annotations = _dict(meta.get("annotations"))
     spec = _dict(obj.get("spec"))
     new_spec: Obj = {k: spec[k] for k in ("scaleTargetRef", "minReplicas", "maxReplicas") if k in spec}
-    metrics = [_metric_to_v2(m, _SPEC_FIELDS, False) for m in _annotation_list(annotations, METRICS_ANNOTATION) or []]
+    metrics = [_metric(m, _SPEC_FIELDS, to_v2=True) for m in _annotation_list(annotations, METRICS_ANNOTATION) or []]
     cpu = spec.get("targetCPUUtilizationPercentage")
     if cpu is not None:
-        metrics.append(
-            {
-                "type": "Resource",
-                "resource": {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": cpu}},
-            }
-        )
+        metrics.append(cpu_utilization_metric(cpu))
     if metrics:
         new_spec["metrics"] = metrics
     behavior = annotations.get(BEHAVIOR_ANNOTATION)
@@ -354,7 +324,7 @@ def hpa_to_v2(obj: Obj) -> Obj:
         }
         current = _annotation_list(annotations, CURRENT_METRICS_ANNOTATION)
         if current is not None:
-            new_status["currentMetrics"] = [_metric_to_v2(m, _STATUS_FIELDS, True) for m in current]
+            new_status["currentMetrics"] = [_metric(m, _STATUS_FIELDS, to_v2=True) for m in current]
         elif status.get("currentCPUUtilizationPercentage") is not None:
             new_status["currentMetrics"] = [
                 {
@@ -370,9 +340,6 @@ def hpa_to_v2(obj: Obj) -> Obj:
             new_status["conditions"] = conditions
         out["status"] = new_status
     kept = {k: v for k, v in annotations.items() if k not in _ROUND_TRIP}
-    if kept:
-        meta["annotations"] = kept
-    else:
-        meta.pop("annotations", None)
+    _set_annotations(meta, kept)
     out["metadata"] = meta
     return out

@@ -35,6 +35,7 @@ import logging
 import re
 import threading
 import time
+from dataclasses import replace
 from typing import Any
 
 from local_apiserver.resources import CRD_RESOURCE, RESOURCES, ResourceSpec, ResourceTable
@@ -43,7 +44,6 @@ from rangeshard.core.timestamps import format_time
 
 log = logging.getLogger(__name__)
 
-CRD_GROUP = "apiextensions.k8s.io"
 REFRESH_INTERVAL = 0.5
 """Seconds a table may lag CRDs created through another local API server process."""
 
@@ -177,20 +177,11 @@ def crd_defaults(obj: dict[str, Any]) -> None:
             k: names[k] for k in ("plural", "singular", "kind", "listKind", "shortNames", "categories") if k in names
         },
         "conditions": [
-            {
-                "type": "NamesAccepted",
-                "status": "True",
-                "reason": "NoConflicts",
-                "message": "no conflicts found",
-                "lastTransitionTime": now,
-            },
-            {
-                "type": "Established",
-                "status": "True",
-                "reason": "InitialNamesAccepted",
-                "message": "the initial names have been accepted",
-                "lastTransitionTime": now,
-            },
+            {"type": kind, "status": "True", "reason": reason, "message": message, "lastTransitionTime": now}
+            for kind, reason, message in (
+                ("NamesAccepted", "NoConflicts", "no conflicts found"),
+                ("Established", "InitialNamesAccepted", "the initial names have been accepted"),
+            )
         ],
         "storedVersions": stored,
     }
@@ -241,14 +232,8 @@ def specs_for(crd: dict[str, Any]) -> tuple[ResourceSpec, ...]:
             )
         )
     if out and not any(s.storage for s in out):
-        out[0] = _as_storage(out[0])  # the storage version is not served: scan through the first served one
+        out[0] = replace(out[0], storage=True)  # the storage version is not served: scan through the first served one
     return tuple(out)
-
-
-def _as_storage(spec: ResourceSpec) -> ResourceSpec:
-    from dataclasses import replace  # noqa: PLC0415
-
-    return replace(spec, storage=True)
 
 
 class CrdSync:

@@ -20,6 +20,7 @@ Concurrency model
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from rangeshard.core.kubeapi import ApiError, bad_request, status_object
@@ -43,10 +44,6 @@ def _details(group_resource: str, name: str | None) -> dict[str, Any]:
 
 def not_found(group_resource: str, name: str) -> ApiError:
     return ApiError(404, "NotFound", f'{group_resource} "{name}" not found', _details(group_resource, name))
-
-
-def not_found_path(message: str) -> ApiError:
-    return ApiError(404, "NotFound", message)
 
 
 def already_exists(group_resource: str, name: str) -> ApiError:
@@ -73,29 +70,23 @@ def invalid(kind: str, name: str, causes: list[tuple[str, str]]) -> ApiError:
     return ApiError(422, "Invalid", f'{kind} "{name}" is invalid: {text}', details)
 
 
-def gone(message: str) -> ApiError:
-    return ApiError(410, "Expired", message)
-
-
-def method_not_allowed(message: str) -> ApiError:
-    return ApiError(405, "MethodNotAllowed", message)
-
-
-def unsupported_media_type(message: str) -> ApiError:
-    return ApiError(415, "UnsupportedMediaType", message)
-
-
-def not_acceptable(message: str) -> ApiError:
-    return ApiError(406, "NotAcceptable", message)
-
-
 def forbidden(group_resource: str, name: str, why: str) -> ApiError:
     return ApiError(403, "Forbidden", f'{group_resource} "{name}" is forbidden: {why}', _details(group_resource, name))
 
 
-def timeout(message: str) -> ApiError:
-    return ApiError(504, "Timeout", message)
+def _plain(code: int, reason: str) -> Callable[[str], ApiError]:
+    def make(message: str) -> ApiError:
+        return ApiError(code, reason, message)
+
+    return make
 
 
-def unavailable(message: str) -> ApiError:
-    return ApiError(503, "ServiceUnavailable", message)
+#: The Status errors without details, ``constructor(message)``: as kube's ``NewGone``, ``NewTimeoutError``...
+not_found_path = _plain(404, "NotFound")
+gone = _plain(410, "Expired")
+method_not_allowed = _plain(405, "MethodNotAllowed")
+unsupported_media_type = _plain(415, "UnsupportedMediaType")
+not_acceptable = _plain(406, "NotAcceptable")
+timeout = _plain(504, "Timeout")
+unavailable = _plain(503, "ServiceUnavailable")
+invalid_request = _plain(422, "Invalid")  # an Invalid without field causes (a request option, not an object)

@@ -30,29 +30,17 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import yaml
 
-from local_apiserver.errors import ApiError
+from local_apiserver.errors import bad_request, invalid_request
 from local_apiserver.openapi import OpenAPIUnavailable, schema_for
 from local_apiserver.resources import ResourceSpec
 
 Obj = dict[str, Any]
 DIRECTIVES = ("Ignore", "Strict", "Warn")
 _REF = "#/definitions/"
-
-
-@dataclass(frozen=True)
-class FieldProblems:
-    """What one decoded body had wrong (unknown field paths, duplicated keys)."""
-
-    unknown: tuple[str, ...] = ()
-    duplicate: tuple[str, ...] = ()
-
-    def messages(self) -> list[str]:
-        return [f'duplicate field "{d}"' for d in self.duplicate] + [f'unknown field "{u}"' for u in self.unknown]
 
 
 #: The directive used for a custom resource when the request names none: unknown fields are left in place
@@ -69,11 +57,9 @@ def directive(value: str | None, options_kind: str, *, custom: bool = False) -> 
     if value is None or value == "":
         return SCHEMA if custom else "Warn"
     if value not in DIRECTIVES:
-        raise ApiError(
-            422,
-            "Invalid",
+        raise invalid_request(
             f'{options_kind}.meta.k8s.io "" is invalid: fieldValidation: Unsupported value: "{value}": '
-            'supported values: "", "Ignore", "Strict", "Warn"',
+            'supported values: "", "Ignore", "Strict", "Warn"'
         )
     return value
 
@@ -197,16 +183,14 @@ def check(spec: ResourceSpec, mode: str, obj: Any, duplicates: tuple[str, ...] =
     """
     if mode == SCHEMA:
         return []
-    problems = FieldProblems(unknown_fields(spec, obj, prune=mode != "Strict"), duplicates)
-    messages = problems.messages()
+    unknown = unknown_fields(spec, obj, prune=mode != "Strict")
+    messages = [f'duplicate field "{d}"' for d in duplicates] + [f'unknown field "{u}"' for u in unknown]
     if not messages:
         return []
     if mode == "Strict":
-        raise ApiError(
-            400,
-            "BadRequest",
+        raise bad_request(
             f'{spec.kind} in version "{spec.version}" cannot be handled as a {spec.kind}: '
-            f"strict decoding error: {', '.join(messages)}",
+            f"strict decoding error: {', '.join(messages)}"
         )
     return messages if mode == "Warn" else []
 

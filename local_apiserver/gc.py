@@ -37,12 +37,13 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from local_apiserver.crd import specs_for
 from local_apiserver.errors import ApiError
-from local_apiserver.resources import CRD_RESOURCE, RESOURCES, ResourceSpec, ResourceTable
+from local_apiserver.resources import CRD_RESOURCE, RESOURCES, ResourceSpec, ResourceTable, core_spec
 from local_apiserver.store import Obj, Store
 
 log = logging.getLogger(__name__)
@@ -121,12 +122,7 @@ class GarbageCollector:
         self.store.table.set_crd(name, ())
         for spec in specs[:1]:
             for obj in list(self.store.iter_all(spec)):
-                meta = obj["metadata"]
-                try:
-                    self.store.delete(spec, meta.get("namespace"), str(meta.get("name")), propagation="Background")
-                except ApiError as e:
-                    if e.code not in (404, 409):
-                        raise
+                self._delete(spec, obj)
             # Objects held by finalizers go too: nothing serves them any more.
             self.store.client.delete_prefix(self.store.resource_prefix(spec))
         log.info("CRD %s deleted: its objects were removed and it is no longer served", name)
@@ -134,11 +130,6 @@ class GarbageCollector:
     def object_created(self, spec: ResourceSpec, obj: Obj) -> None:
         if obj["metadata"].get("ownerReferences"):
             self._queue.put(_Work("check_owners", spec, obj))
-
-    def idle(self) -> bool:
-        """True when no work is queued or scheduled (for tests and shutdown)."""
-        with self._lock:
-            return self._queue.unfinished_tasks == 0 and not self._timers
 
     # -- worker --------------------------------------------------------------
     def _run(self) -> None:
@@ -209,16 +200,19 @@ class GarbageCollector:
 
     def _dependents(self, owner: Obj) -> list[tuple[ResourceSpec, Obj]]:
         uid = owner["metadata"].get("uid")
-        namespace = owner["metadata"].get("namespace")
-        found: list[tuple[ResourceSpec, Obj]] = []
+        return [
+            (spec, obj)
+            for spec, obj in self._scan(owner["metadata"].get("namespace"))
+            if any(r.get("uid") == uid for r in obj["metadata"].get("ownerReferences") or [])
+        ]
+
+    def _scan(self, namespace: str | None) -> Iterator[tuple[ResourceSpec, Obj]]:
+        """Every stored object an owner in ``namespace`` (None: cluster-scoped) may own, or in that namespace."""
         for spec in self.store.table.storage_specs():
             if not spec.namespaced and namespace:
                 continue  # namespaced owners cannot own cluster-scoped objects
             for obj in self.store.iter_all(spec, namespace if spec.namespaced else None):
-                refs = obj["metadata"].get("ownerReferences") or []
-                if any(r.get("uid") == uid for r in refs):
-                    found.append((spec, obj))
-        return found
+                yield spec, obj
 
     def _wake_foreground_owners(self, works: list[_Work]) -> None:
         """Queue the Foreground deletion of the owners (still waiting) of objects that just left etcd.
@@ -233,13 +227,8 @@ class GarbageCollector:
                 spec = spec_for_owner(ref, self.store.table)
                 if spec is None or ref.get("uid") in woken:
                     continue
-                try:
-                    owner = self.store.get(
-                        spec, meta.get("namespace") if spec.namespaced else None, str(ref.get("name"))
-                    )
-                except ApiError as e:
-                    if e.code != 404:
-                        raise
+                owner = self._get(spec, meta.get("namespace") if spec.namespaced else None, str(ref.get("name")))
+                if owner is None:
                     continue
                 ometa = owner["metadata"]
                 if ometa.get("uid") == ref.get("uid") and "foregroundDeletion" in (ometa.get("finalizers") or []):
@@ -275,13 +264,8 @@ class GarbageCollector:
         cache_key = (spec.resource, ns, str(ref.get("name") or ""), str(ref.get("uid") or ""))
         if cache_key in self._alive:
             return self._alive[cache_key]
-        try:
-            owner = self.store.get(spec, ns, cache_key[2])
-            alive = bool(owner["metadata"].get("uid") == ref.get("uid"))
-        except ApiError as e:
-            if e.code != 404:
-                raise
-            alive = False
+        owner = self._get(spec, ns, cache_key[2])
+        alive = owner is not None and owner["metadata"].get("uid") == ref.get("uid")
         self._alive[cache_key] = alive
         return alive
 
@@ -297,26 +281,23 @@ class GarbageCollector:
         orphan = {w.obj["metadata"].get("uid") for w in works if w.propagation == "Orphan"}
         cascade = {w.obj["metadata"].get("uid") for w in works if w.propagation != "Orphan"}
         foreground = {w.obj["metadata"].get("uid") for w in works if w.propagation == "Foreground"}
-        for spec in self.store.table.storage_specs():
-            if not spec.namespaced and namespace:
-                continue  # namespaced owners cannot own cluster-scoped objects
-            for dep in self.store.iter_all(spec, namespace if spec.namespaced else None):
-                meta = dep["metadata"]
-                refs = meta.get("ownerReferences") or []
-                uids = {r.get("uid") for r in refs}
-                dropped = uids & orphan
-                gone_owners = uids & cascade
-                if not dropped and not gone_owners:
-                    continue
-                others = [r for r in refs if r.get("uid") not in dropped | gone_owners]
-                if gone_owners and not any(self._owner_alive(r, meta.get("namespace")) for r in others):
-                    if meta.get("deletionTimestamp"):
-                        continue  # already being deleted (held by finalizers): deleting again changes nothing
-                    log.debug("deleting %s %s: its owners are gone", spec.resource, _name(dep))
-                    deep = bool(gone_owners & foreground) and bool(self._dependents(dep))
-                    self._delete(spec, dep, "Foreground" if deep else "Background")
-                else:
-                    self._drop_references(spec, dep, dropped | gone_owners)
+        for spec, dep in self._scan(namespace):
+            meta = dep["metadata"]
+            refs = meta.get("ownerReferences") or []
+            uids = {r.get("uid") for r in refs}
+            dropped = uids & orphan
+            gone_owners = uids & cascade
+            if not dropped and not gone_owners:
+                continue
+            others = [r for r in refs if r.get("uid") not in dropped | gone_owners]
+            if gone_owners and not any(self._owner_alive(r, meta.get("namespace")) for r in others):
+                if meta.get("deletionTimestamp"):
+                    continue  # already being deleted (held by finalizers): deleting again changes nothing
+                log.debug("deleting %s %s: its owners are gone", spec.resource, _name(dep))
+                deep = bool(gone_owners & foreground) and bool(self._dependents(dep))
+                self._delete(spec, dep, "Foreground" if deep else "Background")
+            else:
+                self._drop_references(spec, dep, dropped | gone_owners)
 
     def _drop_references(self, spec: ResourceSpec, dep: Obj, uids: set[Any]) -> None:
         meta = dep["metadata"]
@@ -330,6 +311,19 @@ class GarbageCollector:
                 cmeta.pop("ownerReferences", None)
             return current
 
+        self._update(spec, meta, mutate)
+
+    def _get(self, spec: ResourceSpec, namespace: str | None, name: str) -> Obj | None:
+        """The object, or None when there is none."""
+        try:
+            return self.store.get(spec, namespace, name)
+        except ApiError as e:
+            if e.code != 404:
+                raise
+            return None
+
+    def _update(self, spec: ResourceSpec, meta: Obj, mutate: Callable[[Obj], Obj]) -> None:
+        """``guaranteed_update`` of the object ``meta`` names; nothing when it is gone."""
         try:
             self.store.guaranteed_update(spec, meta.get("namespace"), str(meta.get("name")), mutate)
         except ApiError as e:
@@ -361,7 +355,6 @@ class GarbageCollector:
             # when the last one leaves etcd (see _wake_foreground_owners), not by polling.
             return
         meta = owner["metadata"]
-        spec = work.spec
 
         def mutate(current: Obj) -> Obj:
             if current["metadata"].get("uid") != meta.get("uid"):
@@ -373,43 +366,22 @@ class GarbageCollector:
                 current["metadata"].pop("finalizers", None)
             return current
 
-        try:
-            self.store.guaranteed_update(spec, meta.get("namespace"), str(meta.get("name")), mutate)
-        except ApiError as e:
-            if e.code != 404:
-                raise
+        self._update(work.spec, meta, mutate)
 
     def _empty_namespace(self, ns: Obj) -> None:
         name = str(ns["metadata"].get("name"))
         left = 0
-        for spec in self.store.table.storage_specs():
-            if not spec.namespaced:
-                continue
-            for obj in self.store.iter_all(spec, name):
-                self._delete(spec, obj)
-                left += 1
+        for spec, obj in self._scan(name):
+            self._delete(spec, obj)
+            left += 1
         if left:
             # Deleted objects may have finalizers or new ones may race in: check again.
-            remaining = sum(
-                1 for s in self.store.table.storage_specs() if s.namespaced for _ in self.store.iter_all(s, name)
-            )
+            remaining = sum(1 for _ in self._scan(name))
             if remaining:
                 raise ApiError(409, "Conflict", f"namespace {name} still has {remaining} objects")
-        spec = next(s for s in RESOURCES if s.resource == "namespaces")
-
-        def mutate(current: Obj) -> Obj:
-            if current["metadata"].get("uid") != ns["metadata"].get("uid"):
-                raise ApiError(404, "NotFound", "namespace replaced")
-            current.setdefault("spec", {}).pop("finalizers", None)
-            return current
-
-        try:
-            current = self.store.get(spec, None, name)
-        except ApiError as e:
-            if e.code == 404:
-                return
-            raise
-        if current["metadata"].get("uid") != ns["metadata"].get("uid"):
+        spec = core_spec("namespaces")
+        current = self._get(spec, None, name)
+        if current is None or current["metadata"].get("uid") != ns["metadata"].get("uid"):
             return
         if current["metadata"].get("finalizers"):
             return  # somebody else's finalizer: the namespace goes when they remove it

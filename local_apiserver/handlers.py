@@ -37,16 +37,12 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from local_apiserver import fieldvalidation, tables
-from local_apiserver.auth import (
-    authorize,
-    forbidden_error,
-    subject_access_review,
-    token_review,
-    unauthorized,
-)
+from local_apiserver.auth import authorize, forbidden_error, subject_access_review, token_review, unauthorized
+from local_apiserver.conversion import get_path, set_path
 from local_apiserver.errors import (
     ApiError,
     bad_request,
+    invalid_request,
     method_not_allowed,
     not_found_path,
     success_body,
@@ -386,10 +382,8 @@ def _apply_patch(
         meta = patched.get("metadata") or {}
         for immutable in ("name", "uid"):
             if meta.get(immutable) != current["metadata"].get(immutable):
-                raise ApiError(
-                    422,
-                    "Invalid",
-                    f'{spec.kind} "{name}" is invalid: metadata.{immutable}: Invalid value: field is immutable',
+                raise invalid_request(
+                    f'{spec.kind} "{name}" is invalid: metadata.{immutable}: Invalid value: field is immutable'
                 )
         rv = meta.get("resourceVersion")
         if rv is not None:
@@ -397,31 +391,6 @@ def _apply_patch(
         return store.merge_update(spec, current, patched, subresource)
 
     return store.guaranteed_update(spec, ns, name, mutate)
-
-
-def _json_path(path: str) -> list[str]:
-    return [p for p in path.strip().lstrip(".").split(".") if p]
-
-
-def _path_get(obj: Obj, path: str) -> Any:
-    cur: Any = obj
-    for part in _json_path(path):
-        if not isinstance(cur, dict):
-            return None
-        cur = cur.get(part)
-    return cur
-
-
-def _path_set(obj: Obj, path: str, value: Any) -> None:
-    parts = _json_path(path)
-    cur = obj
-    for part in parts[:-1]:
-        nxt = cur.get(part)
-        if not isinstance(nxt, dict):
-            nxt = {}
-            cur[part] = nxt
-        cur = nxt
-    cur[parts[-1]] = value
 
 
 def _scale(obj: Obj, replicas: Any, current: Any, selector: Any) -> Obj:
@@ -448,8 +417,8 @@ def to_scale(spec: ResourceSpec, obj: Obj) -> Obj:
     """
     if spec.scale_paths is not None:
         spec_path, status_path, selector_path = spec.scale_paths
-        selector = _path_get(obj, selector_path) if selector_path else None
-        return _scale(obj, _path_get(obj, spec_path), _path_get(obj, status_path), selector)
+        selector = get_path(obj, selector_path) if selector_path else None
+        return _scale(obj, get_path(obj, spec_path), get_path(obj, status_path), selector)
     raw_spec, raw_status = obj.get("spec"), obj.get("status")
     body_spec: dict[str, Any] = raw_spec if isinstance(raw_spec, dict) else {}
     status: dict[str, Any] = raw_status if isinstance(raw_status, dict) else {}
@@ -487,7 +456,7 @@ def _update_scale(
             check_precondition(spec, name, current, parse_resource_version(str(rv), "metadata.resourceVersion"))
         desired = copy.deepcopy(current)
         if spec.scale_paths is not None:
-            _path_set(desired, spec.scale_paths[0], replicas)
+            set_path(desired, spec.scale_paths[0], replicas)
         else:
             desired["spec"] = dict(current.get("spec") or {})
             desired["spec"]["replicas"] = replicas
@@ -515,14 +484,12 @@ async def _delete(call: Call) -> Response:
         raise bad_request("dryRun is not supported by the local API server")
     policy = request.query_params.get("propagationPolicy") or options.propagationPolicy
     if policy is not None and options.orphanDependents is not None:
-        raise ApiError(422, "Invalid", "propagationPolicy: Invalid value: orphanDependents and it cannot be both set")
+        raise invalid_request("propagationPolicy: Invalid value: orphanDependents and it cannot be both set")
     if policy is None and options.orphanDependents is not None:
         policy = "Orphan" if options.orphanDependents else "Background"
     policy = policy or "Background"
     if policy not in ("Background", "Foreground", "Orphan"):
-        raise ApiError(
-            422, "Invalid", f"propagationPolicy: Unsupported value: {policy!r}: Background, Foreground, Orphan"
-        )
+        raise invalid_request(f"propagationPolicy: Unsupported value: {policy!r}: Background, Foreground, Orphan")
     grace = options.gracePeriodSeconds
     raw_grace = request.query_params.get("gracePeriodSeconds")
     if raw_grace is not None:

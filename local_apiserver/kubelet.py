@@ -56,7 +56,7 @@ from collections.abc import Callable
 from typing import Any
 
 from local_apiserver.errors import ApiError
-from local_apiserver.resources import lookup
+from local_apiserver.resources import core_spec
 from local_apiserver.store import Obj, Store
 from rangeshard.core.errors import RangeshardError, RegistryError
 from rangeshard.core.etcd import EtcdClient, EtcdConfig, WatchBatch
@@ -74,17 +74,6 @@ DEFAULT_RUN_SECONDS = 1.0
 RUN_TO_COMPLETION = ("Never", "OnFailure")
 
 
-def _spec(resource: str) -> Any:
-    spec = lookup("", "v1", resource)
-    if spec is None:  # pragma: no cover - the table always holds these
-        raise LookupError(f"{resource} missing from the resource table")
-    return spec
-
-
-def _now() -> str:
-    return format_time()
-
-
 def pod_ip(uid: str) -> str:
     """A stable address in 10.244.0.0/16 for a pod uid."""
     n = int.from_bytes(hashlib.sha256(uid.encode()).digest()[:2], "big") % (254 * 254)
@@ -92,8 +81,7 @@ def pod_ip(uid: str) -> str:
 
 
 def _condition(kind: str, status: bool, now: str, reason: str | None = None) -> Obj:
-    cond: Obj = {"type": kind, "status": "True" if status else "False", "lastProbeTime": None}
-    cond["lastTransitionTime"] = now
+    cond: Obj = {"type": kind, "status": str(status), "lastProbeTime": None, "lastTransitionTime": now}
     if reason:
         cond["reason"] = reason
     return cond
@@ -103,7 +91,7 @@ def _set_condition(status: Obj, kind: str, value: bool, now: str, reason: str | 
     conds = [c for c in status.get("conditions") or [] if isinstance(c, dict)]
     for c in conds:
         if c.get("type") == kind:
-            if c.get("status") != ("True" if value else "False"):
+            if c.get("status") != str(value):
                 c.update(_condition(kind, value, now, reason))
             status["conditions"] = conds
             return
@@ -191,9 +179,9 @@ class SimulatedNode:
         self.name = name
         self.stop_seconds = stop_seconds
         self.run_seconds = run_seconds
-        self.pods = _spec("pods")
-        self.events = _spec("events")
-        self.nodes = _spec("nodes")
+        self.pods = core_spec("pods")
+        self.events = core_spec("events")
+        self.nodes = core_spec("nodes")
         self._queue: queue.Queue[tuple[str, Any]] = queue.Queue()
         self._timers: list[tuple[float, int, str, str, str, str]] = []
         self._seq = itertools.count()
@@ -223,7 +211,7 @@ class SimulatedNode:
 
     # -- the node object -----------------------------------------------------
     def _node_status(self) -> Obj:
-        now = _now()
+        now = format_time()
         capacity = {"cpu": str(os.cpu_count() or 2), "memory": "8Gi", "pods": "110", "ephemeral-storage": "50Gi"}
         conds = [
             {"type": t, "status": "False", "reason": r, "message": m}
@@ -407,7 +395,7 @@ class SimulatedNode:
             current.setdefault("spec", {})["nodeName"] = self.name
             status = current.setdefault("status", {})
             status.setdefault("phase", "Pending")
-            _set_condition(status, "PodScheduled", True, _now())
+            _set_condition(status, "PodScheduled", True, format_time())
             return current
 
         bound = self._update(pod, mutate)
@@ -427,7 +415,7 @@ class SimulatedNode:
                 return None
             if (current.get("spec") or {}).get("nodeName") != self.name:
                 return None
-            now = _now()
+            now = format_time()
             uid = str(current["metadata"]["uid"])
             status["phase"] = "Running"
             status["hostIP"] = NODE_IP
@@ -464,16 +452,23 @@ class SimulatedNode:
             self._after(self.run_seconds, "complete", started)
 
     def _mark_ready(self, ns: str, name: str, uid: str) -> None:
+        def ready(status: Obj, now: str) -> None:
+            _set_condition(status, "ContainersReady", True, now)
+            _set_condition(status, "Ready", True, now)
+            for c in status.get("containerStatuses") or []:
+                c["ready"] = True
+
+        self._update_running(ns, name, uid, ready)
+
+    def _update_running(self, ns: str, name: str, uid: str, change: Callable[[Obj, str], None]) -> None:
+        """``change(status, now)`` of the pod ``uid`` while it is Running and not being deleted."""
+
         def mutate(current: Obj) -> Obj:
             meta = current["metadata"]
             status = current.get("status") or {}
             if meta.get("uid") != uid or meta.get("deletionTimestamp") or status.get("phase") != "Running":
                 return current
-            now = _now()
-            _set_condition(status, "ContainersReady", True, now)
-            _set_condition(status, "Ready", True, now)
-            for c in status.get("containerStatuses") or []:
-                c["ready"] = True
+            change(status, format_time())
             current["status"] = status
             return current
 
@@ -482,12 +477,7 @@ class SimulatedNode:
     def _complete(self, ns: str, name: str, uid: str) -> None:
         """The containers of a run-to-completion pod exit 0: ``Succeeded`` (what a kubelet reports)."""
 
-        def mutate(current: Obj) -> Obj:
-            meta = current["metadata"]
-            status = current.get("status") or {}
-            if meta.get("uid") != uid or meta.get("deletionTimestamp") or status.get("phase") != "Running":
-                return current
-            now = _now()
+        def completed(status: Obj, now: str) -> None:
             status["phase"] = "Succeeded"
             _set_condition(status, "PodReadyToStartContainers", False, now)
             for kind in ("ContainersReady", "Ready"):
@@ -505,10 +495,8 @@ class SimulatedNode:
                         "containerID": c.get("containerID"),
                     }
                 }
-            current["status"] = status
-            return current
 
-        self.store.guaranteed_update(self.pods, ns, name, mutate)
+        self._update_running(ns, name, uid, completed)
 
     def _kill(self, pod: Obj) -> None:
         meta = pod["metadata"]
@@ -518,7 +506,7 @@ class SimulatedNode:
             status = current.get("status") or {}
             if not status.get("containerStatuses"):
                 return None
-            now = _now()
+            now = format_time()
             _set_condition(status, "ContainersReady", False, now, "ContainersNotReady")
             _set_condition(status, "Ready", False, now, "ContainersNotReady")
             for c in status.get("containerStatuses") or []:

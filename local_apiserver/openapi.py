@@ -44,6 +44,7 @@ from typing import Any
 import orjson
 
 from local_apiserver.resources import ResourceSpec
+from rangeshard.core.rest import group_version_path
 
 Obj = dict[str, Any]
 #: The Kubernetes version whose definitions are served (as the server's /version says).
@@ -217,7 +218,7 @@ def schema_for(spec: ResourceSpec) -> tuple[Obj, Mapping[str, Obj]] | None:
 
 def group_path(group: str, version: str) -> str:
     """``api/v1`` or ``apis/<group>/<version>``: the key of a group-version in ``/openapi/v3``."""
-    return f"apis/{group}/{version}" if group else f"api/{version}"
+    return group_version_path(group, version).removeprefix("/")
 
 
 def _query(name: str, description: str) -> Obj:
@@ -250,37 +251,34 @@ def _op(action: str, gvk: Obj, op_id: str, ref: str, *, body: str | None, params
 
 def _paths(spec: ResourceSpec, kind_ref: str, list_ref: str | None) -> dict[str, Obj]:
     gvk = {"group": spec.group, "version": spec.version, "kind": spec.kind}
-    base = "/" + group_path(spec.group, spec.version)
+    base = group_version_path(spec.group, spec.version)
     coll = f"{base}/namespaces/{{namespace}}/{spec.resource}" if spec.namespaced else f"{base}/{spec.resource}"
     ident = f"{spec.group.replace('.', '_')}{spec.version}{spec.kind}"
     patch_body = "patch" if spec.schema is None else "patch-custom"
     write = [*_WRITE_PARAMS, _FIELD_VALIDATION]
+
+    def read_write(gvk: Obj, name: str, ref: str, patch: str) -> dict[str, Obj]:
+        return {
+            "get": _op("get", gvk, f"read{name}", ref, body=None, params=[]),
+            "put": _op("put", gvk, f"replace{name}", ref, body="object", params=list(write)),
+            "patch": _op("patch", gvk, f"patch{name}", ref, body=patch, params=list(write)),
+        }
+
     paths: dict[str, Obj] = {
         coll: {
             "get": _op("list", gvk, f"list{ident}", list_ref or kind_ref, body=None, params=[]),
             "post": _op("post", gvk, f"create{ident}", kind_ref, body="object", params=list(write)),
         },
         f"{coll}/{{name}}": {
-            "get": _op("get", gvk, f"read{ident}", kind_ref, body=None, params=[]),
-            "put": _op("put", gvk, f"replace{ident}", kind_ref, body="object", params=list(write)),
-            "patch": _op("patch", gvk, f"patch{ident}", kind_ref, body=patch_body, params=list(write)),
+            **read_write(gvk, ident, kind_ref, patch_body),
             "delete": _op("delete", gvk, f"delete{ident}", _V3_REF + _STATUS_DEF, body=None, params=[]),
         },
     }
     if spec.status:
-        paths[f"{coll}/{{name}}/status"] = {
-            "get": _op("get", gvk, f"read{ident}Status", kind_ref, body=None, params=[]),
-            "put": _op("put", gvk, f"replace{ident}Status", kind_ref, body="object", params=list(write)),
-            "patch": _op("patch", gvk, f"patch{ident}Status", kind_ref, body=patch_body, params=list(write)),
-        }
+        paths[f"{coll}/{{name}}/status"] = read_write(gvk, f"{ident}Status", kind_ref, patch_body)
     if spec.scale:
         scale_gvk = {"group": "autoscaling", "version": "v1", "kind": "Scale"}
-        scale_ref = _V3_REF + _SCALE_DEF
-        paths[f"{coll}/{{name}}/scale"] = {
-            "get": _op("get", scale_gvk, f"read{ident}Scale", scale_ref, body=None, params=[]),
-            "put": _op("put", scale_gvk, f"replace{ident}Scale", scale_ref, body="object", params=list(write)),
-            "patch": _op("patch", scale_gvk, f"patch{ident}Scale", scale_ref, body="patch", params=list(write)),
-        }
+        paths[f"{coll}/{{name}}/scale"] = read_write(scale_gvk, f"{ident}Scale", _V3_REF + _SCALE_DEF, "patch")
     return paths
 
 
@@ -321,9 +319,8 @@ def v3_group_document(specs: Iterable[ResourceSpec], group: str, version: str) -
     return {"openapi": "3.0.0", "info": _info(), "paths": paths, "components": {"schemas": schemas}}
 
 
-def v3_root(specs: Iterable[ResourceSpec], documents: Mapping[str, bytes]) -> Obj:
+def v3_root(documents: Mapping[str, bytes]) -> Obj:
     """``/openapi/v3``: one ``serverRelativeURL`` (with the document's hash) per served group-version."""
-    del specs
     return {
         "paths": {
             path: {"serverRelativeURL": f"/openapi/v3/{path}?hash={hashlib.sha512(doc).hexdigest().upper()}"}
@@ -395,8 +392,7 @@ class OpenAPIDocuments:
         return self._v3
 
     def v3_root(self) -> bytes:
-        docs = self.v3_documents()
-        return orjson.dumps(v3_root(self._specs, docs))
+        return orjson.dumps(v3_root(self.v3_documents()))
 
     def v2(self) -> bytes:
         specs = self._current()

@@ -53,7 +53,8 @@ def _index(container: list[Any], token: str, allow_end: bool, path: str) -> int:
     return idx
 
 
-def _parent(doc: Any, tokens: list[str], path: str) -> Any:
+def _parent(doc: Any, tokens: list[str], path: str, op: str = "") -> tuple[dict[str, Any] | list[Any], str]:
+    """The object or array holding the last token of ``path``, and that token (422 if a scalar is in the way)."""
     cur = doc
     for t in tokens[:-1]:
         if isinstance(cur, dict):
@@ -64,56 +65,49 @@ def _parent(doc: Any, tokens: list[str], path: str) -> Any:
             cur = cur[_index(cur, t, False, path)]
         else:
             raise ApiError(422, "Invalid", f"path {path!r}: cannot descend into a scalar")
-    return cur
+    if not isinstance(cur, dict | list):
+        raise ApiError(422, "Invalid", f"{op}path {path!r}: cannot descend into a scalar")
+    return cur, tokens[-1]
 
 
 def _get(doc: Any, path: str) -> Any:
     tokens = _pointer(path)
     if not tokens:
         return doc
-    parent = _parent(doc, tokens, path)
-    last = tokens[-1]
-    if isinstance(parent, dict):
-        if last not in parent:
-            raise ApiError(422, "Invalid", f"path {path!r} does not exist")
-        return parent[last]
+    parent, last = _parent(doc, tokens, path)
     if isinstance(parent, list):
         return parent[_index(parent, last, False, path)]
-    raise ApiError(422, "Invalid", f"path {path!r}: cannot descend into a scalar")
+    if last not in parent:
+        raise ApiError(422, "Invalid", f"path {path!r} does not exist")
+    return parent[last]
 
 
 def _remove(doc: Any, path: str) -> Any:
     tokens = _pointer(path)
     if not tokens:
         raise ApiError(422, "Invalid", "cannot remove the whole document")
-    parent = _parent(doc, tokens, path)
-    last = tokens[-1]
-    if isinstance(parent, dict):
-        if last not in parent:
-            raise ApiError(422, "Invalid", f"remove: path {path!r} does not exist")
-        return parent.pop(last)
+    parent, last = _parent(doc, tokens, path, "remove: ")
     if isinstance(parent, list):
         return parent.pop(_index(parent, last, False, path))
-    raise ApiError(422, "Invalid", f"remove: path {path!r}: cannot descend into a scalar")
+    if last not in parent:
+        raise ApiError(422, "Invalid", f"remove: path {path!r} does not exist")
+    return parent.pop(last)
 
 
 def _add(doc: Any, path: str, value: Any, replace: bool) -> Any:
     tokens = _pointer(path)
     if not tokens:
         return copy.deepcopy(value)
-    parent = _parent(doc, tokens, path)
-    last = tokens[-1]
-    if isinstance(parent, dict):
-        if replace and last not in parent:
-            raise ApiError(422, "Invalid", f"replace: path {path!r} does not exist")
-        parent[last] = copy.deepcopy(value)
-    elif isinstance(parent, list):
+    parent, last = _parent(doc, tokens, path)
+    if isinstance(parent, list):
         if replace:
             parent[_index(parent, last, False, path)] = copy.deepcopy(value)
         else:
             parent.insert(_index(parent, last, True, path), copy.deepcopy(value))
+    elif replace and last not in parent:
+        raise ApiError(422, "Invalid", f"replace: path {path!r} does not exist")
     else:
-        raise ApiError(422, "Invalid", f"path {path!r}: cannot descend into a scalar")
+        parent[last] = copy.deepcopy(value)
     return doc
 
 

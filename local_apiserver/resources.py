@@ -104,32 +104,44 @@ class ResourceSpec:
         return self.gvr.label
 
 
+def _builtin(
+    api_version: str,
+    resource: str,
+    kind: str,
+    namespaced: bool,
+    short_names: tuple[str, ...] = (),
+    categories: tuple[str, ...] = (),
+    **options: Any,
+) -> ResourceSpec:
+    """A built-in resource's spec: ``group/version`` in one string; the singular is the lower-case kind."""
+    group, _, version = api_version.rpartition("/")
+    return ResourceSpec(group, version, resource, kind, namespaced, kind.lower(), short_names, categories, **options)
+
+
+# The workloads with a scale subresource also have status and bump metadata.generation.
+_SCALABLE: dict[str, Any] = {"status": True, "scale": True, "generation": True}
 _EVENT_REFERENCE_FIELDS = ("kind", "namespace", "name", "uid", "apiVersion")
 
 RESOURCES: tuple[ResourceSpec, ...] = (
-    ResourceSpec("", "v1", "namespaces", "Namespace", False, "namespace", ("ns",)),
-    ResourceSpec(
-        "",
+    _builtin("v1", "namespaces", "Namespace", False, ("ns",)),
+    _builtin(
         "v1",
         "pods",
         "Pod",
         True,
-        "pod",
         ("po",),
         ("all",),
         status=True,
         return_deleted_object=True,
         extra_fields=("spec.nodeName", "spec.restartPolicy", "spec.schedulerName", "status.phase", "status.podIP"),
     ),
-    ResourceSpec("", "v1", "nodes", "Node", False, "node", ("no",), status=True),
-    ResourceSpec("", "v1", "configmaps", "ConfigMap", True, "configmap", ("cm",)),
-    ResourceSpec(
-        "",
+    _builtin("v1", "nodes", "Node", False, ("no",), status=True),
+    _builtin("v1", "configmaps", "ConfigMap", True, ("cm",)),
+    _builtin(
         "v1",
         "events",
         "Event",
         True,
-        "event",
         ("ev",),
         extra_fields=(
             *(f"involvedObject.{f}" for f in _EVENT_REFERENCE_FIELDS),
@@ -141,218 +153,122 @@ RESOURCES: tuple[ResourceSpec, ...] = (
             "type",
         ),
     ),
-    ResourceSpec(
-        "apps",
-        "v1",
-        "replicasets",
-        "ReplicaSet",
-        True,
-        "replicaset",
-        ("rs",),
-        ("all",),
-        status=True,
-        scale=True,
-        generation=True,
-    ),
-    ResourceSpec(
-        "apps",
-        "v1",
-        "deployments",
-        "Deployment",
-        True,
-        "deployment",
-        ("deploy",),
-        ("all",),
-        status=True,
-        scale=True,
-        generation=True,
-    ),
-    ResourceSpec("coordination.k8s.io", "v1", "leases", "Lease", True, "lease"),
+    _builtin("apps/v1", "replicasets", "ReplicaSet", True, ("rs",), ("all",), **_SCALABLE),
+    _builtin("apps/v1", "deployments", "Deployment", True, ("deploy",), ("all",), **_SCALABLE),
+    _builtin("coordination.k8s.io/v1", "leases", "Lease", True),
     # More built-in kinds, stored and served generically (CRUD, list/watch, selectors, status where kube
     # has it); no built-in controller acts on them (issue 23: the first part).
-    ResourceSpec("", "v1", "secrets", "Secret", True, "secret"),
-    ResourceSpec("", "v1", "serviceaccounts", "ServiceAccount", True, "serviceaccount", ("sa",)),
-    ResourceSpec(
-        "", "v1", "services", "Service", True, "service", ("svc",), ("all",), status=True, return_deleted_object=True
-    ),
-    ResourceSpec("", "v1", "endpoints", "Endpoints", True, "endpoints", ("ep",)),
-    ResourceSpec(
-        "",
-        "v1",
-        "persistentvolumeclaims",
-        "PersistentVolumeClaim",
-        True,
-        "persistentvolumeclaim",
-        ("pvc",),
-        status=True,
-    ),
-    ResourceSpec("", "v1", "persistentvolumes", "PersistentVolume", False, "persistentvolume", ("pv",), status=True),
-    ResourceSpec("", "v1", "resourcequotas", "ResourceQuota", True, "resourcequota", ("quota",), status=True),
-    ResourceSpec("", "v1", "limitranges", "LimitRange", True, "limitrange", ("limits",)),
-    ResourceSpec("", "v1", "podtemplates", "PodTemplate", True, "podtemplate"),
-    ResourceSpec(
-        "apps",
-        "v1",
-        "statefulsets",
-        "StatefulSet",
-        True,
-        "statefulset",
-        ("sts",),
-        ("all",),
-        status=True,
-        scale=True,
-        generation=True,
-    ),
-    ResourceSpec(
-        "apps", "v1", "daemonsets", "DaemonSet", True, "daemonset", ("ds",), ("all",), status=True, generation=True
-    ),
-    ResourceSpec("apps", "v1", "controllerrevisions", "ControllerRevision", True, "controllerrevision"),
-    ResourceSpec("batch", "v1", "jobs", "Job", True, "job", (), ("all",), status=True, generation=True),
-    ResourceSpec("batch", "v1", "cronjobs", "CronJob", True, "cronjob", ("cj",), ("all",), status=True),
-    ResourceSpec("rbac.authorization.k8s.io", "v1", "roles", "Role", True, "role"),
-    ResourceSpec("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding", True, "rolebinding"),
-    ResourceSpec("rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", False, "clusterrole"),
-    ResourceSpec(
-        "rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding", False, "clusterrolebinding"
-    ),
-    ResourceSpec("networking.k8s.io", "v1", "ingresses", "Ingress", True, "ingress", ("ing",), status=True),
-    ResourceSpec("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", True, "networkpolicy", ("netpol",)),
-    ResourceSpec("networking.k8s.io", "v1", "ingressclasses", "IngressClass", False, "ingressclass"),
-    ResourceSpec(
-        "policy",
-        "v1",
-        "poddisruptionbudgets",
-        "PodDisruptionBudget",
-        True,
-        "poddisruptionbudget",
-        ("pdb",),
-        status=True,
-    ),
-    ResourceSpec(
-        "autoscaling",
-        "v2",
-        "horizontalpodautoscalers",
-        "HorizontalPodAutoscaler",
-        True,
-        "horizontalpodautoscaler",
-        ("hpa",),
-        ("all",),
-        status=True,
+    _builtin("v1", "secrets", "Secret", True),
+    _builtin("v1", "serviceaccounts", "ServiceAccount", True, ("sa",)),
+    _builtin("v1", "services", "Service", True, ("svc",), ("all",), status=True, return_deleted_object=True),
+    _builtin("v1", "endpoints", "Endpoints", True, ("ep",)),
+    _builtin("v1", "persistentvolumeclaims", "PersistentVolumeClaim", True, ("pvc",), status=True),
+    _builtin("v1", "persistentvolumes", "PersistentVolume", False, ("pv",), status=True),
+    _builtin("v1", "resourcequotas", "ResourceQuota", True, ("quota",), status=True),
+    _builtin("v1", "limitranges", "LimitRange", True, ("limits",)),
+    _builtin("v1", "podtemplates", "PodTemplate", True),
+    _builtin("apps/v1", "statefulsets", "StatefulSet", True, ("sts",), ("all",), **_SCALABLE),
+    _builtin("apps/v1", "daemonsets", "DaemonSet", True, ("ds",), ("all",), status=True, generation=True),
+    _builtin("apps/v1", "controllerrevisions", "ControllerRevision", True),
+    _builtin("batch/v1", "jobs", "Job", True, (), ("all",), status=True, generation=True),
+    _builtin("batch/v1", "cronjobs", "CronJob", True, ("cj",), ("all",), status=True),
+    _builtin("rbac.authorization.k8s.io/v1", "roles", "Role", True),
+    _builtin("rbac.authorization.k8s.io/v1", "rolebindings", "RoleBinding", True),
+    _builtin("rbac.authorization.k8s.io/v1", "clusterroles", "ClusterRole", False),
+    _builtin("rbac.authorization.k8s.io/v1", "clusterrolebindings", "ClusterRoleBinding", False),
+    _builtin("networking.k8s.io/v1", "ingresses", "Ingress", True, ("ing",), status=True),
+    _builtin("networking.k8s.io/v1", "networkpolicies", "NetworkPolicy", True, ("netpol",)),
+    _builtin("networking.k8s.io/v1", "ingressclasses", "IngressClass", False),
+    _builtin("policy/v1", "poddisruptionbudgets", "PodDisruptionBudget", True, ("pdb",), status=True),
+    _builtin(
+        "autoscaling/v2", "horizontalpodautoscalers", "HorizontalPodAutoscaler", True, ("hpa",), ("all",), status=True
     ),
     # The same stored objects (autoscaling/v2, kube's storage version) served as autoscaling/v1, converted
     # (local_apiserver.conversion); listed after v2 so discovery prefers v2, as kube-apiserver does.
-    ResourceSpec(
-        "autoscaling",
-        "v1",
+    _builtin(
+        "autoscaling/v1",
         "horizontalpodautoscalers",
         "HorizontalPodAutoscaler",
         True,
-        "horizontalpodautoscaler",
         ("hpa",),
         ("all",),
         status=True,
         stored_as="autoscaling/horizontalpodautoscalers",
     ),
-    ResourceSpec("discovery.k8s.io", "v1", "endpointslices", "EndpointSlice", True, "endpointslice"),
-    ResourceSpec("storage.k8s.io", "v1", "storageclasses", "StorageClass", False, "storageclass", ("sc",)),
-    ResourceSpec("scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass", False, "priorityclass", ("pc",)),
-    ResourceSpec(
-        "",
-        "v1",
-        "replicationcontrollers",
-        "ReplicationController",
-        True,
-        "replicationcontroller",
-        ("rc",),
-        ("all",),
-        status=True,
-        scale=True,
-        generation=True,
-    ),
-    ResourceSpec("storage.k8s.io", "v1", "csidrivers", "CSIDriver", False, "csidriver"),
-    ResourceSpec("storage.k8s.io", "v1", "csinodes", "CSINode", False, "csinode"),
-    ResourceSpec("storage.k8s.io", "v1", "csistoragecapacities", "CSIStorageCapacity", True, "csistoragecapacity"),
-    ResourceSpec(
-        "storage.k8s.io", "v1", "volumeattachments", "VolumeAttachment", False, "volumeattachment", status=True
-    ),
-    ResourceSpec("node.k8s.io", "v1", "runtimeclasses", "RuntimeClass", False, "runtimeclass"),
-    ResourceSpec(
-        "admissionregistration.k8s.io",
-        "v1",
+    _builtin("discovery.k8s.io/v1", "endpointslices", "EndpointSlice", True),
+    _builtin("storage.k8s.io/v1", "storageclasses", "StorageClass", False, ("sc",)),
+    _builtin("scheduling.k8s.io/v1", "priorityclasses", "PriorityClass", False, ("pc",)),
+    _builtin("v1", "replicationcontrollers", "ReplicationController", True, ("rc",), ("all",), **_SCALABLE),
+    _builtin("storage.k8s.io/v1", "csidrivers", "CSIDriver", False),
+    _builtin("storage.k8s.io/v1", "csinodes", "CSINode", False),
+    _builtin("storage.k8s.io/v1", "csistoragecapacities", "CSIStorageCapacity", True),
+    _builtin("storage.k8s.io/v1", "volumeattachments", "VolumeAttachment", False, status=True),
+    _builtin("node.k8s.io/v1", "runtimeclasses", "RuntimeClass", False),
+    _builtin(
+        "admissionregistration.k8s.io/v1",
         "validatingwebhookconfigurations",
         "ValidatingWebhookConfiguration",
         False,
-        "validatingwebhookconfiguration",
-        categories=("api-extensions",),
+        (),
+        ("api-extensions",),
     ),
-    ResourceSpec(
-        "admissionregistration.k8s.io",
-        "v1",
+    _builtin(
+        "admissionregistration.k8s.io/v1",
         "mutatingwebhookconfigurations",
         "MutatingWebhookConfiguration",
         False,
-        "mutatingwebhookconfiguration",
-        categories=("api-extensions",),
+        (),
+        ("api-extensions",),
     ),
-    ResourceSpec(
-        "admissionregistration.k8s.io",
-        "v1",
+    _builtin(
+        "admissionregistration.k8s.io/v1",
         "validatingadmissionpolicies",
         "ValidatingAdmissionPolicy",
         False,
-        "validatingadmissionpolicy",
-        categories=("api-extensions",),
+        (),
+        ("api-extensions",),
         status=True,
         generation=True,
     ),
-    ResourceSpec(
-        "admissionregistration.k8s.io",
-        "v1",
+    _builtin(
+        "admissionregistration.k8s.io/v1",
         "validatingadmissionpolicybindings",
         "ValidatingAdmissionPolicyBinding",
         False,
-        "validatingadmissionpolicybinding",
-        categories=("api-extensions",),
+        (),
+        ("api-extensions",),
         generation=True,
     ),
-    ResourceSpec(
-        "certificates.k8s.io",
-        "v1",
+    _builtin(
+        "certificates.k8s.io/v1",
         "certificatesigningrequests",
         "CertificateSigningRequest",
         False,
-        "certificatesigningrequest",
         ("csr",),
         status=True,
     ),
-    ResourceSpec("flowcontrol.apiserver.k8s.io", "v1", "flowschemas", "FlowSchema", False, "flowschema", status=True),
-    ResourceSpec(
-        "flowcontrol.apiserver.k8s.io",
-        "v1",
+    _builtin("flowcontrol.apiserver.k8s.io/v1", "flowschemas", "FlowSchema", False, status=True),
+    _builtin(
+        "flowcontrol.apiserver.k8s.io/v1",
         "prioritylevelconfigurations",
         "PriorityLevelConfiguration",
         False,
-        "prioritylevelconfiguration",
         status=True,
     ),
-    ResourceSpec(
-        "events.k8s.io",
-        "v1",
+    _builtin(
+        "events.k8s.io/v1",
         "events",
         "Event",
         True,
-        "event",
         ("ev",),
         extra_fields=(*(f"regarding.{f}" for f in _EVENT_REFERENCE_FIELDS), "reason", "reportingController", "type"),
         stored_as="core/events",
     ),
-    ResourceSpec(
-        "apiextensions.k8s.io",
-        "v1",
+    _builtin(
+        "apiextensions.k8s.io/v1",
         "customresourcedefinitions",
         "CustomResourceDefinition",
         False,
-        "customresourcedefinition",
         ("crd", "crds"),
         ("api-extensions",),
         status=True,
@@ -410,38 +326,24 @@ class ResourceTable:
         return out
 
     def lookup(self, group: str, version: str, resource: str) -> ResourceSpec | None:
-        for spec in self._specs:
-            if spec.group == group and spec.version == version and spec.resource == resource:
-                return spec
-        return None
+        return _find(self._specs, (group, version, resource))
 
     def by_group_version(self, group: str, version: str) -> list[ResourceSpec]:
         return [s for s in self._specs if s.group == group and s.version == version]
 
 
-def groups() -> dict[str, list[str]]:
-    """Served API groups (``""`` = core) and their versions, in table order."""
-    out: dict[str, list[str]] = {}
-    for spec in RESOURCES:
-        versions = out.setdefault(spec.group, [])
-        if spec.version not in versions:
-            versions.append(spec.version)
-    return out
+def _find(specs: tuple[ResourceSpec, ...], gvr: tuple[str, str, str]) -> ResourceSpec | None:
+    return next((s for s in specs if (s.group, s.version, s.resource) == gvr), None)
 
 
 def lookup(group: str, version: str, resource: str) -> ResourceSpec | None:
-    for spec in RESOURCES:
-        if spec.group == group and spec.version == version and spec.resource == resource:
-            return spec
-    return None
+    """A built-in resource (``None``: not one)."""
+    return _find(RESOURCES, (group, version, resource))
 
 
-def by_group_version(group: str, version: str) -> list[ResourceSpec]:
-    return [s for s in RESOURCES if s.group == group and s.version == version]
-
-
-def namespaces_spec() -> ResourceSpec:
-    spec = lookup("", "v1", "namespaces")
-    if spec is None:  # pragma: no cover - the table always holds namespaces
-        raise LookupError("namespaces missing from the resource table")
+def core_spec(resource: str) -> ResourceSpec:
+    """A built-in core/v1 resource the server itself uses (namespaces, pods, ...)."""
+    spec = lookup("", "v1", resource)
+    if spec is None:  # pragma: no cover - the table always holds these
+        raise LookupError(f"{resource} missing from the resource table")
     return spec

@@ -118,28 +118,13 @@ def _resource_list(table: resources.ResourceTable, group: str, version: str) -> 
         if spec.categories:
             entry["categories"] = list(spec.categories)
         out.append(entry)
-        if spec.status:
-            out.append(
-                {
-                    "name": f"{spec.resource}/status",
-                    "singularName": "",
-                    "namespaced": spec.namespaced,
-                    "kind": spec.kind,
-                    "verbs": ["get", "patch", "update"],
-                }
-            )
-        if spec.scale:
-            out.append(
-                {
-                    "name": f"{spec.resource}/scale",
-                    "singularName": "",
-                    "namespaced": spec.namespaced,
-                    "group": "autoscaling",
-                    "version": "v1",
-                    "kind": "Scale",
-                    "verbs": ["get", "patch", "update"],
-                }
-            )
+        for subresource, served, kind in (
+            ("status", spec.status, {"kind": spec.kind}),
+            ("scale", spec.scale, {"group": "autoscaling", "version": "v1", "kind": "Scale"}),
+        ):
+            if served:
+                sub = {"name": f"{spec.resource}/{subresource}", "singularName": "", "namespaced": spec.namespaced}
+                out.append(sub | kind | {"verbs": ["get", "patch", "update"]})
     return {
         "kind": "APIResourceList",
         "apiVersion": "v1",

@@ -36,12 +36,7 @@ from typing import Any
 import orjson
 
 _ROOT_FIELDS = ("apiVersion", "kind", "metadata")
-_TYPE_NAMES = {
-    "object": dict,
-    "array": list,
-    "string": str,
-    "boolean": bool,
-}
+_TYPE_NAMES = {"object": dict, "array": list, "string": str, "boolean": bool}
 
 
 def _show(value: Any) -> str:

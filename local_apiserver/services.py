@@ -29,7 +29,7 @@ import random
 from collections.abc import Iterable
 from typing import Any
 
-from local_apiserver.errors import invalid
+from local_apiserver.errors import ApiError, invalid
 
 #: kube-apiserver's default ``--service-cluster-ip-range``.
 DEFAULT_SERVICE_RANGE = ipaddress.IPv4Network("10.96.0.0/12")
@@ -63,7 +63,7 @@ def allocate(
     name = str((obj.get("metadata") or {}).get("name") or "")
     spec = obj.setdefault("spec", {})
     if not isinstance(spec, dict):
-        raise invalid("Service", name, [("spec", "Invalid value: must be an object")])
+        raise _invalid(name, "spec", "Invalid value: must be an object")
     svc_type = spec.setdefault("type", "ClusterIP")
     spec.setdefault("sessionAffinity", "None")
     for p in spec.get("ports") or []:
@@ -91,22 +91,15 @@ def allocate(
             if wanted in (None, 0):
                 p["nodePort"] = _free_port(rnd, taken, name)
             elif not isinstance(wanted, int) or wanted not in NODE_PORTS:
-                raise invalid(
-                    "Service",
+                raise _invalid(
                     name,
-                    [
-                        (
-                            f"spec.ports[{i}].nodePort",
-                            f"Invalid value: {wanted!r}: provided port is not in the valid range. "
-                            "The range of valid ports is 30000-32767",
-                        )
-                    ],
+                    f"spec.ports[{i}].nodePort",
+                    f"Invalid value: {wanted!r}: provided port is not in the valid range. "
+                    "The range of valid ports is 30000-32767",
                 )
             elif wanted in taken:
-                raise invalid(
-                    "Service",
-                    name,
-                    [(f"spec.ports[{i}].nodePort", f"Invalid value: {wanted}: provided port is already allocated")],
+                raise _invalid(
+                    name, f"spec.ports[{i}].nodePort", f"Invalid value: {wanted}: provided port is already allocated"
                 )
             taken.add(p["nodePort"])
 
@@ -127,7 +120,7 @@ def keep_on_update(current: dict[str, Any], new: dict[str, Any]) -> None:
             if k in cur:
                 spec.setdefault(k, cur[k])
     elif old_ip and ip != old_ip:
-        raise invalid("Service", name, [("spec.clusterIP", f'Invalid value: "{ip}": field is immutable')])
+        raise _invalid(name, "spec.clusterIP", f'Invalid value: "{ip}": field is immutable')
     old_ports = {
         (p.get("port"), p.get("protocol", "TCP")): p.get("nodePort")
         for p in cur.get("ports") or []
@@ -159,32 +152,22 @@ def _free_ip(rnd: random.Random, ips: set[str], name: str, net: ipaddress.IPv4Ne
         candidate = str(net.network_address + rnd.randrange(2, net.num_addresses - 1))
         if candidate not in ips:
             return candidate
-    raise invalid(
-        "Service", name, [("spec.clusterIP", "Internal error: failed to allocate a serviceIP: range is full")]
-    )
+    raise _invalid(name, "spec.clusterIP", "Internal error: failed to allocate a serviceIP: range is full")
 
 
 def _check_ip(ip: str, ips: set[str], name: str, network: ipaddress.IPv4Network) -> None:
     try:
         addr = ipaddress.IPv4Address(ip)
     except ValueError:
-        raise invalid(
-            "Service", name, [("spec.clusterIP", f'Invalid value: "{ip}": must be a valid IP address')]
-        ) from None
+        raise _invalid(name, "spec.clusterIP", f'Invalid value: "{ip}": must be a valid IP address') from None
     if addr not in network:
-        raise invalid(
-            "Service",
+        raise _invalid(
             name,
-            [
-                (
-                    "spec.clusterIP",
-                    f'Invalid value: "{ip}": provided IP is not in the valid range. '
-                    f"The range of valid IPs is {network}",
-                )
-            ],
+            "spec.clusterIP",
+            f'Invalid value: "{ip}": provided IP is not in the valid range. The range of valid IPs is {network}',
         )
     if ip in ips:
-        raise invalid("Service", name, [("spec.clusterIP", f'Invalid value: "{ip}": provided IP is already allocated')])
+        raise _invalid(name, "spec.clusterIP", f'Invalid value: "{ip}": provided IP is already allocated')
 
 
 def _free_port(rnd: random.Random, taken: set[int], name: str) -> int:
@@ -194,5 +177,10 @@ def _free_port(rnd: random.Random, taken: set[int], name: str) -> int:
             return candidate
     free = sorted(set(NODE_PORTS) - taken)
     if not free:
-        raise invalid("Service", name, [("spec.ports", "Internal error: failed to allocate a nodePort: range is full")])
+        raise _invalid(name, "spec.ports", "Internal error: failed to allocate a nodePort: range is full")
     return free[0]
+
+
+def _invalid(name: str, field: str, message: str) -> ApiError:
+    """422 Invalid of the Service ``name``: one cause."""
+    return invalid("Service", name, [(field, message)])

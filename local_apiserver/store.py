@@ -51,14 +51,15 @@ from local_apiserver.errors import (
     conflict,
     forbidden,
     gone,
+    invalid_request,
     not_found,
     timeout,
     unavailable,
 )
-from local_apiserver.resources import ResourceSpec, ResourceTable, lookup, namespaces_spec
+from local_apiserver.resources import ResourceSpec, ResourceTable, core_spec
 from local_apiserver.validation import apply_defaults, check_body_shape, check_secret_update, validate_object
 from rangeshard.core.errors import RegistryError, RegistryUnavailable
-from rangeshard.core.etcd import KV, EtcdClient
+from rangeshard.core.etcd import KV, EtcdClient, prefix_end
 from rangeshard.core.selectors import FieldSelector, LabelSelector
 from rangeshard.core.timestamps import format_time, parse_time
 
@@ -84,11 +85,6 @@ def parse_resource_version(value: str | None, what: str = "resourceVersion") -> 
         # etcd revisions are int64: a larger value can never exist (and would overflow the request).
         raise bad_request(f"invalid {what}: {value!r} is larger than any resource version (2^63-1)")
     return rv
-
-
-def prefix_range_end(prefix: str) -> str:
-    """The first key after every key starting with ``prefix`` (prefix ends with '/')."""
-    return prefix[:-1] + chr(ord(prefix[-1]) + 1)
 
 
 def etcd_errors(e: RegistryError) -> ApiError:
@@ -213,7 +209,7 @@ class Store:
             if pinned:
                 namespace = pinned
         prefix = self.resource_prefix(spec, namespace)
-        end = prefix_range_end(prefix)
+        end = prefix_end(prefix)
         start = prefix
         read_rev: int | None = None
         rv = parse_resource_version(resource_version)
@@ -329,11 +325,8 @@ class Store:
 
     def _default_service_account(self, namespace: str) -> None:
         """Every namespace gets a ServiceAccount ``default``, as kube-controller-manager creates one."""
-        sa = lookup("", "v1", "serviceaccounts")
-        if sa is None:
-            return
         try:
-            self.create(sa, namespace, {"metadata": {"name": "default"}})
+            self.create(core_spec("serviceaccounts"), namespace, {"metadata": {"name": "default"}})
         except ApiError as e:
             if e.code not in (403, 409):  # already there, or the namespace is already terminating
                 raise
@@ -356,10 +349,10 @@ class Store:
 
     def _require_namespace(self, namespace: str, spec: ResourceSpec, name: str) -> tuple[str, int]:
         """``(key, mod revision)`` of the active namespace; 404 if absent, 403 if terminating."""
-        kv = self.get_kv(namespaces_spec(), None, namespace)
+        kv = self.get_kv(core_spec("namespaces"), None, namespace)
         if kv is None:
             raise not_found("namespaces", namespace)
-        ns = self.decode(namespaces_spec(), kv)
+        ns = self.decode(core_spec("namespaces"), kv)
         if ns["metadata"].get("deletionTimestamp"):
             raise forbidden(
                 spec.group_resource,
@@ -372,7 +365,7 @@ class Store:
         """Create the namespaces kube-apiserver creates at start-up (if absent)."""
         for name in names:
             try:
-                self.create(namespaces_spec(), None, {"metadata": {"name": name}})
+                self.create(core_spec("namespaces"), None, {"metadata": {"name": name}})
             except ApiError as e:
                 if e.code != 409:
                     raise
@@ -478,12 +471,10 @@ class Store:
         if cur_meta.get("deletionTimestamp"):
             added = set(meta.get("finalizers") or []) - set(cur_meta.get("finalizers") or [])
             if added:
-                raise ApiError(
-                    422,
-                    "Invalid",
+                raise invalid_request(
                     f'{spec.kind} "{cur_meta["name"]}" is invalid: metadata.finalizers: Forbidden: '
                     "no new finalizers can be added if the object is being deleted, "
-                    f"found new finalizers {sorted(added)}",
+                    f"found new finalizers {sorted(added)}"
                 )
         validate_object(spec, new)
         apply_defaults(spec, new)

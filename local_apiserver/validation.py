@@ -27,7 +27,7 @@ import copy
 import re
 from typing import Any
 
-from local_apiserver.conversion import METRICS_ANNOTATION
+from local_apiserver.conversion import METRICS_ANNOTATION, cpu_utilization_metric
 from local_apiserver.crd import crd_defaults, crd_problems
 from local_apiserver.errors import bad_request, invalid
 from local_apiserver.resources import CRD_RESOURCE, ResourceSpec
@@ -39,6 +39,23 @@ _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 _STRING_MAPS = ("labels", "annotations")
 _HPA_DEFAULT_CPU = 80  # kube's autoscaling.DefaultCPUUtilization
+_ROLLING_UPDATE = {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "25%", "maxSurge": "25%"}}
+# The spec fields kube-apiserver's defaulters set (those controllers and printers read), per built-in resource.
+_SPEC_DEFAULTS: dict[str, dict[str, Any]] = {
+    "replicasets": dict(replicas=1),
+    "deployments": dict(replicas=1, strategy=_ROLLING_UPDATE, revisionHistoryLimit=10, progressDeadlineSeconds=600),
+    "pods": dict(
+        restartPolicy="Always",
+        terminationGracePeriodSeconds=30,
+        dnsPolicy="ClusterFirst",
+        schedulerName="default-scheduler",
+    ),
+    # Filesystem volumes; a PV is retained by default.
+    "persistentvolumeclaims": dict(volumeMode="Filesystem"),
+    "persistentvolumes": dict(volumeMode="Filesystem", persistentVolumeReclaimPolicy="Retain"),
+    # kubectl get cronjobs prints SUSPEND from these.
+    "cronjobs": dict(suspend=False, concurrencyPolicy="Allow", successfulJobsHistoryLimit=3, failedJobsHistoryLimit=1),
+}
 
 
 def name_problem(spec: ResourceSpec, name: str) -> str | None:
@@ -262,49 +279,30 @@ def apply_defaults(spec: ResourceSpec, obj: dict[str, Any]) -> None:
         return
     elif spec.resource == CRD_RESOURCE:
         crd_defaults(obj)
-    elif spec.resource in ("replicasets", "deployments") and isinstance(body_spec, dict):
-        body_spec.setdefault("replicas", 1)
-        if spec.resource == "deployments":
-            body_spec.setdefault(
-                "strategy", {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "25%", "maxSurge": "25%"}}
-            )
-            body_spec.setdefault("revisionHistoryLimit", 10)
-            body_spec.setdefault("progressDeadlineSeconds", 600)
-    elif spec.resource == "pods" and isinstance(body_spec, dict):
-        body_spec.setdefault("restartPolicy", "Always")
-        body_spec.setdefault("terminationGracePeriodSeconds", 30)
-        body_spec.setdefault("dnsPolicy", "ClusterFirst")
-        body_spec.setdefault("schedulerName", "default-scheduler")
-        status = obj.setdefault("status", {})
-        if isinstance(status, dict):
-            status.setdefault("phase", "Pending")
+    elif spec.resource in _SPEC_DEFAULTS and isinstance(body_spec, dict):
+        for key, value in _SPEC_DEFAULTS[spec.resource].items():
+            body_spec.setdefault(key, copy.deepcopy(value))
+        if spec.resource == "pods":
+            status = obj.setdefault("status", {})
+            if isinstance(status, dict):
+                status.setdefault("phase", "Pending")
+        elif spec.resource in ("persistentvolumeclaims", "persistentvolumes"):
+            _default_phase(obj, "Pending")  # until bound
     elif spec.resource == "secrets" and spec.group == "":
         _secret_defaults(obj)
-    elif spec.resource in ("persistentvolumeclaims", "persistentvolumes") and isinstance(body_spec, dict):
-        # kube's defaulters: Filesystem volumes, Pending until bound; a PV is retained by default.
-        body_spec.setdefault("volumeMode", "Filesystem")
-        if spec.resource == "persistentvolumes":
-            body_spec.setdefault("persistentVolumeReclaimPolicy", "Retain")
-        status = obj.get("status")
-        obj["status"] = status = status if isinstance(status, dict) else {}
-        status.setdefault("phase", "Pending")
-    elif spec.resource == "cronjobs" and isinstance(body_spec, dict):
-        # kube's CronJob defaults (kubectl get cronjobs prints SUSPEND from them).
-        body_spec.setdefault("suspend", False)
-        body_spec.setdefault("concurrencyPolicy", "Allow")
-        body_spec.setdefault("successfulJobsHistoryLimit", 3)
-        body_spec.setdefault("failedJobsHistoryLimit", 1)
     elif spec.resource == "horizontalpodautoscalers" and isinstance(body_spec, dict):
         _hpa_defaults(spec, obj, body_spec)
     elif spec.resource == "namespaces":
         meta = obj.setdefault("metadata", {})
         meta.setdefault("labels", {})["kubernetes.io/metadata.name"] = meta.get("name", "")
         obj["spec"] = obj.get("spec") or {}
-        status = obj.get("status")
-        if not isinstance(status, dict):
-            status = {}
-        status.setdefault("phase", "Active")
-        obj["status"] = status
+        _default_phase(obj, "Active")
+
+
+def _default_phase(obj: dict[str, Any], phase: str) -> None:
+    status = obj.get("status")
+    obj["status"] = status = status if isinstance(status, dict) else {}
+    status.setdefault("phase", phase)
 
 
 def _hpa_defaults(spec: ResourceSpec, obj: dict[str, Any], body_spec: dict[str, Any]) -> None:
@@ -315,12 +313,7 @@ def _hpa_defaults(spec: ResourceSpec, obj: dict[str, Any], body_spec: dict[str, 
         if body_spec.get("targetCPUUtilizationPercentage") is None and METRICS_ANNOTATION not in annotations:
             body_spec["targetCPUUtilizationPercentage"] = _HPA_DEFAULT_CPU
     elif not body_spec.get("metrics"):
-        body_spec["metrics"] = [
-            {
-                "type": "Resource",
-                "resource": {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": _HPA_DEFAULT_CPU}},
-            }
-        ]
+        body_spec["metrics"] = [cpu_utilization_metric(_HPA_DEFAULT_CPU)]
 
 
 def _secret_defaults(obj: dict[str, Any]) -> None:

@@ -44,8 +44,9 @@ import orjson
 
 from hashing import ShardSelector
 from local_apiserver.conversion import to_api
-from local_apiserver.errors import ApiError, status_object
+from local_apiserver.errors import ApiError, gone, status_object, unavailable
 from local_apiserver.resources import ResourceSpec
+from local_apiserver.state import in_thread
 from local_apiserver.store import Obj, Store, parse_resource_version
 from rangeshard.core.errors import RegistryError, WatchCompacted
 from rangeshard.core.etcd import EtcdClient, EtcdConfig, PrefixWatch, WatchBatch, WatchEvent
@@ -105,11 +106,7 @@ class EtcdWatch:
             )
         except WatchCompacted as e:
             self.close()
-            raise ApiError(
-                410,
-                "Expired",
-                f"too old resource version: {self.start_revision - 1} ({e.compacted_revision})",
-            ) from e
+            raise gone(f"too old resource version: {self.start_revision - 1} ({e.compacted_revision})") from e
         except BaseException:
             self.close()
             raise
@@ -224,29 +221,9 @@ async def watch_events(
     rv = parse_resource_version(req.resource_version)
     initial: list[Obj] = []
     if rv is None or rv == 0 or req.send_initial_events:
-
-        def read_initial() -> tuple[int, list[Obj]]:
-            items: list[Obj] = []
-            token: str | None = None
-            revision = 0
-            while True:
-                res = store.list_page(
-                    req.spec,
-                    req.namespace,
-                    req.labels,
-                    req.fields,
-                    limit=500,
-                    continue_token=token,
-                    shard=req.shard,
-                )
-                revision = revision or res.revision
-                items.extend(res.items)
-                if not res.continue_token:
-                    return revision, items
-                token = res.continue_token
-
-        list_rev, initial = await anyio.to_thread.run_sync(read_initial)
-        start = list_rev + 1
+        # Without a limit list_page reads every page at one revision.
+        res = await in_thread(store.list_page, req.spec, req.namespace, req.labels, req.fields, shard=req.shard)
+        initial, start = res.items, res.revision + 1
     else:
         start = rv + 1
     namespace = req.namespace
@@ -262,7 +239,7 @@ async def watch_events(
             raise
         compacted = e
     except RegistryError as e:
-        raise ApiError(503, "ServiceUnavailable", f"cannot watch: {e}") from e
+        raise unavailable(f"cannot watch: {e}") from e
     on_open()
     if shutdown is not None:
         forget = shutdown.on_set(lambda: etcd_watch.deliver(("closed", "the server is shutting down")))

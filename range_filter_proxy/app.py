@@ -65,14 +65,8 @@ from rangeshard.core.serving import ShutdownSignal
 
 log = logging.getLogger(__name__)
 
-_PASSTHROUGH_VERBS = {
-    "GET": "get",
-    "HEAD": "head",
-    "POST": "create",
-    "PUT": "update",
-    "PATCH": "patch",
-    "DELETE": "delete",
-}
+#: Authorization verbs of pass-through methods (any other method's verb is its lowercase name).
+_PASSTHROUGH_VERBS = {"POST": "create", "PUT": "update"}
 _ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 
 
@@ -144,13 +138,12 @@ class Proxy:
 
     def readiness(self, *, verbose: bool) -> tuple[bool, str]:
         """``/readyz``: ready?, and its text (kube-apiserver's ``[+]``/``[-]`` lines when ``verbose``)."""
-        ok, missing = self.manager.ready()
+        _, caches_missing = self.manager.ready()
         fencing_missing = self.fence is not None and not self.fence.tracker.observed.is_set()
-        if fencing_missing:
-            ok, missing = False, [*missing, "write fencing: registry not listed yet"]
+        missing = caches_missing + (["write fencing: registry not listed yet"] if fencing_missing else [])
+        ok = not missing
         if not verbose:
             return ok, "ok" if ok else "not ready: " + "; ".join(missing)
-        caches_missing = [m for m in missing if not m.startswith("write fencing")]
         lines = [
             f"[{'-' if caches_missing else '+'}]watch-caches "
             + ("failed: " + "; ".join(caches_missing) if caches_missing else "ok"),
@@ -234,7 +227,6 @@ def create_app(
 
     app = ProxyApp(lifespan=lifespan, openapi_url=None, docs_url=None, redoc_url=None)
     app.state.proxy = state
-    app.state.heap_keeper = state.heap_keeper
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
 
     @app.exception_handler(ApiError)

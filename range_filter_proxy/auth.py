@@ -62,16 +62,16 @@ from range_filter_proxy.errors import ApiError, UpstreamError
 from range_filter_proxy.upstream import Upstream
 from rangeshard.core.errors import ConfigError
 from rangeshard.core.kubeapi import Attributes, UserInfo, token_digest
-from rangeshard.core.rest import split_group_version
+from rangeshard.core.rest import GVR, split_group_version
 
 log = logging.getLogger(__name__)
 
 MASTERS = "system:masters"
 READERS = "rangeshard:readers"
 READ_VERBS = frozenset({"get", "list", "watch"})
-PUBLIC_PATHS = frozenset({"/healthz", "/readyz"})
-TOKEN_REVIEW_PATH = "/apis/authentication.k8s.io/v1/tokenreviews"  # noqa: S105 (a path, not a secret)
-SUBJECT_ACCESS_REVIEW_PATH = "/apis/authorization.k8s.io/v1/subjectaccessreviews"
+#: The review resources ``delegate`` mode posts to.
+TOKEN_REVIEWS = GVR("authentication.k8s.io", "v1", "tokenreviews")
+SUBJECT_ACCESS_REVIEWS = GVR("authorization.k8s.io", "v1", "subjectaccessreviews")
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
@@ -129,13 +129,9 @@ class TtlCache(Generic[K, V]):
 
 def bearer_token(authorization: str | None) -> str | None:
     """The token of an ``Authorization: Bearer <token>`` header value, else None."""
-    if not authorization:
-        return None
-    scheme, _, token = authorization.strip().partition(" ")
+    scheme, _, token = (authorization or "").strip().partition(" ")
     token = token.strip()
-    if scheme.lower() != "bearer" or not token:
-        return None
-    return token
+    return token if scheme.lower() == "bearer" and token else None
 
 
 def unauthorized() -> ApiError:
@@ -196,7 +192,6 @@ class ProxyAuth:
             raise ConfigError("--token-file is only used with --auth-mode static")
         if settings.cache_ttl < 0 or settings.cache_size < 1:
             raise ConfigError("--auth-cache-ttl must be >= 0 and --auth-cache-size >= 1")
-        self.settings = settings
         self.mode = settings.mode
         self.reviewer = reviewer
         self._users = dict(settings.users)
@@ -204,10 +199,6 @@ class ProxyAuth:
         self._authz: TtlCache[tuple[UserInfo, Attributes], tuple[bool, str]] = TtlCache(
             settings.cache_ttl, settings.cache_size
         )
-
-    @property
-    def enabled(self) -> bool:
-        return self.mode is not AuthMode.NONE
 
     async def authenticate(self, authorization: str | None) -> UserInfo | None:
         """The user behind an ``Authorization`` header; None in mode ``none``; else 401."""
@@ -252,16 +243,21 @@ class ProxyAuth:
         await self.authorize(user, attrs)
         return user
 
-    async def _token_review(self, token: str) -> UserInfo | None:
+    async def _review(self, resource: GVR, kind: str, spec: dict[str, Any]) -> dict[str, Any] | None:
+        """Send a ``kind`` review of ``spec`` to the upstream; the ``status`` of its answer, if it has one."""
         if self.reviewer is None:  # excluded by __init__
             raise unauthorized()
-        doc = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": token}}
+        doc = {"apiVersion": resource.api_version, "kind": kind, "spec": spec}
         try:
-            answer = await self.reviewer.post_json(TOKEN_REVIEW_PATH, doc)
+            answer = await self.reviewer.post_json(resource.path(), doc)
         except UpstreamError as e:
-            raise _review_failed("TokenReview", e) from e
+            raise _review_failed(kind, e) from e
         status = answer.get("status") if isinstance(answer, dict) else None
-        if not isinstance(status, dict) or status.get("authenticated") is not True:
+        return status if isinstance(status, dict) else None
+
+    async def _token_review(self, token: str) -> UserInfo | None:
+        status = await self._review(TOKEN_REVIEWS, "TokenReview", {"token": token})
+        if status is None or status.get("authenticated") is not True:
             return None
         user = status.get("user")
         if not isinstance(user, dict) or not isinstance(user.get("username"), str):
@@ -281,30 +277,18 @@ class ProxyAuth:
         )
 
     async def _subject_access_review(self, user: UserInfo, attrs: Attributes) -> tuple[bool, str]:
-        if self.reviewer is None:  # excluded by __init__
-            return False, "no reviewer"
         spec: dict[str, Any] = {"user": user.username, "groups": list(user.groups)}
         if user.uid:
             spec["uid"] = user.uid
         if user.extra:
             spec["extra"] = {k: list(v) for k, v in user.extra}
         if attrs.resource:
-            spec["resourceAttributes"] = {
-                "verb": attrs.verb,
-                "group": attrs.group,
-                "version": attrs.version,
-                "resource": attrs.resource,
-                "namespace": attrs.namespace,
-            }
+            fields = ("verb", "group", "version", "resource", "namespace")
+            spec["resourceAttributes"] = {f: getattr(attrs, f) for f in fields}
         else:
             spec["nonResourceAttributes"] = {"verb": attrs.verb, "path": attrs.path}
-        doc = {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview", "spec": spec}
-        try:
-            answer = await self.reviewer.post_json(SUBJECT_ACCESS_REVIEW_PATH, doc)
-        except UpstreamError as e:
-            raise _review_failed("SubjectAccessReview", e) from e
-        status = answer.get("status") if isinstance(answer, dict) else None
-        if not isinstance(status, dict):
+        status = await self._review(SUBJECT_ACCESS_REVIEWS, "SubjectAccessReview", spec)
+        if status is None:
             return False, "the SubjectAccessReview answer has no status"
         reason = status.get("reason")
         return status.get("allowed") is True and status.get("denied") is not True, (

@@ -169,13 +169,7 @@ class WatchCache:
         """The resource is gone upstream (e.g. its CRD was deleted): end every watch, forget everything."""
         log.info("watch cache %s dropped: %s", self.info.gvr, reason)
         self.gone = True
-        for w in list(self.watchers.values()):
-            w.close("resource no longer served by the upstream")
-        self.watchers.clear()
-        self._index = DispatchIndex(())
-        self.metrics.downstream_watches.labels(self._label).set(0)
-        self.objects = {}
-        self.history.clear()
+        self._reset({}, "resource no longer served by the upstream")
         self.synced.set()  # wakes requests waiting for a first sync: they answer 404 (wait_synced)
         if self.on_gone is not None:
             self.on_gone(self)
@@ -227,21 +221,12 @@ class WatchCache:
 
     def replace(self, listed: ListResult) -> None:
         """Install a fresh list: new store, empty history, every watcher closed."""
-        objects: dict[tuple[str, str], CachedObject] = {}
-        for item in listed.items:
-            o = CachedObject.build(item, self.info)
-            objects[o.key] = o
-        self._install(objects, listed.resource_version)
+        built = (CachedObject.build(item, self.info) for item in listed.items)
+        self._install({o.key: o for o in built}, listed.resource_version)
 
     def _install(self, objects: dict[tuple[str, str], CachedObject], resource_version: str) -> None:
         rv = parse_rv(resource_version) if resource_version else 0
-        for w in list(self.watchers.values()):
-            w.close("watch cache relisted")
-        self.watchers.clear()
-        self._index = DispatchIndex(())
-        self.metrics.downstream_watches.labels(self._label).set(0)
-        self.objects = objects
-        self.history.clear()
+        self._reset(objects, "watch cache relisted")
         self.rv = rv
         self.history_start_rv = rv
         self.synced.set()
@@ -250,6 +235,16 @@ class WatchCache:
         # the cyclic collector's sight, so full collections stay cheap (seconds at 100k objects).
         gc.freeze()
         log.info("watch cache %s synced: %d objects at resourceVersion %d", self.info.gvr, len(objects), rv)
+
+    def _reset(self, objects: dict[tuple[str, str], CachedObject], reason: str) -> None:
+        """Close and forget every watcher (``reason``), replace the store, clear the history."""
+        for w in list(self.watchers.values()):
+            w.close(reason)
+        self.watchers.clear()
+        self._index = DispatchIndex(())
+        self.metrics.downstream_watches.labels(self._label).set(0)
+        self.objects = objects
+        self.history.clear()
 
     def apply(self, event: WatchEvent) -> None:
         """Apply one upstream watch event and dispatch it to every watcher."""
@@ -372,16 +367,13 @@ class WatchCache:
 
     async def wait_synced(self) -> None:
         """Wait for the first sync; 503 if it does not come in time, 404 if the resource went away upstream."""
-        if self.synced.is_set() and not self.gone:
-            return
-        if self.gone:
-            raise ApiError(404, "NotFound", f"the upstream no longer serves {self.info.gvr.label}")
-        try:
-            await asyncio.wait_for(self.synced.wait(), timeout=self.settings.sync_timeout)
-        except TimeoutError as e:
-            raise ApiError(
-                503, "ServiceUnavailable", f"the watch cache of {self.info.gvr.label} is not synced yet; retry"
-            ) from e
+        if not self.synced.is_set():  # a cache that went away is synced (``_drop``)
+            try:
+                await asyncio.wait_for(self.synced.wait(), timeout=self.settings.sync_timeout)
+            except TimeoutError as e:
+                raise ApiError(
+                    503, "ServiceUnavailable", f"the watch cache of {self.info.gvr.label} is not synced yet; retry"
+                ) from e
         if self.gone:
             raise ApiError(404, "NotFound", f"the upstream no longer serves {self.info.gvr.label}")
 
@@ -427,13 +419,21 @@ class WatchCache:
         if await self.wait_for_rv(current, self.settings.consistent_read_timeout):
             return self.select(filt), self.rv
         self.metrics.consistent_read_fallbacks.labels(self._label).inc()
-        listed = await self.upstream.list(self.info.gvr)
+        chosen, rv = await self.list_upstream(filt)
+        chosen.sort(key=lambda o: o.key)
+        return chosen, rv
+
+    async def list_upstream(
+        self, filt: WatchFilter, params: dict[str, str] | None = None
+    ) -> tuple[list[CachedObject], int]:
+        """The objects of an upstream list (``params``: its query) that pass ``filt``, in its order, and its RV."""
+        listed = await self.upstream.list(self.info.gvr, params)
         items = [CachedObject.build(i, self.info) for i in listed.items]
-        chosen = sorted((o for o in items if filt.matches(o)), key=lambda o: o.key)
         try:
-            return chosen, parse_rv(listed.resource_version)
+            rv = parse_rv(listed.resource_version)
         except ValueError as e:
             raise UpstreamError(f"{self.info.gvr}: upstream list resourceVersion is not an integer") from e
+        return [o for o in items if filt.matches(o)], rv
 
     async def wait_not_older_than(self, rv: int) -> None:
         """Wait until the cache reaches ``rv``; 504 ``Timeout`` (too large resource version) if not in time."""
@@ -475,12 +475,6 @@ class WatchCache:
                 w.closed = True
                 return w
             after = resume_from
-            for ev in self.history:
-                if ev.rv <= after:
-                    continue
-                variant = filt.variant(ev)
-                if variant is not None:
-                    backlog.append(ev.line(variant))
         else:
             if initial is None:
                 objs: Iterable[CachedObject] = self.select(filt)
@@ -490,15 +484,15 @@ class WatchCache:
                 after = initial_rv if initial_rv is not None else self.rv
             backlog.extend(event_line("ADDED", o.raw) for o in objs)
             # Events the cache has already applied beyond ``after`` (when the
-            # snapshot came from elsewhere and is older than the cache) are replayed.
-            if after < self.rv:
-                if after < self.history_start_rv:
-                    raise gone(f"too old resource version: {after} ({self.history_start_rv})")
-                for ev in self.history:
-                    if ev.rv > after:
-                        variant = filt.variant(ev)
-                        if variant is not None:
-                            backlog.append(ev.line(variant))
+            # snapshot came from elsewhere and is older than the cache) are replayed below.
+            if after < self.rv and after < self.history_start_rv:
+                raise gone(f"too old resource version: {after} ({self.history_start_rv})")
+        if after < self.rv:  # replay the history after ``after``
+            for ev in self.history:
+                if ev.rv > after:
+                    variant = filt.variant(ev)
+                    if variant is not None:
+                        backlog.append(ev.line(variant))
         w = Watcher(
             self,
             filt,
@@ -533,10 +527,8 @@ class CacheManager:
         self.configured: list[GVR] = []
         self._configure_task: asyncio.Task[None] | None = None
         self._configured_done = asyncio.Event()
-        #: Whether the upstream filters lists by ``shardSelector`` itself (KEP-5866):
-        #: ``None`` until probed (after the first cache synced), see :meth:`_probe_shard_selector`.
-        self.upstream_shard_selector: bool | None = None
-        #: What the probe saw, for ``/readyz?verbose``.
+        #: Whether the upstream filters lists by ``shardSelector`` itself (KEP-5866), as the probe
+        #: saw it (:meth:`_probe_shard_selector`), for ``/readyz?verbose``.
         self.upstream_shard_selector_detail = "not probed yet (no watch cache has synced)"
         self._probe_task: asyncio.Task[None] | None = None
 
@@ -561,10 +553,9 @@ class CacheManager:
                 try:
                     found = await self.upstream.discover(group, version)
                 except UpstreamError as e:
-                    if e.code == 404:
-                        found = {}
-                    else:
+                    if e.code != 404:
                         raise
+                    found = {}
                 entry = (time.monotonic(), found)
                 self._discovery[key] = entry
         return entry[1].get(resource)
@@ -586,10 +577,11 @@ class CacheManager:
             self.caches[info.gvr] = cache
             cache.start()
             if self._probe_task is None:
-                self._probe_task = asyncio.create_task(
-                    self._probe_shard_selector(cache), name="watch-cache:probe-shard-selector"
+                self._probe_task = start_task(
+                    self._probe_shard_selector(cache),
+                    "watch-cache:probe-shard-selector",
+                    what="probing the upstream for shardSelector support",
                 )
-                self._probe_task.add_done_callback(self._probe_done)
         elif configured:
             cache.on_gone = None  # first started by a request, then configured: keep it
         return cache
@@ -626,22 +618,16 @@ class CacheManager:
                 await asyncio.sleep(backoff)  # retry backoff, not synchronisation
                 backoff = min(backoff * 2, self.settings.relist_backoff_max)
                 continue
-            if listed.shard_info is not None:
-                self._shard_selector_probed(
-                    True, f"supported: native KEP-5866 upstream (a list of {label} answered with metadata.shardInfo)"
-                )
-            else:
-                self._shard_selector_probed(
-                    False, f"not supported: the upstream answered a list of {label} without metadata.shardInfo"
-                )
+            supported = listed.shard_info is not None
+            self._shard_selector_probed(
+                supported,
+                f"supported: native KEP-5866 upstream (a list of {label} answered with metadata.shardInfo)"
+                if supported
+                else f"not supported: the upstream answered a list of {label} without metadata.shardInfo",
+            )
             return
 
-    def _probe_done(self, task: asyncio.Task[None]) -> None:
-        if not task.cancelled() and task.exception() is not None:
-            log.error("probing the upstream for shardSelector support failed", exc_info=task.exception())
-
     def _shard_selector_probed(self, supported: bool, detail: str) -> None:
-        self.upstream_shard_selector = supported
         self.upstream_shard_selector_detail = detail
         self.metrics.upstream_shard_selector_supported.set(1 if supported else 0)
         log.info("upstream shardSelector %s", detail)
@@ -690,12 +676,7 @@ class CacheManager:
                 pending.pop(0)
             self._configured_done.set()
 
-        self._configure_task = asyncio.create_task(run(), name="watch-cache:configure")
-        self._configure_task.add_done_callback(self._configure_done)
-
-    def _configure_done(self, task: asyncio.Task[None]) -> None:
-        if not task.cancelled() and task.exception() is not None:
-            log.error("resolving the configured resources failed", exc_info=task.exception())
+        self._configure_task = start_task(run(), "watch-cache:configure", what="resolving the configured resources")
 
     def ready(self) -> tuple[bool, list[str]]:
         """Whether every configured cache has synced, and what is still missing."""
@@ -710,13 +691,10 @@ class CacheManager:
 
     async def stop(self) -> None:
         """Stop every cache and background task."""
-        if self._probe_task is not None:
-            self._probe_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._probe_task
-        if self._configure_task is not None:
-            self._configure_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._configure_task
+        for task in (self._probe_task, self._configure_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         for cache in list(self.caches.values()):
             await cache.stop()

@@ -31,7 +31,7 @@ import orjson
 from hashing import ObjectHashes, ShardSelector
 from range_filter_proxy.errors import UpstreamError
 from range_filter_proxy.resources import ResourceInfo
-from range_filter_proxy.wire import WireObject
+from range_filter_proxy.wire import LINE_PREFIXES, WireObject
 from rangeshard.core.selectors import FieldSelector, LabelSelector
 
 log = logging.getLogger(__name__)
@@ -221,12 +221,9 @@ class CachedObject(msgspec.Struct, eq=False, gc=False):
         return orjson.dumps(obj)
 
 
-_EVENT_PREFIXES = {t: b'{"type":"' + t.encode() + b'","object":' for t in ("ADDED", "MODIFIED", "DELETED", "BOOKMARK")}
-
-
 def event_line(etype: str, raw_object: bytes | memoryview) -> bytes:
     """One line of a JSON watch stream (one copy of the object's bytes)."""
-    prefix = _EVENT_PREFIXES.get(etype) or b'{"type":"' + etype.encode() + b'","object":'
+    prefix = LINE_PREFIXES.get(etype) or b'{"type":"' + etype.encode() + b'","object":'
     return b"".join((prefix, raw_object, b"}\n"))
 
 

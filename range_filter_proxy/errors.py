@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from rangeshard.core.errors import RangeshardError
-from rangeshard.core.kubeapi import ApiError, bad_request, status_object
+from rangeshard.core.kubeapi import ApiError, bad_request
 
 __all__ = [
     "ApiError",
@@ -33,7 +33,6 @@ __all__ = [
     "UpstreamUnavailable",
     "bad_request",
     "gone",
-    "status_object",
 ]
 
 

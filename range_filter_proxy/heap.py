@@ -68,9 +68,8 @@ class HeapKeeper:
         self.settings = settings
         self.passes = 0
         self.full_passes = 0
-        #: Duration of the longest pass so far, and of the last full pass (seconds).
+        #: Duration of the longest pass so far (seconds).
         self.longest_pass = 0.0
-        self.last_full_pass = 0.0
         self._task: asyncio.Task[None] | None = None
         self._last_full = time.monotonic()
 
@@ -103,7 +102,6 @@ class HeapKeeper:
         if full:
             self._last_full = time.monotonic()
             self.full_passes += 1
-            self.last_full_pass = took
             log.info("full garbage collection: %.1f ms, %d objects frozen", took * 1000, gc.get_freeze_count())
         else:
             # Not gc.get_freeze_count() here: it walks every frozen object (~15 ms with a full cache).

@@ -38,7 +38,6 @@ from fastapi import Request, Response
 from hashing import SelectorSyntaxError, ShardSelector, parse_shard_selector
 from range_filter_proxy.cache import CacheManager, WatchCache
 from range_filter_proxy.cached import CachedObject, WatchFilter, parse_rv
-from range_filter_proxy.errors import UpstreamError
 from range_filter_proxy.paging import ContinueToken, PageSnapshots, PagingSettings, selectors_digest
 from range_filter_proxy.resources import ResourceInfo
 from range_filter_proxy.tables import ProxyTables
@@ -169,11 +168,7 @@ class CollectionServer:
         return json_response(200, built)
 
     def _pages(self, cache: WatchCache) -> PageSnapshots:
-        label = cache.info.gvr.label
-        pages = self.pages.get(label)
-        if pages is None:
-            pages = self.pages[label] = PageSnapshots(self.paging)
-        return pages
+        return self.pages.setdefault(cache.info.gvr.label, PageSnapshots(self.paging))
 
     async def _list(self, cache: WatchCache, opts: ListOptions) -> Response:
         info = cache.info
@@ -207,13 +202,7 @@ class CollectionServer:
             params["resourceVersion"] = opts.query.resource_version
         if opts.query.resource_version_match is not None:
             params["resourceVersionMatch"] = opts.query.resource_version_match
-        listed = await cache.upstream.list(cache.info.gvr, params)
-        items = [CachedObject.build(i, cache.info) for i in listed.items]
-        try:
-            rv = parse_rv(listed.resource_version)
-        except ValueError as e:
-            raise UpstreamError(f"{cache.info.gvr}: upstream list resourceVersion is not an integer") from e
-        chosen = [o for o in items if opts.filter.matches(o)]
+        chosen, rv = await cache.list_upstream(opts.filter, params)
         return list_body(cache.info, chosen, rv, opts)
 
     async def _watch(self, cache: WatchCache, opts: ListOptions) -> WatchResponse:

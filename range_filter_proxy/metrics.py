@@ -30,8 +30,8 @@ Concurrency model
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from collections.abc import Iterator
+from itertools import accumulate
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
@@ -69,11 +69,6 @@ class ResourceStats:
         self.latency_buckets = [0] * (len(LATENCY_BUCKETS) + 1)
         self.latency_sum = 0.0
 
-    def observe_latency(self, seconds: float) -> None:
-        """Count one delivery that took ``seconds``."""
-        self.latency_buckets[bisect_left(LATENCY_BUCKETS, seconds)] += 1
-        self.latency_sum += seconds
-
 
 class _StatsCollector(Collector):
     """Exports every :class:`ResourceStats` of a :class:`ProxyMetrics` as counters and a histogram."""
@@ -109,13 +104,10 @@ class _StatsCollector(Collector):
             "Time from receiving an event upstream to handing it to a downstream connection",
             labels=["resource"],
         )
+        bounds = (*(repr(b) for b in LATENCY_BUCKETS), "+Inf")
         for resource, s in items:
-            running = 0
-            buckets: list[tuple[str, float]] = []
-            for bound, n in zip((*(repr(b) for b in LATENCY_BUCKETS), "+Inf"), s.latency_buckets, strict=True):
-                running += n
-                buckets.append((bound, running))
-            hist.add_metric([resource], buckets, s.latency_sum)
+            cumulative = list(zip(bounds, accumulate(s.latency_buckets), strict=True))
+            hist.add_metric([resource], cumulative, s.latency_sum)
         yield hist
 
 
@@ -124,52 +116,43 @@ class ProxyMetrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
-        r = self.registry
         self._stats: dict[str, ResourceStats] = {}
-        r.register(_StatsCollector(self._stats))
-        self.upstream_watches = Gauge(
-            f"{_PREFIX}_upstream_watches", "Open upstream watch streams per resource", ["resource"], registry=r
+        self.registry.register(_StatsCollector(self._stats))
+
+        def counter(name: str, doc: str, *labels: str) -> Counter:
+            return Counter(f"{_PREFIX}_{name}", doc, labels, registry=self.registry)
+
+        def gauge(name: str, doc: str, *labels: str) -> Gauge:
+            return Gauge(f"{_PREFIX}_{name}", doc, labels, registry=self.registry)
+
+        self.upstream_watches = gauge("upstream_watches", "Open upstream watch streams per resource", "resource")
+        self.downstream_watches = gauge(
+            "downstream_watches", "Open downstream watches served from the cache", "resource"
         )
-        self.downstream_watches = Gauge(
-            f"{_PREFIX}_downstream_watches", "Open downstream watches served from the cache", ["resource"], registry=r
-        )
-        self.relists = Counter(f"{_PREFIX}_relists", "Full upstream (re)lists per resource", ["resource"], registry=r)
-        self.slow_watchers_cut = Counter(
-            f"{_PREFIX}_slow_watchers_cut", "Downstream watchers closed for not reading", ["resource"], registry=r
-        )
-        self.consistent_read_fallbacks = Counter(
-            f"{_PREFIX}_consistent_read_fallbacks",
+        self.relists = counter("relists", "Full upstream (re)lists per resource", "resource")
+        self.slow_watchers_cut = counter("slow_watchers_cut", "Downstream watchers closed for not reading", "resource")
+        self.consistent_read_fallbacks = counter(
+            "consistent_read_fallbacks",
             "Consistent reads answered from an upstream list because the cache was not fresh in time",
-            ["resource"],
-            registry=r,
+            "resource",
         )
-        self.passthrough_requests = Counter(
-            f"{_PREFIX}_passthrough_requests", "Requests passed through to the upstream", ["method"], registry=r
+        self.passthrough_requests = counter("passthrough_requests", "Requests passed through to the upstream", "method")
+        self.fenced_writes = counter(
+            "fenced_writes", "Writes with an owner token refused with 409 (write fencing), by reason", "reason"
         )
-        self.fenced_writes = Counter(
-            f"{_PREFIX}_fenced_writes",
-            "Writes with an owner token refused with 409 (write fencing), by reason",
-            ["reason"],
-            registry=r,
-        )
-        self.fencing_checks = Counter(
-            f"{_PREFIX}_fencing_checks", "Writes with an owner token checked by write fencing", registry=r
-        )
-        self.client_disconnects = Counter(
-            f"{_PREFIX}_client_disconnects",
+        self.fencing_checks = counter("fencing_checks", "Writes with an owner token checked by write fencing")
+        self.client_disconnects = counter(
+            "client_disconnects",
             "Requests whose client went away before its body was read (an expected event, logged at DEBUG)",
-            registry=r,
         )
-        self.upstream_shard_selector_supported = Gauge(
-            f"{_PREFIX}_upstream_shard_selector_supported",
+        self.upstream_shard_selector_supported = gauge(
+            "upstream_shard_selector_supported",
             "1 when the upstream answered a probe list with a shardSelector with metadata.shardInfo"
             " (a native KEP-5866 server), 0 when it did not or was not probed yet",
-            registry=r,
         )
-        self.fencing_reads = Counter(
-            f"{_PREFIX}_fencing_registry_reads",
+        self.fencing_reads = counter(
+            "fencing_registry_reads",
             "Linearizable registry reads of write fencing (one per batch of concurrent writes)",
-            registry=r,
         )
 
     def stats(self, resource: str) -> ResourceStats:

@@ -89,12 +89,7 @@ class ProxyProcess(ManagedProcess):
             cmd += ["--upstream", str(self.upstream_url)]
         if self.tls_cert is not None and self.tls_key is not None:
             cmd += ["--tls-cert", self.tls_cert, "--tls-key", self.tls_key]
-        cmd += [
-            "--port",
-            str(self.port),
-            "--host",
-            self.host,
-        ]
+        cmd += ["--port", str(self.port), "--host", self.host]
         if self.resources:
             cmd += ["--resources", ",".join(self.resources)]
         cmd += self.extra_args

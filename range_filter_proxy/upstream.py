@@ -34,6 +34,7 @@ Concurrency model
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import ssl
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -46,7 +47,7 @@ import orjson
 from range_filter_proxy.errors import ApiError, UpstreamError, UpstreamGone, UpstreamUnavailable, bad_request
 from range_filter_proxy.resources import ResourceInfo, parse_resource_list
 from range_filter_proxy.watchstream import WatchStream, open_watch
-from range_filter_proxy.wire import WireObject, decode_line
+from range_filter_proxy.wire import LINE_PREFIXES, WireObject, decode_line
 from rangeshard.core.errors import ConfigError
 from rangeshard.core.rest import GVR, group_version_path
 
@@ -140,9 +141,6 @@ class WatchEvent:
 MAX_WATCH_LINE_BYTES = 64 * 1024 * 1024
 
 
-_LINE_PREFIXES = {t: b'{"type":"' + t.encode() + b'","object":' for t in ("ADDED", "MODIFIED", "DELETED", "BOOKMARK")}
-
-
 def decode_watch_line(line: bytes, what: str) -> WatchEvent:
     """Decode one line of a JSON watch stream (``what`` names the stream in errors).
 
@@ -158,7 +156,7 @@ def decode_watch_line(line: bytes, what: str) -> WatchEvent:
     if line.startswith(b'{"type":"'):
         wire = decode_line(line)
         if wire is not None:
-            prefix = _LINE_PREFIXES.get(wire.type)
+            prefix = LINE_PREFIXES.get(wire.type)
             if prefix is not None and line.startswith(prefix):
                 # The object's bytes stay inside the line: no copy. A line ending exactly
                 # in "}\n" is kube-apiserver's encoding, passed on to watchers as it is.
@@ -185,7 +183,7 @@ def decode_watch_line(line: bytes, what: str) -> WatchEvent:
         raise UpstreamError(message, code if isinstance(code, int) else 502, obj)
     raw: bytes | None = None
     if len(doc) == 2:
-        prefix = _LINE_PREFIXES.get(etype) or b'{"type":"' + etype.encode() + b'","object":'
+        prefix = LINE_PREFIXES.get(etype) or b'{"type":"' + etype.encode() + b'","object":'
         if not line.endswith(b"}"):
             line = line.rstrip()
         if line.startswith(prefix) and line.endswith(b"}"):
@@ -342,14 +340,14 @@ def load_upstream_config(
     return _config_from_kubernetes(cfg)
 
 
-def _status_message(body: bytes, fallback: str) -> tuple[str, dict[str, Any] | None]:
-    try:
+def _status_error(code: int, body: bytes, what: str) -> UpstreamError:
+    """The error of an answer with HTTP ``code``: its ``Status`` message if it sent one; 410: :class:`UpstreamGone`."""
+    message, status = f"{what}: HTTP {code}", None
+    with contextlib.suppress(orjson.JSONDecodeError):
         doc = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return fallback, None
-    if isinstance(doc, dict) and doc.get("kind") == "Status":
-        return str(doc.get("message") or fallback), doc
-    return fallback, None
+        if isinstance(doc, dict) and doc.get("kind") == "Status":
+            message, status = str(doc.get("message") or message), doc
+    return UpstreamGone(message, status) if code == 410 else UpstreamError(message, code, status)
 
 
 class HttpUpstream(Upstream):
@@ -384,10 +382,7 @@ class HttpUpstream(Upstream):
         except httpx.HTTPError as e:
             raise UpstreamUnavailable(f"GET {path}: {e!r}") from e
         if resp.status_code != 200:
-            message, status = _status_message(resp.content, f"GET {path}: HTTP {resp.status_code}")
-            if resp.status_code == 410:
-                raise UpstreamGone(message, status)
-            raise UpstreamError(message, resp.status_code, status)
+            raise _status_error(resp.status_code, resp.content, f"GET {path}")
         try:
             return orjson.loads(resp.content)
         except orjson.JSONDecodeError as e:
@@ -406,8 +401,7 @@ class HttpUpstream(Upstream):
         except httpx.HTTPError as e:
             raise UpstreamUnavailable(f"POST {path}: {type(e).__name__}") from e
         if not 200 <= resp.status_code < 300:
-            message, status = _status_message(resp.content, f"POST {path}: HTTP {resp.status_code}")
-            raise UpstreamError(message, resp.status_code, status)
+            raise _status_error(resp.status_code, resp.content, f"POST {path}")
         try:
             return orjson.loads(resp.content)
         except orjson.JSONDecodeError as e:
@@ -435,11 +429,10 @@ class HttpUpstream(Upstream):
         if not isinstance(doc, dict):
             raise UpstreamError(f"list {gvr}: not a list object")
         items = doc.get("items") or []
-        rv = (doc.get("metadata") or {}).get("resourceVersion")
+        meta = doc.get("metadata") or {}
+        rv, cont, shard_info = meta.get("resourceVersion"), meta.get("continue"), meta.get("shardInfo")
         if not isinstance(items, list) or not isinstance(rv, str):
             raise UpstreamError(f"list {gvr}: no items or no metadata.resourceVersion")
-        cont = (doc.get("metadata") or {}).get("continue")
-        shard_info = (doc.get("metadata") or {}).get("shardInfo")
         return ListResult(
             [i for i in items if isinstance(i, dict)],
             rv,
@@ -488,10 +481,7 @@ class HttpUpstream(Upstream):
                 body = await stream.read_body()
             finally:
                 stream.close()
-            message, status = _status_message(body, f"{what}: HTTP {stream.status}")
-            if stream.status == 410:
-                raise UpstreamGone(message, status)
-            raise UpstreamError(message, stream.status, status)
+            raise _status_error(stream.status, body, what)
         return stream
 
     async def watch_apply(self, gvr: GVR, resource_version: str, apply: Callable[[WatchEvent], None]) -> int:

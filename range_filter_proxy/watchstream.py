@@ -164,9 +164,7 @@ class _WatchProtocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
-        if self._idle_timer is not None:
-            self._idle_timer.cancel()
-            self._idle_timer = None
+        self._stop_idle_timer()
         if not self.headers_done.done():
             self._head_failed(UpstreamUnavailable(f"connection closed before a response: {exc!r}"))
         elif not self.complete and self.framed and self.error is None:
@@ -255,10 +253,13 @@ class _WatchProtocol(asyncio.Protocol):
         self._waiter = self._loop.create_future()
         await self._waiter
 
-    def close(self) -> None:
+    def _stop_idle_timer(self) -> None:
         if self._idle_timer is not None:
             self._idle_timer.cancel()
             self._idle_timer = None
+
+    def close(self) -> None:
+        self._stop_idle_timer()
         if self.transport is not None and not self.lost:
             self.transport.close()
 
@@ -297,11 +298,14 @@ class WatchStream:
             size += sum(len(x) for x in pieces)
         return b"".join(parts)[:limit]
 
-    async def batches(self) -> AsyncIterator[list[bytes]]:
-        """The non-blank lines of the body (without ``\\n``), as one list per wake-up."""
+    def _lines(self) -> _Lines:
         if self._p.encoded:
             raise UpstreamError(f"{self.what}: the upstream compressed a watch response nobody asked to compress")
-        lines = _Lines(self.max_line, self.what)
+        return _Lines(self.max_line, self.what)
+
+    async def batches(self) -> AsyncIterator[list[bytes]]:
+        """The non-blank lines of the body (without ``\\n``), as one list per wake-up."""
+        lines = self._lines()
         while True:
             pieces = await self._read()
             if not pieces:
@@ -320,10 +324,7 @@ class WatchStream:
         An exception of ``sink`` closes the connection and is raised here.
         """
         p = self._p
-        if p.encoded:
-            raise UpstreamError(f"{self.what}: the upstream compressed a watch response nobody asked to compress")
-        lines = _Lines(self.max_line, self.what)
-        p.lines = lines
+        p.lines = lines = self._lines()
         p.sink = sink
         try:
             p.deliver()  # what arrived together with the response head

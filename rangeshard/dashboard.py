@@ -67,14 +67,14 @@ from fastapi import FastAPI
 from fastapi.responses import HTMLResponse, PlainTextResponse, Response, StreamingResponse
 
 from hashing import MAX_HASH
-from rangeshard.cli.common import DEFAULT_REGISTRY_PREFIX, EtcdOptions, fail, with_etcd_options
+from rangeshard.cli.common import EtcdOptions, fail, with_etcd_options
 from rangeshard.core import serving
 from rangeshard.core.errors import ConfigError, RangeshardError
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
 from rangeshard.core.loops import start_thread
 from rangeshard.core.process import free_port
 from rangeshard.core.serving import ShutdownSignal
-from registry import MembershipWatch, RegistryView
+from registry import DEFAULT_PREFIX, MembershipWatch, RegistryView
 from registry.models import check_name
 
 log = logging.getLogger(__name__)
@@ -164,8 +164,7 @@ class RingHub:
     """The latest ring payload and the SSE subscribers waiting for the next one.
 
     Every method except the ``*_threadsafe`` ones (:meth:`publish_threadsafe`,
-    :meth:`etcd_status_threadsafe`, :meth:`close_threadsafe`) must be called
-    on the event loop.
+    :meth:`etcd_status_threadsafe`) must be called on the event loop.
     """
 
     def __init__(self, prefix: str) -> None:
@@ -198,9 +197,6 @@ class RingHub:
         """Report the probe's result (called on the probe thread)."""
         self._call_soon(self.set_etcd_status, reachable)
 
-    def close_threadsafe(self) -> None:
-        self._call_soon(self.close)
-
     # loop-only
     @property
     def closed(self) -> bool:
@@ -209,10 +205,6 @@ class RingHub:
     @property
     def synced(self) -> bool:
         return self._view is not None
-
-    @property
-    def subscribers(self) -> int:
-        return len(self._subscribers)
 
     def _render(self) -> bytes:
         doc = ring_payload(self._view, prefix=self.prefix, etcd=self._etcd, received_at=self._received_at)
@@ -325,7 +317,7 @@ class EtcdProbe:
 def create_app(
     config: EtcdConfig,
     *,
-    prefix: str = DEFAULT_REGISTRY_PREFIX,
+    prefix: str = DEFAULT_PREFIX,
     controller_type: str | None = None,
     hub: RingHub | None = None,
     keepalive: float = KEEPALIVE_SECONDS,
@@ -391,7 +383,7 @@ def serve(
     *,
     host: str,
     port: int,
-    prefix: str = DEFAULT_REGISTRY_PREFIX,
+    prefix: str = DEFAULT_PREFIX,
     controller_type: str | None = None,
 ) -> None:
     """Run the dashboard in the foreground until SIGINT/SIGTERM."""

@@ -36,7 +36,7 @@ import signal
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 import orjson
 import yaml
@@ -95,7 +95,7 @@ class LocalCluster:
     def __post_init__(self) -> None:
         self.workdir = Path(self.workdir)  # a str works too
 
-    def start(self) -> LocalCluster:
+    def start(self) -> Self:
         """Start etcd (unless external), the API server and the proxy, each ready before the next."""
         self.workdir.mkdir(parents=True, exist_ok=True)
         try:
@@ -189,7 +189,7 @@ class LocalCluster:
         with EtcdClient(EtcdConfig.from_urls(self.etcd_url)) as client:
             client.delete_prefix(f"{self.storage_prefix}/")
 
-    def __enter__(self) -> LocalCluster:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

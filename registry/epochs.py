@@ -81,12 +81,8 @@ class EpochTracker:
                 members = Snapshot.build(ctype, revision, items).members
                 for i, m in enumerate(members):
                     prev = self._owners.get((ctype, m.instance_id))
-                    same = prev is not None and (prev.lease_id, prev.range, prev.locked) == (
-                        m.lease_id,
-                        m.range,
-                        m.record.is_locked,
-                    )
-                    if prev is not None and same:
+                    period = (m.lease_id, m.range, m.record.is_locked)
+                    if prev is not None and (prev.lease_id, prev.range, prev.locked) == period:
                         owners[(ctype, m.instance_id)] = prev
                         continue
                     if relisted or not self.observed.is_set():

@@ -165,9 +165,7 @@ class InstanceRecord(BaseModel):
 
     def evolve(self, **changes: object) -> InstanceRecord:
         """A copy with fields changed (python names) and re-validated."""
-        data = self.model_dump()
-        data.update(changes)
-        return InstanceRecord.model_validate(data)
+        return InstanceRecord.model_validate({**self.model_dump(), **changes})
 
 
 @dataclass(frozen=True)
@@ -201,17 +199,11 @@ class Snapshot:
         return len(self.members)
 
     def get(self, instance_id: str) -> Member | None:
-        for m in self.members:
-            if m.instance_id == instance_id:
-                return m
-        return None
+        return next((m for m in self.members if m.instance_id == instance_id), None)
 
     def owner_of(self, key: int) -> Member | None:
         """The member whose range contains ``key``."""
-        for m in self.members:
-            if m.range is not None and m.range.contains(key):
-                return m
-        return None
+        return next((m for m in self.members if m.range is not None and m.range.contains(key)), None)
 
     def receivers_of(self, giver: str) -> list[Member]:
         """Locked members waiting for ``giver`` to unlock them."""

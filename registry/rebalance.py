@@ -36,6 +36,7 @@ Concurrency model
 from __future__ import annotations
 
 import bisect
+import itertools
 import logging
 import math
 import time
@@ -313,10 +314,8 @@ def _member_segments(m: Member, by: str = "workload") -> list[Segment]:
     hist = m.record.histogram
     mine = _histogram_segments(hist, rng) if hist is not None else None
     if by == "cost":
-        weighted = None
         units = _cost_units(hist) if hist is not None and mine is not None else None
-        if hist is not None and units is not None:
-            weighted = _gap_segments(hist, rng, units)
+        weighted = _gap_segments(hist, rng, units) if hist is not None and units is not None else None
         return weighted if weighted is not None else [Segment(rng.lo, rng.hi, member_cost_units(m))]
     return mine if mine is not None else [Segment(rng.lo, rng.hi, m.record.workload_num)]
 
@@ -413,13 +412,11 @@ def plan_by_cost(snap: Snapshot) -> Plan:
 def _plan_by_weight(snap: Snapshot, by: str) -> Plan:
     members = owned(snap)
     segs = [s for m in members for s in _member_segments(m, by)]
-    current = [m.record.hash_key for m in members[:-1]] + [MAX_HASH]
 
     def run_targets(run: list[Member], _lo: int, hi: int) -> list[int]:
         return _workload_targets(snap.controller_type, [s for m in run for s in _member_segments(m, by)], len(run), hi)
 
-    targets = _run_targets(members, run_targets)
-    return _plan(snap, by, members, current, targets, segs)
+    return _plan(snap, by, members, _run_targets(members, run_targets), segs)
 
 
 def _workload_targets(controller_type: str, segs: Sequence[Segment], n: int, end_key: int) -> list[int]:
@@ -441,11 +438,7 @@ def _workload_targets(controller_type: str, segs: Sequence[Segment], n: int, end
             else:
                 acc += counts[j]
             suffix_parts[j] = parts
-        cumulative = []
-        running = 0
-        for c in counts:
-            running += c
-            cumulative.append(running)
+        cumulative = list(itertools.accumulate(counts))
         start = 0
         for i in range(1, n):
             goal = total * i / n
@@ -477,7 +470,6 @@ def _workload_targets(controller_type: str, segs: Sequence[Segment], n: int, end
 def plan_by_range(snap: Snapshot) -> Plan:
     """Equal key ranges (each run between parked records shares its own space equally)."""
     members = owned(snap)
-    current = [m.record.hash_key for m in members[:-1]] + [MAX_HASH]
 
     def run_targets(run: list[Member], lo: int, hi: int) -> list[int]:
         n, size = len(run), hi - lo + 1
@@ -486,7 +478,7 @@ def plan_by_range(snap: Snapshot) -> Plan:
     targets = _run_targets(members, run_targets)
     segs = segments(snap)
     # Predicted loads assume objects spread evenly inside each bucket.
-    return _plan(snap, "range", members, current, targets, _split_segments(segs, targets))
+    return _plan(snap, "range", members, targets, _split_segments(segs, targets))
 
 
 def _split_segments(segs: Sequence[Segment], keys: Sequence[int]) -> list[Segment]:
@@ -506,20 +498,18 @@ def _split_segments(segs: Sequence[Segment], keys: Sequence[int]) -> list[Segmen
     return out
 
 
-def _plan(
-    snap: Snapshot, by: str, members: list[Member], current: list[int], targets: list[int], segs: Sequence[Segment]
-) -> Plan:
+def _plan(snap: Snapshot, by: str, members: list[Member], targets: list[int], segs: Sequence[Segment]) -> Plan:
     moves = tuple(
-        Move(m.instance_id, cur, tgt)
-        for m, cur, tgt in zip(members[:-1], current[:-1], targets[:-1], strict=True)
-        if cur != tgt
+        Move(m.instance_id, m.record.hash_key, tgt)
+        for m, tgt in zip(members[:-1], targets[:-1], strict=True)
+        if m.record.hash_key != tgt
     )
     return Plan(
         controller_type=snap.controller_type,
         by=by,
         targets=tuple(targets),
         moves=moves,
-        current_loads=tuple(member_cost_units(m) if by == "cost" else m.record.workload_num for m in members),
+        current_loads=tuple(loads_of(snap, by)),
         predicted_loads=tuple(loads_for(targets, segs)),
     )
 

@@ -392,24 +392,16 @@ class Registry:
         histogram: dict[str, object] | None = None,
     ) -> InstanceRecord:
         """Refresh heartbeat time, workload, state; the last instance normalizes its key to MAX_HASH."""
-        last_id: list[str | None] = [None]
+        owned = [m for m in self.snapshot(controller_type).members if m.range is not None]
+        is_last = bool(owned) and owned[-1].instance_id == instance_id
+        given = {"workload_num": workload_num, "state": state, "histogram": histogram}
 
         def mutate(rec: InstanceRecord) -> InstanceRecord:
-            changes: dict[str, object] = {"heartbeat_at": now()}
-            if workload_num is not None:
-                changes["workload_num"] = workload_num
-            if state is not None:
-                changes["state"] = state
-            if histogram is not None:
-                changes["histogram"] = histogram
-            if last_id[0] == instance_id and rec.hash_key != MAX_HASH:
+            changes: dict[str, object] = {"heartbeat_at": now(), **{k: v for k, v in given.items() if v is not None}}
+            if is_last and rec.hash_key != MAX_HASH:
                 changes["hash_key"] = MAX_HASH
             return rec.evolve(**changes)
 
-        snap = self.snapshot(controller_type)
-        owned = [m for m in snap.members if m.range is not None]
-        if owned:
-            last_id[0] = owned[-1].instance_id
         return self.update(controller_type, instance_id, mutate, lease_id=lease_id)
 
     def lock(
@@ -519,16 +511,12 @@ class Registry:
                 raise CompareFailed(f"{party.instance_id} is locked (handover in progress); retry when it is active")
         if dry_run:
             return me, receiver
-        moved = me.record.evolve(hash_key=new_key)
-        recv_rec = (moved if receiver is me else receiver.record).evolve(
-            is_locked=True, state=State.LOCKED, giver=giver.instance_id
-        )
-        if receiver is me:
-            moved = recv_rec
+        lock: dict[str, object] = {"is_locked": True, "state": State.LOCKED, "giver": giver.instance_id}
+        moved = me.record.evolve(hash_key=new_key, **(lock if receiver is me else {}))
         prefix = self.layout.type_prefix(controller_type)
         puts = [txn.Put(me.key, moved.to_json(), me.lease_id)]
         if receiver is not me:
-            puts.append(txn.Put(receiver.key, recv_rec.to_json(), receiver.lease_id))
+            puts.append(txn.Put(receiver.key, receiver.record.evolve(**lock).to_json(), receiver.lease_id))
         ok, _ = self.client.transaction(
             compare=[txn.Mod(prefix, prefix_end(prefix)) < snap.revision + 1],
             success=puts,

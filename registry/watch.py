@@ -103,11 +103,6 @@ class MembershipWatch:
         self.restarts = 0
         self.relists = 0
 
-    @property
-    def revision(self) -> int:
-        """The last revision delivered."""
-        return self._revision
-
     def start(self) -> None:
         self._stop.clear()
         self._thread = start_thread(f"membership-watch-{self.name}", self._run, what=f"membership watch {self.name}")

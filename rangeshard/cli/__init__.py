@@ -12,7 +12,7 @@ Modules
     up``: port plan, readiness, demo), ``state`` (``status`` / ``down`` and
     the state directory), ``registry_cmds`` (``rangeshard registry``),
     ``rebalance_cmds`` (``rangeshard rebalance``), ``common`` (shared etcd
-    options), ``tables`` (how tables are printed).
+    options, errors, stop signal), ``tables`` (how tables are printed).
 
 May import
     Everything: the components, ``registry``, ``rangeshard.core``,

@@ -2,21 +2,26 @@
 
 Purpose
     Declare each shared option once so every command spells it the same way,
-    and turn them into an :class:`~rangeshard.core.etcd.EtcdConfig`.
+    and turn them into an :class:`~rangeshard.core.etcd.EtcdConfig`; the
+    errors and stop signal several commands share (:func:`fail`,
+    :func:`unknown_type`, :func:`stop_on_signals`).
 
 Invariants
     The etcd password is read from an option or ``RANGESHARD_ETCD_PASSWORD`` and
     never printed.
 
 Concurrency model
-    Pure helpers, called on the main thread.
+    Pure helpers, called on the main thread (``stop_on_signals`` installs the
+    SIGINT/SIGTERM handlers, which only the main thread may do).
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable
+import signal
+import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any, NoReturn
 
@@ -26,7 +31,7 @@ from rangeshard.core import help_format, logs
 from rangeshard.core.errors import ConfigError, PortInUseError, RangeshardError, RegistryUnavailable
 from rangeshard.core.etcd import EtcdConfig
 from rangeshard.core.etcd_options import CaCertOpt, CertOpt, KeyOpt, PasswordOpt, UserOpt, config_from_options
-from registry import DEFAULT_PREFIX
+from registry import DEFAULT_PREFIX, Snapshot
 
 help_format.install()
 
@@ -43,13 +48,6 @@ EtcdOpt = Annotated[
 PrefixOpt = Annotated[str, typer.Option("--prefix", help="Registry key prefix in etcd.")]
 
 
-#: Build the etcd config from the shared options (raises ConfigError).
-etcd_config = config_from_options
-
-
-DEFAULT_REGISTRY_PREFIX = DEFAULT_PREFIX
-
-
 def configure_logging(level: str) -> None:
     """Install the one stderr handler (:func:`rangeshard.core.logs.configure_logging`); exit 2 on a bad level."""
     try:
@@ -60,19 +58,29 @@ def configure_logging(level: str) -> None:
 
 def fail(error: RangeshardError) -> NoReturn:
     """Print an expected error and exit: 2 for bad input, 1 for runtime failures."""
-    if isinstance(error, ConfigError):
+    if isinstance(error, ConfigError | PortInUseError):
         for problem in error.problems:
             typer.echo(f"error: {problem}", err=True)
-        raise typer.Exit(2)
-    if isinstance(error, PortInUseError):
-        for problem in error.problems:
-            typer.echo(f"error: {problem}", err=True)
-        raise typer.Exit(1)
+        raise typer.Exit(2 if isinstance(error, ConfigError) else 1)
     if isinstance(error, RegistryUnavailable):
         typer.echo(f"error: {error} (is etcd running? set --etcd or RANGESHARD_ETCD)", err=True)
         raise typer.Exit(1)
     typer.echo(f"error: {error}", err=True)
     raise typer.Exit(1)
+
+
+def stop_on_signals() -> threading.Event:
+    """An event that SIGTERM and SIGINT set (a long-running command's main loop waits on it)."""
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    return stop
+
+
+def unknown_type(controller_type: str, snapshots: Mapping[str, Snapshot]) -> ConfigError:
+    """``--type`` names a type without registered instances (exit 2); the message lists the known ones."""
+    known = ", ".join(sorted(t for t, s in snapshots.items() if s.members)) or "none"
+    return ConfigError(f"--type: no instance of controller type {controller_type!r} is registered (known: {known})")
 
 
 @dataclass(frozen=True)
@@ -88,7 +96,7 @@ class EtcdOptions:
     password: str | None = field(repr=False)
 
     def config(self) -> EtcdConfig:
-        return etcd_config(self.etcd, self.cacert, self.cert, self.key, self.user, self.password)
+        return config_from_options(self.etcd, self.cacert, self.cert, self.key, self.user, self.password)
 
 
 # (parameter name, annotation, default, EtcdOptions field)

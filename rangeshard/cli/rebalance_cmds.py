@@ -27,7 +27,6 @@ Concurrency model
 
 from __future__ import annotations
 
-import signal
 import sys
 import threading
 from dataclasses import replace
@@ -39,7 +38,7 @@ from rich.console import Console
 from rich.table import Table
 
 from hashing import MAX_HASH
-from rangeshard.cli.common import EtcdOptions, fail, with_etcd_options
+from rangeshard.cli.common import EtcdOptions, fail, stop_on_signals, unknown_type, with_etcd_options
 from rangeshard.cli.tables import table_console
 from rangeshard.core.errors import ConfigError, RangeshardError
 from rangeshard.core.etcd import EtcdClient
@@ -90,9 +89,7 @@ def known_snapshot(reg: Registry, controller_type: str) -> Snapshot:
     check_name("--type", controller_type)
     snap = reg.snapshot(controller_type)
     if not snap.members:
-        _, snaps = reg.snapshots()
-        known = ", ".join(sorted(t for t, s in snaps.items() if s.members)) or "none"
-        raise ConfigError(f"--type: no instance of controller type {controller_type!r} is registered (known: {known})")
+        raise unknown_type(controller_type, reg.snapshots()[1])
     return snap
 
 
@@ -347,10 +344,7 @@ def auto_command(
         client, reg = _registry(etcd_options)
     except RangeshardError as e:
         fail(e)
-    stop = threading.Event()
-    if not once:
-        signal.signal(signal.SIGTERM, lambda *_: stop.set())
-        signal.signal(signal.SIGINT, lambda *_: stop.set())
+    stop = threading.Event() if once else stop_on_signals()
     with client:
         while not stop.is_set():
             wait = interval

@@ -32,9 +32,9 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from rangeshard.cli.common import EtcdOptions, fail, with_etcd_options
+from rangeshard.cli.common import EtcdOptions, fail, unknown_type, with_etcd_options
 from rangeshard.cli.tables import Output, OutputOpt, table_console
-from rangeshard.core.errors import ConfigError, RangeshardError
+from rangeshard.core.errors import RangeshardError
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
 from registry import MembershipWatch, Registry, RegistryView, Snapshot
 from registry.models import check_name
@@ -182,11 +182,8 @@ def list_command(
             return
         with EtcdClient(config) as client:
             rev, snaps = Registry(client, etcd_options.prefix).snapshots()
-            if controller_type is not None and not (snaps.get(controller_type) or Snapshot(controller_type, 0, ())):
-                known = ", ".join(sorted(t for t, s in snaps.items() if s.members)) or "none"
-                raise ConfigError(
-                    f"--type: no instance of controller type {controller_type!r} is registered (known: {known})"
-                )
+            if controller_type is not None and not snaps.get(controller_type):
+                raise unknown_type(controller_type, snaps)
             snaps = _filter(snaps, controller_type)
             if as_json:
                 sys.stdout.write(orjson.dumps(rows(snaps, client), option=orjson.OPT_INDENT_2).decode() + "\n")

@@ -187,10 +187,7 @@ def status_command(state_dir: StateDirOpt = DEFAULT_STATE_DIR, output: OutputOpt
         else:
             typer.echo(f"nothing running: no {state_dir / STATE_FILE} (start one with rangeshard up --detach)")
         raise typer.Exit(3)
-    rows = []
-    for c in state.components:
-        healthy, detail = component_health(c)
-        rows.append((c, healthy, detail))
+    rows = [(c, *component_health(c)) for c in state.components]
     if output is Output.json:
         doc = {
             "stateDir": str(state_dir),

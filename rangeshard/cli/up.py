@@ -37,7 +37,6 @@ Concurrency model
 from __future__ import annotations
 
 import os
-import signal
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -49,10 +48,11 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.text import Text
 
-from rangeshard.cli.common import DEFAULT_REGISTRY_PREFIX, fail
+from rangeshard.cli.common import fail, stop_on_signals
 from rangeshard.cli.state import (
     DEFAULT_STATE_DIR,
     Component,
+    ComponentKind,
     StateDirOpt,
     UpState,
     process_start_time,
@@ -66,7 +66,7 @@ from rangeshard.cli.updown import PortPlan, choose_port, demo_summary, plan_port
 from rangeshard.core.errors import ConfigError, RangeshardError
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
 from rangeshard.core.process import EtcdServer
-from registry import MembershipWatch, RegistryView
+from registry import DEFAULT_PREFIX, MembershipWatch, RegistryView
 
 if TYPE_CHECKING:
     from rangeshard.localcluster import LocalCluster
@@ -86,13 +86,6 @@ class UpRunningError(RangeshardError):
     """An ``up`` recorded in the state dir is still running."""
 
 
-def _stop_event() -> threading.Event:
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    return stop
-
-
 def etcd_command(
     state_dir: StateDirOpt = DEFAULT_STATE_DIR,
     port: Annotated[int, typer.Option("--port", help="Client port.")] = 2379,
@@ -108,7 +101,7 @@ def etcd_command(
         fail(e)
     typer.echo(f"etcd serving on {server.url} (data {server.data_dir}, log {server.log_path}); Ctrl-C stops it")
     typer.echo(f"try: RANGESHARD_ETCD={server.url} rangeshard registry list")
-    stop = _stop_event()
+    stop = stop_on_signals()
     try:
         while not stop.wait(0.5):
             pass
@@ -139,7 +132,7 @@ def _file_config(config: Path) -> dict[str, Any]:
 def _registry_prefix(config: Path) -> str:
     """The managers' registry prefix (the proxy fences writes against it)."""
     prefix = _file_config(config).get("registryPrefix")
-    return prefix if isinstance(prefix, str) else DEFAULT_REGISTRY_PREFIX
+    return prefix if isinstance(prefix, str) else DEFAULT_PREFIX
 
 
 def _check_manager_config(config: Path) -> list[str]:
@@ -169,18 +162,9 @@ def _manager_config(config: Path, etcd_url: str, proxy_url: str, metrics_port: i
     return manager_cfg
 
 
-def _component(name: str, kind: str, pid: int | None, port: int, url: str, health: str | None) -> Component:
-    return Component.model_validate(
-        {
-            "name": name,
-            "kind": kind,
-            "pid": pid,
-            "startTime": process_start_time(pid) if pid else None,
-            "port": port,
-            "url": url,
-            "healthUrl": health,
-        }
-    )
+def _component(name: str, kind: ComponentKind, pid: int | None, port: int, url: str, health: str | None) -> Component:
+    start_time = process_start_time(pid) if pid else None
+    return Component(name=name, kind=kind, pid=pid, start_time=start_time, port=port, url=url, health_url=health)
 
 
 ManagersOpt = Annotated[int, typer.Option("--managers", "-n", help="Number of controller managers.")]
@@ -225,7 +209,7 @@ def up_command(
     except RangeshardError as e:
         fail(e)
     state_dir.mkdir(parents=True, exist_ok=True)
-    stop = _stop_event()
+    stop = stop_on_signals()
     cluster = _local_cluster(state_dir, ports, config)
     keep_running = False
     try:
@@ -332,18 +316,15 @@ def _start_managers(
 
 def _write_up_state(state_dir: Path, detach: bool, kubeconfig: Path, components: list[Component]) -> None:
     """``DIR/up.json``: what runs where, for ``rangeshard status`` and ``down``."""
-    write_state(
-        state_dir,
-        UpState.model_validate(
-            {
-                "upPid": os.getpid(),
-                "upStartTime": process_start_time(os.getpid()),
-                "detached": detach,
-                "kubeconfig": str(kubeconfig),
-                "components": [c.model_dump(by_alias=True) for c in components],
-            }
-        ),
+    pid = os.getpid()
+    state = UpState(
+        up_pid=pid,
+        up_start_time=process_start_time(pid),
+        detached=detach,
+        kubeconfig=str(kubeconfig),
+        components=components,
     )
+    write_state(state_dir, state)
 
 
 def _print_summary(console: Console, cluster: LocalCluster, state_dir: Path, kubeconfig: Path, managers: int) -> None:

@@ -51,7 +51,7 @@ import os
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -73,7 +73,7 @@ from pyetcd import etcdrpc
 from pyetcd import transactions as etcd_txn
 from pyetcd.utils import prefix_range_end
 
-from rangeshard.core.errors import CompareFailed, ConfigError, RegistryError, RegistryUnavailable, WatchCompacted
+from rangeshard.core.errors import ConfigError, RegistryError, RegistryUnavailable, WatchCompacted
 
 log = logging.getLogger(__name__)
 
@@ -204,19 +204,6 @@ def translate(e: BaseException, what: str) -> RegistryError:
     return RegistryError(f"{what}: {type(e).__name__}: {e}")
 
 
-@contextlib.contextmanager
-def translated(what: str) -> Iterator[None]:
-    """Context manager translating pyetcd/gRPC errors raised inside it."""
-    try:
-        yield
-    except (etcd_exc.Etcd3Exception, grpc.RpcError) as e:
-        raise translate(e, what) from e
-    except ValueError as e:
-        if "failed node" in str(e):
-            raise translate(e, what) from e
-        raise
-
-
 #: Transaction building blocks (compares ``txn.Mod(key) == rev``, operations ``txn.Put``/``txn.Delete``).
 txn = etcd_txn
 
@@ -260,11 +247,6 @@ _health: dict[str, _Health] = {}
 _health_lock = threading.Lock()
 
 
-def _health_of(endpoint: EtcdEndpoint) -> _Health:
-    with _health_lock:
-        return _health.setdefault(f"{endpoint.host}:{endpoint.port}", _Health())
-
-
 class _Member:
     """One etcd member: its own pyetcd client (channel and stubs) and its shared health."""
 
@@ -272,7 +254,8 @@ class _Member:
         self.endpoint = endpoint
         self.raw = raw
         self.attempt_timeout = attempt_timeout
-        self.health = _health_of(endpoint)
+        with _health_lock:
+            self.health = _health.setdefault(f"{endpoint.host}:{endpoint.port}", _Health())
 
     def failed(self, e: BaseException) -> None:
         with _health_lock:
@@ -351,7 +334,6 @@ class EtcdClient:
             raise translate(e, f"connecting to {config.urls}") from e
         # Spread clients over the members; a member that works stays preferred.
         self._preferred = random.randrange(n)
-        self._secure = creds is not None
         self.txn = etcd_txn
         self._auth_lock = threading.Lock()
         self._watching = False
@@ -485,12 +467,6 @@ class EtcdClient:
             idempotent=not any(_writes(op) for op in [*success, *(failure or [])]),
         )
         return bool(ok), responses
-
-    def guarded(self, compare: list[Any], success: list[Any], what: str) -> None:
-        """Run a transaction; raise :class:`CompareFailed` if its compare fails."""
-        ok, _ = self.transaction(compare, success, [], what)
-        if not ok:
-            raise CompareFailed(f"{what}: the registry changed concurrently (compare failed)")
 
     # -- leases ------------------------------------------------------------
     def grant_lease(self, ttl: int) -> int:
@@ -686,18 +662,7 @@ class PrefixWatch:
                 self.member.failed(response)
             self._end(error)
             return
-        events: list[WatchEvent] = []
-        for ev in response.events:
-            raw = ev._event
-            has_prev = raw.HasField("prev_kv") and raw.prev_kv.version > 0
-            events.append(
-                WatchEvent(
-                    deleted=isinstance(ev, etcd_events.DeleteEvent),
-                    kv=_kv(raw.kv),
-                    prev_value=bytes(raw.prev_kv.value) if has_prev else None,
-                )
-            )
-        self._callback(WatchBatch(int(response.header.revision), tuple(events)))
+        self._callback(WatchBatch(int(response.header.revision), tuple(_watch_event(ev) for ev in response.events)))
 
     def _end(self, error: RegistryError) -> None:
         with self._lock:
@@ -761,6 +726,13 @@ def _kv(kv: Any) -> KV:
         version=int(kv.version),
         lease_id=int(kv.lease),
     )
+
+
+def _watch_event(ev: Any) -> WatchEvent:
+    raw = ev._event
+    has_prev = raw.HasField("prev_kv") and raw.prev_kv.version > 0
+    prev_value = bytes(raw.prev_kv.value) if has_prev else None
+    return WatchEvent(deleted=isinstance(ev, etcd_events.DeleteEvent), kv=_kv(raw.kv), prev_value=prev_value)
 
 
 def _channel_credentials(config: EtcdConfig) -> Any:

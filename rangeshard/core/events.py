@@ -30,11 +30,6 @@ from rangeshard.core.timestamps import format_micro_time, format_time
 Obj = dict[str, Any]
 
 
-def _now() -> tuple[str, str]:
-    now = datetime.now(UTC)
-    return format_time(now), format_micro_time(now)
-
-
 def involved_object(obj: Obj, field_path: str | None = None) -> Obj:
     """The ``involvedObject`` reference of ``obj`` (an object as read from the API)."""
     meta = obj.get("metadata") or {}
@@ -63,7 +58,7 @@ def event_body(
 ) -> Obj:
     """A core/v1 Event saying ``reason: message`` about ``obj``, reported by ``component``."""
     ref = involved_object(obj, field_path)
-    seconds, micro = _now()
+    now = datetime.now(UTC)
     source: Obj = {"component": component}
     if host:
         source["host"] = host
@@ -78,9 +73,9 @@ def event_body(
         "reason": reason,
         "message": message,
         "source": source,
-        "firstTimestamp": seconds,
-        "lastTimestamp": seconds,
-        "eventTime": micro,
+        "firstTimestamp": format_time(now),
+        "lastTimestamp": format_time(now),
+        "eventTime": format_micro_time(now),
         "count": 1,
         "type": event_type,
         "action": reason,
@@ -127,9 +122,4 @@ def from_events_v1(ev: Obj) -> Obj:
         "deprecatedCount": "count",
         "reportingController": "reportingComponent",
     }
-    out: Obj = {}
-    for k, v in ev.items():
-        out[renamed.get(k, k)] = v
-    out["apiVersion"] = "v1"
-    out["kind"] = "Event"
-    return out
+    return {**{renamed.get(k, k): v for k, v in ev.items()}, "apiVersion": "v1", "kind": "Event"}

@@ -37,6 +37,7 @@ _FALSE = frozenset({"0", "f", "F", "FALSE", "false", "False"})
 #: The longest watch a client may ask for (kube-apiserver has no cap; ours keeps timers sane).
 MAX_WATCH_TIMEOUT_SECONDS = 86_400
 _MATCHES = ("Exact", "NotOlderThan")
+_RVM = "resourceVersionMatch"
 
 
 def parse_bool(params: Mapping[str, str], name: str) -> bool | None:
@@ -115,30 +116,22 @@ class ListQuery:
         """kube-apiserver's ``ValidateListOptions`` and the continue/resourceVersion rule."""
         match = self.resource_version_match
         if match is not None and match not in _MATCHES:
-            raise invalid(
-                "resourceVersionMatch", f'Unsupported value: "{match}": supported values: "Exact", "NotOlderThan"'
-            )
+            raise invalid(_RVM, f'Unsupported value: "{match}": supported values: "Exact", "NotOlderThan"')
         if self.send_initial_events is not None:
             if not self.watch:
                 raise invalid("sendInitialEvents", "sendInitialEvents is forbidden for list")
             if match != "NotOlderThan":
-                raise invalid(
-                    "resourceVersionMatch", "sendInitialEvents requires setting resourceVersionMatch to NotOlderThan"
-                )
+                raise invalid(_RVM, "sendInitialEvents requires setting resourceVersionMatch to NotOlderThan")
             if self.send_initial_events and not self.allow_watch_bookmarks:
                 raise invalid("allowWatchBookmarks", "sendInitialEvents requires setting allowWatchBookmarks to true")
         elif match is not None:
             if self.watch:
-                raise invalid("resourceVersionMatch", "resourceVersionMatch is forbidden for watch")
+                raise invalid(_RVM, "resourceVersionMatch is forbidden for watch")
             if self.resource_version is None:
-                raise invalid(
-                    "resourceVersionMatch", "resourceVersionMatch is forbidden unless resourceVersion is provided"
-                )
+                raise invalid(_RVM, "resourceVersionMatch is forbidden unless resourceVersion is provided")
             if match == "Exact" and self.resource_version == "0":
-                raise invalid(
-                    "resourceVersionMatch", 'resourceVersionMatch "exact" is forbidden for resourceVersion "0"'
-                )
+                raise invalid(_RVM, 'resourceVersionMatch "exact" is forbidden for resourceVersion "0"')
             if self.continue_token is not None:
-                raise invalid("resourceVersionMatch", "resourceVersionMatch is forbidden when continue is provided")
+                raise invalid(_RVM, "resourceVersionMatch is forbidden when continue is provided")
         if self.continue_token is not None and not self.watch and self.resource_version not in (None, "0"):
             raise bad_request("specifying resource version is not allowed when using continue")

@@ -59,10 +59,7 @@ class OwnerToken:
         return f"{self.controller_type}/{self.instance_id}"
 
     def user_agent(self) -> str:
-        return (
-            f"{PRODUCT}/{self.version} ({self.controller_type}/{self.instance_id}; "
-            f"lease {self.lease_id:x}; epoch {self.epoch})"
-        )
+        return f"{PRODUCT}/{self.version} ({self.owner}; lease {self.lease_id:x}; epoch {self.epoch})"
 
     def __str__(self) -> str:
         return f"{self.owner} lease {self.lease_id:x} epoch {self.epoch}"

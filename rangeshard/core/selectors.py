@@ -49,6 +49,9 @@ _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 _FIELD_PATH = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*")
 _TOKEN = re.compile(r"\s*(!=|==|=|!|\(|\)|,|>|<|[^\s!=(),<>]+)")
 _OPERATORS = ("!=", "==", "=", "!", "(", ")", ",", ">", "<")
+_ESCAPE = re.compile(r"\\(.)", re.S)
+_ESCAPE_OR_COMMA = re.compile(r"\\.|,", re.S)
+_ESCAPED_TEXT = re.compile(r"(?:\\.|[^\\])*", re.S)  # no lone backslash at the end
 
 
 class SelectorParseError(ApiError):
@@ -226,14 +229,21 @@ class _LabelParser:
         return tuple(values)
 
 
-def parse_label_selector(text: str | None) -> LabelSelector:
-    """Parse a ``labelSelector`` query value; raise :class:`SelectorParseError` if invalid."""
+def _given(text: str | None, kind: str) -> str | None:
+    """The selector string, None when it selects everything; 400 when longer than :data:`MAX_SELECTOR_LENGTH`."""
     if text is None or not text.strip():
-        return LabelSelector()
+        return None
     if len(text) > MAX_SELECTOR_LENGTH:
         raise SelectorParseError(
-            f"label selector is {len(text)} characters long; at most {MAX_SELECTOR_LENGTH} allowed"
+            f"{kind} selector is {len(text)} characters long; at most {MAX_SELECTOR_LENGTH} allowed"
         )
+    return text
+
+
+def parse_label_selector(text: str | None) -> LabelSelector:
+    """Parse a ``labelSelector`` query value; raise :class:`SelectorParseError` if invalid."""
+    if (text := _given(text, "label")) is None:
+        return LabelSelector()
     parser = _LabelParser(text)
     reqs = parser.parse()
     for r in reqs:
@@ -309,12 +319,8 @@ def parse_field_selector(
     ``allowed`` names the fields the caller supports (others: 400 "field label
     not supported" naming ``kind``); ``None`` accepts any dotted path.
     """
-    if text is None or not text.strip():
+    if (text := _given(text, "field")) is None:
         return FieldSelector()
-    if len(text) > MAX_SELECTOR_LENGTH:
-        raise SelectorParseError(
-            f"field selector is {len(text)} characters long; at most {MAX_SELECTOR_LENGTH} allowed"
-        )
     reqs: list[FieldRequirement] = []
     for raw in _split_unescaped(text):
         part = raw.strip()
@@ -340,50 +346,27 @@ def parse_field_selector(
 def _split_unescaped(text: str) -> list[str]:
     """Split on commas that are not escaped with a backslash (escapes kept)."""
     out: list[str] = []
-    cur: list[str] = []
-    i = 0
-    while i < len(text):
-        ch = text[i]
-        if ch == "\\" and i + 1 < len(text):
-            cur.append(text[i : i + 2])
-            i += 2
-            continue
-        if ch == ",":
-            out.append("".join(cur))
-            cur = []
-        else:
-            cur.append(ch)
-        i += 1
-    out.append("".join(cur))
+    start = 0
+    for m in _ESCAPE_OR_COMMA.finditer(text):
+        if m.group() == ",":
+            out.append(text[start : m.start()])
+            start = m.end()
+    out.append(text[start:])
     return out
 
 
 def _find_unescaped(text: str, needle: str) -> int:
-    i = 0
-    while i < len(text):
-        if text[i] == "\\":
-            i += 2
-            continue
-        if text.startswith(needle, i):
-            return i
-        i += 1
+    """Where ``needle`` first stands outside a backslash escape, -1 if nowhere."""
+    for m in re.finditer(r"\\.|" + re.escape(needle), text, re.S):
+        if not m.group().startswith("\\"):
+            return m.start()
     return -1
 
 
 def _unescape(value: str, text: str) -> str:
-    out: list[str] = []
-    i = 0
-    while i < len(value):
-        ch = value[i]
-        if ch == "\\":
-            if i + 1 >= len(value):
-                raise SelectorParseError(f"invalid escape at the end of field selector {text!r}")
-            out.append(value[i + 1])
-            i += 2
-            continue
-        out.append(ch)
-        i += 1
-    return "".join(out)
+    if not _ESCAPED_TEXT.fullmatch(value):
+        raise SelectorParseError(f"invalid escape at the end of field selector {text!r}")
+    return _ESCAPE.sub(r"\1", value)
 
 
 __all__ = [

@@ -42,10 +42,6 @@ import uvicorn
 log = logging.getLogger(__name__)
 
 
-def _nothing() -> None:
-    pass
-
-
 class ShutdownSignal:
     """Set once when the server begins to shut down; callbacks run on the loop at that moment."""
 
@@ -65,7 +61,7 @@ class ShutdownSignal:
         """
         if self.event.is_set():
             self._run(callback)
-            return _nothing
+            return lambda: None
         key = self._next
         self._next += 1
         self._callbacks[key] = callback

@@ -62,6 +62,13 @@ class Column:
         }
 
 
+def _col(
+    name: str, cell: Callable[[Obj, dt.datetime], Any], description: str, priority: int = 0, *, type: str = "string"
+) -> Column:
+    """A column without a ``format`` (every column but ``Name``)."""
+    return Column(name, type, cell, "", description, priority)
+
+
 @dataclass(frozen=True)
 class PrinterColumn:
     """A CustomResourceDefinition ``additionalPrinterColumns`` entry."""
@@ -183,9 +190,13 @@ def format_selector(selector: Any) -> str:
     return ",".join(t for _, t in reqs) or _NONE
 
 
-def _containers(obj: Obj, field: str) -> str:
-    cs = _list(_get(obj, "spec", "template", "spec", "containers"))
-    return ",".join(str(c.get(field, "")) for c in cs if isinstance(c, dict))
+def _containers_at(path: tuple[str, ...], field: str) -> Callable[[Obj, dt.datetime], str]:
+    """``field`` of each container in the list at ``path`` (a pod template's, a CronJob's job template's)."""
+
+    def cell(obj: Obj, now: dt.datetime) -> str:
+        return ",".join(str(c.get(field, "")) for c in _list(_get(obj, *path)) if isinstance(c, dict))
+
+    return cell
 
 
 def _name(obj: Obj, now: dt.datetime) -> Any:
@@ -193,7 +204,7 @@ def _name(obj: Obj, now: dt.datetime) -> Any:
 
 
 _NAME = Column("Name", "string", _name, "name", "Name must be unique within a namespace.")
-_AGE = Column("Age", "string", _age, "", "CreationTimestamp is a timestamp representing the server time of creation.")
+_AGE = _col("Age", _age, "CreationTimestamp is a timestamp representing the server time of creation.")
 
 
 # ---- pods ------------------------------------------------------------------------------------------
@@ -271,10 +282,6 @@ def _pod_ready(obj: Obj, now: dt.datetime) -> str:
     return f"{ready}/{total}"
 
 
-def _pod_reason(obj: Obj, now: dt.datetime) -> str:
-    return pod_status(obj)[2]
-
-
 def _pod_restarts(obj: Obj, now: dt.datetime) -> str:
     _, _, _, restarts, last = pod_status(obj)
     if last is None:
@@ -316,10 +323,30 @@ def _integer(*path: str) -> Callable[[Obj, dt.datetime], Any]:
     return lambda obj, now: _int(_get(obj, *path))
 
 
+def _or(default: str, *path: str) -> Callable[[Obj, dt.datetime], Any]:
+    """The value at ``path``, ``default`` when it is absent or falsy."""
+    return lambda obj, now: _get(obj, *path) or default
+
+
+def _ready_of(obj: Obj, now: dt.datetime) -> str:
+    return f"{_int(_get(obj, 'status', 'readyReplicas'))}/{_int(_get(obj, 'spec', 'replicas'))}"
+
+
+def _kind_name(*path: str) -> Callable[[Obj, dt.datetime], str]:
+    """``Kind/name`` of the reference at ``path`` (a roleRef, a scaleTargetRef)."""
+
+    def cell(obj: Obj, now: dt.datetime) -> str:
+        ref = _get(obj, *path) or {}
+        return f"{ref.get('kind', '')}/{ref.get('name', '')}"
+
+    return cell
+
+
+_POD_TEMPLATE = ("spec", "template", "spec", "containers")
 _WIDE_WORKLOAD = (
-    Column("Containers", "string", lambda o, n: _containers(o, "name"), "", "Names of each container.", 1),
-    Column("Images", "string", lambda o, n: _containers(o, "image"), "", "Images referenced by each container.", 1),
-    Column("Selector", "string", lambda o, n: format_selector(_get(o, "spec", "selector")), "", "Label selector.", 1),
+    _col("Containers", _containers_at(_POD_TEMPLATE, "name"), "Names of each container.", 1),
+    _col("Images", _containers_at(_POD_TEMPLATE, "image"), "Images referenced by each container.", 1),
+    _col("Selector", lambda o, n: format_selector(_get(o, "spec", "selector")), "Label selector.", 1),
 )
 
 
@@ -371,23 +398,23 @@ def _event_count(obj: Obj, now: dt.datetime) -> int:
 
 #: DESIRED CURRENT READY of ReplicaSets and ReplicationControllers.
 _REPLICA_COUNTS = (
-    Column("Desired", "integer", _integer("spec", "replicas"), "", "Number of desired pods."),
-    Column("Current", "integer", _integer("status", "replicas"), "", "Number of actual replicas."),
-    Column("Ready", "integer", _integer("status", "readyReplicas"), "", "The number of ready replicas."),
+    _col("Desired", _integer("spec", "replicas"), "Number of desired pods.", type="integer"),
+    _col("Current", _integer("status", "replicas"), "Number of actual replicas.", type="integer"),
+    _col("Ready", _integer("status", "readyReplicas"), "The number of ready replicas.", type="integer"),
 )
 
 #: Columns per ``(group, resource)``, as kube-apiserver's printers define them.
 BUILTIN_COLUMNS: dict[tuple[str, str], tuple[Column, ...]] = {
     ("", "pods"): (
         _NAME,
-        Column("Ready", "string", _pod_ready, "", "The aggregate readiness state of this pod for accepting traffic."),
-        Column("Status", "string", _pod_reason, "", "The aggregate status of the containers in this pod."),
-        Column("Restarts", "string", _pod_restarts, "", "The number of times the containers in this pod restarted."),
+        _col("Ready", _pod_ready, "The aggregate readiness state of this pod for accepting traffic."),
+        _col("Status", lambda o, n: pod_status(o)[2], "The aggregate status of the containers in this pod."),
+        _col("Restarts", _pod_restarts, "The number of times the containers in this pod restarted."),
         _AGE,
-        Column("IP", "string", _or_none("status", "podIP"), "", "IP address allocated to the pod.", 1),
-        Column("Node", "string", _or_none("spec", "nodeName"), "", "Name of the node this pod runs on.", 1),
-        Column("Nominated Node", "string", _or_none("status", "nominatedNodeName"), "", "Nominated node.", 1),
-        Column("Readiness Gates", "string", _readiness_gates, "", "Pod readiness gates.", 1),
+        _col("IP", _or_none("status", "podIP"), "IP address allocated to the pod.", 1),
+        _col("Node", _or_none("spec", "nodeName"), "Name of the node this pod runs on.", 1),
+        _col("Nominated Node", _or_none("status", "nominatedNodeName"), "Nominated node.", 1),
+        _col("Readiness Gates", _readiness_gates, "Pod readiness gates.", 1),
     ),
     ("apps", "replicasets"): (
         _NAME,
@@ -397,56 +424,47 @@ BUILTIN_COLUMNS: dict[tuple[str, str], tuple[Column, ...]] = {
     ),
     ("apps", "deployments"): (
         _NAME,
-        Column(
-            "Ready",
-            "string",
-            lambda o, n: f"{_int(_get(o, 'status', 'readyReplicas'))}/{_int(_get(o, 'spec', 'replicas'))}",
-            "",
-            "Number of the pod with ready state.",
-        ),
-        Column("Up-to-date", "integer", _integer("status", "updatedReplicas"), "", "Updated replicas."),
-        Column("Available", "integer", _integer("status", "availableReplicas"), "", "Available replicas."),
+        _col("Ready", _ready_of, "Number of the pod with ready state."),
+        _col("Up-to-date", _integer("status", "updatedReplicas"), "Updated replicas.", type="integer"),
+        _col("Available", _integer("status", "availableReplicas"), "Available replicas.", type="integer"),
         _AGE,
         *_WIDE_WORKLOAD,
     ),
     ("", "namespaces"): (
         _NAME,
-        Column("Status", "string", lambda o, n: _get(o, "status", "phase") or "", "", "The status of the namespace."),
+        _col("Status", _or("", "status", "phase"), "The status of the namespace."),
         _AGE,
     ),
     ("", "configmaps"): (
         _NAME,
-        Column(
+        _col(
             "Data",
-            "integer",
             lambda o, n: len(_get(o, "data") or {}) + len(_get(o, "binaryData") or {}),
-            "",
             "Number of keys.",
+            type="integer",
         ),
         _AGE,
     ),
     ("coordination.k8s.io", "leases"): (
         _NAME,
-        Column("Holder", "string", lambda o, n: _get(o, "spec", "holderIdentity") or "", "", "The holder."),
+        _col("Holder", _or("", "spec", "holderIdentity"), "The holder."),
         _AGE,
     ),
     ("", "events"): (
-        Column("Last Seen", "string", _event_last_seen, "", "Time when this event was last seen."),
-        Column("Type", "string", lambda o, n: _get(o, "type") or "", "", "Type of this event."),
-        Column("Reason", "string", lambda o, n: _get(o, "reason") or "", "", "Why the action was taken."),
-        Column("Object", "string", _event_object, "", "The object that this event is about."),
-        Column(
+        _col("Last Seen", _event_last_seen, "Time when this event was last seen."),
+        _col("Type", _or("", "type"), "Type of this event."),
+        _col("Reason", _or("", "reason"), "Why the action was taken."),
+        _col("Object", _event_object, "The object that this event is about."),
+        _col(
             "Subobject",
-            "string",
             lambda o, n: _get(o, "involvedObject", "fieldPath") or _get(o, "regarding", "fieldPath") or "",
-            "",
             "The field of the object this event is about.",
             1,
         ),
-        Column("Source", "string", _event_source, "", "The component reporting this event.", 1),
-        Column("Message", "string", lambda o, n: _get(o, "message") or _get(o, "note") or "", "", "Message."),
-        Column("First Seen", "string", _event_first_seen, "", "Time when this event was first seen.", 1),
-        Column("Count", "integer", _event_count, "", "The number of times this event has occurred.", 1),
+        _col("Source", _event_source, "The component reporting this event.", 1),
+        _col("Message", lambda o, n: _get(o, "message") or _get(o, "note") or "", "Message."),
+        _col("First Seen", _event_first_seen, "Time when this event was first seen.", 1),
+        _col("Count", _event_count, "The number of times this event has occurred.", 1, type="integer"),
         Column("Name", "string", _name, "name", "Name of the event.", 1),
     ),
 }
@@ -476,10 +494,6 @@ def _svc_ports(obj: Obj, now: dt.datetime) -> str:
         port = f"{p.get('port')}:{p['nodePort']}" if p.get("nodePort") else f"{p.get('port')}"
         out.append(f"{port}/{p.get('protocol') or 'TCP'}")
     return ",".join(out) if out else "<none>"
-
-
-def _ready_of(obj: Obj, now: dt.datetime) -> str:
-    return f"{_int(_get(obj, 'status', 'readyReplicas'))}/{_int(_get(obj, 'spec', 'replicas'))}"
 
 
 def _job_status(obj: Obj, now: dt.datetime) -> str:
@@ -532,17 +546,8 @@ def _ingress_address(obj: Obj, now: dt.datetime) -> str:
     return ",".join(str(a) for a in out if a)
 
 
-def _ingress_ports(obj: Obj, now: dt.datetime) -> str:
-    return "80, 443" if _list(_get(obj, "spec", "tls")) else "80"
-
-
 def _created_at(obj: Obj, now: dt.datetime) -> str:
     return str(_get(obj, "metadata", "creationTimestamp") or "")
-
-
-def _role_ref(obj: Obj, now: dt.datetime) -> str:
-    ref = _get(obj, "roleRef") or {}
-    return f"{ref.get('kind', '')}/{ref.get('name', '')}"
 
 
 def _subjects(kind: str) -> Callable[[Obj, dt.datetime], str]:
@@ -559,71 +564,52 @@ def _subjects(kind: str) -> Callable[[Obj, dt.datetime], str]:
 
 _BINDING = (
     _NAME,
-    Column("Role", "string", _role_ref, "", "Role of the binding."),
+    _col("Role", _kind_name("roleRef"), "Role of the binding."),
     _AGE,
-    Column("Users", "string", _subjects("User"), "", "Users in the binding.", 1),
-    Column("Groups", "string", _subjects("Group"), "", "Groups in the binding.", 1),
-    Column("ServiceAccounts", "string", _subjects("ServiceAccount"), "", "ServiceAccounts in the binding.", 1),
+    _col("Users", _subjects("User"), "Users in the binding.", 1),
+    _col("Groups", _subjects("Group"), "Groups in the binding.", 1),
+    _col("ServiceAccounts", _subjects("ServiceAccount"), "ServiceAccounts in the binding.", 1),
 )
-_ROLE = (_NAME, Column("Created At", "date", _created_at, "", "Time the role was created."))
+_ROLE = (_NAME, _col("Created At", _created_at, "Time the role was created.", type="date"))
 
 BUILTIN_COLUMNS.update(
     {
         ("", "secrets"): (
             _NAME,
-            Column("Type", "string", lambda o, n: _get(o, "type") or "", "", "The type of the secret."),
-            Column("Data", "integer", lambda o, n: len(_get(o, "data") or {}), "", "The number of keys."),
+            _col("Type", _or("", "type"), "The type of the secret."),
+            _col("Data", lambda o, n: len(_get(o, "data") or {}), "The number of keys.", type="integer"),
             _AGE,
         ),
         ("", "serviceaccounts"): (
             _NAME,
-            Column("Secrets", "integer", lambda o, n: len(_list(_get(o, "secrets"))), "", "The number of secrets."),
+            _col("Secrets", lambda o, n: len(_list(_get(o, "secrets"))), "The number of secrets.", type="integer"),
             _AGE,
         ),
         ("", "services"): (
             _NAME,
-            Column(
-                "Type", "string", lambda o, n: _get(o, "spec", "type") or "ClusterIP", "", "The type of the service."
-            ),
-            Column(
-                "Cluster-IP", "string", lambda o, n: _get(o, "spec", "clusterIP") or "<none>", "", "The cluster IP."
-            ),
-            Column("External-IP", "string", _svc_external_ip, "", "The external IPs."),
-            Column("Port(s)", "string", _svc_ports, "", "The ports of the service."),
+            _col("Type", _or("ClusterIP", "spec", "type"), "The type of the service."),
+            _col("Cluster-IP", _or("<none>", "spec", "clusterIP"), "The cluster IP."),
+            _col("External-IP", _svc_external_ip, "The external IPs."),
+            _col("Port(s)", _svc_ports, "The ports of the service."),
             _AGE,
-            Column(
-                "Selector",
-                "string",
-                lambda o, n: format_selector({"matchLabels": _get(o, "spec", "selector") or {}}) or "<none>",
-                "",
-                "The selector.",
-                1,
-            ),
+            _col("Selector", lambda o, n: format_labels(_get(o, "spec", "selector")), "The selector.", 1),
         ),
         ("apps", "statefulsets"): (
             _NAME,
-            Column("Ready", "string", _ready_of, "", "Ready replicas."),
+            _col("Ready", _ready_of, "Ready replicas."),
             _AGE,
             *_WIDE_WORKLOAD[:2],
         ),
         ("apps", "daemonsets"): (
             _NAME,
-            Column("Desired", "integer", _integer("status", "desiredNumberScheduled"), "", "Desired pods."),
-            Column("Current", "integer", _integer("status", "currentNumberScheduled"), "", "Current pods."),
-            Column("Ready", "integer", _integer("status", "numberReady"), "", "Ready pods."),
-            Column("Up-to-date", "integer", _integer("status", "updatedNumberScheduled"), "", "Updated pods."),
-            Column("Available", "integer", _integer("status", "numberAvailable"), "", "Available pods."),
-            Column(
+            _col("Desired", _integer("status", "desiredNumberScheduled"), "Desired pods.", type="integer"),
+            _col("Current", _integer("status", "currentNumberScheduled"), "Current pods.", type="integer"),
+            _col("Ready", _integer("status", "numberReady"), "Ready pods.", type="integer"),
+            _col("Up-to-date", _integer("status", "updatedNumberScheduled"), "Updated pods.", type="integer"),
+            _col("Available", _integer("status", "numberAvailable"), "Available pods.", type="integer"),
+            _col(
                 "Node Selector",
-                "string",
-                lambda o, n: (
-                    ",".join(
-                        f"{k}={v}"
-                        for k, v in sorted((_get(o, "spec", "template", "spec", "nodeSelector") or {}).items())
-                    )
-                    or "<none>"
-                ),
-                "",
+                lambda o, n: format_labels(_get(o, "spec", "template", "spec", "nodeSelector")),
                 "The node selector.",
             ),
             _AGE,
@@ -631,27 +617,27 @@ BUILTIN_COLUMNS.update(
         ),
         ("batch", "jobs"): (
             _NAME,
-            Column("Status", "string", _job_status, "", "The status of the job."),
-            Column("Completions", "string", _job_completions, "", "The completions."),
-            Column("Duration", "string", _job_duration, "", "How long the job ran."),
+            _col("Status", _job_status, "The status of the job."),
+            _col("Completions", _job_completions, "The completions."),
+            _col("Duration", _job_duration, "How long the job ran."),
             _AGE,
             *_WIDE_WORKLOAD,
         ),
         ("batch", "cronjobs"): (
             _NAME,
-            Column("Schedule", "string", lambda o, n: _get(o, "spec", "schedule") or "", "", "The schedule."),
-            Column("Timezone", "string", lambda o, n: _get(o, "spec", "timeZone") or "<none>", "", "The time zone."),
-            Column("Suspend", "boolean", _bool_text("spec", "suspend"), "", "Suspended."),
-            Column("Active", "integer", lambda o, n: len(_list(_get(o, "status", "active"))), "", "Active jobs."),
-            Column("Last Schedule", "string", _cronjob_last, "", "When the job was last scheduled."),
+            _col("Schedule", _or("", "spec", "schedule"), "The schedule."),
+            _col("Timezone", _or("<none>", "spec", "timeZone"), "The time zone."),
+            _col("Suspend", _bool_text("spec", "suspend"), "Suspended.", type="boolean"),
+            _col("Active", lambda o, n: len(_list(_get(o, "status", "active"))), "Active jobs.", type="integer"),
+            _col("Last Schedule", _cronjob_last, "When the job was last scheduled."),
             _AGE,
         ),
         ("networking.k8s.io", "ingresses"): (
             _NAME,
-            Column("Class", "string", lambda o, n: _get(o, "spec", "ingressClassName") or "<none>", "", "The class."),
-            Column("Hosts", "string", _ingress_hosts, "", "The hosts."),
-            Column("Address", "string", _ingress_address, "", "The addresses."),
-            Column("Ports", "string", _ingress_ports, "", "The ports."),
+            _col("Class", _or("<none>", "spec", "ingressClassName"), "The class."),
+            _col("Hosts", _ingress_hosts, "The hosts."),
+            _col("Address", _ingress_address, "The addresses."),
+            _col("Ports", lambda o, n: "80, 443" if _list(_get(o, "spec", "tls")) else "80", "The ports."),
             _AGE,
         ),
         ("rbac.authorization.k8s.io", "roles"): _ROLE,
@@ -681,21 +667,12 @@ def format_labels(labels: Any) -> str:
     return ",".join(f"{k}={labels[k]}" for k in sorted(labels))
 
 
-def _more(items: list[str], count: int, limit: int, empty: str) -> str:
+def _more(items: list[str], limit: int, empty: str) -> str:
     """kube's ``listWithMoreString``: the first ``limit`` items, then `` + N more...``."""
     text = ",".join(items[:limit])
-    if count > limit:
-        return f"{text} + {count - limit} more..."
+    if len(items) > limit:
+        return f"{text} + {len(items) - limit} more..."
     return text or empty
-
-
-def _containers_at(path: tuple[str, ...], field: str) -> Callable[[Obj, dt.datetime], str]:
-    """``field`` of each container in the list at ``path`` (a PodTemplate's or a CronJob's job template)."""
-
-    def cell(obj: Obj, now: dt.datetime) -> str:
-        return ",".join(str(c.get(field, "")) for c in _list(_get(obj, *path)) if isinstance(c, dict))
-
-    return cell
 
 
 def _pvc_status(obj: Obj, now: dt.datetime) -> str:
@@ -730,20 +707,13 @@ def _pv_claim(obj: Obj, now: dt.datetime) -> str:
     return f"{ref.get('namespace', '')}/{ref.get('name', '')}" if isinstance(ref, dict) else ""
 
 
-_VOLUME_ATTRIBUTES_CLASS = Column(
-    "VolumeAttributesClass", "string", _unset("spec", "volumeAttributesClassName"), "", "The volume attributes class."
+_VOLUME_ATTRIBUTES_CLASS = _col(
+    "VolumeAttributesClass", _unset("spec", "volumeAttributesClassName"), "The volume attributes class."
 )
-_VOLUME_MODE = Column("VolumeMode", "string", _unset("spec", "volumeMode"), "", "The volume mode.", 1)
+_VOLUME_MODE = _col("VolumeMode", _unset("spec", "volumeMode"), "The volume mode.", 1)
 _WIDE_TEMPLATE = (
     *_WIDE_WORKLOAD[:2],
-    Column(
-        "Selector",
-        "string",
-        lambda o, n: format_labels(_get(o, "spec", "selector")),
-        "",
-        "The selector of the pods.",
-        1,
-    ),
+    _col("Selector", lambda o, n: format_labels(_get(o, "spec", "selector")), "The selector of the pods.", 1),
 )
 
 
@@ -798,11 +768,6 @@ def hpa_targets(obj: Obj) -> str:
     return ", ".join(shown)
 
 
-def _hpa_reference(obj: Obj, now: dt.datetime) -> str:
-    ref = _get(obj, "spec", "scaleTargetRef") or {}
-    return f"{ref.get('kind', '')}/{ref.get('name', '')}"
-
-
 def _hpa_min(obj: Obj, now: dt.datetime) -> str:
     value = _get(obj, "spec", "minReplicas")
     return "<unset>" if value is None else str(value)
@@ -814,14 +779,11 @@ def format_endpoints(obj: Obj) -> str:
     if not subsets:
         return _NONE
     shown: list[str] = []
-    count = 0
     for ss in subsets:
         ips = [str(a.get("ip", "")) for a in _list(ss.get("addresses")) if isinstance(a, dict)]
         ports = [p for p in _list(ss.get("ports")) if isinstance(p, dict)]
-        pairs = list(ips) if not ports else [_host_port(ip, p.get("port")) for p in ports for ip in ips]
-        count += len(pairs)
-        shown.extend(pairs)
-    return _more(shown, count, 3, "")
+        shown.extend(ips if not ports else [_host_port(ip, p.get("port")) for p in ports for ip in ips])
+    return _more(shown, 3, "")
 
 
 def _host_port(ip: str, port: Any) -> str:
@@ -831,14 +793,14 @@ def _host_port(ip: str, port: Any) -> str:
 def _slice_ports(obj: Obj, now: dt.datetime) -> str:
     ports = [p for p in _list(_get(obj, "ports")) if isinstance(p, dict)]
     names = [str(p["port"]) if p.get("port") is not None else str(p.get("name") or "*") for p in ports]
-    return _more(names, len(names), 3, "<unset>")
+    return _more(names, 3, "<unset>")
 
 
 def _slice_endpoints(obj: Obj, now: dt.datetime) -> str:
     addresses = [
         str(a) for e in _list(_get(obj, "endpoints")) if isinstance(e, dict) for a in _list(e.get("addresses"))
     ]
-    return _more(addresses, len(addresses), 3, "<unset>")
+    return _more(addresses, 3, "<unset>")
 
 
 def _quota(limits: bool) -> Callable[[Obj, dt.datetime], str]:
@@ -849,8 +811,7 @@ def _quota(limits: bool) -> Callable[[Obj, dt.datetime], str]:
         used = _get(obj, "status", "used") or {}
         out = []
         for name in sorted(hard):
-            parts = name.split(".")
-            if (len(parts) > 1 and parts[0] == "limits") == limits:
+            if name.startswith("limits.") == limits:
                 out.append(f"{name}: {_quantity(used.get(name))}/{hard[name]}")
         return ", ".join(out)
 
@@ -964,24 +925,24 @@ def _param_kind(obj: Obj, now: dt.datetime) -> str:
     return f"{kind.get('apiVersion', '')}/{kind.get('kind', '')}" if isinstance(kind, dict) else "<unset>"
 
 
-_WEBHOOKS = (_NAME, Column("Webhooks", "integer", _count("webhooks"), "", "The number of webhooks."), _AGE)
+_WEBHOOKS = (_NAME, _col("Webhooks", _count("webhooks"), "The number of webhooks.", type="integer"), _AGE)
 _HPA = (
     _NAME,
-    Column("Reference", "string", _hpa_reference, "", "The scale target."),
-    Column("Targets", "string", lambda o, n: hpa_targets(o), "", "The current and target metric values."),
-    Column("MinPods", "string", _hpa_min, "", "The minimum number of replicas."),
-    Column("MaxPods", "integer", _integer("spec", "maxReplicas"), "", "The maximum number of replicas."),
-    Column("Replicas", "integer", _integer("status", "currentReplicas"), "", "The current number of replicas."),
+    _col("Reference", _kind_name("spec", "scaleTargetRef"), "The scale target."),
+    _col("Targets", lambda o, n: hpa_targets(o), "The current and target metric values."),
+    _col("MinPods", _hpa_min, "The minimum number of replicas."),
+    _col("MaxPods", _integer("spec", "maxReplicas"), "The maximum number of replicas.", type="integer"),
+    _col("Replicas", _integer("status", "currentReplicas"), "The current number of replicas.", type="integer"),
     _AGE,
 )
 
 BUILTIN_COLUMNS[("", "persistentvolumeclaims")] = (
     _NAME,
-    Column("Status", "string", _pvc_status, "", "The phase of the claim."),
-    Column("Volume", "string", _text("spec", "volumeName"), "", "The bound volume."),
-    Column("Capacity", "string", _pvc_bound("capacity"), "", "The capacity of the bound volume."),
-    Column("Access Modes", "string", _pvc_bound("modes"), "", "The access modes of the bound volume."),
-    Column("StorageClass", "string", _storage_class_of, "", "The storage class."),
+    _col("Status", _pvc_status, "The phase of the claim."),
+    _col("Volume", _text("spec", "volumeName"), "The bound volume."),
+    _col("Capacity", _pvc_bound("capacity"), "The capacity of the bound volume."),
+    _col("Access Modes", _pvc_bound("modes"), "The access modes of the bound volume."),
+    _col("StorageClass", _storage_class_of, "The storage class."),
     _VOLUME_ATTRIBUTES_CLASS,
     _AGE,
     _VOLUME_MODE,
@@ -989,13 +950,11 @@ BUILTIN_COLUMNS[("", "persistentvolumeclaims")] = (
 _JOB_TEMPLATE = ("spec", "jobTemplate", "spec", "template", "spec", "containers")
 BUILTIN_COLUMNS[("batch", "cronjobs")] = (
     *BUILTIN_COLUMNS[("batch", "cronjobs")],
-    Column("Containers", "string", _containers_at(_JOB_TEMPLATE, "name"), "", "Names of each container.", 1),
-    Column("Images", "string", _containers_at(_JOB_TEMPLATE, "image"), "", "Images of each container.", 1),
-    Column(
+    _col("Containers", _containers_at(_JOB_TEMPLATE, "name"), "Names of each container.", 1),
+    _col("Images", _containers_at(_JOB_TEMPLATE, "image"), "Images of each container.", 1),
+    _col(
         "Selector",
-        "string",
         lambda o, n: format_selector(_get(o, "spec", "jobTemplate", "spec", "selector")),
-        "",
         "The selector of the jobs' pods.",
         1,
     ),
@@ -1005,86 +964,61 @@ BUILTIN_COLUMNS.update(
         ("autoscaling", "horizontalpodautoscalers"): _HPA,
         ("", "persistentvolumes"): (
             _NAME,
-            Column("Capacity", "string", _text("spec", "capacity", "storage"), "", "The capacity."),
-            Column("Access Modes", "string", lambda o, n: access_modes(_get(o, "spec", "accessModes")), "", "Modes."),
-            Column(
+            _col("Capacity", _text("spec", "capacity", "storage"), "The capacity."),
+            _col("Access Modes", lambda o, n: access_modes(_get(o, "spec", "accessModes")), "Modes."),
+            _col(
                 "Reclaim Policy",
-                "string",
-                lambda o, n: _get(o, "spec", "persistentVolumeReclaimPolicy") or "",
-                "",
+                _or("", "spec", "persistentVolumeReclaimPolicy"),
                 "What happens to the volume when released.",
             ),
-            Column(
+            _col(
                 "Status",
-                "string",
                 lambda o, n: (
                     "Terminating" if _get(o, "metadata", "deletionTimestamp") else _text("status", "phase")(o, n)
                 ),
-                "",
                 "The phase of the volume.",
             ),
-            Column("Claim", "string", _pv_claim, "", "The bound claim."),
-            Column("StorageClass", "string", _storage_class_of, "", "The storage class."),
+            _col("Claim", _pv_claim, "The bound claim."),
+            _col("StorageClass", _storage_class_of, "The storage class."),
             _VOLUME_ATTRIBUTES_CLASS,
-            Column("Reason", "string", _text("status", "reason"), "", "Why the volume is in this phase."),
+            _col("Reason", _text("status", "reason"), "Why the volume is in this phase."),
             _AGE,
             _VOLUME_MODE,
         ),
         ("", "nodes"): (
             _NAME,
-            Column("Status", "string", _node_status, "", "The status of the node."),
-            Column("Roles", "string", _node_roles, "", "The roles of the node."),
+            _col("Status", _node_status, "The status of the node."),
+            _col("Roles", _node_roles, "The roles of the node."),
             _AGE,
-            Column("Version", "string", _text("status", "nodeInfo", "kubeletVersion"), "", "Kubelet version."),
-            Column("Internal-IP", "string", _node_address("InternalIP"), "", "Internal IP.", 1),
-            Column("External-IP", "string", _node_address("ExternalIP"), "", "External IP.", 1),
-            Column("OS-Image", "string", _text("status", "nodeInfo", "osImage"), "", "OS image.", 1),
-            Column("Kernel-Version", "string", _text("status", "nodeInfo", "kernelVersion"), "", "Kernel.", 1),
-            Column(
-                "Container-Runtime",
-                "string",
-                _text("status", "nodeInfo", "containerRuntimeVersion"),
-                "",
-                "Container runtime.",
-                1,
-            ),
+            _col("Version", _text("status", "nodeInfo", "kubeletVersion"), "Kubelet version."),
+            _col("Internal-IP", _node_address("InternalIP"), "Internal IP.", 1),
+            _col("External-IP", _node_address("ExternalIP"), "External IP.", 1),
+            _col("OS-Image", _text("status", "nodeInfo", "osImage"), "OS image.", 1),
+            _col("Kernel-Version", _text("status", "nodeInfo", "kernelVersion"), "Kernel.", 1),
+            _col("Container-Runtime", _text("status", "nodeInfo", "containerRuntimeVersion"), "Container runtime.", 1),
         ),
         ("", "endpoints"): (
             _NAME,
-            Column("Endpoints", "string", lambda o, n: format_endpoints(o), "", "The endpoint addresses."),
+            _col("Endpoints", lambda o, n: format_endpoints(o), "The endpoint addresses."),
             _AGE,
         ),
         ("", "resourcequotas"): (
             _NAME,
             _AGE,
-            Column("Request", "string", _quota(False), "", "Used/hard of the request resources."),
-            Column("Limit", "string", _quota(True), "", "Used/hard of the limit resources."),
+            _col("Request", _quota(False), "Used/hard of the request resources."),
+            _col("Limit", _quota(True), "Used/hard of the limit resources."),
         ),
         ("", "limitranges"): (
             _NAME,
-            Column("Created At", "date", _created_at, "", "Time the limit range was created."),
+            _col("Created At", _created_at, "Time the limit range was created.", type="date"),
         ),
         ("", "podtemplates"): (
             _NAME,
-            Column(
-                "Containers",
-                "string",
-                _containers_at(("template", "spec", "containers"), "name"),
-                "",
-                "Names of each container.",
-            ),
-            Column(
-                "Images",
-                "string",
-                _containers_at(("template", "spec", "containers"), "image"),
-                "",
-                "Images of each container.",
-            ),
-            Column(
+            _col("Containers", _containers_at(("template", "spec", "containers"), "name"), "Names of each container."),
+            _col("Images", _containers_at(("template", "spec", "containers"), "image"), "Images of each container."),
+            _col(
                 "Pod Labels",
-                "string",
                 lambda o, n: format_labels(_get(o, "template", "metadata", "labels")),
-                "",
                 "The labels of the pod template.",
             ),
         ),
@@ -1096,122 +1030,104 @@ BUILTIN_COLUMNS.update(
         ),
         ("apps", "controllerrevisions"): (
             _NAME,
-            Column("Controller", "string", _controller_of, "", "The controller of the revision."),
-            Column("Revision", "integer", _integer("revision"), "", "The revision."),
+            _col("Controller", _controller_of, "The controller of the revision."),
+            _col("Revision", _integer("revision"), "The revision.", type="integer"),
             _AGE,
         ),
         ("policy", "poddisruptionbudgets"): (
             _NAME,
-            Column("Min Available", "string", _int_or_na("spec", "minAvailable"), "", "Minimum available pods."),
-            Column("Max Unavailable", "string", _int_or_na("spec", "maxUnavailable"), "", "Maximum unavailable pods."),
-            Column("Allowed Disruptions", "integer", _integer("status", "disruptionsAllowed"), "", "Allowed now."),
+            _col("Min Available", _int_or_na("spec", "minAvailable"), "Minimum available pods."),
+            _col("Max Unavailable", _int_or_na("spec", "maxUnavailable"), "Maximum unavailable pods."),
+            _col("Allowed Disruptions", _integer("status", "disruptionsAllowed"), "Allowed now.", type="integer"),
             _AGE,
         ),
         ("networking.k8s.io", "networkpolicies"): (
             _NAME,
-            Column("Pod-Selector", "string", lambda o, n: format_selector(_get(o, "spec", "podSelector")), "", "Pods."),
+            _col("Pod-Selector", lambda o, n: format_selector(_get(o, "spec", "podSelector")), "Pods."),
             _AGE,
         ),
         ("networking.k8s.io", "ingressclasses"): (
             _NAME,
-            Column("Controller", "string", _text("spec", "controller"), "", "The controller of the class."),
-            Column("Parameters", "string", _ingress_class_parameters, "", "The parameters of the class."),
+            _col("Controller", _text("spec", "controller"), "The controller of the class."),
+            _col("Parameters", _ingress_class_parameters, "The parameters of the class."),
             _AGE,
         ),
         ("discovery.k8s.io", "endpointslices"): (
             _NAME,
-            Column("AddressType", "string", _text("addressType"), "", "The type of the addresses."),
-            Column("Ports", "string", _slice_ports, "", "The ports."),
-            Column("Endpoints", "string", _slice_endpoints, "", "The endpoint addresses."),
+            _col("AddressType", _text("addressType"), "The type of the addresses."),
+            _col("Ports", _slice_ports, "The ports."),
+            _col("Endpoints", _slice_endpoints, "The endpoint addresses."),
             _AGE,
         ),
         ("storage.k8s.io", "storageclasses"): (
             Column("Name", "string", _storage_class_name, "name", "Name must be unique within a namespace."),
-            Column("Provisioner", "string", _text("provisioner"), "", "The provisioner."),
-            Column("ReclaimPolicy", "string", lambda o, n: _get(o, "reclaimPolicy") or "Delete", "", "Reclaim policy."),
-            Column(
-                "VolumeBindingMode",
-                "string",
-                lambda o, n: _get(o, "volumeBindingMode") or "Immediate",
-                "",
-                "When volumes are bound.",
-            ),
-            Column("AllowVolumeExpansion", "string", _bool("allowVolumeExpansion"), "", "Volumes may grow."),
+            _col("Provisioner", _text("provisioner"), "The provisioner."),
+            _col("ReclaimPolicy", _or("Delete", "reclaimPolicy"), "Reclaim policy."),
+            _col("VolumeBindingMode", _or("Immediate", "volumeBindingMode"), "When volumes are bound."),
+            _col("AllowVolumeExpansion", _bool("allowVolumeExpansion"), "Volumes may grow."),
             _AGE,
         ),
         ("storage.k8s.io", "volumeattachments"): (
             _NAME,
-            Column("Attacher", "string", _text("spec", "attacher"), "", "The attacher."),
-            Column("PV", "string", _text("spec", "source", "persistentVolumeName"), "", "The volume."),
-            Column("Node", "string", _text("spec", "nodeName"), "", "The node."),
-            Column("Attached", "boolean", _bool("status", "attached"), "", "Whether the volume is attached."),
+            _col("Attacher", _text("spec", "attacher"), "The attacher."),
+            _col("PV", _text("spec", "source", "persistentVolumeName"), "The volume."),
+            _col("Node", _text("spec", "nodeName"), "The node."),
+            _col("Attached", _bool("status", "attached"), "Whether the volume is attached.", type="boolean"),
             _AGE,
         ),
         ("storage.k8s.io", "csinodes"): (
             _NAME,
-            Column("Drivers", "integer", _count("spec", "drivers"), "", "The number of drivers."),
+            _col("Drivers", _count("spec", "drivers"), "The number of drivers.", type="integer"),
             _AGE,
         ),
         ("storage.k8s.io", "csistoragecapacities"): (
             _NAME,
-            Column("StorageClassName", "string", _text("storageClassName"), "", "The storage class."),
-            Column("Capacity", "string", _unset("capacity"), "", "The capacity."),
+            _col("StorageClassName", _text("storageClassName"), "The storage class."),
+            _col("Capacity", _unset("capacity"), "The capacity."),
         ),
         ("scheduling.k8s.io", "priorityclasses"): (
             _NAME,
-            Column("Value", "integer", _integer("value"), "", "The priority."),
-            Column("Global-Default", "boolean", _bool("globalDefault"), "", "The default priority class."),
+            _col("Value", _integer("value"), "The priority.", type="integer"),
+            _col("Global-Default", _bool("globalDefault"), "The default priority class.", type="boolean"),
             _AGE,
-            Column(
-                "PreemptionPolicy",
-                "string",
-                lambda o, n: _get(o, "preemptionPolicy") or "PreemptLowerPriority",
-                "",
-                "The preemption policy.",
-            ),
+            _col("PreemptionPolicy", _or("PreemptLowerPriority", "preemptionPolicy"), "The preemption policy."),
         ),
         ("node.k8s.io", "runtimeclasses"): (
             _NAME,
-            Column("Handler", "string", _text("handler"), "", "The CRI handler."),
+            _col("Handler", _text("handler"), "The CRI handler."),
             _AGE,
         ),
         ("admissionregistration.k8s.io", "mutatingwebhookconfigurations"): _WEBHOOKS,
         ("admissionregistration.k8s.io", "validatingwebhookconfigurations"): _WEBHOOKS,
         ("admissionregistration.k8s.io", "validatingadmissionpolicies"): (
             _NAME,
-            Column("Validations", "integer", _count("spec", "validations"), "", "The number of validations."),
-            Column("ParamKind", "string", _param_kind, "", "The kind of the parameters."),
+            _col("Validations", _count("spec", "validations"), "The number of validations.", type="integer"),
+            _col("ParamKind", _param_kind, "The kind of the parameters."),
             _AGE,
         ),
         ("certificates.k8s.io", "certificatesigningrequests"): (
             _NAME,
             _AGE,
-            Column("SignerName", "string", _text("spec", "signerName"), "", "The signer."),
-            Column("Requestor", "string", _text("spec", "username"), "", "Who asked."),
-            Column("RequestedDuration", "string", _csr_duration, "", "The requested duration."),
-            Column("Condition", "string", _csr_condition, "", "The state of the request."),
+            _col("SignerName", _text("spec", "signerName"), "The signer."),
+            _col("Requestor", _text("spec", "username"), "Who asked."),
+            _col("RequestedDuration", _csr_duration, "The requested duration."),
+            _col("Condition", _csr_condition, "The state of the request."),
         ),
         ("flowcontrol.apiserver.k8s.io", "flowschemas"): (
             _NAME,
-            Column("PriorityLevel", "string", _text("spec", "priorityLevelConfiguration", "name"), "", "The level."),
-            Column("MatchingPrecedence", "string", _text("spec", "matchingPrecedence"), "", "The precedence."),
-            Column("DistinguisherMethod", "string", _flow_distinguisher, "", "How flows are told apart."),
+            _col("PriorityLevel", _text("spec", "priorityLevelConfiguration", "name"), "The level."),
+            _col("MatchingPrecedence", _text("spec", "matchingPrecedence"), "The precedence."),
+            _col("DistinguisherMethod", _flow_distinguisher, "How flows are told apart."),
             _AGE,
-            Column("MissingPL", "string", _flow_missing_pl, "", "Whether the priority level is missing."),
+            _col("MissingPL", _flow_missing_pl, "Whether the priority level is missing."),
         ),
         ("flowcontrol.apiserver.k8s.io", "prioritylevelconfigurations"): (
             _NAME,
-            Column("Type", "string", _text("spec", "type"), "", "Limited or Exempt."),
-            Column("NominalConcurrencyShares", "string", _plc("nominalConcurrencyShares"), "", "The shares."),
-            Column("Queues", "string", _plc("limitResponse", "queuing", "queues"), "", "The queues."),
-            Column("HandSize", "string", _plc("limitResponse", "queuing", "handSize"), "", "The hand size."),
-            Column(
-                "QueueLengthLimit",
-                "string",
-                _plc("limitResponse", "queuing", "queueLengthLimit"),
-                "",
-                "The queue length limit.",
-            ),
+            _col("Type", _text("spec", "type"), "Limited or Exempt."),
+            _col("NominalConcurrencyShares", _plc("nominalConcurrencyShares"), "The shares."),
+            _col("Queues", _plc("limitResponse", "queuing", "queues"), "The queues."),
+            _col("HandSize", _plc("limitResponse", "queuing", "handSize"), "The hand size."),
+            _col("QueueLengthLimit", _plc("limitResponse", "queuing", "queueLengthLimit"), "The queue length limit."),
             _AGE,
         ),
     }
@@ -1268,11 +1184,8 @@ def printer_columns(columns: Sequence[PrinterColumn]) -> tuple[Column, ...]:
 
 def crd_printer_columns(crd: Any, version: str) -> tuple[PrinterColumn, ...] | None:
     """The ``additionalPrinterColumns`` of ``version`` in a CustomResourceDefinition object (None if not served)."""
-    for ver in _list(_get(crd, "spec", "versions")):
-        if not isinstance(ver, dict) or ver.get("name") != version:
-            continue
-        return version_printer_columns(ver)
-    return None
+    versions = (v for v in _list(_get(crd, "spec", "versions")) if isinstance(v, dict) and v.get("name") == version)
+    return next((version_printer_columns(v) for v in versions), None)
 
 
 def version_printer_columns(ver: Mapping[str, Any]) -> tuple[PrinterColumn, ...]:

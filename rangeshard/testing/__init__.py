@@ -38,7 +38,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -146,11 +146,10 @@ def _target(controller: type[Controller] | str) -> str:
     return f"{controller.__module__}:{controller.__qualname__}"
 
 
-def _child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+def _child_env() -> dict[str, str]:
+    """Added to a manager's environment: this process's ``sys.path`` as ``PYTHONPATH`` (see module docstring)."""
     paths = [p for p in sys.path if p and Path(p).is_dir()]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "PYTHONUNBUFFERED": "1"}
-    env.update(extra or {})
-    return env
+    return {"PYTHONPATH": os.pathsep.join(paths), "PYTHONUNBUFFERED": "1"}
 
 
 @dataclass
@@ -256,17 +255,10 @@ class TestCluster(LocalCluster):
         )
         self.groups: list[Managers] = []
 
-    def start(self) -> TestCluster:
-        super().start()
-        return self
-
     def stop(self, on_error: Callable[[str, Exception], None] | None = None) -> None:
         """Stop the managers of every group, then the cluster (a given etcd keeps nothing of this cluster)."""
         self.groups.clear()
         super().stop(on_error or (lambda _what, _e: None))
-
-    def __enter__(self) -> TestCluster:
-        return self.start()
 
     # -- addresses and clients -------------------------------------------------------
     @property

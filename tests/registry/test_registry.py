@@ -209,6 +209,15 @@ def test_lock_unlock_compare_failures(registry: Registry, leases: Callable[[int]
         registry.unlock(CT, "recv", "giver")
     with pytest.raises(NotRegistered):
         registry.unlock(CT, "ghost", "giver")
+    # And locked again by hand: a stale revision is refused, the current one locks it.
+    with pytest.raises(CompareFailed, match="record changed"):
+        registry.lock(CT, "recv", "giver", expected_mod_revision=recv.mod_revision)
+    registry.lock(CT, "recv", "giver", expected_mod_revision=after.mod_revision)
+    relocked = registry.snapshot(CT).get("recv")
+    assert relocked is not None and relocked.record.is_locked and relocked.record.giver == "giver"
+    assert relocked.record.state is State.LOCKED
+    with pytest.raises(NotRegistered):
+        registry.lock(CT, "ghost", "giver")
 
 
 def test_orphaned_receiver_unlocks_itself(registry: Registry, leases: Callable[[int], int]) -> None:
