@@ -57,6 +57,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
 from rangeshard.core.errors import ConfigError
+from rangeshard.core.timestamps import format_micro_time
 
 log = logging.getLogger(__name__)
 
@@ -108,18 +109,8 @@ class AuditLog:
 
     def record(self, controller_type: str, instance_id: str, key: str, start: float, end: float) -> None:
         """Append one record. Raises ``OSError`` if the write fails; after :meth:`close` it is dropped."""
-        line = json.dumps(
-            {
-                "controllerType": controller_type,
-                "instanceId": instance_id,
-                "key": key,
-                "start": start,
-                "end": end,
-                "pid": self._pid,
-            },
-            separators=(",", ":"),
-            ensure_ascii=False,
-        )
+        fields = {"controllerType": controller_type, "instanceId": instance_id, "key": key, "start": start, "end": end}
+        line = json.dumps({**fields, "pid": self._pid}, separators=(",", ":"), ensure_ascii=False)
         data = (line + "\n").encode("utf-8")
         with self._lock:
             if self._fd is None:
@@ -221,7 +212,7 @@ def find_overlaps(records: Iterable[AuditRecord]) -> list[tuple[AuditRecord, Aud
 
 
 def _ts(t: float) -> str:
-    return datetime.fromtimestamp(t, UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+    return format_micro_time(datetime.fromtimestamp(t, UTC))
 
 
 def _describe(r: AuditRecord) -> str:

@@ -144,8 +144,7 @@ class EtcdSection(_Section):
     """How the manager reaches etcd (the registry). Relative file paths are relative to the config file."""
 
     endpoints: tuple[Annotated[str, AfterValidator(_etcd_url)], ...] = Field(
-        (DEFAULT_ETCD,),
-        description="etcd client URLs, `http://host:port` or `https://host:port`.",
+        (DEFAULT_ETCD,), description="etcd client URLs, `http://host:port` or `https://host:port`."
     )
     ca_cert: str | None = Field(
         None, alias="caCert", description="PEM file of the CA that signed etcd's server certificate (https endpoints)."
@@ -395,7 +394,7 @@ class ManagerConfig(_Section):
         BeforeValidator(_none_to_empty_mapping),
     ] = Field(
         description=f"Controllers this manager runs, by name (built-ins: {', '.join(KNOWN_CONTROLLERS)}; "
-        "plugins by `class:` or entry point); at least one.",
+        "plugins by `class:` or entry point); at least one."
     )
 
     @model_validator(mode="before")
@@ -436,8 +435,7 @@ class ManagerConfig(_Section):
     def _timeout_below_half_ttl(self) -> ManagerConfig:
         if not self.reconcile_timeout_seconds < self.lease_ttl_seconds / 2:
             raise _field_error(
-                "reconcileTimeoutSeconds",
-                f"must be less than leaseTTLSeconds / 2 ({self.lease_ttl_seconds / 2:g})",
+                "reconcileTimeoutSeconds", f"must be less than leaseTTLSeconds / 2 ({self.lease_ttl_seconds / 2:g})"
             )
         return self
 
@@ -488,16 +486,12 @@ def _yaml_problem(path: Path, e: yaml.YAMLError) -> str:
     return f"{path}: invalid YAML: {type(e).__name__}"
 
 
-def _models_by_path() -> dict[tuple[str, ...], type[BaseModel]]:
-    models: dict[tuple[str, ...], type[BaseModel]] = {
-        (): ManagerConfig,
-        ("etcd",): EtcdSection,
-        ("proxy",): ProxySection,
-        ("metrics",): MetricsSection,
-    }
-    for name in KNOWN_CONTROLLERS:
-        models[("controllers", name)] = ControllerSection
-    return models
+_MODELS_BY_PATH: dict[tuple[str, ...], type[BaseModel]] = {
+    (): ManagerConfig,
+    ("etcd",): EtcdSection,
+    ("proxy",): ProxySection,
+    ("metrics",): MetricsSection,
+}
 
 
 def _field_names(model: type[BaseModel]) -> list[str]:
@@ -506,7 +500,6 @@ def _field_names(model: type[BaseModel]) -> list[str]:
 
 def _problems(e: ValidationError) -> list[tuple[str, str]]:
     """``(dotted.path, problem)`` for each error of a validation, spelled as in the file."""
-    models = _models_by_path()
     out: list[tuple[str, str]] = []
     for err in e.errors():
         loc = tuple(str(x) for x in err["loc"] if x != "[key]")
@@ -520,7 +513,9 @@ def _problems(e: ValidationError) -> list[tuple[str, str]]:
         elif typ == "missing":
             msg = "required field is missing"
         elif typ == "extra_forbidden":
-            model = models.get(loc[:-1]) or (ControllerSection if len(loc) == 3 and loc[0] == "controllers" else None)
+            model = _MODELS_BY_PATH.get(loc[:-1]) or (
+                ControllerSection if len(loc) == 3 and loc[0] == "controllers" else None
+            )
             msg = f"unknown field; expected one of: {', '.join(_field_names(model))}" if model else "unknown field"
         elif typ in ("model_type", "model_attributes_type", "dict_type"):
             msg = "expected a mapping"
@@ -530,33 +525,26 @@ def _problems(e: ValidationError) -> list[tuple[str, str]]:
     return out
 
 
+_FILE_FIELDS = (("etcd", "ca_cert"), ("etcd", "cert"), ("etcd", "key"), ("proxy", "token_file"), ("proxy", "ca_cert"))
+
+
 def _resolve_cert_paths(cfg: ManagerConfig, path: Path) -> tuple[ManagerConfig, list[str]]:
-    updates: dict[str, str] = {}
+    updates: dict[str, dict[str, str]] = {"etcd": {}, "proxy": {}}
     problems: list[str] = []
-    for field, alias in (("ca_cert", "caCert"), ("cert", "cert"), ("key", "key")):
-        value = getattr(cfg.etcd, field)
-        if value is None:
-            continue
-        resolved = (path.parent / Path(value).expanduser()).resolve()
-        if not resolved.is_file():
-            problems.append(f"{path}: etcd.{alias}: file not found: {resolved}")
-        updates[field] = str(resolved)
-    proxy_updates: dict[str, str] = {}
-    for field, alias in (("token_file", "tokenFile"), ("ca_cert", "caCert")):
-        value = getattr(cfg.proxy, field)
+    for section, field in _FILE_FIELDS:
+        model = getattr(cfg, section)
+        value = getattr(model, field)
         if value is None:
             continue
         resolved = (path.parent / Path(value).expanduser()).resolve()
         # A token file may be provided later (a projected token appears when the pod
         # starts); the manager reports it at start-up if it is still missing.
         if field != "token_file" and not resolved.is_file():
-            problems.append(f"{path}: proxy.{alias}: file not found: {resolved}")
-        proxy_updates[field] = str(resolved)
-    if updates:
-        cfg = cfg.model_copy(update={"etcd": cfg.etcd.model_copy(update=updates)})
-    if proxy_updates:
-        cfg = cfg.model_copy(update={"proxy": cfg.proxy.model_copy(update=proxy_updates)})
-    return cfg, problems
+            alias = type(model).model_fields[field].alias or field
+            problems.append(f"{path}: {section}.{alias}: file not found: {resolved}")
+        updates[section][field] = str(resolved)
+    changed = {name: getattr(cfg, name).model_copy(update=u) for name, u in updates.items() if u}
+    return cfg.model_copy(update=changed) if changed else cfg, problems
 
 
 def _class_problems(raw: Any, reported: set[str], path: Path) -> list[str]:
@@ -676,11 +664,7 @@ def _type_name(annotation: Any) -> str:
 
 
 def _range(metadata: list[Any]) -> str:
-    bounds: dict[str, Any] = {}
-    for m in metadata:
-        for attr in ("ge", "gt", "le", "lt"):
-            if hasattr(m, attr):
-                bounds[attr] = getattr(m, attr)
+    bounds = {attr: getattr(m, attr) for m in metadata for attr in ("ge", "gt", "le", "lt") if hasattr(m, attr)}
     if "ge" in bounds and "le" in bounds:
         return f"{bounds['ge']}..{bounds['le']}"
     symbols = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}

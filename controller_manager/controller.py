@@ -36,6 +36,7 @@ Concurrency model
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
 import time
@@ -62,9 +63,12 @@ from rangeshard.core.errors import ControllerError, ReconcileTimeout
 from rangeshard.core.etcd import EtcdConfig
 from rangeshard.core.loops import start_thread
 from rangeshard.core.ownertoken import OwnerToken
+from rangeshard.core.rest import GVR
 from registry.rebalance import add_cost, gap_histogram, histogram
 
 log = logging.getLogger(__name__)
+
+_CRDS = GVR("apiextensions.k8s.io", "v1", "customresourcedefinitions")
 
 
 class Requeue(ControllerError):
@@ -265,28 +269,26 @@ class ControllerRuntime:
             on_count=lambda event: metrics.handover.labels(self.name, event).inc(),
             rejoin_grace=rejoin_grace,
         )
-        main = controller_cls.main
-        self.informers: dict[str, Informer] = {
-            main.name: Informer(
+        # The main resource by its own uid, each dependent by its controller owner's uid.
+        handlers: list[tuple[Resource, str, Callable[[str, dict[str, Any]], None]]] = [
+            (controller_cls.main, UID_PATH, self._on_main),
+            *(
+                (dep, OWNER_PATH, functools.partial(self._on_dependent, resource=dep))
+                for dep in controller_cls.dependents
+            ),
+        ]
+        self.informers: dict[str, Informer] = {}
+        for resource, path, on_event in handlers:
+            self.informers[resource.name] = Informer(
                 api_client,
-                main,
-                path=UID_PATH,
+                resource,
+                path=path,
                 range_source=self.shard.informer_range,
-                on_event=self._on_main,
-                name=f"{self.name}-{main.name}",
+                on_event=on_event,
+                name=f"{self.name}-{resource.name}",
             )
-        }
-        for dep in controller_cls.dependents:
-            self.informers[dep.name] = Informer(
-                api_client,
-                dep,
-                path=OWNER_PATH,
-                range_source=self.shard.informer_range,
-                on_event=self._dependent_handler(dep),
-                name=f"{self.name}-{dep.name}",
-            )
-        for resource, inf in self.informers.items():
-            metrics.informer_objects.labels(self.name, resource).set_function(inf.__len__)
+        for informed, inf in self.informers.items():
+            metrics.informer_objects.labels(self.name, informed).set_function(inf.__len__)
         self._threads: list[threading.Thread] = []
         self._stop = threading.Event()
         metrics.set_state(self.name, instance_id, "init")
@@ -319,11 +321,8 @@ class ControllerRuntime:
             inf.reset()
 
     def _workload(self, rng: HashRange) -> tuple[int, dict[str, Any] | None]:
-        keys = []
-        for obj in self.informers[self.controller.main.name].items():
-            uid = (obj.get("metadata") or {}).get("uid")
-            if uid:
-                keys.append(_uid_hash(uid))
+        uids = [(obj.get("metadata") or {}).get("uid") for obj in self.informers[self.controller.main.name].items()]
+        keys = [_uid_hash(uid) for uid in uids if uid]
         hist = gap_histogram(keys, rng)
         # The 256 equal-width counts of earlier versions too, for their readers (the planner reads the gaps).
         hist["counts"] = histogram(keys, rng)
@@ -347,13 +346,7 @@ class ControllerRuntime:
                 self._gone.pop(key, None)
         self.queue.add(key)
 
-    def _dependent_handler(self, resource: Resource) -> Callable[[str, dict[str, Any]], None]:
-        def handle(event: str, obj: dict[str, Any]) -> None:
-            self._on_dependent(event, resource, obj)
-
-        return handle
-
-    def _on_dependent(self, event: str, resource: Resource, obj: dict[str, Any]) -> None:
+    def _on_dependent(self, event: str, obj: dict[str, Any], *, resource: Resource) -> None:
         self.controller.on_dependent_event(event, resource, obj)
         for key in self.controller.owner_keys(resource, obj):
             self.queue.add(key)
@@ -365,12 +358,7 @@ class ControllerRuntime:
             name = (crd.get("metadata") or {}).get("name")
             try:
                 raw_request(
-                    self.api_client,
-                    "POST",
-                    "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
-                    body=crd,
-                    content_type="application/json",
-                    timeout=timeout,
+                    self.api_client, "POST", _CRDS.path(), body=crd, content_type="application/json", timeout=timeout
                 )
                 log.info("%s: created CustomResourceDefinition %s", self.name, name)
             except ApiException as e:

@@ -87,7 +87,11 @@ PATHS = {"uid": UID_PATH, "owner": OWNER_PATH, "namespace": NAMESPACE_PATH}
 _NOTHING = "metadata.name=rangeshard-serves-nothing.invalid"
 #: How many resourceVersions handed to the controller are remembered per serving period.
 _ISSUED_MAX = 65536
-_EXPIRED_MESSAGE = "rangeshard: the instance's range changed; relist"
+_EXPIRED = status_object(410, "Expired", "rangeshard: the instance's range changed; relist")
+#: The watch event a reset watch and a stale resume end with (every client library relists on it).
+_EXPIRED_EVENT = orjson.dumps({"type": "ERROR", "object": _EXPIRED}) + b"\n"
+#: Response headers not copied to the controller (the relay sets its own length or chunking).
+_NOT_RELAYED = HOP_BY_HOP | {"content-length", "content-encoding"}
 
 
 class _Server(ThreadingHTTPServer):
@@ -142,7 +146,6 @@ class Endpoint:
         self.client = httpx.Client(base_url=proxy_url, verify=ca_cert or True, timeout=httpx.Timeout(30.0, read=None))
         host, _, port = section.listen.rpartition(":")
         self.server = _Server((host.strip("[]"), int(port)), _handler(self))
-        self.server.daemon_threads = True
         self._lock = threading.Lock()
         self._watches: set[_Watch] = set()
         self.token: OwnerToken | None = None
@@ -323,6 +326,7 @@ def _handler(endpoint: Endpoint) -> type[BaseHTTPRequestHandler]:
             params = dict(query)
             found = parse_rest_path(split.path)
             sharded = found is not None and found.gvr.label in endpoint.paths
+            sharded_get = sharded and found is not None and found.collection and self.command == "GET"
             headers = [(k, v) for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP]
             headers = [(k, json_accept(v) if k.lower() == "accept" else v) for k, v in headers]
             auth = endpoint.auth_header()
@@ -331,7 +335,7 @@ def _handler(endpoint: Endpoint) -> type[BaseHTTPRequestHandler]:
             body = self._body()
             watch = False
             generation = -1
-            if sharded and found is not None and found.collection and self.command == "GET":
+            if sharded_get and found is not None:
                 if "shardSelector" in params:
                     self._status(400, "BadRequest", "shardSelector is set by rangeshard for this resource")
                     return
@@ -359,14 +363,13 @@ def _handler(endpoint: Endpoint) -> type[BaseHTTPRequestHandler]:
                         headers.append(("User-Agent", f"{token.user_agent()} {agent}".strip()))
                     self._relay(target, headers, body, stream=False)
                 return
-            sharded_list = sharded and found is not None and found.collection and self.command == "GET" and not watch
             self._relay(
                 target,
                 headers,
                 body,
                 stream=watch or _streaming(params),
                 sharded_watch=watch,
-                sharded_list=sharded_list,
+                sharded_list=sharded_get and not watch,
                 generation=generation,
             )
 
@@ -376,8 +379,7 @@ def _handler(endpoint: Endpoint) -> type[BaseHTTPRequestHandler]:
             self.send_header("Content-Type", "application/json")
             self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
-            expired = status_object(410, "Expired", _EXPIRED_MESSAGE)
-            self._chunk(orjson.dumps({"type": "ERROR", "object": expired}) + b"\n")
+            self._chunk(_EXPIRED_EVENT)
             self._chunk(b"")
 
         def _relay(
@@ -398,23 +400,19 @@ def _handler(endpoint: Endpoint) -> type[BaseHTTPRequestHandler]:
                 self._status(503, "ServiceUnavailable", f"the range filter proxy cannot be reached: {e}")
                 return
             try:
-                out = [(k, v) for k, v in response.headers.multi_items() if k.lower() not in HOP_BY_HOP]
-                if not stream or response.status_code != 200:
-                    data = response.read()
-                    if sharded_list and response.status_code == 200:
-                        endpoint.issued(_list_resource_version(data), generation)
-                    self.send_response(response.status_code)
-                    for k, v in out:
-                        if k.lower() not in ("content-length", "content-encoding"):
-                            self.send_header(k, v)
+                chunked = stream and response.status_code == 200
+                data = b"" if chunked else response.read()
+                if sharded_list and response.status_code == 200:
+                    endpoint.issued(_resource_version(data, "metadata"), generation)
+                self.send_response(response.status_code)
+                for k, v in response.headers.multi_items():
+                    if k.lower() not in _NOT_RELAYED:
+                        self.send_header(k, v)
+                if not chunked:
                     self.send_header("Content-Length", str(len(data)))
                     self.end_headers()
                     self.wfile.write(data)
                     return
-                self.send_response(200)
-                for k, v in out:
-                    if k.lower() not in ("content-length", "content-encoding"):
-                        self.send_header(k, v)
                 self.send_header("Transfer-Encoding", "chunked")
                 self.end_headers()
                 if sharded_watch:
@@ -435,7 +433,7 @@ def _handler(endpoint: Endpoint) -> type[BaseHTTPRequestHandler]:
                 try:
                     for line in response.iter_lines():
                         if line:
-                            endpoint.issued(_event_resource_version(line), generation)
+                            endpoint.issued(_resource_version(line, "object", "metadata"), generation)
                             self._chunk(line.encode() + b"\n")
                 except (BrokenPipeError, ConnectionResetError):
                     raise
@@ -443,8 +441,7 @@ def _handler(endpoint: Endpoint) -> type[BaseHTTPRequestHandler]:
                     if not watch.reset:
                         raise
                 if watch.reset:
-                    expired = status_object(410, "Expired", _EXPIRED_MESSAGE)
-                    self._chunk(orjson.dumps({"type": "ERROR", "object": expired}) + b"\n")
+                    self._chunk(_EXPIRED_EVENT)
             except httpx.HTTPError as e:
                 log.debug("%s: upstream watch ended: %s", endpoint.name, e)
             finally:
@@ -457,22 +454,15 @@ def _handler(endpoint: Endpoint) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
-def _list_resource_version(data: bytes) -> str:
-    """``metadata.resourceVersion`` of a JSON list response ("" if it is not one)."""
+def _resource_version(data: bytes | str, *path: str) -> str:
+    """``<path>.resourceVersion`` of a JSON list (path ``metadata``) or watch event (``object, metadata``), or ""."""
     try:
-        rv = orjson.loads(data).get("metadata", {}).get("resourceVersion", "")
+        found = orjson.loads(data)
+        for key in (*path, "resourceVersion"):
+            found = found.get(key, {})
     except (orjson.JSONDecodeError, AttributeError):
         return ""
-    return rv if isinstance(rv, str) else ""
-
-
-def _event_resource_version(line: str) -> str:
-    """``object.metadata.resourceVersion`` of one watch event line ("" if it has none)."""
-    try:
-        rv = orjson.loads(line).get("object", {}).get("metadata", {}).get("resourceVersion", "")
-    except (orjson.JSONDecodeError, AttributeError):
-        return ""
-    return rv if isinstance(rv, str) else ""
+    return found if isinstance(found, str) else ""
 
 
 def _streaming(params: dict[str, str]) -> bool:
@@ -493,7 +483,6 @@ class Child:
         self.kubeconfig = self._dir / "kubeconfig"
         self.kubeconfig.write_text(yaml.safe_dump(_kubeconfig(endpoint_url), sort_keys=False))
         self.proc: subprocess.Popen[bytes] | None = None
-        self.starts = 0
         #: Monotonic time since when the controller has not been running (``None`` while it runs).
         self._down_since: float | None = time.monotonic()
         self._stop = threading.Event()
@@ -533,21 +522,18 @@ class Child:
                 )
             except OSError as e:
                 log.error("%s: cannot start %s: %s", self.name, self.command[0], e)
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, 30.0)
-                continue
-            self.starts += 1
-            started = time.monotonic()
-            self._down_since = None
-            log.info("%s: started %s (pid %s)", self.name, " ".join(self.command), self.proc.pid)
-            self._copy_output(self.proc)
-            code = self.proc.wait()
-            self._down_since = time.monotonic()
-            if self._stop.is_set():
-                return
-            if time.monotonic() - started > 60:
-                backoff = 1.0
-            log.warning("%s: the controller exited with code %s; restarting in %.0fs", self.name, code, backoff)
+            else:
+                started = time.monotonic()
+                self._down_since = None
+                log.info("%s: started %s (pid %s)", self.name, " ".join(self.command), self.proc.pid)
+                self._copy_output(self.proc)
+                code = self.proc.wait()
+                self._down_since = time.monotonic()
+                if self._stop.is_set():
+                    return
+                if time.monotonic() - started > 60:
+                    backoff = 1.0
+                log.warning("%s: the controller exited with code %s; restarting in %.0fs", self.name, code, backoff)
             self._stop.wait(backoff)
             backoff = min(backoff * 2, 30.0)
 
@@ -616,10 +602,8 @@ class ExternalRuntime:
         rejoin_grace: float = 0.0,
     ) -> None:
         self.name = controller_type
-        self.section = section
         self.instance_id = instance_id
         self.lease_ttl = lease_ttl
-        self.rejoins = 0
         endpoint: Endpoint | None = None
 
         def make_shard() -> ShardInstance:
@@ -655,13 +639,7 @@ class ExternalRuntime:
         )
         self.endpoint = endpoint
         self.child = (
-            Child(
-                name,
-                list(section.command),
-                endpoint.url,
-                controller_type=controller_type,
-                instance_id=instance_id,
-            )
+            Child(name, list(section.command), endpoint.url, controller_type=controller_type, instance_id=instance_id)
             if section.command
             else None
         )
@@ -728,7 +706,6 @@ class ExternalRuntime:
                     self.shard = shard
                     self.endpoint.shard = shard
                     shard.start()
-                    self.rejoins += 1
                     member = True
                 log.info("%s: the external controller runs again: joining the registry", self.name)
 

@@ -38,13 +38,7 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from rangeshard.core.errors import ControllerError
-from rangeshard.core.ownertoken import (
-    SHARD_HASH_HEADER,
-    OwnerToken,
-    fence_reason,
-    format_shard_hash,
-    plain_user_agent,
-)
+from rangeshard.core.ownertoken import SHARD_HASH_HEADER, OwnerToken, fence_reason, format_shard_hash, plain_user_agent
 
 
 class WriteFenced(ControllerError):

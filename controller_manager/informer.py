@@ -81,28 +81,14 @@ class Informer:
         self._resp: Any = None
         self._thread: threading.Thread | None = None
         self.synced_epoch = -1
-        self.lists = 0
-        self.errors = 0
         #: The last list/watch failure (``404 no resource 'secrets' in core/v1``), ``None`` once a list succeeded:
         #: what the manager's ``/readyz`` (and ``rangeshard up``) say when this informer keeps it not ready.
         self.last_error: str | None = None
 
-    def _list(self, *, shard_selector: str, _request_timeout: Any, **params: Any) -> Any:
-        """``GET`` the collection (all namespaces) with ``shardSelector``; the raw urllib3 response."""
-        names = {
-            "watch": "watch",
-            "resource_version": "resourceVersion",
-            "allow_watch_bookmarks": "allowWatchBookmarks",
-            "timeout_seconds": "timeoutSeconds",
-        }
-        query: list[tuple[str, Any]] = [("shardSelector", shard_selector)]
-        for key, value in params.items():
-            if key == "_preload_content":
-                continue
-            if value is None or value == "":
-                continue
-            query.append((names[key], str(value).lower() if isinstance(value, bool) else value))
-        return raw_request(self._api, "GET", self.resource.gvr.path(), query=query, timeout=_request_timeout)
+    def _get(self, selector: str, timeout: Any, **params: Any) -> Any:
+        """``GET`` the collection (all namespaces) with ``shardSelector`` and the non-empty ``params``; raw response."""
+        query = [("shardSelector", selector), *((k, v) for k, v in params.items() if v not in (None, ""))]
+        return raw_request(self._api, "GET", self.resource.gvr.path(), query=query, timeout=timeout)
 
     # -- store access ---------------------------------------------------------
     def get(self, key: str) -> dict[str, Any] | None:
@@ -133,12 +119,11 @@ class Informer:
         self._reset.set()
         resp = self._resp
         if resp is not None:
-            raw = getattr(resp, "response", resp)
-            shutdown = getattr(raw, "shutdown", None)
+            shutdown = getattr(resp, "shutdown", None)  # where urllib3 has it: wakes a blocked read
             with contextlib.suppress(Exception):
                 if shutdown is not None:
                     shutdown()
-                raw.close()
+                resp.close()
 
     # -- the loop -------------------------------------------------------------
     def _run(self) -> None:
@@ -156,35 +141,28 @@ class Informer:
                 self.last_error = None
                 backoff = 0.2
                 self._watch(selector, rv)
+                continue
             except ApiException as e:
-                self.errors += 1
                 self.last_error = f"{e.status} {_status_message(e)}"
                 log.warning("informer %s: API error %s: %s", self.name, e.status, (e.body or e.reason or "")[:200])
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, 5.0)
             except Exception as e:
                 if self._stop.is_set() or self._reset.is_set():
                     continue
-                self.errors += 1
                 self.last_error = f"{type(e).__name__}: {e}"[:300]
                 log.warning("informer %s: %s: %s; relisting", self.name, type(e).__name__, e)
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, 5.0)
+            self._stop.wait(backoff)
+            backoff = min(backoff * 2, 5.0)
 
     def _list_once(self, selector: str, epoch: int) -> str:
-        resp = self._list(shard_selector=selector, _preload_content=False, _request_timeout=self.request_timeout)
-        raw = getattr(resp, "response", resp)
-        status = getattr(raw, "status", 200)
-        data = raw.data if hasattr(raw, "data") else raw.read()
-        if status != 200:
-            raise ApiException(status=status, reason=data[:300].decode("utf-8", "replace"))
-        body = orjson.loads(data)
+        resp = self._get(selector, self.request_timeout)  # a urllib3 response (see raw_request)
+        if resp.status != 200:
+            raise ApiException(status=resp.status, reason=resp.data[:300].decode("utf-8", "replace"))
+        body = orjson.loads(resp.data)
         items = {object_key(o): o for o in body.get("items") or []}
         for o in items.values():
             o.setdefault("apiVersion", self.resource.api_version)
             o.setdefault("kind", self.resource.kind)
         self._replace(items, epoch)
-        self.lists += 1
         rv = str((body.get("metadata") or {}).get("resourceVersion") or "")
         log.debug("informer %s: listed %s objects at rv %s (epoch %s)", self.name, len(items), rv, epoch)
         return rv
@@ -216,24 +194,21 @@ class Informer:
 
     def _watch(self, selector: str, rv: str) -> None:
         while not self._stop.is_set() and not self._reset.is_set():
-            resp = self._list(
-                shard_selector=selector,
-                watch=True,
-                resource_version=rv,
-                allow_watch_bookmarks=True,
-                timeout_seconds=self.watch_timeout,
-                _preload_content=False,
-                _request_timeout=(self.request_timeout, self.watch_timeout + self.request_timeout),
+            resp = self._get(
+                selector,
+                (self.request_timeout, self.watch_timeout + self.request_timeout),
+                watch="true",
+                resourceVersion=rv,
+                allowWatchBookmarks="true",
+                timeoutSeconds=self.watch_timeout,
             )
             self._resp = resp
             try:
                 if self._reset.is_set():
                     return
-                raw = getattr(resp, "response", resp)
-                status = getattr(raw, "status", 200)
-                if status != 200:
-                    raise ApiException(status=status, reason=str(getattr(raw, "data", b"")[:300]))
-                for line in _iter_lines(raw):
+                if resp.status != 200:
+                    raise ApiException(status=resp.status, reason=str(resp.data[:300]))
+                for line in _iter_lines(resp):
                     if not line:
                         continue
                     event = orjson.loads(line)
@@ -243,11 +218,7 @@ class Informer:
                         code = obj.get("code")
                         log.info("informer %s: watch error %s (%s); relisting", self.name, code, obj.get("message"))
                         return
-                    new_rv = (obj.get("metadata") or {}).get("resourceVersion")
-                    if new_rv:
-                        rv = str(new_rv)
-                    if etype == "BOOKMARK":
-                        continue
+                    rv = str((obj.get("metadata") or {}).get("resourceVersion") or rv)
                     if etype not in ("ADDED", "MODIFIED", "DELETED"):
                         continue
                     obj.setdefault("apiVersion", self.resource.api_version)
@@ -264,7 +235,7 @@ class Informer:
             finally:
                 self._resp = None
                 with contextlib.suppress(Exception):
-                    getattr(resp, "response", resp).release_conn()
+                    resp.release_conn()
 
 
 def _status_message(e: ApiException) -> str:

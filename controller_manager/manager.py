@@ -39,6 +39,7 @@ from controller_manager.metrics import Metrics, StatusServer
 from controller_manager.plugins import controller_type, resolve_controllers
 from rangeshard.core.errors import ConfigError
 from rangeshard.core.etcd import EtcdConfig
+from rangeshard.core.loops import start_thread
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +127,18 @@ class ControllerManager:
         self.runtimes: list[ControllerRuntime | ExternalRuntime] = []
         classes = resolve_controllers(config.controllers)
         for name, section in config.controllers.items():
+            # What every runtime takes, built-in or external.
+            common: dict[str, Any] = {
+                "etcd_config": self.etcd_config,
+                "registry_prefix": config.registry_prefix,
+                "instance_id": f"{self.prefix}-{name}",
+                "lease_ttl": config.lease_ttl_seconds,
+                "reconcile_timeout": config.reconcile_timeout_seconds,
+                "metrics": self.metrics,
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+                "rejoin_grace": config.rejoin_grace_seconds,
+            }
             if section.external is not None:
                 self.runtimes.append(
                     ExternalRuntime(
@@ -135,15 +148,7 @@ class ControllerManager:
                         proxy_url=config.proxy.url,
                         proxy_token_file=config.proxy.token_file,
                         proxy_ca_cert=config.proxy.ca_cert,
-                        etcd_config=self.etcd_config,
-                        registry_prefix=config.registry_prefix,
-                        instance_id=f"{self.prefix}-{name}",
-                        lease_ttl=config.lease_ttl_seconds,
-                        reconcile_timeout=config.reconcile_timeout_seconds,
-                        metrics=self.metrics,
-                        host=socket.gethostname(),
-                        pid=os.getpid(),
-                        rejoin_grace=config.rejoin_grace_seconds,
+                        **common,
                     )
                 )
                 continue
@@ -156,20 +161,12 @@ class ControllerManager:
                     cls,
                     controller_type=controller_type(name, cls),
                     api_client=api_client,
-                    etcd_config=self.etcd_config,
-                    registry_prefix=config.registry_prefix,
-                    instance_id=f"{self.prefix}-{name}",
                     workers=section.workers,
-                    lease_ttl=config.lease_ttl_seconds,
-                    reconcile_timeout=config.reconcile_timeout_seconds,
-                    metrics=self.metrics,
                     audit=self.audit,
-                    host=socket.gethostname(),
-                    pid=os.getpid(),
                     reconcile_delay=section.reconcile_delay_seconds,
                     reconcile_hold_file=section.reconcile_hold_file,
-                    rejoin_grace=config.rejoin_grace_seconds,
                     cost_window=config.cost_window_seconds,
+                    **common,
                 )
             )
         self.status: StatusServer | None = None
@@ -187,12 +184,8 @@ class ControllerManager:
         A failing informer is named as ``informer <controller>-<resource>: <error>`` (its name says
         the controller); any other reason is ``<controller>: <why>``.
         """
-        out = []
-        for rt in self.runtimes:
-            why = rt.not_ready_reason()
-            if why is not None:
-                out.append(why if why.startswith("informer ") else f"{rt.name}: {why}")
-        return out
+        reasons = [(rt.name, rt.not_ready_reason()) for rt in self.runtimes]
+        return [why if why.startswith("informer ") else f"{name}: {why}" for name, why in reasons if why is not None]
 
     def start(self) -> None:
         if self.status is not None:
@@ -208,9 +201,7 @@ class ControllerManager:
 
     def stop(self) -> None:
         """Graceful leave of every controller (in parallel), then the status server."""
-        threads = [threading.Thread(target=rt.stop, name=f"leave-{rt.name}") for rt in self.runtimes]
-        for t in threads:
-            t.start()
+        threads = [start_thread(f"leave-{rt.name}", rt.stop, daemon=False) for rt in self.runtimes]
         for t in threads:
             t.join()
         if self.status is not None:

@@ -17,11 +17,12 @@ Concurrency model
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from rangeshard.core.loops import start_thread
 
 log = logging.getLogger(__name__)
 
@@ -32,45 +33,35 @@ class Metrics:
     """The metric families of one manager process."""
 
     def __init__(self) -> None:
-        self.registry = CollectorRegistry()
-        r = self.registry
-        self.state = Gauge(
-            "rangeshard_instance_state",
-            "1 for the current handover state",
-            ["controller", "instance", "state"],
-            registry=r,
-        )
-        self.transitions = Counter(
-            "rangeshard_state_transitions_total", "Handover state changes", ["controller", "state"], registry=r
-        )
-        self.reconciles = Counter(
-            "rangeshard_reconciles_total", "Reconciles by result", ["controller", "result"], registry=r
-        )
-        self.reconcile_errors = Counter(
+        self.registry = r = CollectorRegistry()
+
+        # Label names are given as one space-separated string.
+        def counter(name: str, doc: str, labels: str = "controller") -> Counter:
+            return Counter(name, doc, labels.split(), registry=r)
+
+        def gauge(name: str, doc: str, labels: str = "controller") -> Gauge:
+            return Gauge(name, doc, labels.split(), registry=r)
+
+        self.state = gauge("rangeshard_instance_state", "1 for the current handover state", "controller instance state")
+        self.transitions = counter("rangeshard_state_transitions_total", "Handover state changes", "controller state")
+        self.reconciles = counter("rangeshard_reconciles_total", "Reconciles by result", "controller result")
+        self.reconcile_errors = counter(
             "rangeshard_reconcile_errors_total",
             "Failed reconciles by reason: timeout (the deadline or an API call timed out), conflict (409),"
             " api (another API error), exception (any other error; traceback at DEBUG)",
-            ["controller", "reason"],
-            registry=r,
+            "controller reason",
         )
-        self.reconcile_seconds_total = Counter(
-            "rangeshard_reconcile_seconds_total",
-            "Wall time spent reconciling (every reconcile, whatever its result)",
-            ["controller"],
-            registry=r,
+        self.reconcile_seconds_total = counter(
+            "rangeshard_reconcile_seconds_total", "Wall time spent reconciling (every reconcile, whatever its result)"
         )
-        self.reconcile_cpu_seconds_total = Counter(
+        self.reconcile_cpu_seconds_total = counter(
             "rangeshard_reconcile_cpu_seconds_total",
             "CPU time of the worker threads while reconciling (time.thread_time)",
-            ["controller"],
-            registry=r,
         )
-        self.cost = Gauge(
+        self.cost = gauge(
             "rangeshard_reconcile_cost_seconds",
             "Measured reconcile cost of the keys in this instance's range, decayed over costWindowSeconds "
             "(what rebalance --by cost balances)",
-            ["controller"],
-            registry=r,
         )
         self.reconcile_seconds = Histogram(
             "rangeshard_reconcile_duration_seconds",
@@ -79,37 +70,27 @@ class Metrics:
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
             registry=r,
         )
-        self.skipped = Counter(
-            "rangeshard_keys_skipped_total",
-            "Keys not reconciled (out of range, paused, fenced)",
-            ["controller"],
-            registry=r,
-        )
-        self.fenced_writes = Counter(
+        self.skipped = counter("rangeshard_keys_skipped_total", "Keys not reconciled (out of range, paused, fenced)")
+        self.fenced_writes = counter(
             "rangeshard_fenced_writes_total",
             "Writes the proxy refused because this instance no longer owned the key (the key was dropped)",
-            ["controller", "reason"],
-            registry=r,
+            "controller reason",
         )
-        self.handover = Counter(
+        self.handover = counter(
             "rangeshard_handover_events_total",
             "Handover paths taken: fences, rejoins, unlocks, self_unlocks, drain_waits, epochs",
-            ["controller", "event"],
-            registry=r,
+            "controller event",
         )
-        self.in_flight = Gauge(
+        self.in_flight = gauge(
             "rangeshard_reconciles_in_flight",
             "Keys being reconciled now (claimed by a worker; a handover's giver drains these first)",
-            ["controller"],
-            registry=r,
         )
-        self.queue_depth = Gauge("rangeshard_workqueue_depth", "Queued keys", ["controller"], registry=r)
-        self.workload = Gauge("rangeshard_workload_objects", "Main objects in range", ["controller"], registry=r)
-        self.informer_objects = Gauge(
+        self.queue_depth = gauge("rangeshard_workqueue_depth", "Queued keys")
+        self.workload = gauge("rangeshard_workload_objects", "Main objects in range")
+        self.informer_objects = gauge(
             "rangeshard_informer_cache_objects",
             "Objects in an informer's store (its resource's objects in this instance's range), read at scrape time",
-            ["controller", "informer"],
-            registry=r,
+            "controller informer",
         )
 
     def set_state(self, controller: str, instance: str, state: str) -> None:
@@ -166,14 +147,13 @@ class StatusServer:
         self.server.daemon_threads = True
         self.port = int(self.server.server_address[1])
         self.host = host
-        self._thread = threading.Thread(target=self.server.serve_forever, name="status-server", daemon=True)
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
     def start(self) -> None:
-        self._thread.start()
+        start_thread("status-server", self.server.serve_forever, what="status server")
 
     def stop(self) -> None:
         self.server.shutdown()

@@ -140,30 +140,20 @@ def resolve_controllers(sections: Mapping[str, Any], source: str | Path | None =
     problems: list[str] = []
     types: dict[str, str] = {}
     for name, section in sections.items():
-        if getattr(section, "external", None) is not None:
-            # An external program, not a class (controller_manager.external): its name is its type.
-            if not _TYPE_RE.match(name):
-                problems.append(
-                    f"{prefix}controllers.{name}: controller type {name!r} must be lowercase letters, digits, '-'"
-                )
-            elif name in types:
-                problems.append(
-                    f"{prefix}controllers.{name}: name clashes: "
-                    f"controllers.{types[name]} also runs controller type {name!r}"
-                )
-            else:
-                types[name] = name
-            continue
-        target = getattr(section, "class_", None)
         try:
-            cls = _resolve_one(name, target, eps)
-            kind = controller_type(name, cls)
+            if getattr(section, "external", None) is not None:
+                # An external program, not a class (controller_manager.external): its name is its type.
+                cls, kind, whose = None, name, ""
+            else:
+                cls = _resolve_one(name, getattr(section, "class_", None), eps)
+                kind, whose = controller_type(name, cls), " (the class's name)"
             if not _TYPE_RE.match(kind):
-                raise _Problem(f"controller type {kind!r} (the class's name) must be lowercase letters, digits, '-'")
+                raise _Problem(f"controller type {kind!r}{whose} must be lowercase letters, digits, '-'")
             if kind in types:
                 raise _Problem(f"name clashes: controllers.{types[kind]} also runs controller type {kind!r}")
             types[kind] = name
-            resolved[name] = cls
+            if cls is not None:
+                resolved[name] = cls
         except _Problem as e:
             problems.append(f"{prefix}controllers.{name}: {e}")
     if problems:

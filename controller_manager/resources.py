@@ -9,7 +9,7 @@ Purpose
     ``/apis/<group>/<version>/<plural>``) with ``shardSelector``, so CRDs and
     built-in resources work alike; no typed client class is needed. The two
     optional typed-client fields of earlier versions (``api_class``,
-    ``list_method``) are still accepted and only serve :meth:`list_function`.
+    ``list_method``) are still accepted and unused.
 
 Invariants
     * ``namespaced`` is ``None`` until declared or looked up by
@@ -22,12 +22,10 @@ Concurrency model
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
-from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from rangeshard.core.errors import ControllerError
@@ -54,14 +52,6 @@ class Resource:
     @property
     def api_version(self) -> str:
         return self.gvr.api_version
-
-    def list_function(self, api_client: Any) -> Callable[..., Any]:
-        """The bound typed-client ``list_*_for_all_namespaces`` method (only if ``api_class`` was given)."""
-        if not self.api_class or not self.list_method:
-            raise ControllerError(f"{self.name}: no typed client declared; informers use the generic REST path")
-        api = getattr(k8s, self.api_class)(api_client)
-        fn: Callable[..., Any] = getattr(api, self.list_method)
-        return fn
 
 
 def raw_request(

@@ -172,15 +172,9 @@ class ShardInstance:
         self.next_heartbeat = 0.0
         self.retry_heartbeat_at = 0.0
         self.joined = threading.Event()
-        self.counters = {
-            "fences": 0,
-            "rejoins": 0,
-            "unlocks": 0,
-            "self_unlocks": 0,
-            "drain_waits": 0,
-            "epochs": 0,
-            "epoch_refreshes": 0,
-        }
+        self.counters = dict.fromkeys(
+            ("fences", "rejoins", "unlocks", "self_unlocks", "drain_waits", "epochs", "epoch_refreshes"), 0
+        )
 
     def _count(self, what: str) -> None:
         self.counters[what] += 1
@@ -274,17 +268,15 @@ class ShardInstance:
 
     def _park(self, lease_id: int) -> bool:
         """Graceful stop with ``rejoinGraceSeconds``: keep the record (and range) for our successor process."""
+        grace_lease: int | None = None
         try:
             grace_lease = self.client.grant_lease(max(1, math.ceil(self.rejoin_grace)))
-        except RangeshardError as e:
-            log.warning("%s: cannot park (%s): leaving instead", self.name, e)
-            return False
-        try:
             self.registry.park(self.controller_type, self.instance_id, lease_id, grace_lease, self.rejoin_grace)
         except RangeshardError as e:
             log.warning("%s: cannot park (%s): leaving instead", self.name, e)
-            with contextlib.suppress(RangeshardError):
-                self.client.revoke_lease(grace_lease)
+            if grace_lease is not None:
+                with contextlib.suppress(RangeshardError):
+                    self.client.revoke_lease(grace_lease)
             return False
         self._set_state(State.PARKED.value)
         log.info(

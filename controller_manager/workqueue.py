@@ -55,6 +55,8 @@ from collections import deque
 from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
 
+from rangeshard.core.loops import start_thread
+
 log = logging.getLogger(__name__)
 
 K = TypeVar("K", bound=Hashable)
@@ -123,10 +125,7 @@ class WorkQueue(Generic[K]):
             self._waiting[key] = (ready_at, seq)
             heapq.heappush(self._heap, (ready_at, seq, key))
             if self._timer is None:
-                self._timer = threading.Thread(
-                    target=self._run_timer, name=f"workqueue-{self._name}-delay", daemon=True
-                )
-                self._timer.start()
+                self._timer = start_thread(f"workqueue-{self._name}-delay", self._run_timer)
             self._cond.notify_all()
 
     def add_rate_limited(self, key: K) -> None:

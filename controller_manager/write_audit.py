@@ -63,7 +63,6 @@ class Write:
     namespace: str
     name: str
     uid: str | None
-    audit_id: str
     timestamp: str
 
     def describe(self) -> str:
@@ -166,17 +165,10 @@ def check(events: Iterable[Mapping[str, Any]]) -> Report:
         token = OwnerToken.parse(ev.get("userAgent"))
         if token is None or verb not in WRITE_VERBS or not isinstance(code, int) or not 200 <= code < 300:
             continue
-        resource = str(ref.get("resource") or "")
+        resource, namespace, name = ident
+        subresource = str(ref.get("subresource") or "")
         write = Write(
-            token,
-            str(verb),
-            resource,
-            str(ref.get("subresource") or ""),
-            str(ref.get("namespace") or ""),
-            str(ref.get("name") or ""),
-            uid,
-            str(ev.get("auditID") or ""),
-            str(ev.get("stageTimestamp") or ""),
+            token, str(verb), resource, subresource, namespace, name, uid, str(ev.get("stageTimestamp") or "")
         )
         report.writes += 1
         tokens.add(token)

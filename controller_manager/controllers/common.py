@@ -1,4 +1,4 @@
-"""Helpers shared by the built-in controllers: label selectors, pod readiness.
+"""Helpers shared by the built-in controllers: label selectors, pod readiness, owner references.
 
 Concurrency model: pure functions.
 """
@@ -70,3 +70,16 @@ def available_in(ready: list[dict[str, Any]], min_ready_seconds: int) -> tuple[i
 
 def is_terminating(obj: dict[str, Any]) -> bool:
     return bool((obj.get("metadata") or {}).get("deletionTimestamp"))
+
+
+def owner_ref(obj: dict[str, Any], kind: str) -> dict[str, Any]:
+    """The controller ``ownerReference`` to ``obj``, an ``apps/v1`` object of ``kind``."""
+    meta = obj["metadata"]
+    return {
+        "apiVersion": "apps/v1",
+        "kind": kind,
+        "name": meta["name"],
+        "uid": meta["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }

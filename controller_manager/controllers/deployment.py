@@ -53,7 +53,7 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from controller_manager.controller import Controller, ControllerRuntime, ReconcileContext, Requeue
-from controller_manager.controllers.common import is_terminating
+from controller_manager.controllers.common import is_terminating, owner_ref
 from controller_manager.controllers.events import EventRecorder
 from controller_manager.controllers.rollout import (
     HASH_LABEL,
@@ -109,6 +109,12 @@ def comparable(template: dict[str, Any]) -> Any:
 def template_hash(template: dict[str, Any]) -> str:
     """A short, stable hash of a pod template (10 hex digits)."""
     return f"{fnv1a_64(orjson.dumps(comparable(template), option=orjson.OPT_SORT_KEYS)):016x}"[:10]
+
+
+def _replica_annotations(spec: dict[str, Any]) -> dict[str, str]:
+    """The desired- and max-replicas annotations a Deployment's ReplicaSets carry (as kube writes them)."""
+    want = int(spec.get("replicas", 1))
+    return {DESIRED_REPLICAS: str(want), MAX_REPLICAS: str(want + Strategy.of(spec, want).surge)}
 
 
 class DeploymentController(Controller):
@@ -245,13 +251,11 @@ class DeploymentController(Controller):
             _request_timeout=ctx.timeout(),
             _preload_content=False,
         )
-        for pod in orjson.loads(pods.data).get("items") or []:
-            if (controller_ref(pod) or {}).get("uid") in uids and (pod.get("status") or {}).get("phase") not in (
-                "Succeeded",
-                "Failed",
-            ):
-                return True
-        return False
+        return any(
+            (controller_ref(pod) or {}).get("uid") in uids
+            and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+            for pod in orjson.loads(pods.data).get("items") or []
+        )
 
     # -- writes --------------------------------------------------------------------
     def _create_rs(
@@ -265,10 +269,7 @@ class DeploymentController(Controller):
         selector = orjson.loads(orjson.dumps(spec.get("selector") or {}))
         selector.setdefault("matchLabels", {})[HASH_LABEL] = thash
         annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k not in _NOT_COPIED}
-        strategy = Strategy.of(spec, int(spec.get("replicas", 1)))
-        annotations[REVISION] = str(revision)
-        annotations[DESIRED_REPLICAS] = str(int(spec.get("replicas", 1)))
-        annotations[MAX_REPLICAS] = str(int(spec.get("replicas", 1)) + strategy.surge)
+        annotations |= {REVISION: str(revision), **_replica_annotations(spec)}
         rs_spec: dict[str, Any] = {"replicas": replicas, "selector": selector, "template": template}
         if spec.get("minReadySeconds"):
             rs_spec["minReadySeconds"] = spec["minReadySeconds"]
@@ -280,16 +281,7 @@ class DeploymentController(Controller):
                 "namespace": meta["namespace"],
                 "labels": {**(tmeta.get("labels") or {})},
                 "annotations": annotations,
-                "ownerReferences": [
-                    {
-                        "apiVersion": "apps/v1",
-                        "kind": "Deployment",
-                        "name": meta["name"],
-                        "uid": meta["uid"],
-                        "controller": True,
-                        "blockOwnerDeletion": True,
-                    }
-                ],
+                "ownerReferences": [owner_ref(d, "Deployment")],
             },
             "spec": rs_spec,
         }
@@ -321,12 +313,7 @@ class DeploymentController(Controller):
     def _scale(self, key: str, d: dict[str, Any], rs: dict[str, Any], replicas: int, ctx: ReconcileContext) -> None:
         meta = rs["metadata"]
         before = rs_replicas(rs)
-        spec = d.get("spec") or {}
-        want = int(spec.get("replicas", 1))
-        annotations = {
-            DESIRED_REPLICAS: str(want),
-            MAX_REPLICAS: str(want + Strategy.of(spec, want).surge),
-        }
+        annotations = _replica_annotations(d.get("spec") or {})
         result = self.apps.patch_namespaced_replica_set(
             meta["name"],
             meta["namespace"],

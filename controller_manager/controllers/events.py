@@ -27,6 +27,7 @@ from typing import Any
 from kubernetes import client as k8s
 
 from rangeshard.core.events import event_body
+from rangeshard.core.loops import start_thread
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +49,7 @@ class EventRecorder:
         body = event_body(obj, reason, message, component=self.component, event_type=event_type)
         with self._lock:
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name=f"events-{self.component}", daemon=True)
-                self._thread.start()
+                self._thread = start_thread(f"events-{self.component}", self._run)
         try:
             self._queue.put_nowait(body)
         except queue.Full:

@@ -31,7 +31,7 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from controller_manager.controller import Controller, ControllerRuntime, Expectations, ReconcileContext, Requeue
-from controller_manager.controllers.common import available_in, is_ready, is_terminating, selector_matches
+from controller_manager.controllers.common import available_in, is_ready, is_terminating, owner_ref, selector_matches
 from controller_manager.controllers.events import EventRecorder
 from controller_manager.resources import PODS, REPLICASETS, Resource, controller_ref, object_key
 
@@ -53,15 +53,12 @@ class ReplicaSetController(Controller):
 
     def orphan_keys(self, resource: Resource, obj: dict[str, Any]) -> list[str]:
         meta = obj.get("metadata") or {}
-        ns = meta.get("namespace")
-        keys = []
-        for rs in self.rt.store(REPLICASETS).items():
-            rmeta = rs.get("metadata") or {}
-            if rmeta.get("namespace") == ns and selector_matches(
-                (rs.get("spec") or {}).get("selector"), meta.get("labels")
-            ):
-                keys.append(object_key(rs))
-        return keys
+        return [
+            object_key(rs)
+            for rs in self.rt.store(REPLICASETS).items()
+            if (rs.get("metadata") or {}).get("namespace") == meta.get("namespace")
+            and selector_matches((rs.get("spec") or {}).get("selector"), meta.get("labels"))
+        ]
 
     def on_dependent_event(self, event: str, resource: Resource, obj: dict[str, Any]) -> None:
         ref = controller_ref(obj)
@@ -114,20 +111,9 @@ class ReplicaSetController(Controller):
         if wait is not None:
             raise Requeue(after=wait, reason="pods become available after minReadySeconds")
 
-    def _owner_ref(self, rs: dict[str, Any]) -> dict[str, Any]:
-        meta = rs["metadata"]
-        return {
-            "apiVersion": "apps/v1",
-            "kind": "ReplicaSet",
-            "name": meta["name"],
-            "uid": meta["uid"],
-            "controller": True,
-            "blockOwnerDeletion": True,
-        }
-
     def _adopt(self, rs: dict[str, Any], pod: dict[str, Any], ctx: ReconcileContext) -> bool:
         pmeta = pod["metadata"]
-        refs = [*list(pmeta.get("ownerReferences") or []), self._owner_ref(rs)]
+        refs = [*list(pmeta.get("ownerReferences") or []), owner_ref(rs, "ReplicaSet")]
         body = {"metadata": {"ownerReferences": refs, "resourceVersion": pmeta["resourceVersion"]}}
         try:
             self.core.patch_namespaced_pod(
@@ -152,7 +138,7 @@ class ReplicaSetController(Controller):
                 "namespace": meta["namespace"],
                 "labels": dict(tmeta.get("labels") or {}),
                 "annotations": dict(tmeta.get("annotations") or {}),
-                "ownerReferences": [self._owner_ref(rs)],
+                "ownerReferences": [owner_ref(rs, "ReplicaSet")],
             },
             "spec": template.get("spec") or {"containers": [{"name": "main", "image": "pause"}]},
         }
@@ -178,13 +164,10 @@ class ReplicaSetController(Controller):
             try:
                 self.core.delete_namespaced_pod(pmeta["name"], pmeta["namespace"], _request_timeout=ctx.timeout())
                 self.recorder.event(_typed(rs), "SuccessfulDelete", f"Deleted pod: {pmeta['name']}")
-            except ApiException as e:
-                if e.status == 404:
+            except BaseException as e:
+                if isinstance(e, ApiException) and e.status == 404:
                     self.expectations.observe(key, dels=1)
                     continue
-                self.expectations.observe(key, dels=len(victims) - i)
-                raise
-            except BaseException:
                 self.expectations.observe(key, dels=len(victims) - i)
                 raise
         return victims

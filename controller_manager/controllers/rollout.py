@@ -143,13 +143,9 @@ def old_scale_downs(want: int, strategy: Strategy, new_rs: Obj, old: list[Obj]) 
     return [(rs, sizes[id(rs)]) for rs in ordered if sizes[id(rs)] != rs_replicas(rs)]
 
 
-def _now() -> str:
-    return format_time()
-
-
 def _condition(old: list[Obj], kind: str, status: str, reason: str, message: str) -> Obj:
     prev = next((c for c in old if c.get("type") == kind), None)
-    now = _now()
+    now = format_time()
     if prev is not None and (prev.get("status"), prev.get("reason"), prev.get("message")) == (status, reason, message):
         return prev
     return {
@@ -178,17 +174,9 @@ def deployment_status(d: Obj, current: Obj | None, owned: list[Obj], strategy: S
     updated = int((current.get("status") or {}).get("replicas", 0) or 0) if current is not None else 0
     old_conds = [c for c in old_status.get("conditions") or [] if isinstance(c, dict)]
     if avail >= want - strategy.unavailable:
-        available_cond = _condition(
-            old_conds, "Available", "True", "MinimumReplicasAvailable", "Deployment has minimum availability."
-        )
+        availability = ("True", "MinimumReplicasAvailable", "Deployment has minimum availability.")
     else:
-        available_cond = _condition(
-            old_conds,
-            "Available",
-            "False",
-            "MinimumReplicasUnavailable",
-            "Deployment does not have minimum availability.",
-        )
+        availability = ("False", "MinimumReplicasUnavailable", "Deployment does not have minimum availability.")
     name = (current.get("metadata") or {}).get("name") if current is not None else None
     complete = (
         current is not None
@@ -198,24 +186,16 @@ def deployment_status(d: Obj, current: Obj | None, owned: list[Obj], strategy: S
         and rs_replicas(current) == want
         and synced(current)
     )
+    progress: tuple[str, str, str] | None = None
     if spec.get("paused"):
-        progressing = _condition(old_conds, "Progressing", "Unknown", "DeploymentPaused", "Deployment is paused")
+        progress = ("Unknown", "DeploymentPaused", "Deployment is paused")
     elif complete:
-        progressing = _condition(
-            old_conds,
-            "Progressing",
-            "True",
-            "NewReplicaSetAvailable",
-            f'ReplicaSet "{name}" has successfully progressed.',
-        )
+        progress = ("True", "NewReplicaSetAvailable", f'ReplicaSet "{name}" has successfully progressed.')
     elif name is not None:
-        progressing = _condition(
-            old_conds, "Progressing", "True", "ReplicaSetUpdated", f'ReplicaSet "{name}" is progressing.'
-        )
-    else:
-        progressing = None
-    conds = [available_cond] + ([progressing] if progressing is not None else [])
-    status = {
+        progress = ("True", "ReplicaSetUpdated", f'ReplicaSet "{name}" is progressing.')
+    conds = [_condition(old_conds, "Available", *availability)]
+    conds += [_condition(old_conds, "Progressing", *progress)] if progress is not None else []
+    return {
         **old_status,
         "observedGeneration": int(meta.get("generation") or 1),
         "replicas": replicas,
@@ -225,4 +205,3 @@ def deployment_status(d: Obj, current: Obj | None, owned: list[Obj], strategy: S
         "unavailableReplicas": max(sum(rs_replicas(rs) for rs in owned) - avail, 0),
         "conditions": conds,
     }
-    return status
