@@ -100,8 +100,20 @@ def test_rolling_restart_of_four_managers_moves_no_key(fenced_cluster: Cluster) 
         c = m.handover("replicaset")
         assert c.get("drain_waits", 0) == 0 and c.get("unlocks", 0) == 0, (m.name, c)
     wait_until(lambda: replicasets_converged(api, ns), 40, "converged after the rolling restart")
+    # A restarted id is active as soon as it takes its record back, before its caches sync: wait until
+    # every incarnation whose range holds replicasets has audited its first reconcile.
+    idle = cluster.without_objects(ns)
+    wait_until(
+        lambda: all(
+            m.audit.exists() and read_records([m.audit])
+            for m in cluster.managers
+            if m.name not in {i.name for i in idle}
+        ),
+        40,
+        "every manager holding replicasets to audit a reconcile",
+    )
     # No overlap: between instances (the audit check) and between the two incarnations of one id.
-    assert cluster.overlaps(may_be_idle=cluster.without_objects(ns)) == []
+    assert cluster.overlaps(may_be_idle=idle) == []
     for i in range(4):
         first = read_records([cluster.workdir / f"r{i}.0.audit.jsonl"])
         second = read_records([cluster.workdir / f"r{i}.1.audit.jsonl"])
