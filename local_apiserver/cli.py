@@ -26,7 +26,7 @@ Concurrency model
 from __future__ import annotations
 
 import logging
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -50,71 +50,71 @@ from rangeshard.core.options import (
 
 log = logging.getLogger(__name__)
 
+EtcdOpt = Annotated[
+    str | None,
+    typer.Option("--etcd", help=f"etcd endpoint(s) URL[,URL...] (default ${ENV_ENDPOINTS} or http://127.0.0.1:2379)"),
+]
+PortOpt = Annotated[int, typer.Option("--port", help="TCP port to listen on")]
+PrefixOpt = Annotated[
+    str | None, typer.Option("--prefix", help="etcd key prefix for stored objects (default /registry)")
+]
+BookmarkOpt = Annotated[
+    float, typer.Option("--bookmark-interval", help="seconds between watch bookmarks (when allowed)")
+]
+TokenFileOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--token-file",
+        help='Authenticate every request by bearer token: CSV lines token,user,uid[,"group1,group2"] '
+        "(see docs/security.md for the policy).",
+    ),
+]
+SimulateNodeOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--simulate-node",
+        help="Register a simulated node NAME that schedules pods and runs them to Ready "
+        "(and stops them gracefully on delete); see docs/local_apiserver.md.",
+    ),
+]
+AuditLogPathOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--audit-log-path",
+        help="Append one audit.k8s.io/v1 Event per request (JSON line, stage ResponseComplete) to this file.",
+    ),
+]
+AuditLevelOpt = Annotated[
+    str, typer.Option("--audit-level", help="Metadata, Request (plus requestObject) or RequestResponse (plus both).")
+]
+ServiceRangeOpt = Annotated[
+    str, typer.Option("--service-cluster-ip-range", help="IPv4 CIDR Services' cluster IPs are allocated from.")
+]
+
 
 def local_apiserver_command(
-    etcd: Annotated[
-        str | None,
-        typer.Option(
-            "--etcd", help=f"etcd endpoint(s) URL[,URL...] (default ${ENV_ENDPOINTS} or http://127.0.0.1:2379)"
-        ),
-    ] = None,
-    port: Annotated[int, typer.Option("--port", help="TCP port to listen on")] = 6443,
+    etcd: EtcdOpt = None,
+    port: PortOpt = 6443,
     host: HostOpt = "127.0.0.1",
-    prefix: Annotated[
-        str | None, typer.Option("--prefix", help="etcd key prefix for stored objects (default /registry)")
-    ] = None,
+    prefix: PrefixOpt = None,
     tls_cert: TlsCertOpt = None,
     tls_key: TlsKeyOpt = None,
-    bookmark_interval: Annotated[
-        float, typer.Option("--bookmark-interval", help="seconds between watch bookmarks (when allowed)")
-    ] = 60.0,
+    bookmark_interval: BookmarkOpt = 60.0,
     log_level: LogLevelOpt = "info",
     etcd_cacert: CaCertOpt = None,
     etcd_cert: CertOpt = None,
     etcd_key: KeyOpt = None,
     etcd_user: UserOpt = None,
     etcd_password: PasswordOpt = None,
-    token_file: Annotated[
-        str | None,
-        typer.Option(
-            "--token-file",
-            help='Authenticate every request by bearer token: CSV lines token,user,uid[,"group1,group2"] '
-            "(see docs/security.md for the policy).",
-        ),
-    ] = None,
-    simulate_node: Annotated[
-        str | None,
-        typer.Option(
-            "--simulate-node",
-            help="Register a simulated node NAME that schedules pods and runs them to Ready "
-            "(and stops them gracefully on delete); see docs/local_apiserver.md.",
-        ),
-    ] = None,
+    token_file: TokenFileOpt = None,
+    simulate_node: SimulateNodeOpt = None,
     max_request_body_bytes: MaxBodyOpt = 3 * 1024 * 1024,
-    audit_log_path: Annotated[
-        str | None,
-        typer.Option(
-            "--audit-log-path",
-            help="Append one audit.k8s.io/v1 Event per request (JSON line, stage ResponseComplete) to this file.",
-        ),
-    ] = None,
-    audit_level: Annotated[
-        str,
-        typer.Option("--audit-level", help="Metadata, Request (plus requestObject) or RequestResponse (plus both)."),
-    ] = "Metadata",
-    service_cluster_ip_range: Annotated[
-        str,
-        typer.Option("--service-cluster-ip-range", help="IPv4 CIDR Services' cluster IPs are allocated from."),
-    ] = "10.96.0.0/12",
+    audit_log_path: AuditLogPathOpt = None,
+    audit_level: AuditLevelOpt = "Metadata",
+    service_cluster_ip_range: ServiceRangeOpt = "10.96.0.0/12",
 ) -> None:
     """Serve a small Kubernetes-compatible API stored in etcd."""
     from local_apiserver.app import create_app  # noqa: PLC0415
-    from local_apiserver.audit import AuditLevel, AuditLog  # noqa: PLC0415
-    from local_apiserver.auth import TokenAuthenticator  # noqa: PLC0415
-    from local_apiserver.resources import core_spec  # noqa: PLC0415
-    from local_apiserver.services import parse_range  # noqa: PLC0415
-    from local_apiserver.validation import name_problem  # noqa: PLC0415
-    from rangeshard.core.kubeapi import load_token_file  # noqa: PLC0415
     from rangeshard.core.logs import configure_logging  # noqa: PLC0415
     from rangeshard.core.serving import serve  # noqa: PLC0415 (keep `--help` fast)
 
@@ -122,22 +122,11 @@ def local_apiserver_command(
         if not 0 < port < 65536:
             raise ConfigError(f"--port must be in 1..65535, got {port}")
         check_serving_options(tls_cert, tls_key, max_request_body_bytes)
-        if bookmark_interval <= 0:
-            raise ConfigError("--bookmark-interval must be positive")
-        if prefix is not None and (not prefix.startswith("/") or prefix.rstrip("/") == ""):
-            raise ConfigError("--prefix must be an absolute key prefix such as /registry")
         configure_logging(log_level)
-        problem = name_problem(core_spec("nodes"), simulate_node) if simulate_node is not None else None
-        if problem:
-            raise ConfigError(f"--simulate-node: {problem}")
-        try:
-            service_range = parse_range(service_cluster_ip_range)
-        except ValueError as e:
-            raise ConfigError(f"--service-cluster-ip-range: {e}") from None
         config = config_from_options(etcd, etcd_cacert, etcd_cert, etcd_key, etcd_user, etcd_password)
-        authenticator = TokenAuthenticator(load_token_file(token_file)) if token_file is not None else None
-        level = AuditLevel.parse(audit_level)
-        audit_log = AuditLog(audit_log_path, level) if audit_log_path else None
+        settings = app_settings(
+            prefix, bookmark_interval, simulate_node, service_cluster_ip_range, token_file, audit_log_path, audit_level
+        )
     except ConfigError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from e
@@ -149,18 +138,9 @@ def local_apiserver_command(
     except RangeshardError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(1) from e
-    if authenticator is None and host not in LOOPBACK_HOSTS:
+    if settings["authenticator"] is None and host not in LOOPBACK_HOSTS:
         log.warning("listening on %s without --token-file: anybody who reaches the port can do anything", host)
-    app = create_app(
-        config,
-        prefix=prefix,
-        bookmark_interval=bookmark_interval,
-        authenticator=authenticator,
-        max_body_bytes=max_request_body_bytes,
-        audit_log=audit_log,
-        simulate_node=simulate_node,
-        service_range=service_range,
-    )
+    app = create_app(config, max_body_bytes=max_request_body_bytes, **settings)
     serve(
         app,
         app.state.local.shutdown,
@@ -172,6 +152,45 @@ def local_apiserver_command(
         access_log=log_level.lower() == "debug",
         timeout_graceful_shutdown=2,
     )
+
+
+def app_settings(
+    prefix: str | None,
+    bookmark_interval: float,
+    simulate_node: str | None,
+    service_cluster_ip_range: str,
+    token_file: str | None,
+    audit_log_path: str | None,
+    audit_level: str,
+) -> dict[str, Any]:
+    """The keyword arguments of ``create_app`` from the options (``ConfigError`` naming the flag)."""
+    from local_apiserver.audit import AuditLevel, AuditLog  # noqa: PLC0415
+    from local_apiserver.auth import TokenAuthenticator  # noqa: PLC0415
+    from local_apiserver.resources import core_spec  # noqa: PLC0415
+    from local_apiserver.services import parse_range  # noqa: PLC0415
+    from local_apiserver.validation import name_problem  # noqa: PLC0415
+    from rangeshard.core.kubeapi import load_token_file  # noqa: PLC0415
+
+    if bookmark_interval <= 0:
+        raise ConfigError("--bookmark-interval must be positive")
+    if prefix is not None and (not prefix.startswith("/") or prefix.rstrip("/") == ""):
+        raise ConfigError("--prefix must be an absolute key prefix such as /registry")
+    problem = name_problem(core_spec("nodes"), simulate_node) if simulate_node is not None else None
+    if problem:
+        raise ConfigError(f"--simulate-node: {problem}")
+    try:
+        service_range = parse_range(service_cluster_ip_range)
+    except ValueError as e:
+        raise ConfigError(f"--service-cluster-ip-range: {e}") from None
+    level = AuditLevel.parse(audit_level)  # checked with or without --audit-log-path
+    return {
+        "prefix": prefix,
+        "bookmark_interval": bookmark_interval,
+        "simulate_node": simulate_node,
+        "service_range": service_range,
+        "authenticator": TokenAuthenticator(load_token_file(token_file)) if token_file is not None else None,
+        "audit_log": AuditLog(audit_log_path, level) if audit_log_path else None,
+    }
 
 
 def main() -> None:
