@@ -45,6 +45,7 @@ from local_apiserver.crd import specs_for
 from local_apiserver.errors import ApiError
 from local_apiserver.resources import CRD_RESOURCE, RESOURCES, ResourceSpec, ResourceTable, core_spec
 from local_apiserver.store import Obj, Store
+from rangeshard.core.loops import start_thread
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +81,7 @@ class GarbageCollector:
     def __init__(self, store: Store) -> None:
         self.store = store
         self._queue: queue.Queue[_Work | None] = queue.Queue()
-        self._thread = threading.Thread(target=self._run, name="local-apiserver-gc", daemon=True)
+        self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
         self._timers: set[threading.Timer] = set()
         self._lock = threading.Lock()
@@ -89,7 +90,7 @@ class GarbageCollector:
     def start(self) -> None:
         self.store.on_deleted = self.owner_deleted
         self.store.on_created = self.object_created
-        self._thread.start()
+        self._thread = start_thread("local-apiserver-gc", self._run, what="garbage collector")
 
     def stop(self) -> None:
         self._stopping.set()
@@ -98,7 +99,8 @@ class GarbageCollector:
                 t.cancel()
             self._timers.clear()
         self._queue.put(None)
-        self._thread.join(5)
+        if self._thread is not None:
+            self._thread.join(5)
 
     # -- hooks (any thread) --------------------------------------------------
     def owner_deleted(self, spec: ResourceSpec, obj: Obj, propagation: str) -> None:

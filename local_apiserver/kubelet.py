@@ -61,6 +61,7 @@ from local_apiserver.store import Obj, Store
 from rangeshard.core.errors import RangeshardError, RegistryError
 from rangeshard.core.etcd import EtcdClient, EtcdConfig, WatchBatch
 from rangeshard.core.events import event_body
+from rangeshard.core.loops import start_thread
 from rangeshard.core.timestamps import format_time, parse_time
 
 log = logging.getLogger(__name__)
@@ -187,16 +188,17 @@ class SimulatedNode:
         self._seq = itertools.count()
         self._pending: set[tuple[str, str]] = set()  # (uid, action) with a timer
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="simulated-node", daemon=True)
+        self._thread: threading.Thread | None = None
 
     # -- lifecycle -----------------------------------------------------------
     def start(self) -> None:
-        self._thread.start()
+        self._thread = start_thread("simulated-node", self._run, what="simulated node")
 
     def stop(self) -> None:
         self._stop.set()
         self._queue.put(("stop", None))
-        self._thread.join(timeout=10)
+        if self._thread is not None:
+            self._thread.join(timeout=10)
 
     def _run(self) -> None:
         while not self._stop.is_set():

@@ -52,10 +52,13 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+import anyio.to_thread
+
 from hashing import hash_key
 from rangeshard.core.errors import RangeshardError
 from rangeshard.core.etcd import KV, EtcdClient, EtcdConfig
 from rangeshard.core.kubeapi import ApiError
+from rangeshard.core.loops import start_task
 from rangeshard.core.ownertoken import OwnerToken
 from registry import DEFAULT_PREFIX, Layout, MembershipWatch
 from registry.epochs import EpochTracker, Ownership
@@ -156,7 +159,7 @@ class BatchedRead(Generic[T]):
             self._next = asyncio.get_running_loop().create_future()
             if not self._running:
                 self._running = True
-                asyncio.get_running_loop().create_task(self._loop(), name="fencing-read")
+                start_task(self._loop(), "fencing-read", what="fencing registry read")
         return await asyncio.shield(self._next)
 
     async def _loop(self) -> None:
@@ -205,7 +208,7 @@ class WriteFence:
         self.watch.start()
 
     async def stop(self) -> None:
-        await asyncio.to_thread(self.watch.stop)
+        await anyio.to_thread.run_sync(self.watch.stop, abandon_on_cancel=True)
         if self._client is not None:
             self._client.close()
             self._client = None
@@ -232,7 +235,7 @@ class WriteFence:
 
         if self.on_read is not None:
             self.on_read()
-        return await asyncio.to_thread(read)
+        return await anyio.to_thread.run_sync(read, abandon_on_cancel=True)
 
     async def fresh_view(self) -> int:
         """Wait until the tracked view is at least as new as etcd when this was called; its read revision."""

@@ -61,6 +61,7 @@ from dataclasses import replace
 from importlib import resources
 from typing import Annotated, Any
 
+import anyio.to_thread
 import orjson
 import typer
 from fastapi import FastAPI
@@ -343,7 +344,7 @@ def create_app(
             yield
         finally:
             hub.close()
-            await asyncio.gather(asyncio.to_thread(watch.stop), asyncio.to_thread(probe.stop))
+            await asyncio.gather(anyio.to_thread.run_sync(watch.stop), anyio.to_thread.run_sync(probe.stop))
 
     app = FastAPI(lifespan=lifespan, openapi_url=None, docs_url=None, redoc_url=None)
     app.state.hub = hub
