@@ -186,11 +186,11 @@ class Cluster:
         deployments = k8s.AppsV1Api(self.api).list_namespaced_deployment(ns).items
         hashes = [hash_key(d.metadata.uid) for d in deployments]
         busy = {
-            m.instance_id
+            self.manager_of(m.instance_id).name
             for m in self.snapshot("deployment")
             if m.range is not None and any(m.range.contains(h) for h in hashes)
         }
-        return [m for m in self.without_objects(ns) if f"{m.name}-deployment" not in busy]
+        return [m for m in self.without_objects(ns) if m.name not in busy]
 
     def records(self, may_be_idle: Iterable[Manager] = ()) -> list[AuditRecord]:
         """Every manager's audit records; fails if a started manager (not in ``may_be_idle``) recorded nothing."""
