@@ -1,4 +1,4 @@
-"""Write fencing decisions on a real etcd registry: locked, wrong lease, old epoch, out of range, view behind etcd.
+"""Write fencing decisions on a real etcd registry: locked, wrong lease, old epoch, out of range, parked, stale view.
 
 The registry is changed with the real guarded transactions (``registry.Registry``);
 the fence reads it through the real membership watch and linearizable reads.
@@ -119,6 +119,65 @@ def test_current_owner_passes_and_stale_writers_are_fenced(
             regrown = await fence.check(new_a, b.range.lo)
             assert regrown is not None and regrown.reason == "StaleEpoch"
             assert await fence.check(_token(fence, "a"), b.range.lo) is None
+        finally:
+            await fence.stop()
+
+    run(scenario())
+
+
+def test_a_parked_range_is_written_by_nobody(
+    registry: Registry, etcd_client: EtcdClient, etcd_config: EtcdConfig, key_prefix: str
+) -> None:
+    """b parks as ``ShardInstance.stop`` does with ``rejoinGraceSeconds``: its range is owned by nobody (issue 24).
+
+    A write for a key of the parked range is refused from another instance (``OutOfRange``: the parked
+    range is nobody's, not even the neighbour's or a newcomer's) and from b's own last token
+    (``LeaseMismatch``: the record lives on the grace lease now); b's successor, rejoining with the same
+    instance id, writes there again.
+    """
+    lease_a = etcd_client.grant_lease(30)
+    registry.join(CTYPE, "a", lease_a)
+    lease_b = etcd_client.grant_lease(30)
+    b = registry.join(CTYPE, "b", lease_b)
+    registry.unlock(CTYPE, "b", "a")
+    assert b.range is not None
+    key = b.range.lo  # a shard hash in b's range
+
+    async def scenario() -> None:
+        fence = await _started(FenceSettings(etcd_config, key_prefix))
+        try:
+            token_a, token_b = _token(fence, "a"), _token(fence, "b")
+            assert await fence.check(token_b, key) is None
+
+            # ShardInstance.stop with a grace: a grace lease, park on it, then revoke the instance's lease.
+            grace = await asyncio.to_thread(etcd_client.grant_lease, 30)
+            await asyncio.to_thread(registry.park, CTYPE, "b", lease_b, grace, 30.0)
+            await asyncio.to_thread(etcd_client.revoke_lease, lease_b)
+
+            neighbour = await fence.check(token_a, key)
+            assert neighbour is not None and neighbour.reason == "OutOfRange", neighbour
+            assert await fence.check(token_a, MAX_HASH) is None  # a's own range is unchanged
+            stale = await fence.check(token_b, key)
+            assert stale is not None and stale.reason == "LeaseMismatch", stale
+            assert (await fence.check(token_b, None)) == stale  # with no shard hash too
+
+            # A newcomer splits a's range, never the parked one: the parked key is not its either.
+            lease_c = await asyncio.to_thread(etcd_client.grant_lease, 30)
+            c = await asyncio.to_thread(registry.join, CTYPE, "c", lease_c)
+            await asyncio.to_thread(registry.unlock, CTYPE, "c", "a")
+            assert c.range is not None and not c.range.contains(key)
+            newcomer = await fence.check(_token(fence, "c"), key)
+            assert newcomer is not None and newcomer.reason == "OutOfRange", newcomer
+            later = await fence.check(_token(fence, "a"), key)
+            assert later is not None and later.reason == "OutOfRange", later
+
+            # b's successor (same instance id, new lease) takes the range back; b's old token stays refused.
+            lease_b2 = await asyncio.to_thread(etcd_client.grant_lease, 30)
+            back = await asyncio.to_thread(registry.join, CTYPE, "b", lease_b2)
+            assert back.range == b.range
+            assert await fence.check(_token(fence, "b"), key) is None
+            old = await fence.check(token_b, key)
+            assert old is not None and old.reason == "LeaseMismatch", old
         finally:
             await fence.stop()
 
