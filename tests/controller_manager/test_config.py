@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from typer.testing import CliRunner
 
 from controller_manager.config import (
     KNOWN_CONTROLLERS,
@@ -16,6 +17,7 @@ from controller_manager.config import (
     with_overrides,
 )
 from controller_manager.plugins import available
+from rangeshard.cli.main import app
 from rangeshard.core.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -367,3 +369,28 @@ def test_reconcile_timeout_defaults_from_the_lease_ttl(tmp_path: Path, ttl: int,
     explicit = load_config(write(tmp_path, f"leaseTTLSeconds: {ttl}\nreconcileTimeoutSeconds: 0.5\n" + MINIMAL))
     assert explicit.reconcile_timeout_seconds == 0.5
     assert "min(3, 0.3 * leaseTTLSeconds)" in (REPO / "docs" / "configuration.md").read_text()
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        ("-1", "Input should be greater than or equal to 0"),
+        ("86401", "Input should be less than or equal to 86400"),
+        ("'30'", "Input should be a valid number"),
+    ],
+)
+def test_rejoin_grace_out_of_bounds_exits_2_naming_the_field(tmp_path: Path, value: str, problem: str) -> None:
+    """`rejoinGraceSeconds` (issue 24) is checked like every field: `FILE: rejoinGraceSeconds: problem`, exit 2."""
+    path = write(tmp_path, f"rejoinGraceSeconds: {value}\n" + MINIMAL)
+    assert problems_of(path) == [f"{path}: rejoinGraceSeconds: {problem}"]
+    result = CliRunner().invoke(app, ["controller-manager", "--config", str(path)])
+    assert result.exit_code == 2, result.output
+    assert f"{path}: rejoinGraceSeconds: {problem}" in result.output
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("value", ["0", "0.5", "86400"])
+def test_rejoin_grace_bounds_are_inclusive(tmp_path: Path, value: str) -> None:
+    cfg = load_config(write(tmp_path, f"rejoinGraceSeconds: {value}\n" + MINIMAL))
+    assert cfg.rejoin_grace_seconds == float(value)
+
