@@ -37,7 +37,15 @@ def controller_manager_command(
     ] = None,
     proxy: Annotated[str | None, typer.Option("--proxy", help="Override the proxy URL of the config.")] = None,
     instance_prefix: Annotated[
-        str | None, typer.Option("--instance-prefix", help="Instance id prefix (default: host-pid-random).")
+        str | None,
+        typer.Option(
+            "--instance-prefix",
+            help="This manager's stable identity (its instance ids are <prefix>-<controller type>): in "
+            "Kubernetes the StatefulSet pod name ($(POD_NAME)); by hand, any name a restarted process reuses. "
+            "With rejoinGraceSeconds > 0 a restart with the same prefix takes its range back (no split, no "
+            "handover). Overrides instanceIdPrefix of the config; default: host-pid-random, a new identity per "
+            "process.",
+        ),
     ] = None,
 ) -> None:
     """Run the controllers of a config file, each as one sharded instance."""

@@ -394,3 +394,10 @@ def test_rejoin_grace_bounds_are_inclusive(tmp_path: Path, value: str) -> None:
     cfg = load_config(write(tmp_path, f"rejoinGraceSeconds: {value}\n" + MINIMAL))
     assert cfg.rejoin_grace_seconds == float(value)
 
+
+def test_instance_prefix_help_says_it_is_the_stable_identity() -> None:
+    result = CliRunner().invoke(app, ["controller-manager", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.replace("│", " ").split())
+    for said in ("stable identity", "StatefulSet pod name", "rejoinGraceSeconds > 0", "default: host-pid-random"):
+        assert said in text, text
