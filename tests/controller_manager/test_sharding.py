@@ -10,7 +10,9 @@ about a known sequence of registry states and clock readings:
 * a giver unlocks its receiver only when no in-flight reconcile is outside
   its new range (in-range work does not hold the receiver);
 * a locked receiver unlocks itself only once its giver's record is gone;
-* a lost registration rejoins only after the running reconciles ended.
+* a lost registration rejoins only after the running reconciles ended;
+* with ``rejoinGraceSeconds`` a graceful stop parks only a drained, unfenced
+  instance (otherwise it leaves as without a grace).
 
 The lease TTL is long (60 s: keepalives every 20 real seconds), so the
 keeper's own renewals cannot move the deadline under a test.
@@ -47,12 +49,10 @@ def clock() -> ManualClock:
 
 
 @pytest.fixture
-def make_shard(
-    etcd_config: EtcdConfig, key_prefix: str, clock: ManualClock
-) -> Iterator[Callable[[str], ShardInstance]]:
+def make_shard(etcd_config: EtcdConfig, key_prefix: str, clock: ManualClock) -> Iterator[Callable[..., ShardInstance]]:
     made: list[ShardInstance] = []
 
-    def make(name: str) -> ShardInstance:
+    def make(name: str, rejoin_grace: float = 0.0) -> ShardInstance:
         allowed_calls: list[int] = []
         shard = ShardInstance(
             etcd_config=etcd_config,
@@ -67,6 +67,7 @@ def make_shard(
             on_allowed=lambda: allowed_calls.append(shard.epoch),
             workload=lambda _rng: (0, None),
             clock=clock,
+            rejoin_grace=rejoin_grace,
         )
         shard.allowed_calls = allowed_calls  # type: ignore[attr-defined]
         made.append(shard)
@@ -313,3 +314,51 @@ def test_leave_with_a_stuck_reconcile_keeps_the_lease_to_expire(
     assert registry.snapshot(CT).get("a") is not None
     assert etcd_client.lease_ttl(lease) > 0
     etcd_client.revoke_lease(lease)
+
+
+def test_a_drained_stop_with_a_grace_parks_on_a_grace_lease(
+    make_shard: Callable[..., ShardInstance], registry: Registry, etcd_client: EtcdClient
+) -> None:
+    shard = make_shard("a", rejoin_grace=30.0)
+    assert shard._register()
+    assert shard.keeper is not None
+    old_lease = shard.keeper.lease_id
+    shard.stop(drain_timeout=0)
+    parked = registry.snapshot(CT).get("a")
+    assert parked is not None and parked.record.state is State.PARKED and parked.lease_id != old_lease
+    assert shard.state == State.PARKED.value
+    assert etcd_client.lease_ttl(old_lease) == -1  # the instance's own lease is revoked after parking
+    etcd_client.revoke_lease(parked.lease_id)
+
+
+def test_a_stop_with_work_still_running_leaves_instead_of_parking(
+    make_shard: Callable[..., ShardInstance], registry: Registry, etcd_client: EtcdClient
+) -> None:
+    """Not drained: no park (a successor would take a range whose old work still runs); the lease just expires."""
+    shard = active(make_shard, registry)
+    shard.rejoin_grace = 30.0
+    assert shard.keeper is not None
+    old_lease = shard.keeper.lease_id
+    assert shard.try_begin("ns/a", HIGH) is not None
+    shard.stop(drain_timeout=0)
+    member = registry.snapshot(CT).get("a")
+    assert member is not None and member.record.state is not State.PARKED and member.lease_id == old_lease
+    assert shard.state != State.PARKED.value
+    assert etcd_client.lease_ttl(old_lease) > 0  # not revoked under running work: it expires by itself
+    etcd_client.revoke_lease(old_lease)
+    assert registry.snapshot(CT).get("a") is None  # nothing parked survives the lease
+
+
+def test_a_fenced_stop_with_a_grace_leaves(
+    make_shard: Callable[..., ShardInstance], registry: Registry, clock: ManualClock
+) -> None:
+    """Fenced (past its deadline, the lease may be gone at etcd): it leaves; its range is taken over at once."""
+    shard = active(make_shard, registry)
+    shard.rejoin_grace = 30.0
+    assert shard.keeper is not None
+    clock.set(shard.keeper.deadline)
+    step(shard, registry)
+    assert shard.fenced
+    shard.stop(drain_timeout=0)
+    assert registry.snapshot(CT).get("a") is None
+    assert shard.state != State.PARKED.value
