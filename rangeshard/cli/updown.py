@@ -7,7 +7,8 @@ Purpose
     * :func:`wait_healthy` returns only when every started child is still
       running and healthy (etcd ``/health``, API server and proxy ``/readyz``,
       each manager's ``/readyz``) and every manager's instances are active
-      in the registry; a child that exits fails at once with its log tail
+      in the registry, naming what is not (:func:`unhealthy_components`:
+      ``manager m0: informer certificate-secrets: 404 ...``); a child that exits fails at once with its log tail
       (:func:`rangeshard.core.process.wait_ready`, the one readiness routine).
     * :func:`demo_summary` reads the demo's real counts from the API server.
 
@@ -100,7 +101,7 @@ def wait_healthy(
         reg = Registry(client)
 
         def check() -> tuple[bool, str]:
-            unhealthy = _unhealthy(components) or _inactive(reg, controller_types, managers)
+            unhealthy = unhealthy_components(components) or _inactive(reg, controller_types, managers)
             return not unhealthy, "; ".join(unhealthy)
 
         wait_ready(
@@ -115,8 +116,13 @@ def wait_healthy(
         )
 
 
-def _unhealthy(components: Sequence[Component]) -> list[str]:
-    """What each unhealthy component says (a manager says why: ``m0: informer certificate-secrets: 404 ...``)."""
+def unhealthy_components(components: Sequence[Component]) -> list[str]:
+    """What each unhealthy component says, one line each; a manager says why (its ``/readyz`` 503 body).
+
+    ``manager m0: informer certificate-secrets: 404 no resource 'secrets' in core/v1`` (the component's
+    name, then the reasons); any other failure is ``<name> <status or no answer>``. The test kit's
+    ``Managers.wait_active`` starts its failure with these lines too.
+    """
     unhealthy = []
     for c in components:
         ok, detail = probe(c.health_url, c.kind, timeout=1.0)

@@ -9,7 +9,11 @@ Purpose
     :meth:`TestCluster.start_managers` starts N real ``rangeshard
     controller-manager`` processes running *your* controller class (by
     ``class: "module:Class"``), each with an audit log, and waits until they
-    are active in the registry. :func:`assert_no_overlap` reads the audit logs
+    are active in the registry (on timeout, :meth:`Managers.wait_active` says
+    first why each manager is not ready, as ``rangeshard up`` does:
+    ``manager m1-ab12: informer certificate-secrets: 404 ...``, from the
+    ``/readyz`` of its status endpoint on a free loopback port; the log
+    tails follow). :func:`assert_no_overlap` reads the audit logs
     and fails when one key was ever reconciled by two instances at once.
     :mod:`rangeshard.testing.pytest_plugin` wraps this as pytest fixtures.
 
@@ -52,10 +56,12 @@ from controller_manager.process import ManagerProcess
 from controller_manager.resources import raw_request
 from controller_manager.write_audit import check as check_writes
 from controller_manager.write_audit import print_report, read_events
+from rangeshard.cli.state import Component
+from rangeshard.cli.updown import unhealthy_components
 from rangeshard.core.errors import RangeshardError
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
 from rangeshard.core.ownertoken import OwnerToken
-from rangeshard.core.process import wait_ready
+from rangeshard.core.process import free_port, wait_ready
 from rangeshard.localcluster import LocalCluster
 from registry import Registry, Snapshot
 
@@ -162,6 +168,8 @@ class Managers:
     registry_prefix: str
     entry_name: str = ""  # the config key (default: controller_type)
     processes: list[ManagerProcess] = field(default_factory=list)
+    #: ``process name -> URL`` of each manager's status endpoint (``/metrics``, ``/healthz``, ``/readyz``).
+    status_urls: dict[str, str] = field(default_factory=dict)
 
     @property
     def audit_logs(self) -> list[Path]:
@@ -177,18 +185,20 @@ class Managers:
     def _spawn(self) -> ManagerProcess:
         cluster = self.cluster
         name = f"m{len(self.processes) + 1}-{uuid.uuid4().hex[:4]}"
+        port = free_port()  # the status endpoint, for why a manager is not ready (as `up` gives its managers)
         cfg = {
             "etcd": {"endpoints": [cluster.etcd_url]},
             "proxy": {"url": cluster.proxy_url},
             "leaseTTLSeconds": LEASE_TTL,
             "reconcileTimeoutSeconds": RECONCILE_TIMEOUT,
             "registryPrefix": self.registry_prefix,
-            "metrics": None,
+            "metrics": {"host": "127.0.0.1", "port": port},
             "controllers": {self.entry_name or self.controller_type: self.entry},
         }
         audit = cluster.workdir / f"{name}.audit.jsonl"
         m = cluster.add_manager(name, cfg, instance_prefix=name, audit=audit, new_session=False, env=_child_env())
         self.processes.append(m)
+        self.status_urls[name] = f"http://127.0.0.1:{port}"
         return m
 
     def live(self) -> list[ManagerProcess]:
@@ -207,8 +217,32 @@ class Managers:
         """Every reconcile recorded so far by this group's managers."""
         return read_records([p for p in self.audit_logs if p.exists()])
 
+    def not_ready(self) -> list[str]:
+        """Why each live manager is not ready, one line each, as ``rangeshard up`` says it (none: all ready).
+
+        ``manager m1-ab12: informer certificate-secrets: 404 no resource 'secrets' in core/v1`` (its
+        ``/readyz`` answer), or ``manager m1-ab12 no answer (ConnectError)`` before its endpoint is up.
+        """
+        components = [
+            Component(
+                name=f"manager {m.name}",
+                kind="manager",
+                pid=m.pid,
+                port=None,
+                url=self.status_urls[m.name],
+                healthUrl=f"{self.status_urls[m.name]}/readyz",
+            )
+            for m in self.live()
+            if m.name in self.status_urls
+        ]
+        return unhealthy_components(components)
+
     def wait_active(self, timeout: float = 60.0) -> None:
-        """Until every live manager's instance is registered and active (and none that died is left)."""
+        """Until every live manager's instance is registered and active (and none that died is left).
+
+        On timeout an ``AssertionError`` starts with :meth:`not_ready`'s lines, then what the registry
+        showed and every manager's log tail.
+        """
 
         def ready() -> tuple[bool, str]:
             states = self.states()
@@ -222,7 +256,7 @@ class Managers:
             children=self.processes,
             tolerated_exits=(0, -signal.SIGTERM, -signal.SIGKILL),  # managers a test stopped or killed
             hint=lambda: "\n" + "\n".join(f"--- {m.name} ---\n{m.log_tail()}" for m in self.processes),
-            timeout_error=AssertionError,
+            timeout_error=lambda message: AssertionError("\n".join([*self.not_ready(), message])),
         )
 
     def assert_no_overlap(self) -> int:

@@ -4,7 +4,8 @@ The module is written to a temporary directory (outside the repository and
 every installed distribution); the kit's managers find it through
 ``class: "module:Class"`` and the test process's ``sys.path``. It stamps
 ConfigMaps, a built-in resource, which the informers list and watch over the
-generic REST path with ``shardSelector``.
+generic REST path with ``shardSelector``. And when a manager does not become
+ready (its controller watches a resource nobody serves), the kit says why.
 """
 
 from __future__ import annotations
@@ -75,3 +76,17 @@ def test_uninstalled_controller_shards_configmaps(
         wait_until(stamped, 60, "every ConfigMap stamped")
     assert managers.assert_no_overlap() >= 12
     assert {r.instance_id for r in managers.audit_records()} == set(managers.states())
+
+
+def test_wait_active_names_the_informer_that_keeps_a_manager_not_ready(rangeshard_managers: Any) -> None:
+    """The kit's timeout says why first (as `rangeshard up` does): the informer and its error, then the log tails."""
+    managers: Managers = rangeshard_managers("tests.e2e.unserved_controller:CertificateController", wait=False)
+    (m,) = managers.processes
+    reason = f"manager {m.name}: informer certificate-gizmos: 404 "
+    wait_until(lambda: any(r.startswith(reason) for r in managers.not_ready()), 30, "the informer's error on /readyz")
+    with pytest.raises(AssertionError) as caught:
+        managers.wait_active(timeout=0.5)
+    message = str(caught.value)
+    assert message.startswith(reason), message
+    assert "1 active certificate instance(s) not ready after 0.5s" in message
+    assert message.index(reason) < message.index(f"--- {m.name} ---"), message  # the log tail follows the reason
