@@ -5,7 +5,7 @@ Purpose
     (:class:`rangeshard.core.ownertoken.OwnerToken`: instance, lease, epoch).
     :class:`WriteFence` decides, for one mutating request with a token,
     whether it may pass: the instance must still be registered with that
-    lease, be unlocked, be in the same ownership period (``token.epoch`` not
+    lease, be neither parked nor locked, be in the same ownership period (``token.epoch`` not
     older than the period's epoch, :mod:`registry.epochs`) and, when the
     write's shard hash is known, own it. Otherwise the proxy answers ``409
     Conflict`` with :func:`rangeshard.core.ownertoken.fenced_status`.
@@ -91,8 +91,11 @@ def decide(token: OwnerToken, owner: Ownership | None, shard_hash: int | None) -
         return Verdict("NotRegistered", f"{token.owner} has no registry record (its lease expired or it left)")
     if owner.lease_id != token.lease_id:
         return Verdict(
-            "LeaseMismatch", f"{token.owner} now holds lease {owner.lease_id:x}, not {token.lease_id:x} (it rejoined)"
+            "LeaseMismatch",
+            f"{token.owner} now holds lease {owner.lease_id:x}, not {token.lease_id:x} (it rejoined or was parked)",
         )
+    if owner.parked:
+        return Verdict("Parked", f"{token.owner} is parked (stopped for a restart): nobody writes its range")
     if owner.locked:
         return Verdict("Locked", f"{token.owner} is locked (a handover to it is not finished)")
     if token.epoch < owner.epoch:

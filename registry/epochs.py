@@ -53,6 +53,8 @@ class Ownership:
     epoch: int
     #: False when ``epoch`` is the lower bound of a period that began before the last (re)list.
     exact: bool = True
+    #: The record is parked (its process stopped for a restart within ``rejoinGraceSeconds``): nobody writes.
+    parked: bool = False
 
 
 class EpochTracker:
@@ -81,8 +83,8 @@ class EpochTracker:
                 members = Snapshot.build(ctype, revision, items).members
                 for i, m in enumerate(members):
                     prev = self._owners.get((ctype, m.instance_id))
-                    period = (m.lease_id, m.range, m.record.is_locked)
-                    if prev is not None and (prev.lease_id, prev.range, prev.locked) == period:
+                    period = (m.lease_id, m.range, m.record.is_locked, m.record.is_parked)
+                    if prev is not None and (prev.lease_id, prev.range, prev.locked, prev.parked) == period:
                         owners[(ctype, m.instance_id)] = prev
                         continue
                     if relisted or not self.observed.is_set():
@@ -91,7 +93,7 @@ class EpochTracker:
                     else:
                         epoch, exact = revision, True
                     owners[(ctype, m.instance_id)] = Ownership(
-                        ctype, m.instance_id, m.lease_id, m.range, m.record.is_locked, epoch, exact
+                        ctype, m.instance_id, m.lease_id, m.range, m.record.is_locked, epoch, exact, m.record.is_parked
                     )
             self._owners = owners
             self._kvs = dict(kvs)

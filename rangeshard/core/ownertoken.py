@@ -100,7 +100,15 @@ FENCED_KIND = "WriteFencing"
 #: Response header of a fenced write (value: the reason), so a client can tell it from an ordinary conflict cheaply.
 FENCED_HEADER = "X-Rangeshard-Fenced"
 #: ``details.causes[].reason`` values of a fenced write.
-FENCE_REASONS = ("NotRegistered", "LeaseMismatch", "Locked", "StaleEpoch", "OutOfRange", "ShardHashMismatch")
+FENCE_REASONS = (
+    "NotRegistered",
+    "LeaseMismatch",
+    "Parked",
+    "Locked",
+    "StaleEpoch",
+    "OutOfRange",
+    "ShardHashMismatch",
+)
 
 
 def fenced_status(token: OwnerToken, reason: str, why: str) -> dict[str, object]:

@@ -65,6 +65,16 @@ def _token(fence: WriteFence, instance: str, lease: int | None = None, epoch: in
     )
 
 
+async def _current_token(fence: WriteFence, instance: str) -> OwnerToken:
+    """``instance``'s token as of a registry view at least as new as etcd now.
+
+    Any decision waits for such a view (here one for an unregistered writer), so the token is not read
+    from a view that predates the last registry change, as a manager's token never is.
+    """
+    await fence.check(OwnerToken(CTYPE, "nobody", 1, 0), None)
+    return _token(fence, instance)
+
+
 def test_current_owner_passes_and_stale_writers_are_fenced(
     registry: Registry, etcd_client: EtcdClient, etcd_config: EtcdConfig, key_prefix: str
 ) -> None:
@@ -132,8 +142,8 @@ def test_a_parked_range_is_written_by_nobody(
 
     A write for a key of the parked range is refused from another instance (``OutOfRange``: the parked
     range is nobody's, not even the neighbour's or a newcomer's) and from b's own last token
-    (``LeaseMismatch``: the record lives on the grace lease now); b's successor, rejoining with the same
-    instance id, writes there again.
+    (``LeaseMismatch``: the record lives on the grace lease now), and a token on the grace lease itself is
+    ``Parked``; b's successor, rejoining with the same instance id, writes there again.
     """
     lease_a = etcd_client.grant_lease(30)
     registry.join(CTYPE, "a", lease_a)
@@ -160,22 +170,29 @@ def test_a_parked_range_is_written_by_nobody(
             stale = await fence.check(token_b, key)
             assert stale is not None and stale.reason == "LeaseMismatch", stale
             assert (await fence.check(token_b, None)) == stale  # with no shard hash too
+            # Even a token naming the parked record's own (grace) lease and current epoch is refused:
+            # no process holds that lease, and the record says nobody writes.
+            parked = await fence.check(_token(fence, "b"), key)
+            assert parked is not None and parked.reason == "Parked", parked
+            assert "parked" in parked.why
 
             # A newcomer splits a's range, never the parked one: the parked key is not its either.
             lease_c = await asyncio.to_thread(etcd_client.grant_lease, 30)
             c = await asyncio.to_thread(registry.join, CTYPE, "c", lease_c)
             await asyncio.to_thread(registry.unlock, CTYPE, "c", "a")
             assert c.range is not None and not c.range.contains(key)
-            newcomer = await fence.check(_token(fence, "c"), key)
+            newcomer = await fence.check(await _current_token(fence, "c"), key)
             assert newcomer is not None and newcomer.reason == "OutOfRange", newcomer
-            later = await fence.check(_token(fence, "a"), key)
+            later = await fence.check(await _current_token(fence, "a"), key)
             assert later is not None and later.reason == "OutOfRange", later
 
             # b's successor (same instance id, new lease) takes the range back; b's old token stays refused.
             lease_b2 = await asyncio.to_thread(etcd_client.grant_lease, 30)
             back = await asyncio.to_thread(registry.join, CTYPE, "b", lease_b2)
             assert back.range == b.range
-            assert await fence.check(_token(fence, "b"), key) is None
+            successor = await _current_token(fence, "b")
+            assert successor.lease_id == lease_b2
+            assert await fence.check(successor, key) is None
             old = await fence.check(token_b, key)
             assert old is not None and old.reason == "LeaseMismatch", old
         finally:
