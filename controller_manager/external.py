@@ -541,8 +541,9 @@ class Child:
         out = proc.stdout
         if out is None:
             return
-        for raw in out:
-            log.info("[%s] %s", self.name, raw.decode("utf-8", "replace").rstrip())
+        with out:  # closed at the child's end: each restart opens a new pipe
+            for raw in out:
+                log.info("[%s] %s", self.name, raw.decode("utf-8", "replace").rstrip())
 
     def stop(self, grace: float = 10.0) -> None:
         self._stop.set()

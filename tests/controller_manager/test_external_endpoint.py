@@ -8,9 +8,15 @@
   blocked in another thread).
 * A request for a range the endpoint serves nothing of gets a selector
   that matches nothing; a client's own ``shardSelector`` is a 400.
+* Every write to a ``shard`` resource (create, update, patch, delete, and
+  writes to its subresources such as ``/status``) carries the owner token at
+  the start of its User-Agent, followed by the client's own; reads, other
+  resources, Events, Leases and discovery pass the client's User-Agent
+  unchanged.
 
 The shard instance is an in-memory stand-in with the two attributes the
-endpoint reads (``allowed``, ``epoch``); the upstream is a real local socket.
+endpoint reads (``allowed``, ``epoch``); the upstream is a real local socket
+(a plain HTTP server standing in for the proxy, or ``httpx.MockTransport``).
 """
 
 from __future__ import annotations
@@ -19,13 +25,15 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import httpx
 
 from controller_manager.config import ExternalSection
 from controller_manager.external import Endpoint, _Watch
-from hashing import HashRange
+from hashing import MAX_HASH, HashRange
+from rangeshard.core.ownertoken import OwnerToken
 
 
 @dataclass
@@ -160,3 +168,86 @@ def test_the_endpoint_refuses_a_clients_own_shard_selector_and_serves_nothing_wh
             assert '"type":"ERROR"' in line and '"code":410' in line, line
     finally:
         ep.stop()
+
+
+class _Upstream:
+    """A real local HTTP server standing in for the proxy: records (method, path, User-Agent), answers 200 JSON."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str, str | None]] = []
+        seen = self.seen
+
+        class Handler(BaseHTTPRequestHandler):
+            def _answer(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                self.rfile.read(length)
+                seen.append((self.command, self.path, self.headers.get("User-Agent")))
+                body = b'{"kind":"Status","apiVersion":"v1","status":"Success"}'
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _answer  # noqa: N815
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_writes_to_a_shard_resource_carry_the_owner_token_and_other_requests_pass_unchanged() -> None:
+    """Through the real endpoint to a real upstream socket: which requests get the owner token in their User-Agent."""
+    upstream = _Upstream()
+    section = ExternalSection.model_validate({"shard": [{"resource": "gadgets.bars.example.org", "by": "uid"}]})
+    ep = Endpoint("ext", section, FakeShard(allowed=HashRange(0, MAX_HASH)), proxy_url=upstream.url)  # type: ignore[arg-type]
+    token = OwnerToken("gadget", "m-1", 0xABC, 4)
+    ep.on_token(token)
+    ep.start()
+    child_ua = "kopf/1.37.2"
+    gadgets = "/apis/bars.example.org/v1/namespaces/a/gadgets"
+    merge = {"Content-Type": "application/merge-patch+json"}
+    try:
+        with httpx.Client(base_url=ep.url, timeout=10, headers={"User-Agent": child_ua}) as c:
+            tagged = [
+                c.post(gadgets, json={"metadata": {"name": "g1"}}),
+                c.put(f"{gadgets}/g1", json={"metadata": {"name": "g1"}}),
+                c.put(f"{gadgets}/g1/status", json={"metadata": {"name": "g1"}, "status": {"ok": True}}),
+                c.patch(f"{gadgets}/g1/status", content=b'{"status":{"ok":false}}', headers=merge),
+                c.delete(f"{gadgets}/g1"),
+            ]
+            n_tagged = len(upstream.seen)
+            untagged = [
+                c.get(f"{gadgets}/g1"),  # a read of the shard resource
+                c.put("/api/v1/namespaces/a/configmaps/c1", json={"metadata": {"name": "c1"}}),
+                c.patch("/api/v1/namespaces/a/configmaps/c1/status", content=b"{}", headers=merge),
+                c.post("/api/v1/namespaces/a/events", json={"metadata": {"name": "e1"}}),
+                c.put("/apis/coordination.k8s.io/v1/namespaces/a/leases/l1", json={"metadata": {"name": "l1"}}),
+                c.get("/apis/bars.example.org/v1"),  # discovery
+            ]
+        assert all(r.status_code == 200 for r in tagged + untagged), [r.text for r in tagged + untagged]
+        assert len(upstream.seen) == len(tagged) + len(untagged)
+        for method, path, agent in upstream.seen[:n_tagged]:
+            assert agent == f"{token.user_agent()} {child_ua}", (method, path, agent)
+            assert OwnerToken.parse(agent) == token
+        assert [(m, p.split("?")[0]) for m, p, _ in upstream.seen[:n_tagged]] == [
+            ("POST", gadgets),
+            ("PUT", f"{gadgets}/g1"),
+            ("PUT", f"{gadgets}/g1/status"),
+            ("PATCH", f"{gadgets}/g1/status"),
+            ("DELETE", f"{gadgets}/g1"),
+        ]
+        for method, path, agent in upstream.seen[n_tagged:]:
+            assert agent == child_ua, (method, path, agent)
+        assert ep.writes_in_flight == 0, "every write ended"
+    finally:
+        ep.stop()
+        upstream.close()

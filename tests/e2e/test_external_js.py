@@ -1,7 +1,7 @@
 """The official JavaScript client's informer, unmodified, sharded by its managers: 2 -> 3 managers, a SIGKILL.
 
 ``tests/e2e/js/informer.mjs`` uses ``@kubernetes/client-node``'s
-``makeInformer`` (installed by ``.ci/run`` with ``npm ci --prefix
+``makeInformer`` (installed by ``scripts/test.sh`` with ``npm ci --prefix
 tests/e2e/js``) and knows nothing of rangeshard. A handover reaches it as a
 watch ending with ``ERROR 410``; the informer relists by itself. Every object
 converges after every step, every instance wrote, and the API server's audit
