@@ -8,7 +8,10 @@ Purpose
     ``errors`` and the exit code is 1; the other sections still run.
 
 Invariants
-    * The only place in ``bench`` that configures logging handlers.
+    * Logging is set up by :func:`rangeshard.core.logs.configure_logging`,
+      here for the sections and in the ``main`` of each child program of
+      ours (``bench.feed``, ``bench.scaleout_manager``); nothing else in
+      ``bench`` configures handlers.
     * Every process started by a section is stopped before the next section
       starts (each section cleans up in ``finally``); the shared cluster
       (etcd, API server, proxy) is stopped in ``finally`` here.
@@ -35,6 +38,8 @@ from typing import Any
 import orjson
 from rich.console import Console
 from rich.table import Table
+
+from rangeshard.core.logs import configure_logging
 
 log = logging.getLogger(__name__)
 
@@ -538,11 +543,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scale-pods", type=int, help="scale section: pods the proxy caches (default 1000000; quick 2000)")
     p.add_argument("-v", "--verbose", action="store_true", help="log progress (INFO)")
     args = p.parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    configure_logging("info" if args.verbose else "warning")
     sections = [s.strip() for s in args.sections.split(",") if s.strip()]
     unknown = [s for s in sections if s not in SECTIONS]
     if unknown:

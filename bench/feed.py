@@ -47,6 +47,7 @@ from bench.common import stored_pod
 from range_filter_proxy.errors import UpstreamError
 from range_filter_proxy.resources import ResourceInfo
 from range_filter_proxy.upstream import ListResult, Upstream, WatchEvent, decode_watch_line
+from rangeshard.core.logs import configure_logging
 from rangeshard.core.rest import GVR
 
 log = logging.getLogger(__name__)
@@ -227,14 +228,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--objects", type=int, default=1024)
     p.add_argument("--max-seconds", type=float, default=900.0)
     args = p.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING)
+    configure_logging("warning")
 
     async def serve() -> None:
         feed = FeedUpstream(args.objects)
         # The heap keeper on, as `rangeshard proxy` runs it by default.
         app = create_app(feed, resources=["pods"], settings=CacheSettings(), heap=HeapSettings())
         config = uvicorn.Config(
-            with_control(app, feed), host="127.0.0.1", port=args.port, log_level="warning", lifespan="on"
+            with_control(app, feed),
+            host="127.0.0.1",
+            port=args.port,
+            log_level="warning",
+            log_config=None,  # keep the handler configure_logging installed
+            lifespan="on",
         )
         server = uvicorn.Server(config)
         task = asyncio.create_task(server.serve())

@@ -46,6 +46,7 @@ from controller_manager.metrics import Metrics
 from controller_manager.process import ManagerProcess
 from controller_manager.resources import Resource
 from rangeshard.core.etcd import EtcdConfig
+from rangeshard.core.logs import configure_logging
 
 if TYPE_CHECKING:
     from rangeshard.localcluster import LocalCluster
@@ -117,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--period", type=float, default=0.0, help="requeue each key after this long (0: at once)")
     p.add_argument("--cost-window", type=float, default=300.0, help="costWindowSeconds")
     args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging("info")
 
     SleepController.latency = args.latency
     SleepController.namespace = args.namespace

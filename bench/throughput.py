@@ -32,6 +32,11 @@ Purpose
 Invariants
     * Every loop is bounded by an event count and a deadline; the child proxy
       is stopped (SIGTERM, then SIGKILL) in ``finally``.
+    * The proxies (:class:`FeedProxy`, ``ProxyProcess``) are
+      :class:`~rangeshard.core.process.ManagedProcess` children waited for by
+      the one readiness routine (``/readyz``, an exit fails the wait at once);
+      ``bench.upstream_server`` and ``bench.floor`` are ready once they print
+      the port they bound.
     * Clients read their watch over a bare socket and extract only the send
       timestamp from each line (a byte search), so the client side stays far
       cheaper than the proxy under test and adds little noise to latencies.
@@ -59,7 +64,7 @@ from typing import Any, TypeVar
 import httpx
 import orjson
 
-from bench.common import metric_value, percentile, proc_cpu_seconds, wait_for
+from bench.common import metric_value, percentile, proc_cpu_seconds
 from bench.fanout import equal_ranges
 from bench.feed import POD_INFO, SENT_ANNOTATION, FeedUpstream
 from hashing import UID_PATH, parse_shard_selector, range_to_selector
@@ -68,7 +73,7 @@ from range_filter_proxy.cached import CacheSettings, WatchFilter
 from range_filter_proxy.metrics import ProxyMetrics
 from range_filter_proxy.process import ProxyProcess
 from range_filter_proxy.upstream import decode_watch_line
-from rangeshard.core.process import free_port
+from rangeshard.core.process import ManagedProcess, free_port
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -419,38 +424,38 @@ def real_upstream(rates: list[int], step_seconds: float, workdir: Path, objects:
     )
 
 
+class FeedProxy(ManagedProcess):
+    """``python -m bench.feed`` on a free loopback port: the proxy app over a :class:`FeedUpstream`."""
+
+    what = "feed proxy"
+
+    def __init__(self, log_path: Path, objects: int) -> None:
+        self.log_path = log_path
+        self.objects = objects
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = None
+
+    def start(self, timeout: float = 30.0) -> None:
+        """Start it and wait until ``/readyz`` answers 200 (an exit or a timeout raises, with its log tail)."""
+        # ``bench`` is not installed: ``-m`` finds it from the working directory (the repository root).
+        command = [sys.executable, "-m", "bench.feed", "--port", str(self.port), "--objects", str(self.objects)]
+        self._spawn(command, self.error, self.what, new_session=False)
+        self.wait_http_ready(f"{self.url}/readyz", timeout)
+
+
 def http(rates: list[int], step_seconds: float, workdir: Path, objects: int = 1024) -> dict[str, Any]:
     """Ramp the feed through the real proxy over HTTP with 16 watchers (see module docstring)."""
-    port = free_port()
-    log_path = workdir / "feed-proxy.log"
-    with open(log_path, "ab") as logf:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "bench.feed", "--port", str(port), "--objects", str(objects)],
-            stdout=logf,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-        )
-    url = f"http://127.0.0.1:{port}"
+    feed = FeedProxy(workdir / "feed-proxy.log", objects)
+    feed.start()
     try:
-
-        def ready() -> bool:
-            if proc.poll() is not None:
-                raise RuntimeError(f"feed proxy exited: {log_path.read_text(errors='replace')[-2000:]}")
-            with contextlib.suppress(httpx.HTTPError):
-                return httpx.get(f"{url}/readyz", timeout=1).status_code == 200
-            return False
-
-        wait_for(ready, 30, "the feed proxy to be ready", 0.05)
-        with _pinned(proc.pid):
-            steps = _run_loop(_http_steps(url, proc.pid, rates, step_seconds))
+        pid = feed.pid
+        if pid is None:
+            raise RuntimeError("the feed proxy exited right after start")
+        with _pinned(pid):
+            steps = _run_loop(_http_steps(feed.url, pid, rates, step_seconds))
     finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
+        feed.stop()
     return _summary(
         "real proxy app (uvicorn, HTTP, 16 watch clients) fed through its Upstream interface"
         " by bench.feed; proxy pinned to one core, clients to the other",

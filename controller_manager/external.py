@@ -73,7 +73,7 @@ from controller_manager.metrics import Metrics
 from controller_manager.sharding import ShardInstance
 from hashing import NAMESPACE_PATH, OWNER_PATH, UID_PATH, HashRange, range_to_selector
 from rangeshard.core.etcd import EtcdConfig
-from rangeshard.core.kubeapi import HOP_BY_HOP, WRITE_METHODS, json_accept, status_object
+from rangeshard.core.kubeapi import HOP_BY_HOP, WRITE_METHODS, expired_status, json_accept, status_object
 from rangeshard.core.listoptions import parse_bool
 from rangeshard.core.loops import start_thread
 from rangeshard.core.ownertoken import OwnerToken
@@ -87,7 +87,7 @@ PATHS = {"uid": UID_PATH, "owner": OWNER_PATH, "namespace": NAMESPACE_PATH}
 _NOTHING = "metadata.name=rangeshard-serves-nothing.invalid"
 #: How many resourceVersions handed to the controller are remembered per serving period.
 _ISSUED_MAX = 65536
-_EXPIRED = status_object(410, "Expired", "rangeshard: the instance's range changed; relist")
+_EXPIRED = expired_status("rangeshard: the instance's range changed; relist")
 #: The watch event a reset watch and a stale resume end with (every client library relists on it).
 _EXPIRED_EVENT = orjson.dumps({"type": "ERROR", "object": _EXPIRED}) + b"\n"
 #: Response headers not copied to the controller (the relay sets its own length or chunking).

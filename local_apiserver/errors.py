@@ -3,8 +3,9 @@
 Purpose
     Every failure the HTTP layer answers is an :class:`ApiError` carrying the
     fields of a Kubernetes ``metav1.Status`` (code, reason, message, details);
-    the app turns it into JSON. :class:`ApiError`, :func:`status_object` and
-    :func:`bad_request` are the ones shared with the proxy
+    the app turns it into JSON. :class:`ApiError`, :func:`status_object`,
+    :func:`bad_request` and the 410 ``Expired`` (:func:`gone`,
+    :func:`expired_status` and their messages) are the ones shared with the proxy
     (:mod:`rangeshard.core.kubeapi`); the constructors here mirror kube-apiserver's
     ``k8s.io/apimachinery/pkg/api/errors`` so clients (kubectl, the official
     Python client) see the reasons and messages they expect.
@@ -23,9 +24,26 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from rangeshard.core.kubeapi import ApiError, bad_request, status_object
+from rangeshard.core.kubeapi import (
+    EXPIRED_CONTINUE_MESSAGE,
+    ApiError,
+    bad_request,
+    expired_status,
+    gone,
+    status_object,
+    too_old_message,
+)
 
-__all__ = ["ApiError", "bad_request", "status_object"]  # re-exported: the shared Status helpers
+#: re-exported: the shared Status helpers
+__all__ = [
+    "EXPIRED_CONTINUE_MESSAGE",
+    "ApiError",
+    "bad_request",
+    "expired_status",
+    "gone",
+    "status_object",
+    "too_old_message",
+]
 
 
 def success_body(details: dict[str, Any]) -> dict[str, Any]:
@@ -83,7 +101,6 @@ def _plain(code: int, reason: str) -> Callable[[str], ApiError]:
 
 #: The Status errors without details, ``constructor(message)``: as kube's ``NewGone``, ``NewTimeoutError``...
 not_found_path = _plain(404, "NotFound")
-gone = _plain(410, "Expired")
 method_not_allowed = _plain(405, "MethodNotAllowed")
 unsupported_media_type = _plain(415, "UnsupportedMediaType")
 not_acceptable = _plain(406, "NotAcceptable")

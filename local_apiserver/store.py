@@ -45,6 +45,7 @@ from hashing import ShardSelector
 from local_apiserver import services
 from local_apiserver.conversion import keep_status, to_api, to_storage
 from local_apiserver.errors import (
+    EXPIRED_CONTINUE_MESSAGE,
     ApiError,
     already_exists,
     bad_request,
@@ -233,10 +234,7 @@ class Store:
                 rev, kvs, more_kv = self.client.get_range(start, end, limit=page, revision=read_rev)
             except RegistryError as e:
                 if "compacted" in str(e) and continue_token:
-                    raise gone(
-                        "The provided continue parameter is too old to display a consistent list result. "
-                        "You can start a new list without the continue parameter."
-                    ) from e
+                    raise gone(EXPIRED_CONTINUE_MESSAGE) from e
                 raise etcd_errors(e) from e
             if read_rev is None:
                 read_rev = rev

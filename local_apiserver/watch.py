@@ -44,7 +44,7 @@ import orjson
 
 from hashing import ShardSelector
 from local_apiserver.conversion import to_api
-from local_apiserver.errors import ApiError, gone, status_object, unavailable
+from local_apiserver.errors import ApiError, expired_status, gone, too_old_message, unavailable
 from local_apiserver.resources import ResourceSpec
 from local_apiserver.state import in_thread
 from local_apiserver.store import Obj, Store, parse_resource_version
@@ -106,7 +106,7 @@ class EtcdWatch:
             )
         except WatchCompacted as e:
             self.close()
-            raise gone(f"too old resource version: {self.start_revision - 1} ({e.compacted_revision})") from e
+            raise gone(too_old_message(self.start_revision - 1, e.compacted_revision)) from e
         except BaseException:
             self.close()
             raise
@@ -267,7 +267,7 @@ async def _stream(
     deadline = time.monotonic() + timeout
     try:
         if compacted is not None:
-            yield event_line("ERROR", status_object(410, "Expired", compacted.message))
+            yield event_line("ERROR", expired_status(compacted.message))
             return
         for obj in initial:
             yield event_line("ADDED", obj)
@@ -299,10 +299,7 @@ async def _stream(
                 if req.allow_bookmarks:
                     yield event_line("BOOKMARK", _bookmark(req.spec, last_rev))
             elif kind == "compacted":
-                yield event_line(
-                    "ERROR",
-                    status_object(410, "Expired", f"too old resource version: {last_rev} ({payload})"),
-                )
+                yield event_line("ERROR", expired_status(too_old_message(last_rev, int(payload))))
                 return
             elif kind == "closed":
                 log.debug("watch on %s ends: %s", etcd_watch.prefix, payload)

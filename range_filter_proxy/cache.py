@@ -78,6 +78,7 @@ from range_filter_proxy.resources import ResourceInfo
 from range_filter_proxy.upstream import ListResult, Upstream, WatchEvent
 from range_filter_proxy.watcher import Watcher
 from range_filter_proxy.wire import OBJECT_EVENTS
+from rangeshard.core.kubeapi import expired_status, too_old_message
 from rangeshard.core.loops import start_task
 from rangeshard.core.rest import GVR, group_version
 
@@ -470,7 +471,7 @@ class WatchCache:
         if resume_from is not None:
             if resume_from < self.history_start_rv:
                 w = Watcher(self, filt, resume_from, [], bookmarks=False, initial_events_end=None, timeout=timeout)
-                status = gone(f"too old resource version: {resume_from} ({self.history_start_rv})").status()
+                status = expired_status(too_old_message(resume_from, self.history_start_rv))
                 w.error_line = event_line("ERROR", orjson.dumps(status))
                 w.closed = True
                 return w
@@ -486,7 +487,7 @@ class WatchCache:
             # Events the cache has already applied beyond ``after`` (when the
             # snapshot came from elsewhere and is older than the cache) are replayed below.
             if after < self.rv and after < self.history_start_rv:
-                raise gone(f"too old resource version: {after} ({self.history_start_rv})")
+                raise gone(too_old_message(after, self.history_start_rv))
         if after < self.rv:  # replay the history after ``after``
             for ev in self.history:
                 if ev.rv > after:

@@ -5,9 +5,10 @@ Purpose
     (the project's one error tree); foreign errors (httpx, kubernetes config
     loading, orjson) are translated where they occur with ``raise ... from e``.
     :class:`ApiError` (shared with the local API server, from
-    :mod:`rangeshard.core.kubeapi`, re-exported here) is what request handlers
-    raise for a client-visible failure; the HTTP layer renders it as a
-    Kubernetes ``Status`` object.
+    :mod:`rangeshard.core.kubeapi`, re-exported here with its 410 ``Expired``
+    constructor :func:`gone`) is what request handlers raise for a
+    client-visible failure; the HTTP layer renders it as a Kubernetes
+    ``Status`` object.
 
 Invariants
     * Every :class:`ApiError` carries an HTTP code in the 4xx/5xx range and a
@@ -23,7 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 from rangeshard.core.errors import RangeshardError
-from rangeshard.core.kubeapi import ApiError, bad_request
+from rangeshard.core.kubeapi import ApiError, bad_request, gone
 
 __all__ = [
     "ApiError",
@@ -58,8 +59,3 @@ class UpstreamGone(UpstreamError):
 
     def __init__(self, message: str, status: dict[str, Any] | None = None) -> None:
         super().__init__(message, 410, status)
-
-
-def gone(message: str) -> ApiError:
-    """410 Expired (the resourceVersion is too old)."""
-    return ApiError(410, "Expired", message)

@@ -43,13 +43,9 @@ from dataclasses import dataclass
 import orjson
 
 from range_filter_proxy.cached import CachedObject
-from rangeshard.core.kubeapi import ApiError, bad_request
+from rangeshard.core.kubeapi import EXPIRED_CONTINUE_MESSAGE, bad_request, gone
 
 TOKEN_VERSION = "rangeshard.io/proxy-v1"  # noqa: S105 (a format tag, not a secret)
-EXPIRED_MESSAGE = (
-    "The provided continue parameter is too old to display a consistent list result. "
-    "You can start a new list without the continue parameter."
-)
 
 
 @dataclass(frozen=True)
@@ -150,7 +146,7 @@ class PageSnapshots:
         """The page after ``token`` (410 Expired when its snapshot is gone)."""
         snap = self.get(token.rv, token.selectors)
         if snap is None:
-            raise ApiError(410, "Expired", EXPIRED_MESSAGE)
+            raise gone(EXPIRED_CONTINUE_MESSAGE)
         start = bisect.bisect_right(snap.keys, token.after)
         end = len(snap.items) if limit is None else min(len(snap.items), start + limit)
         page = snap.items[start:end]

@@ -20,8 +20,11 @@ Invariants
       the proxy, the API server, then its own etcd; with a given etcd it
       deletes its storage prefix instead. It is idempotent; a failing step
       is reported to ``on_error`` (default: a WARNING) and the others still run.
-    * Only the proxy's process may differ in how it waits (``ProxyProcess``
-      keeps its own readiness loop until it moves onto ``wait_http_ready``).
+    * Every part is waited for by that one routine, with its own check: etcd
+      a KV read, the API server and the proxy ``/readyz``
+      (:meth:`rangeshard.core.process.ManagedProcess.wait_http_ready`; no
+      part keeps a readiness loop of its own), the managers the caller's
+      check (registry state, audit).
     * Everything binds 127.0.0.1; logs go to ``workdir`` (``etcd.log``,
       ``apiserver.log``, ``proxy.log``, one per manager).
 

@@ -6,6 +6,10 @@ Purpose
 
     * :class:`ApiError` and :func:`status_object`: a failure answered as a
       ``meta/v1 Status`` (code, reason, message, details);
+    * the one ``410 Expired`` (kube's ``NewResourceExpired``): :func:`gone`
+      is the error a handler raises, :func:`expired_status` its ``Status``
+      for a watch's ``ERROR`` event, with kube-apiserver's two messages
+      (:func:`too_old_message`, :data:`EXPIRED_CONTINUE_MESSAGE`);
     * bearer-token files in kube-apiserver's ``--token-auth-file`` format
       (CSV lines ``token,user,uid[,"group1,group2"]``): :func:`parse_token_file`,
       :func:`load_token_file`, :class:`UserInfo`;
@@ -82,6 +86,28 @@ def status_object(code: int, reason: str, message: str, details: dict[str, Any] 
 def bad_request(message: str) -> ApiError:
     """400 BadRequest."""
     return ApiError(400, "BadRequest", message)
+
+
+#: kube-apiserver's message for a continue token whose snapshot is gone (etcd compacted it).
+EXPIRED_CONTINUE_MESSAGE = (
+    "The provided continue parameter is too old to display a consistent list result. "
+    "You can start a new list without the continue parameter."
+)
+
+
+def gone(message: str) -> ApiError:
+    """410 Expired: a resourceVersion or continue token too old to serve (the client relists)."""
+    return ApiError(410, "Expired", message)
+
+
+def expired_status(message: str) -> dict[str, Any]:
+    """The ``Status`` of :func:`gone`, as a watch's ``ERROR`` event carries it."""
+    return gone(message).status()
+
+
+def too_old_message(requested: int, oldest: int) -> str:
+    """kube-apiserver's 410 message for a watch from ``requested`` when history starts at ``oldest``."""
+    return f"too old resource version: {requested} ({oldest})"
 
 
 # ---- token files ----------------------------------------------------------------------------

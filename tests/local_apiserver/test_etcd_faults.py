@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Callable, Iterator
@@ -15,8 +16,12 @@ from kubernetes import watch as _watch
 from kubernetes.client.exceptions import ApiException
 
 from local_apiserver.process import LocalApiServerProcess
+from local_apiserver.resources import core_spec
+from local_apiserver.store import ListResult, Store
+from local_apiserver.watch import WatchRequest, watch_events
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
 from rangeshard.core.process import EtcdServer
+from rangeshard.core.selectors import FieldSelector, LabelSelector
 from tests.local_apiserver.conftest import metric, wait_for
 
 k: Any = _client
@@ -98,3 +103,67 @@ def test_watch_ends_cleanly_when_etcd_goes_away(private: tuple[EtcdServer, str])
         etcd.start()
         wait_for(lambda: http.get("/readyz").status_code == 200, timeout=20, what="ready again")
         assert http.get("/api/v1/namespaces/default/configmaps/w").status_code == 200
+
+
+def test_compaction_during_the_initial_list_of_a_watch_is_410_naming_the_list_revision(
+    etcd_server_factory: Callable[[], EtcdServer],
+) -> None:
+    """etcd compacts between a watch's initial list (at R) and its etcd watch from R+1: one ERROR 410 event.
+
+    The message names the list's revision and the compacted one, as kube's ``too old resource version: R (C)``,
+    and the stream ends there (the client relists). etcd reports the compaction on the watch stream once the
+    watch is created, so the listed objects may already have been sent as ``ADDED``.
+    """
+    etcd = etcd_server_factory()
+    etcd.start()
+    spec = core_spec("configmaps")
+    seen: dict[str, int] = {}
+    with EtcdClient(EtcdConfig.from_urls(etcd.url)) as client:
+        store = Store(client)
+        store.ensure_namespaces(("default",))
+        store.create(spec, "default", _cm("listed"))
+        real_list = store.list_page
+
+        def list_then_compact(*args: Any, **kwargs: Any) -> ListResult:
+            result = real_list(*args, **kwargs)
+            for i in range(2):  # two writes after R, then compact past R + 1
+                store.create(spec, "default", _cm(f"later{i}"))
+            seen["list"], seen["compacted"] = result.revision, client.revision()
+            client.compact(seen["compacted"])
+            return result
+
+        store.list_page = list_then_compact  # type: ignore[method-assign]
+        req = WatchRequest(
+            spec=spec,
+            namespace="default",
+            labels=LabelSelector(()),
+            fields=FieldSelector(()),
+            resource_version=None,
+            allow_bookmarks=False,
+            timeout_seconds=5,
+            send_initial_events=False,
+        )
+
+        async def events() -> list[dict[str, Any]]:
+            config = EtcdConfig.from_urls(etcd.url)
+            stream = await watch_events(
+                store, config, req, bookmark_interval=1.0, on_open=lambda: None, on_close=lambda: None
+            )
+            return [json.loads(line) async for line in stream]
+
+        lines = asyncio.run(asyncio.wait_for(events(), timeout=10))
+    assert seen["compacted"] > seen["list"] + 1
+    *before, last = lines
+    assert [(e["type"], e["object"]["metadata"]["name"]) for e in before] in ([], [("ADDED", "listed")])
+    assert last == {
+        "type": "ERROR",
+        "object": {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": f"too old resource version: {seen['list']} ({seen['compacted']})",
+            "reason": "Expired",
+            "code": 410,
+        },
+    }

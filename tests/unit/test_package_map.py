@@ -62,3 +62,14 @@ def test_the_error_tree_draws_every_error_class() -> None:
     doc = errors.__doc__ or ""
     missing = sorted(c.__name__ for c in seen if f" {c.__name__} " not in doc)
     assert missing == [], f"rangeshard/core/errors.py's tree misses: {', '.join(missing)}"
+
+
+def test_architecture_names_every_foundation_module() -> None:
+    """docs/architecture.md's floor plan and its foundation row name each module of rangeshard/core."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    plan = text[text.index(" floor 1  foundation") : text.index(" floor 0  pure")]
+    row = next(line for line in text.splitlines() if line.startswith("| foundation |"))
+    modules = sorted(p.name for p in (ROOT / "rangeshard" / "core").glob("*.py") if not p.name.startswith("_"))
+    assert modules, "no modules found under rangeshard/core"
+    assert [m for m in modules if m not in plan] == [], "the floor plan's foundation box misses these"
+    assert [m for m in modules if f"`{m}`" not in row] == [], "the foundation row misses these"

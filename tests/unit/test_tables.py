@@ -459,3 +459,17 @@ def test_build_table_cells_from_a_view_rows_embed_the_served_object() -> None:
     (row,) = table["rows"]
     assert row["cells"][2] == "<unknown>/1" and row["object"] is served
     assert tables.build_table(cols, [served], now=NOW)["rows"][0]["cells"][2] == "cpu: <unknown>/5%"
+
+
+@pytest.mark.parametrize("selector", ["zone=a", ["zone=a"], 7, None])
+def test_daemonset_node_selector_that_is_not_a_map_prints_none(selector: object) -> None:
+    """A DaemonSet whose ``spec.template.spec.nodeSelector`` is not a map shows ``<none>`` in NODE SELECTOR."""
+    cols = tables.columns_for("apps", "daemonsets")
+    bad = {"metadata": {"name": "bad"}, "spec": {"template": {"spec": {"nodeSelector": selector}}}}
+    good = {
+        "metadata": {"name": "good"},
+        "spec": {"template": {"spec": {"nodeSelector": {"zone": "a", "disk": "ssd"}}}},
+    }
+    table = tables.build_table(cols, [bad, good], now=NOW)
+    at = [d["name"] for d in table["columnDefinitions"]].index("Node Selector")
+    assert [row["cells"][at] for row in table["rows"]] == ["<none>", "disk=ssd,zone=a"]
