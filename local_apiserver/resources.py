@@ -38,7 +38,9 @@ from typing import Any
 from rangeshard.core.rest import GVR
 from rangeshard.core.tables import PrinterColumn
 
-VERBS = ("create", "delete", "get", "list", "patch", "update", "watch")
+VERBS = ("create", "delete", "deletecollection", "get", "list", "patch", "update", "watch")
+#: Resources kube-apiserver serves without deletecollection (discovery leaves the verb out; DELETE is 405).
+NO_DELETECOLLECTION = frozenset({("", "namespaces")})
 
 
 @dataclass(frozen=True)
@@ -95,6 +97,13 @@ class ResourceSpec:
     @property
     def list_kind(self) -> str:
         return f"{self.kind}List"
+
+    @property
+    def verbs(self) -> tuple[str, ...]:
+        """The verbs discovery lists for this resource (kube's: no deletecollection of namespaces)."""
+        if (self.group, self.resource) in NO_DELETECOLLECTION:
+            return tuple(v for v in VERBS if v != "deletecollection")
+        return VERBS
 
     @property
     def group_resource(self) -> str:

@@ -112,7 +112,7 @@ def _resource_list(table: resources.ResourceTable, group: str, version: str) -> 
             "singularName": spec.singular,
             "namespaced": spec.namespaced,
             "kind": spec.kind,
-            "verbs": list(resources.VERBS),
+            "verbs": list(spec.verbs),
         }
         if spec.short_names:
             entry["shortNames"] = list(spec.short_names)

@@ -1,10 +1,11 @@
-"""Field selectors per kind, as kube-apiserver 1.32 serves them (issue 23).
+"""Field selectors per kind and deletecollection, as kube-apiserver 1.32 serves them (issue 23).
 
 Each kind's field labels come from one table (``rangeshard.core.fieldlabels``):
 kube's labels and how kube renders each value (a Job's ``status.successful``
 reads ``status.succeeded``, absent booleans are ``false``, integers decimal).
-Checked with the official client, real kubectl and raw HTTP against a real
-server on the session etcd, and on the proxy's list options.
+DELETE on a collection deletes each match through the single delete and
+answers the list kind. Checked with the official client, real kubectl and raw
+HTTP against a real server on the session etcd.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 import httpx
 import pytest
 from kubernetes import client as k8s
+from kubernetes import watch as k8s_watch
 from kubernetes.client.rest import ApiException
 from starlette.requests import Request
 
@@ -24,6 +26,7 @@ from range_filter_proxy.listing import ListOptions
 from range_filter_proxy.resources import ResourceInfo
 from rangeshard.core.kubeapi import ApiError
 from rangeshard.core.rest import GVR
+from tests.local_apiserver.conftest import metric, wait_for
 
 Kubectl = Callable[..., subprocess.CompletedProcess[str]]
 
@@ -159,6 +162,119 @@ def test_kubectl_field_selectors(kubectl: Kubectl, kube: Any, namespace: str) ->
     assert out.stdout.split() == [f"namespace/{namespace}"]
     bad = kubectl("get", "secrets", "-n", namespace, "--field-selector", "spec.nope=1", check=False)
     assert bad.returncode != 0 and "field label not supported: spec.nope" in bad.stderr
+
+
+def test_deletecollection_with_the_official_client_and_a_watch(kube: Any, http: httpx.Client, namespace: str) -> None:
+    core = k8s.CoreV1Api(kube)
+    for name, type_, app in (("a", "kubernetes.io/tls", "x"), ("b", "Opaque", "x"), ("c", "kubernetes.io/tls", "y")):
+        core.create_namespaced_secret(namespace, _secret(name, type_, {"app": app}))
+    start = core.list_namespaced_secret(namespace).metadata.resource_version
+    before = metric(http, "local_apiserver_requests_total", verb="deletecollection", resource="secrets", code="200")
+
+    core.delete_collection_namespaced_secret(namespace, label_selector="app=x")
+
+    assert _names(core.list_namespaced_secret(namespace, label_selector="app")) == ["c"]
+    after = metric(http, "local_apiserver_requests_total", verb="deletecollection", resource="secrets", code="200")
+    assert after == before + 1
+    # A watch with a field selector sees the DELETED event of the matching deleted object only.
+    seen: list[tuple[str, str]] = []
+    w = k8s_watch.Watch()
+    for ev in w.stream(
+        core.list_namespaced_secret,
+        namespace,
+        field_selector="type=kubernetes.io/tls",
+        resource_version=start,
+        timeout_seconds=5,
+    ):
+        seen.append((ev["type"], ev["object"].metadata.name))
+        w.stop()
+    assert seen == [("DELETED", "a")]
+
+
+def test_deletecollection_answers_the_list_kind_with_finalizers_and_gc(http: httpx.Client, namespace: str) -> None:
+    base = f"/api/v1/namespaces/{namespace}"
+    owner = http.post(f"{base}/configmaps", json={"metadata": {"name": "owner", "labels": {"batch": "1"}}}).json()
+    ref = {"apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": owner["metadata"]["uid"]}
+    http.post(f"{base}/secrets", json={"metadata": {"name": "owned", "ownerReferences": [ref]}}).raise_for_status()
+    held = {"metadata": {"name": "held", "labels": {"batch": "1"}, "finalizers": ["example.com/hold"]}}
+    http.post(f"{base}/configmaps", json=held).raise_for_status()
+    http.post(f"{base}/configmaps", json={"metadata": {"name": "kept"}}).raise_for_status()
+
+    resp = http.request(
+        "DELETE",
+        f"{base}/configmaps",
+        params={"labelSelector": "batch=1"},
+        json={"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"},
+    )
+
+    assert resp.status_code == 200, resp.text
+    body = resp.json()
+    assert body["kind"] == "ConfigMapList" and body["apiVersion"] == "v1"
+    assert _names(body) == ["held", "owner"]
+    left = http.get(f"{base}/configmaps").json()["items"]
+    # The finalizer holds its object, marked for deletion; the unlabelled one is untouched.
+    assert {o["metadata"]["name"]: bool(o["metadata"].get("deletionTimestamp")) for o in left} == {
+        "held": True,
+        "kept": False,
+    }
+    # The owner's Secret is collected as after a single delete.
+    wait_for(lambda: http.get(f"{base}/secrets/owned").status_code == 404, what="owned secret collected")
+    http.patch(
+        f"{base}/configmaps/held",
+        json={"metadata": {"finalizers": None}},
+        headers={"content-type": "application/merge-patch+json"},
+    ).raise_for_status()
+    assert http.get(f"{base}/configmaps/held").status_code == 404
+
+
+def test_deletecollection_cluster_scoped_and_refusals(http: httpx.Client, namespace: str) -> None:
+    roles = "/apis/rbac.authorization.k8s.io/v1/clusterroles"
+    tag = uuid.uuid4().hex[:6]
+    for i in range(2):
+        role = {"metadata": {"name": f"r{i}-{tag}", "labels": {"t": tag}}, "rules": []}
+        http.post(roles, json=role).raise_for_status()
+    resp = http.delete(roles, params={"labelSelector": f"t={tag}"})
+    assert resp.status_code == 200 and resp.json()["kind"] == "ClusterRoleList"
+    assert _names(resp.json()) == [f"r0-{tag}", f"r1-{tag}"]
+    assert http.get(roles, params={"labelSelector": f"t={tag}"}).json()["items"] == []
+    # An unsupported field label is the list's 400; nothing is deleted.
+    http.post(f"/api/v1/namespaces/{namespace}/secrets", json=_secret("s")).raise_for_status()
+    bad = http.delete(f"/api/v1/namespaces/{namespace}/secrets", params={"fieldSelector": "spec.x=1"})
+    assert bad.status_code == 400 and "field label not supported: spec.x" in bad.json()["message"]
+    assert http.get(f"/api/v1/namespaces/{namespace}/secrets/s").status_code == 200
+    # As kube: no deletecollection of namespaces, none across all namespaces, dryRun refused like every verb.
+    assert http.delete("/api/v1/namespaces").status_code == 405
+    assert http.delete("/api/v1/secrets").status_code == 405
+    dry = http.delete(f"/api/v1/namespaces/{namespace}/secrets", params={"dryRun": "All"})
+    assert dry.status_code == 400
+    assert http.get(f"/api/v1/namespaces/{namespace}/secrets/s").status_code == 200
+
+
+def test_kubectl_delete_by_label_deletes_object_by_object(
+    kubectl: Kubectl, kube: Any, http: httpx.Client, namespace: str
+) -> None:
+    core = k8s.CoreV1Api(kube)
+    for name, app in (("one", "x"), ("two", "x"), ("three", "y")):
+        core.create_namespaced_secret(namespace, _secret(name, labels={"app": app}))
+    deletes = metric(http, "local_apiserver_requests_total", verb="delete", resource="secrets")
+    collections = metric(http, "local_apiserver_requests_total", verb="deletecollection", resource="secrets")
+    out = kubectl("delete", "secrets", "-n", namespace, "-l", "app=x")
+    assert sorted(out.stdout.split("\n")[:2]) == ['secret "one" deleted', 'secret "two" deleted']
+    assert _names(core.list_namespaced_secret(namespace, label_selector="app")) == ["three"]
+    # kubectl lists, then deletes each object: two deletes, no deletecollection.
+    assert metric(http, "local_apiserver_requests_total", verb="delete", resource="secrets") == deletes + 2
+    assert metric(http, "local_apiserver_requests_total", verb="deletecollection", resource="secrets") == collections
+
+
+def test_discovery_lists_deletecollection_where_kube_does(http: httpx.Client) -> None:
+    core = {r["name"]: r["verbs"] for r in http.get("/api/v1").json()["resources"]}
+    assert core["secrets"] == ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
+    assert "deletecollection" in core["nodes"] and "deletecollection" not in core["namespaces"]
+    assert core["pods/status"] == ["get", "patch", "update"]
+    rbac = {r["name"]: r["verbs"] for r in http.get("/apis/rbac.authorization.k8s.io/v1").json()["resources"]}
+    assert "deletecollection" in rbac["clusterroles"]
+    reviews = http.get("/apis/authentication.k8s.io/v1").json()["resources"]
+    assert [r["verbs"] for r in reviews] == [["create"]]
 
 
 def _proxy_options(query: str, info: ResourceInfo) -> ListOptions:
