@@ -10,8 +10,10 @@ Purpose
     (``get``, ``list``, ``watch``, ``create``, ``update``, ``patch``,
     ``delete``, ``deletecollection``), which applies field validation to
     written bodies (:mod:`local_apiserver.fieldvalidation`) and calls the
-    store. Also the ``scale`` subresource view, ``DeleteOptions`` handling and
-    the TokenReview/SubjectAccessReview endpoints (``review``).
+    store. Also the ``scale`` subresource view, ``DeleteOptions`` handling
+    (shared by ``delete`` and ``deletecollection``, which deletes each match
+    through the single delete) and the TokenReview/SubjectAccessReview
+    endpoints (``review``).
 
 Invariants
     * The verb recorded in ``info`` (for metrics) is the one kube-apiserver
@@ -254,10 +256,6 @@ async def _patch(call: Call) -> Response:
     return _with_warnings(json_response(patched), warnings)
 
 
-async def _deletecollection(call: Call) -> Response:
-    raise method_not_allowed("deletecollection is not supported by the local API server; delete objects one by one")
-
-
 async def _validate_fields(request: Request, spec: ResourceSpec, mode: str, media: str, body: Any) -> list[str]:
     """Field validation of a create/update body (400 under Strict); the warnings to send under Warn."""
     duplicates = fieldvalidation.duplicate_fields(await request.body(), media) if mode != "Ignore" else ()
@@ -465,10 +463,18 @@ def _update_scale(
     return to_scale(spec, store.guaranteed_update(spec, ns, name, mutate))
 
 
-async def _delete(call: Call) -> Response:
-    store, request, spec, ns, name = call.store, call.request, call.spec, call.target.namespace, call.name
-    if call.target.subresource:
-        raise method_not_allowed(f"DELETE is not allowed on {spec.resource}/{call.target.subresource}")
+@dataclass(frozen=True)
+class _Deletion:
+    """What a delete or deletecollection asks, from its ``DeleteOptions`` body and query."""
+
+    propagation: str
+    grace_period_seconds: int | None
+    precondition_uid: str | None
+    precondition_rv: int | None
+
+
+async def _deletion(request: Request) -> _Deletion:
+    """The ``DeleteOptions`` of a DELETE (body and query); 400/415/422 as kube-apiserver answers."""
     options = DeleteOptions()
     raw = await request.body()
     if raw.strip():
@@ -501,22 +507,83 @@ async def _delete(call: Call) -> Response:
         grace = None  # kube: a negative grace period means "the object's default"
     pre = options.preconditions or {}
     pre_rv = parse_resource_version(pre.get("resourceVersion"), "preconditions.resourceVersion")
-    obj, gone_now = await in_thread(
-        store.delete,
+    return _Deletion(policy, grace, pre.get("uid") or None, pre_rv)
+
+
+def _delete_one(store: Store, spec: ResourceSpec, ns: str | None, name: str, how: _Deletion) -> tuple[Obj, bool]:
+    """One object's delete (finalizers, graceful pods, GC propagation): ``store.delete`` with ``how``."""
+    return store.delete(
         spec,
         ns,
         name,
-        precondition_uid=pre.get("uid") or None,
-        precondition_rv=pre_rv,
-        propagation=policy,
-        grace_period_seconds=grace,
+        precondition_uid=how.precondition_uid,
+        precondition_rv=how.precondition_rv,
+        propagation=how.propagation,
+        grace_period_seconds=how.grace_period_seconds,
     )
+
+
+async def _delete(call: Call) -> Response:
+    spec, ns, name = call.spec, call.target.namespace, call.name
+    if call.target.subresource:
+        raise method_not_allowed(f"DELETE is not allowed on {spec.resource}/{call.target.subresource}")
+    how = await _deletion(call.request)
+    obj, gone_now = await in_thread(_delete_one, call.store, spec, ns, name, how)
     if not gone_now or spec.return_deleted_object:
         return json_response(obj)
     details: dict[str, Any] = {"name": name, "kind": spec.resource, "uid": obj["metadata"].get("uid")}
     if spec.group:
         details["group"] = spec.group
     return json_response(success_body(details))
+
+
+async def _deletecollection(call: Call) -> Response:
+    """DELETE on a collection: every object the label/field selectors match, deleted as a single delete is.
+
+    As kube-apiserver's ``DeleteCollection``: the collection is listed at one
+    revision, each object goes through the single delete (finalizers,
+    graceful pods, GC propagation, preconditions, so watchers see the same
+    events), an object already gone is skipped, any other error ends the
+    request; the answer is the list kind holding the listed objects.
+    """
+    spec, ns = call.spec, call.target.namespace
+    if call.target.subresource:
+        raise method_not_allowed(f"DELETE is not allowed on {spec.resource}/{call.target.subresource}")
+    if "deletecollection" not in spec.verbs:
+        raise method_not_allowed(f"deletecollection is not supported on {spec.group_resource}")
+    if spec.namespaced and ns is None:
+        raise method_not_allowed(
+            f"DELETE is not allowed on all {spec.resource}: delete a collection under "
+            f"/namespaces/<namespace>/{spec.resource}"
+        )
+    labels, fields = query_selectors(call.request, spec, None)
+    how = await _deletion(call.request)
+    listed = await in_thread(call.store.list_page, spec, ns, labels, fields)
+    deleted = await in_thread(_delete_listed, call.store, spec, listed.items, how)
+    log.info("deletecollection of %s in %s: %d deleted", spec.group_resource, ns or "(cluster)", len(deleted))
+    await call.crds_written()
+    return json_response(
+        {
+            "kind": spec.list_kind,
+            "apiVersion": spec.api_version,
+            "metadata": {"resourceVersion": str(listed.revision)},
+            "items": deleted,
+        }
+    )
+
+
+def _delete_listed(store: Store, spec: ResourceSpec, items: list[Obj], how: _Deletion) -> list[Obj]:
+    """Delete each listed object (one already gone is skipped, as kube does); the ones deleted or marked."""
+    deleted: list[Obj] = []
+    for obj in items:
+        meta = obj["metadata"]
+        try:
+            _delete_one(store, spec, meta.get("namespace"), meta["name"], how)
+        except ApiError as e:
+            if e.code != 404:
+                raise
+        deleted.append(obj)
+    return deleted
 
 
 #: One handler per verb (the verb as kube-apiserver names it, also the metrics' ``verb`` label).

@@ -38,7 +38,9 @@ from typing import Any
 from rangeshard.core.rest import GVR
 from rangeshard.core.tables import PrinterColumn
 
-VERBS = ("create", "delete", "get", "list", "patch", "update", "watch")
+VERBS = ("create", "delete", "deletecollection", "get", "list", "patch", "update", "watch")
+#: Resources kube-apiserver serves without deletecollection (discovery leaves the verb out; DELETE is 405).
+NO_DELETECOLLECTION = frozenset({("", "namespaces")})
 
 
 @dataclass(frozen=True)
@@ -59,8 +61,6 @@ class ResourceSpec:
     generation: bool = False
     # DELETE answers the deleted object (pods) instead of a Status Success.
     return_deleted_object: bool = False
-    # Field selector labels beyond metadata.name / metadata.namespace.
-    extra_fields: tuple[str, ...] = field(default=())
     # Custom resources (CRDs): the CRD's name, its openAPIV3Schema (`schema`, also what
     # local_apiserver.openapi publishes), additionalPrinterColumns (None: a built-in kind, printed by
     # rangeshard.core.tables) and the scale subresource's JSON paths (specReplicasPath,
@@ -99,6 +99,13 @@ class ResourceSpec:
         return f"{self.kind}List"
 
     @property
+    def verbs(self) -> tuple[str, ...]:
+        """The verbs discovery lists for this resource (kube's: no deletecollection of namespaces)."""
+        if (self.group, self.resource) in NO_DELETECOLLECTION:
+            return tuple(v for v in VERBS if v != "deletecollection")
+        return VERBS
+
+    @property
     def group_resource(self) -> str:
         """``resource.group`` as kube-apiserver spells it in messages (``pods``, ``deployments.apps``)."""
         return self.gvr.label
@@ -120,7 +127,6 @@ def _builtin(
 
 # The workloads with a scale subresource also have status and bump metadata.generation.
 _SCALABLE: dict[str, Any] = {"status": True, "scale": True, "generation": True}
-_EVENT_REFERENCE_FIELDS = ("kind", "namespace", "name", "uid", "apiVersion")
 
 RESOURCES: tuple[ResourceSpec, ...] = (
     _builtin("v1", "namespaces", "Namespace", False, ("ns",)),
@@ -133,26 +139,10 @@ RESOURCES: tuple[ResourceSpec, ...] = (
         ("all",),
         status=True,
         return_deleted_object=True,
-        extra_fields=("spec.nodeName", "spec.restartPolicy", "spec.schedulerName", "status.phase", "status.podIP"),
     ),
     _builtin("v1", "nodes", "Node", False, ("no",), status=True),
     _builtin("v1", "configmaps", "ConfigMap", True, ("cm",)),
-    _builtin(
-        "v1",
-        "events",
-        "Event",
-        True,
-        ("ev",),
-        extra_fields=(
-            *(f"involvedObject.{f}" for f in _EVENT_REFERENCE_FIELDS),
-            "involvedObject.resourceVersion",
-            "involvedObject.fieldPath",
-            "reason",
-            "reportingComponent",
-            "source",
-            "type",
-        ),
-    ),
+    _builtin("v1", "events", "Event", True, ("ev",)),
     _builtin("apps/v1", "replicasets", "ReplicaSet", True, ("rs",), ("all",), **_SCALABLE),
     _builtin("apps/v1", "deployments", "Deployment", True, ("deploy",), ("all",), **_SCALABLE),
     _builtin("coordination.k8s.io/v1", "leases", "Lease", True),
@@ -261,7 +251,6 @@ RESOURCES: tuple[ResourceSpec, ...] = (
         "Event",
         True,
         ("ev",),
-        extra_fields=(*(f"regarding.{f}" for f in _EVENT_REFERENCE_FIELDS), "reason", "reportingController", "type"),
         stored_as="core/events",
     ),
     _builtin(

@@ -29,6 +29,7 @@ from hashing import SelectorSyntaxError, ShardSelector, parse_shard_selector
 from local_apiserver import resources
 from local_apiserver.errors import bad_request, not_acceptable, not_found_path, unsupported_media_type
 from local_apiserver.resources import ResourceSpec
+from rangeshard.core.fieldlabels import field_labels
 from rangeshard.core.rest import group_version, parse_rest_path, split_group_version
 from rangeshard.core.selectors import FieldSelector, LabelSelector, parse_field_selector, parse_label_selector
 
@@ -111,7 +112,7 @@ def _resource_list(table: resources.ResourceTable, group: str, version: str) -> 
             "singularName": spec.singular,
             "namespaced": spec.namespaced,
             "kind": spec.kind,
-            "verbs": list(resources.VERBS),
+            "verbs": list(spec.verbs),
         }
         if spec.short_names:
             entry["shortNames"] = list(spec.short_names)
@@ -227,7 +228,7 @@ async def read_body(request: Request, allowed: tuple[str, ...]) -> tuple[str, An
 
 def query_selectors(request: Request, spec: ResourceSpec, name: str | None) -> tuple[LabelSelector, FieldSelector]:
     labels = parse_label_selector(request.query_params.get("labelSelector"))
-    allowed = ("metadata.name", "metadata.namespace", *spec.extra_fields)
+    allowed = field_labels(spec.group, spec.resource)
     fields = parse_field_selector(request.query_params.get("fieldSelector"), allowed, spec.kind)
     if name is not None:
         fields = FieldSelector(

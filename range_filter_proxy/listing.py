@@ -5,7 +5,8 @@ Purpose
     (``/api/v1/pods``, ``/apis/apps/v1/namespaces/x/replicasets``, ...):
     :class:`ListOptions` parses the query (``shardSelector``,
     ``labelSelector``, ``fieldSelector``, namespace, resourceVersion rules,
-    ``limit``/``continue``), a list is cut from the cache (paged from one
+    ``limit``/``continue``; a built-in kind's field labels are kube's, from
+    :mod:`rangeshard.core.fieldlabels`), a list is cut from the cache (paged from one
     snapshot, :mod:`range_filter_proxy.paging`) or, for ``Exact``
     resourceVersion matches, listed upstream and filtered here; a watch is a
     :class:`~range_filter_proxy.watcher.Watcher` on the cache.
@@ -28,7 +29,7 @@ Concurrency model
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,7 +43,8 @@ from range_filter_proxy.paging import ContinueToken, PageSnapshots, PagingSettin
 from range_filter_proxy.resources import ResourceInfo
 from range_filter_proxy.tables import ProxyTables
 from range_filter_proxy.watchresponse import WatchResponse
-from rangeshard.core import tables
+from rangeshard.core import fieldlabels, tables
+from rangeshard.core.fieldlabels import Extractor
 from rangeshard.core.kubeapi import bad_request
 from rangeshard.core.listoptions import ListQuery
 from rangeshard.core.selectors import SelectorParseError, parse_field_selector, parse_label_selector
@@ -70,8 +72,14 @@ class ListOptions:
     unfiltered: bool
 
     @classmethod
-    def parse(cls, request: Request, namespace: str | None) -> ListOptions:
-        """Parse and validate (400 for unparsable values, 422 for forbidden combinations)."""
+    def parse(cls, request: Request, namespace: str | None, info: ResourceInfo | None = None) -> ListOptions:
+        """Parse and validate (400 for unparsable values, 422 for forbidden combinations).
+
+        The field selector labels of a built-in kind ``info`` names are kube's
+        (:mod:`rangeshard.core.fieldlabels`, the local API server's table):
+        others are a 400, and each is read as kube reads it; any dotted path
+        is accepted for other resources.
+        """
         q = request.query_params
         query = ListQuery.parse(q)
         rv: int | None = None
@@ -89,7 +97,7 @@ class ListOptions:
             if shard_text is not None:
                 shard = parse_shard_selector(shard_text)
             labels = parse_label_selector(q.get("labelSelector"))
-            fields = parse_field_selector(q.get("fieldSelector"))
+            fields = parse_field_selector(q.get("fieldSelector"), *_field_labels(info))
         except SelectorSyntaxError as e:
             raise bad_request(f"invalid shardSelector: {e}") from e
         except SelectorParseError as e:
@@ -107,6 +115,13 @@ class ListOptions:
             selectors_digest(namespace, label_text, field_text, shard_text),
             label_text is None and field_text is None and shard_text is None,
         )
+
+
+def _field_labels(info: ResourceInfo | None) -> tuple[Mapping[str, Extractor] | None, str]:
+    """What :func:`parse_field_selector` takes for ``info``: kube's labels of a built-in kind, else any path."""
+    if info is None or not fieldlabels.known(info.gvr.group, info.gvr.resource):
+        return None, "this resource"
+    return fieldlabels.field_labels(info.gvr.group, info.gvr.resource), info.kind
 
 
 def list_body(
@@ -143,7 +158,7 @@ class CollectionServer:
         self.pages: dict[str, PageSnapshots] = {}
 
     async def serve(self, request: Request, info: ResourceInfo, namespace: str | None) -> Response:
-        opts = ListOptions.parse(request, namespace)
+        opts = ListOptions.parse(request, namespace, info)
         table = tables.table_version(request.headers.get("accept"))
         include = "Metadata"
         if table is not None:

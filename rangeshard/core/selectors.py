@@ -9,13 +9,15 @@ Purpose
 
     What differs between callers is a parameter, not a copy:
 
-    * the local API server passes ``allowed`` (``metadata.name``,
-      ``metadata.namespace`` and the per-kind fields of its resource table), so
-      any other field is a 400 "field label not supported", as kube-apiserver
-      answers;
-    * the proxy passes ``allowed=None``: it filters a cache fed by an upstream
-      that already validated the field, so any dotted path is accepted
-      (``spec.nodeName``, ``status.phase``, ...).
+    * the local API server passes ``allowed``, the per-kind labels of
+      :func:`rangeshard.core.fieldlabels.field_labels` (``metadata.name``,
+      ``metadata.namespace`` and kube's extra labels, each with how kube reads
+      it), so any other field is a 400 "field label not supported", as
+      kube-apiserver answers;
+    * the proxy passes the same table for the built-in kinds it names, and
+      ``allowed=None`` for others (custom resources): it filters a cache fed
+      by an upstream that already validated the field, so any dotted path is
+      accepted there.
 
 Invariants
     * A parse either returns a selector or raises :class:`SelectorParseError`
@@ -24,8 +26,9 @@ Invariants
     * An empty or absent selector string selects everything.
     * Label keys and values are validated (qualified names, label values);
       selectors longer than :data:`MAX_SELECTOR_LENGTH` are refused.
-    * A missing field compares as the empty string; booleans as
-      ``true``/``false``; a mapping (an Event's ``source``) as its
+    * A requirement with an extractor compares what it reads; one without
+      compares the value at its dotted path: missing as the empty string,
+      booleans as ``true``/``false``, a mapping (an Event's ``source``) as its
       ``component``.
 
 Concurrency model
@@ -37,8 +40,10 @@ from __future__ import annotations
 import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from typing import Any
 
+from rangeshard.core.fieldlabels import Extractor, render
 from rangeshard.core.kubeapi import ApiError
 
 MAX_SELECTOR_LENGTH = 16 * 1024
@@ -264,10 +269,13 @@ class FieldRequirement:
     field: str
     value: str
     equal: bool
+    # How the kind renders this label (rangeshard.core.fieldlabels); None: the value at the dotted path.
+    extract: Extractor | None = dataclass_field(default=None, compare=False, repr=False)
 
     def matches(self, obj: Mapping[str, Any]) -> bool:
         """Evaluate against an object."""
-        return (field_value(obj, self.field) == self.value) == self.equal
+        have = self.extract(obj) if self.extract is not None else field_value(obj, self.field)
+        return (have == self.value) == self.equal
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,25 +308,22 @@ def field_value(obj: Mapping[str, Any], path: str) -> str:
         if not isinstance(cur, Mapping):
             return ""
         cur = cur.get(part)
-    if cur is None:
-        return ""
-    if isinstance(cur, Mapping):
-        # Event "source" selects on source.component.
-        comp = cur.get("component")
-        return str(comp) if comp is not None else ""
-    if isinstance(cur, bool):
-        return "true" if cur else "false"
-    return str(cur)
+    return render(cur)
 
 
 def parse_field_selector(
-    text: str | None, allowed: Collection[str] | None = None, kind: str = "this resource"
+    text: str | None,
+    allowed: Collection[str] | Mapping[str, Extractor] | None = None,
+    kind: str = "this resource",
 ) -> FieldSelector:
     """Parse a ``fieldSelector``.
 
     ``allowed`` names the fields the caller supports (others: 400 "field label
-    not supported" naming ``kind``); ``None`` accepts any dotted path.
+    not supported" naming ``kind``); ``None`` accepts any dotted path. A
+    mapping (:func:`rangeshard.core.fieldlabels.field_labels`) also says how
+    each label is read from an object.
     """
+    extractors: Mapping[str, Extractor] = allowed if isinstance(allowed, Mapping) else {}
     if (text := _given(text, "field")) is None:
         return FieldSelector()
     reqs: list[FieldRequirement] = []
@@ -339,7 +344,7 @@ def parse_field_selector(
             raise SelectorParseError(f"field label not supported: {name} (for {kind}; supported: {', '.join(allowed)})")
         if not _FIELD_PATH.fullmatch(name):
             raise SelectorParseError(f"invalid field path {name!r} in field selector {text!r}")
-        reqs.append(FieldRequirement(name, _unescape(value.strip(), text), op != "!="))
+        reqs.append(FieldRequirement(name, _unescape(value.strip(), text), op != "!=", extractors.get(name)))
     return FieldSelector(tuple(reqs))
 
 

@@ -103,7 +103,8 @@ def test_unknown_paths_and_methods(http: httpx.Client) -> None:
     _status(http.get("/api/v1/namespaces/default/configmaps/x/status"), 404)  # no status subresource
     _status(http.get("/api/v1/namespaces/default/pods/x/log"), 404)
     _status(http.get("/api/v1/namespaces/default/configmaps/missing"), 404)
-    _status(http.delete(CM), 405)  # deletecollection
+    _status(http.delete("/api/v1/configmaps"), 405)  # deletecollection across namespaces
+    _status(http.delete("/api/v1/namespaces"), 405)  # kube serves no deletecollection of namespaces
     _status(http.post(f"{CM}/x", json={}), 405)
     _status(http.put(CM, json={}), 405)
     _status(http.post("/api/v1/configmaps", json={"metadata": {"name": "x"}}), 405)

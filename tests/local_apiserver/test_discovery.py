@@ -56,7 +56,7 @@ def test_discovery_documents(http: httpx.Client) -> None:
     assert apps["deployments/scale"]["kind"] == "Scale" and apps["deployments/scale"]["group"] == "autoscaling"
     leases = http.get("/apis/coordination.k8s.io/v1").json()["resources"]
     assert [r["kind"] for r in leases] == ["Lease"]
-    assert "deletecollection" not in core["pods"]["verbs"]
+    assert "deletecollection" in core["pods"]["verbs"] and "deletecollection" not in core["namespaces"]["verbs"]
     assert core["nodes"]["namespaced"] is False and core["nodes"]["shortNames"] == ["no"]
     # More built-in kinds (issue 23, first part): scope, short names, subresources, the `all` category.
     assert core["secrets"]["namespaced"] is True and core["secrets"]["kind"] == "Secret"
