@@ -35,6 +35,9 @@ Owns
       rewrites (``HOP_BY_HOP``, ``json_accept``).
     * :mod:`rangeshard.core.selectors` - the one label/field selector parser,
       parameterised by which fields a caller allows.
+    * :mod:`rangeshard.core.fieldlabels` - the field labels kube-apiserver
+      supports per built-in kind and how each value is read (the local API
+      server and the proxy use the one table).
     * :mod:`rangeshard.core.rest` - resource identity (``GVR``) and the one
       parser of REST request paths and kubectl-style resource names.
 
