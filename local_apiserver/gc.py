@@ -13,7 +13,9 @@ Purpose
       is removed and the owner leaves etcd; the other dependents are deleted
       too, without holding the owner; a dependent that has dependents itself
       is deleted in the foreground too (the owner waits for the whole tree);
-    * a terminating namespace is emptied, then removed;
+    * a terminating namespace is emptied, then removed (its emptying is
+      retried, and queued again whenever an object in it leaves etcd, so
+      content held by finalizers for any time only delays it);
     * a dependent that still has a live owner only loses the dangling
       reference; an object created with owners that are all gone is deleted
       (the "dangling owner" case of a controller racing a deletion).
@@ -167,6 +169,7 @@ class GarbageCollector:
             try:
                 self._collect(namespace, works)
                 self._wake_foreground_owners(works)
+                self._wake_terminating_namespace(namespace)
             except Exception as e:
                 for work in works:
                     self._retry(work, e)
@@ -236,6 +239,19 @@ class GarbageCollector:
                 if ometa.get("uid") == ref.get("uid") and "foregroundDeletion" in (ometa.get("finalizers") or []):
                     woken.add(ref.get("uid"))
                     self._queue.put(_Work("foreground", spec, owner))
+
+    def _wake_terminating_namespace(self, namespace: str | None) -> None:
+        """Queue the emptying of ``namespace`` again if it is terminating: an object in it just left etcd.
+
+        As kube's namespace controller re-examines a terminating namespace, so one whose content was held by
+        finalizers for longer than the bounded retries still leaves once its last object does.
+        """
+        if not namespace:
+            return
+        spec = core_spec("namespaces")
+        ns = self._get(spec, None, namespace)
+        if ns is not None and ns["metadata"].get("deletionTimestamp"):
+            self._queue.put(_Work("namespace", spec, ns))
 
     def _blocking_dependents(self, owner: Obj) -> list[tuple[ResourceSpec, Obj]]:
         """Dependents whose reference to ``owner`` has ``blockOwnerDeletion: true``: a Foreground owner waits for them.
