@@ -339,6 +339,24 @@ def test_a_deleted_namespace_is_terminating_until_empty_and_refuses_new_content(
     # The content without finalizers goes; the held ConfigMap stays (being deleted).
     wait_for(lambda: [c.metadata.name for c in core.list_namespaced_config_map(namespace).items] == ["held"])
     assert core.read_namespaced_config_map("held", namespace).metadata.deletion_timestamp is not None
+    # The namespace says why it stays, with kube's namespace-controller conditions.
+    wanted = {
+        "NamespaceContentRemaining": ("True", "Some resources are remaining: configmaps. has 1 resource instances"),
+        "NamespaceFinalizersRemaining": (
+            "True",
+            f"Some content in the namespace has finalizers remaining: {HOLD} in 1 resource instances",
+        ),
+        "NamespaceDeletionContentFailure": (
+            "False",
+            "All content successfully deleted, may be waiting on finalization",
+        ),
+    }
+
+    def conditions() -> dict[str, tuple[str, str]]:
+        found = core.read_namespace(namespace).status.conditions or []
+        return {c.type: (c.status, c.message) for c in found if c.type in wanted}
+
+    wait_for(lambda: conditions() == wanted, what="namespace conditions")
 
     with pytest.raises(ApiException) as refused:
         core.create_namespaced_config_map(namespace, {"metadata": {"name": "late"}})
