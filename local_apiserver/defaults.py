@@ -58,6 +58,22 @@ def _dict(parent: Any, key: str) -> Obj | None:
     return value if isinstance(value, dict) else None
 
 
+def _list(parent: Any, key: str) -> list[Any]:
+    """``parent[key]`` if it is a list (else empty: validation reports a wrong type, defaulting skips it)."""
+    value = parent.get(key) if isinstance(parent, dict) else None
+    return value if isinstance(value, list) else []
+
+
+def _child(parent: Obj | None, key: str) -> Obj | None:
+    """``parent[key]``, created empty if absent; None if ``parent`` is None or the value is not an object."""
+    if parent is None:
+        return None
+    if parent.get(key) is None:
+        parent[key] = {}
+    value = parent[key]
+    return value if isinstance(value, dict) else None
+
+
 def _setdefaults(target: Obj, defaults: dict[str, Any]) -> None:
     for key, value in defaults.items():
         if target.get(key) is None:
@@ -78,7 +94,7 @@ def _container(container: Obj) -> None:
     if not container.get("imagePullPolicy"):
         container["imagePullPolicy"] = image_pull_policy(container.get("image"))
     _setdefaults(container, dict(terminationMessagePath="/dev/termination-log", terminationMessagePolicy="File"))
-    for port in container.get("ports") or []:
+    for port in _list(container, "ports"):
         if isinstance(port, dict) and not port.get("protocol"):
             port["protocol"] = "TCP"
     for probe_key in ("livenessProbe", "readinessProbe", "startupProbe"):
@@ -104,10 +120,10 @@ def pod_spec_defaults(pod_spec: Any) -> None:
         return
     _setdefaults(pod_spec, _POD_SPEC)
     for key in _CONTAINER_LISTS:
-        for container in pod_spec.get(key) or []:
+        for container in _list(pod_spec, key):
             if isinstance(container, dict):
                 _container(container)
-    for volume in pod_spec.get("volumes") or []:
+    for volume in _list(pod_spec, "volumes"):
         if isinstance(volume, dict):
             _volume(volume)
 
@@ -121,72 +137,66 @@ def pod_defaults(pod: Obj) -> None:
     if pod_spec.get("enableServiceLinks") is None:
         pod_spec["enableServiceLinks"] = True
     for key in ("initContainers", "containers"):
-        for container in pod_spec.get(key) or []:
+        for container in _list(pod_spec, key):
             resources = _dict(container, "resources")
             limits = _dict(resources, "limits")
             if resources is None or not limits:
                 continue
-            requests = resources.get("requests")
-            if not isinstance(requests, dict):
-                requests = resources["requests"] = {}
-            for name, value in limits.items():
-                requests.setdefault(name, value)
+            requests = _child(resources, "requests")
+            if requests is not None:
+                for name, value in limits.items():
+                    requests.setdefault(name, value)
 
 
 def _template_spec(body_spec: Any) -> Any:
     return (_dict(body_spec, "template") or {}).get("spec")
 
 
-def _deployment(body_spec: Obj) -> None:
-    _setdefaults(body_spec, dict(replicas=1, revisionHistoryLimit=10, progressDeadlineSeconds=600))
-    strategy = body_spec.get("strategy")
-    if not isinstance(strategy, dict):
-        strategy = body_spec["strategy"] = {}
-    strategy.setdefault("type", "RollingUpdate")
-    if strategy["type"] == "RollingUpdate":
-        rolling = strategy.get("rollingUpdate")
-        if not isinstance(rolling, dict):
-            rolling = strategy["rollingUpdate"] = {}
-        _setdefaults(rolling, dict(maxUnavailable="25%", maxSurge="25%"))
-
-
-def _statefulset(body_spec: Obj) -> None:
-    _setdefaults(body_spec, dict(replicas=1, podManagementPolicy="OrderedReady", revisionHistoryLimit=10))
-    strategy = body_spec.get("updateStrategy")
-    if not isinstance(strategy, dict):
-        strategy = body_spec["updateStrategy"] = {}
+def _rolling(body_spec: Obj, key: str, rolling_defaults: dict[str, Any]) -> None:
+    """A Deployment's ``strategy`` / a DaemonSet's ``updateStrategy``: RollingUpdate, and its missing parameters."""
+    strategy = _child(body_spec, key)
+    if strategy is None:
+        return  # not an object: left for validation
     if not strategy.get("type"):
         strategy["type"] = "RollingUpdate"
-        if not isinstance(strategy.get("rollingUpdate"), dict):
-            strategy["rollingUpdate"] = {}
-    rolling = strategy.get("rollingUpdate")
-    if strategy["type"] == "RollingUpdate" and isinstance(rolling, dict) and rolling.get("partition") is None:
-        rolling["partition"] = 0  # only when rollingUpdate is there (kube's SetDefaults_StatefulSet)
-    for claim in body_spec.get("volumeClaimTemplates") or []:
-        if isinstance(claim, dict):  # PersistentVolumeClaims: kube defaults them as it does a stored one
-            claim_spec = _dict(claim, "spec")
-            if claim_spec is not None:
-                claim_spec.setdefault("volumeMode", "Filesystem")
-            status = claim.get("status")
-            claim["status"] = status if isinstance(status, dict) else {}
-            claim["status"].setdefault("phase", "Pending")
-    retention = body_spec.get("persistentVolumeClaimRetentionPolicy")
-    if not isinstance(retention, dict):
-        retention = body_spec["persistentVolumeClaimRetentionPolicy"] = {}
-    _setdefaults(retention, dict(whenDeleted="Retain", whenScaled="Retain"))
+    if strategy["type"] == "RollingUpdate":
+        rolling = _child(strategy, "rollingUpdate")
+        if rolling is not None:
+            _setdefaults(rolling, rolling_defaults)
+
+
+def _deployment(body_spec: Obj) -> None:
+    _setdefaults(body_spec, dict(replicas=1, revisionHistoryLimit=10, progressDeadlineSeconds=600))
+    _rolling(body_spec, "strategy", dict(maxUnavailable="25%", maxSurge="25%"))
 
 
 def _daemonset(body_spec: Obj) -> None:
     _setdefaults(body_spec, dict(revisionHistoryLimit=10))
-    strategy = body_spec.get("updateStrategy")
-    if not isinstance(strategy, dict):
-        strategy = body_spec["updateStrategy"] = {}
-    strategy.setdefault("type", "RollingUpdate")
-    if strategy["type"] == "RollingUpdate":
-        rolling = strategy.get("rollingUpdate")
-        if not isinstance(rolling, dict):
-            rolling = strategy["rollingUpdate"] = {}
-        _setdefaults(rolling, dict(maxUnavailable=1, maxSurge=0))
+    _rolling(body_spec, "updateStrategy", dict(maxUnavailable=1, maxSurge=0))
+
+
+def _statefulset(body_spec: Obj) -> None:
+    _setdefaults(body_spec, dict(replicas=1, podManagementPolicy="OrderedReady", revisionHistoryLimit=10))
+    strategy = _child(body_spec, "updateStrategy")
+    if strategy is not None:
+        if not strategy.get("type"):
+            strategy["type"] = "RollingUpdate"
+            _child(strategy, "rollingUpdate")
+        # The partition only when rollingUpdate is there (an explicit RollingUpdate type without it stays so).
+        rolling = _dict(strategy, "rollingUpdate")
+        if strategy["type"] == "RollingUpdate" and rolling is not None and rolling.get("partition") is None:
+            rolling["partition"] = 0
+    for claim in _list(body_spec, "volumeClaimTemplates"):
+        if isinstance(claim, dict):  # PersistentVolumeClaims: kube defaults them as it does a stored one
+            claim_spec = _dict(claim, "spec")
+            if claim_spec is not None:
+                claim_spec.setdefault("volumeMode", "Filesystem")
+            status = _child(claim, "status")
+            if status is not None:
+                status.setdefault("phase", "Pending")
+    retention = _child(body_spec, "persistentVolumeClaimRetentionPolicy")
+    if retention is not None:
+        _setdefaults(retention, dict(whenDeleted="Retain", whenScaled="Retain"))
 
 
 def job_spec_defaults(body_spec: Obj) -> None:
@@ -198,8 +208,8 @@ def job_spec_defaults(body_spec: Obj) -> None:
         # JobBackoffLimitPerIndex (beta, on in 1.32): a per-index limit lifts the global one.
         body_spec["backoffLimit"] = _MAX_INT32 if body_spec.get("backoffLimitPerIndex") is not None else 6
     failure_policy = _dict(body_spec, "podFailurePolicy")
-    for rule in (failure_policy or {}).get("rules") or []:
-        for pattern in (rule.get("onPodConditions") or []) if isinstance(rule, dict) else []:
+    for rule in _list(failure_policy, "rules"):
+        for pattern in _list(rule, "onPodConditions"):
             if isinstance(pattern, dict) and not pattern.get("status"):
                 pattern["status"] = "True"
     if body_spec.get("podReplacementPolicy") is None:
@@ -211,9 +221,8 @@ def job_spec_defaults(body_spec: Obj) -> None:
 def _job(obj: Obj, body_spec: Obj) -> None:
     job_spec_defaults(body_spec)
     meta = obj.setdefault("metadata", {})
-    template_labels = (_dict(body_spec, "template") or {}).get("metadata", {}) or {}
-    labels = template_labels.get("labels") if isinstance(template_labels, dict) else None
-    if isinstance(labels, dict) and labels and not meta.get("labels"):
+    labels = _dict(_dict(_dict(body_spec, "template"), "metadata"), "labels")
+    if labels and not meta.get("labels"):
         meta["labels"] = dict(labels)  # kube: a Job without labels takes its template's
 
 
@@ -289,7 +298,7 @@ def service_defaults(obj: Obj) -> None:
         client_ip = _dict(_dict(body_spec, "sessionAffinityConfig"), "clientIP")
         if client_ip is None or client_ip.get("timeoutSeconds") is None:
             body_spec["sessionAffinityConfig"] = {"clientIP": {"timeoutSeconds": _CLIENT_IP_TIMEOUT}}
-    for port in body_spec.get("ports") or []:
+    for port in _list(body_spec, "ports"):
         if not isinstance(port, dict):
             continue
         if not port.get("protocol"):
@@ -320,14 +329,13 @@ def generate_job_selector(obj: Obj) -> None:
     uid = str(meta.get("uid") or "")
     name = str(meta.get("name") or "")
     template = body_spec.get("template")
-    if not isinstance(template, dict):
-        return  # validation reports the missing template
-    tmeta = template.get("metadata")
-    if not isinstance(tmeta, dict):
-        tmeta = template["metadata"] = {}
-    labels = tmeta.get("labels")
-    if not isinstance(labels, dict):
-        labels = tmeta["labels"] = {}
+    selector = body_spec.get("selector")
+    if not isinstance(template, dict) or not isinstance(selector, dict | None):
+        return  # validation refuses a missing template or a malformed selector
+    labels = _child(_child(template, "metadata"), "labels")
+    match = _child(_child(body_spec, "selector"), "matchLabels")
+    if labels is None or match is None:
+        return  # malformed template metadata or matchLabels: left as sent for validation to refuse
     if labels and not meta.get("labels"):
         # kube's SetDefaults_Job (on decode, before the strategy): a Job without labels takes its template's.
         obj.setdefault("metadata", {})["labels"] = dict(labels)
@@ -338,12 +346,6 @@ def generate_job_selector(obj: Obj) -> None:
         (JOB_UID_LABEL, uid),
     ):
         labels.setdefault(key, value)
-    selector = body_spec.get("selector")
-    if not isinstance(selector, dict):
-        selector = body_spec["selector"] = {}
-    match = selector.get("matchLabels")
-    if not isinstance(match, dict):
-        match = selector["matchLabels"] = {}
     match.setdefault(JOB_UID_LABEL, uid)
 
 

@@ -241,15 +241,27 @@ def _kind_rules(spec: ResourceSpec, obj: dict[str, Any]) -> list[tuple[str, str]
     elif spec.resource == "jobs" and spec.group == "batch":
         causes.extend(_job_rules(obj))
     elif spec.resource == "cronjobs" and spec.group == "batch":
-        template = ((body_spec or {}).get("jobTemplate") or {}).get("spec") if isinstance(body_spec, dict) else None
-        pod_spec = ((template or {}).get("template") or {}).get("spec") if isinstance(template, dict) else None
+        pod_spec = _dig(body_spec, "jobTemplate", "spec", "template", "spec")
         causes.extend(_job_restart_policy(pod_spec, "spec.jobTemplate.spec.template.spec"))
+    elif spec.resource == "services" and spec.group == "":
+        ports = body_spec.get("ports") if isinstance(body_spec, dict) else None
+        if ports is not None and (not isinstance(ports, list) or not all(isinstance(p, dict) for p in ports)):
+            causes.append(("spec.ports", "Invalid value: must be a list of ServicePort objects"))
     elif spec.resource == "configmaps":
         for key in ("data", "binaryData"):
             data = obj.get(key)
             if data is not None and (not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values())):
                 causes.append((key, "Invalid value: must be a map of strings"))
     return causes
+
+
+def _dig(value: Any, *keys: str) -> Any:
+    """``value[k1][k2]...``, or None where a level is missing or not an object."""
+    for key in keys:
+        if not isinstance(value, dict):
+            return None
+        value = value.get(key)
+    return value
 
 
 def _job_restart_policy(pod_spec: Any, path: str) -> list[tuple[str, str]]:
@@ -288,9 +300,9 @@ def _job_rules(obj: dict[str, Any]) -> list[tuple[str, str]]:
     if not problems and not LabelSelector(tuple(reqs)).matches(labels):
         causes.append(("spec.template.metadata.labels", "Invalid value: `selector` does not match template `labels`"))
     uid = str((obj.get("metadata") or {}).get("uid") or "")
-    if body_spec.get("manualSelector") is not True and uid:
+    if body_spec.get("manualSelector") is not True and uid and not problems:
         for where, values in (
-            ("spec.selector.matchLabels", selector.get("matchLabels")),
+            ("spec.selector.matchLabels", _dig(selector, "matchLabels")),
             ("spec.template.metadata.labels", labels),
         ):
             found = values.get(JOB_UID_LABEL) if isinstance(values, dict) else None
