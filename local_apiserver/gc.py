@@ -13,7 +13,10 @@ Purpose
       is removed and the owner leaves etcd; the other dependents are deleted
       too, without holding the owner; a dependent that has dependents itself
       is deleted in the foreground too (the owner waits for the whole tree);
-    * a terminating namespace is emptied, then removed;
+    * a terminating namespace is emptied, then removed, its status conditions
+      saying what is left and which finalizers hold it (its emptying is
+      retried, and queued again whenever an object in it leaves etcd, so
+      content held by finalizers for any time only delays it);
     * a dependent that still has a live owner only loses the dangling
       reference; an object created with owners that are all gone is deleted
       (the "dangling owner" case of a controller racing a deletion).
@@ -46,6 +49,7 @@ from local_apiserver.errors import ApiError
 from local_apiserver.resources import CRD_RESOURCE, RESOURCES, ResourceSpec, ResourceTable, core_spec
 from local_apiserver.store import Obj, Store
 from rangeshard.core.loops import start_thread
+from rangeshard.core.timestamps import format_time
 
 log = logging.getLogger(__name__)
 
@@ -167,6 +171,7 @@ class GarbageCollector:
             try:
                 self._collect(namespace, works)
                 self._wake_foreground_owners(works)
+                self._wake_terminating_namespace(namespace)
             except Exception as e:
                 for work in works:
                     self._retry(work, e)
@@ -236,6 +241,19 @@ class GarbageCollector:
                 if ometa.get("uid") == ref.get("uid") and "foregroundDeletion" in (ometa.get("finalizers") or []):
                     woken.add(ref.get("uid"))
                     self._queue.put(_Work("foreground", spec, owner))
+
+    def _wake_terminating_namespace(self, namespace: str | None) -> None:
+        """Queue the emptying of ``namespace`` again if it is terminating: an object in it just left etcd.
+
+        As kube's namespace controller re-examines a terminating namespace, so one whose content was held by
+        finalizers for longer than the bounded retries still leaves once its last object does.
+        """
+        if not namespace:
+            return
+        spec = core_spec("namespaces")
+        ns = self._get(spec, None, namespace)
+        if ns is not None and ns["metadata"].get("deletionTimestamp"):
+            self._queue.put(_Work("namespace", spec, ns))
 
     def _blocking_dependents(self, owner: Obj) -> list[tuple[ResourceSpec, Obj]]:
         """Dependents whose reference to ``owner`` has ``blockOwnerDeletion: true``: a Foreground owner waits for them.
@@ -376,11 +394,11 @@ class GarbageCollector:
         for spec, obj in self._scan(name):
             self._delete(spec, obj)
             left += 1
-        if left:
-            # Deleted objects may have finalizers or new ones may race in: check again.
-            remaining = sum(1 for _ in self._scan(name))
-            if remaining:
-                raise ApiError(409, "Conflict", f"namespace {name} still has {remaining} objects")
+        # Deleted objects may have finalizers or new ones may race in: check again.
+        remaining = list(self._scan(name)) if left else []
+        self._report_remaining(ns, remaining)
+        if remaining:
+            raise ApiError(409, "Conflict", f"namespace {name} still has {len(remaining)} objects")
         spec = core_spec("namespaces")
         current = self._get(spec, None, name)
         if current is None or current["metadata"].get("uid") != ns["metadata"].get("uid"):
@@ -389,6 +407,43 @@ class GarbageCollector:
             return  # somebody else's finalizer: the namespace goes when they remove it
         self.store.delete_now(spec, None, name, current)
 
+    def _report_remaining(self, ns: Obj, remaining: list[tuple[ResourceSpec, Obj]]) -> None:
+        """Set the terminating namespace's status conditions as kube's namespace controller does.
+
+        ``NamespaceContentRemaining`` names what is left per resource and ``NamespaceFinalizersRemaining``
+        the finalizers holding it (``kubectl describe ns`` shows why a namespace stays ``Terminating``).
+        """
+        resources: dict[str, int] = {}
+        finalizers: dict[str, int] = {}
+        for spec, obj in remaining:
+            key = f"{spec.resource}.{spec.group}"
+            resources[key] = resources.get(key, 0) + 1
+            for fin in obj["metadata"].get("finalizers") or []:
+                finalizers[fin] = finalizers.get(fin, 0) + 1
+        wanted = namespace_conditions(resources, finalizers)
+        uid = ns["metadata"].get("uid")
+
+        def mutate(current: Obj) -> Obj:
+            if current["metadata"].get("uid") != uid:
+                raise ApiError(404, "NotFound", "namespace replaced")
+            status = current.get("status")
+            current["status"] = status = status if isinstance(status, dict) else {}
+            old = {c.get("type"): c for c in status.get("conditions") or [] if isinstance(c, dict)}
+            now = format_time()
+            conditions = []
+            for cond in wanted:
+                kept = old.get(cond["type"]) or {}
+                since = kept.get("lastTransitionTime") if kept.get("status") == cond["status"] else None
+                conditions.append({**cond, "lastTransitionTime": since or now})
+            status["conditions"] = conditions
+            return current
+
+        try:
+            self.store.guaranteed_update(core_spec("namespaces"), None, str(ns["metadata"].get("name")), mutate)
+        except ApiError as e:
+            if e.code != 404:
+                raise
+
     def _check_owners(self, spec: ResourceSpec, obj: Obj) -> None:
         meta = obj["metadata"]
         refs = meta.get("ownerReferences") or []
@@ -396,6 +451,63 @@ class GarbageCollector:
             return
         log.info("deleting %s %s/%s: all its owners are gone", spec.resource, meta.get("namespace"), meta.get("name"))
         self._delete(spec, obj)
+
+
+def namespace_conditions(resources: dict[str, int], finalizers: dict[str, int]) -> list[dict[str, str]]:
+    """kube's terminating-namespace conditions for the objects left (``resource.group`` counts) and their finalizers.
+
+    Without ``lastTransitionTime`` (the caller keeps it while a condition's status stays the same).
+    """
+
+    def cond(kind: str, status: str, reason: str, message: str) -> dict[str, str]:
+        return {"type": kind, "status": status, "reason": reason, "message": message}
+
+    content = (
+        cond(
+            "NamespaceContentRemaining",
+            "True",
+            "SomeResourcesRemain",
+            "Some resources are remaining: "
+            + ", ".join(f"{r} has {n} resource instances" for r, n in sorted(resources.items())),
+        )
+        if resources
+        else cond("NamespaceContentRemaining", "False", "ContentRemoved", "All content successfully removed")
+    )
+    held = (
+        cond(
+            "NamespaceFinalizersRemaining",
+            "True",
+            "SomeFinalizersRemain",
+            "Some content in the namespace has finalizers remaining: "
+            + ", ".join(f"{f} in {n} resource instances" for f, n in sorted(finalizers.items())),
+        )
+        if finalizers
+        else cond(
+            "NamespaceFinalizersRemaining",
+            "False",
+            "ContentHasNoFinalizers",
+            "All content-preserving finalizers finished",
+        )
+    )
+    return [
+        cond(
+            "NamespaceDeletionDiscoveryFailure", "False", "ResourcesDiscovered", "All resources successfully discovered"
+        ),
+        cond(
+            "NamespaceDeletionGroupVersionParsingFailure",
+            "False",
+            "ParsedGroupVersions",
+            "All legacy kube types successfully parsed",
+        ),
+        cond(
+            "NamespaceDeletionContentFailure",
+            "False",
+            "ContentDeleted",
+            "All content successfully deleted, may be waiting on finalization",
+        ),
+        content,
+        held,
+    ]
 
 
 def _name(obj: Obj) -> str:

@@ -58,7 +58,14 @@ from local_apiserver.errors import (
     unavailable,
 )
 from local_apiserver.resources import ResourceSpec, ResourceTable, core_spec
-from local_apiserver.validation import apply_defaults, check_body_shape, check_secret_update, validate_object
+from local_apiserver.validation import (
+    apply_defaults,
+    check_body_shape,
+    check_job_update,
+    check_secret_update,
+    prepare_for_create,
+    validate_object,
+)
 from rangeshard.core.errors import RegistryError, RegistryUnavailable
 from rangeshard.core.etcd import KV, EtcdClient, prefix_end
 from rangeshard.core.selectors import FieldSelector, LabelSelector
@@ -283,6 +290,11 @@ class Store:
         namespace = self._namespace_for(spec, namespace, meta)
         if not meta.get("name") and meta.get("generateName"):
             meta["name"] = str(meta["generateName"]) + "".join(secrets.choice(_GENERATE_ALPHABET) for _ in range(5))
+        # The uid first, as kube-apiserver fills it before the strategy's PrepareForCreate/Validate (a Job's
+        # generated selector names it).
+        meta["uid"] = str(uuid.uuid4())
+        meta["creationTimestamp"] = format_time()
+        prepare_for_create(spec, obj)
         validate_object(spec, obj)
         if spec.status:
             obj.pop("status", None)
@@ -290,8 +302,6 @@ class Store:
         if spec.resource == "services" and spec.group == "":
             ips, node_ports = services.in_use(self.iter_all(spec))
             services.allocate(obj, ips, node_ports, network=self.service_range)
-        meta["uid"] = str(uuid.uuid4())
-        meta["creationTimestamp"] = format_time()
         for transient in ("deletionTimestamp", "deletionGracePeriodSeconds", "managedFields", "selfLink"):
             meta.pop(transient, None)
         if spec.generation:
@@ -352,11 +362,24 @@ class Store:
             raise not_found("namespaces", namespace)
         ns = self.decode(core_spec("namespaces"), kv)
         if ns["metadata"].get("deletionTimestamp"):
-            raise forbidden(
+            error = forbidden(
                 spec.group_resource,
                 name,
                 f"unable to create new content in namespace {namespace} because it is being terminated",
             )
+            # kube's NamespaceLifecycle admission adds this cause (client-go's HasStatusCause(err,
+            # NamespaceTerminatingCause) is how controllers recognise the refusal).
+            error.details = {
+                **(error.details or {}),
+                "causes": [
+                    {
+                        "reason": "NamespaceTerminating",
+                        "message": f"namespace {namespace} is being terminated",
+                        "field": "metadata.namespace",
+                    }
+                ],
+            }
+            raise error
         return kv.key, kv.mod_revision
 
     def ensure_namespaces(self, names: tuple[str, ...] = INITIAL_NAMESPACES) -> None:
@@ -474,6 +497,8 @@ class Store:
                     "no new finalizers can be added if the object is being deleted, "
                     f"found new finalizers {sorted(added)}"
                 )
+        if spec.resource == "jobs" and spec.group == "batch":
+            check_job_update(current, new)  # first: a changed selector is the cause, not its other symptoms
         validate_object(spec, new)
         apply_defaults(spec, new)
         if spec.resource == "services" and spec.group == "":

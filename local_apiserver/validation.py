@@ -6,8 +6,9 @@ Purpose
     endpoint's kind/apiVersion, metadata has the right types, names are
     DNS subdomains (labels for namespaces), labels and annotations are valid,
     and a few per-kind rules (pods have containers, workloads have a selector
-    matching their template, replicas are non-negative integers). Defaults the
-    fields controllers rely on (``replicas``, pod ``phase``...).
+    matching their template, replicas are non-negative integers, Jobs run to
+    completion and select their own uid). Defaults what kube-apiserver's
+    defaulters set (pods and workloads: :mod:`local_apiserver.defaults`).
 
 Invariants
     * Type errors in the body are 400 BadRequest (kube: decode errors);
@@ -24,11 +25,13 @@ from __future__ import annotations
 import base64
 import binascii
 import copy
+import json
 import re
 from typing import Any
 
 from local_apiserver.conversion import METRICS_ANNOTATION, cpu_utilization_metric
 from local_apiserver.crd import crd_defaults, crd_problems
+from local_apiserver.defaults import JOB_UID_LABEL, generate_job_selector, service_defaults, workload_defaults
 from local_apiserver.errors import bad_request, invalid
 from local_apiserver.resources import CRD_RESOURCE, ResourceSpec
 from local_apiserver.schema import apply_schema_defaults, schema_problems
@@ -39,22 +42,13 @@ _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 _STRING_MAPS = ("labels", "annotations")
 _HPA_DEFAULT_CPU = 80  # kube's autoscaling.DefaultCPUUtilization
-_ROLLING_UPDATE = {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "25%", "maxSurge": "25%"}}
-# The spec fields kube-apiserver's defaulters set (those controllers and printers read), per built-in resource.
+_WORKLOAD_GROUPS = ("", "apps", "batch")
+# The spec fields kube-apiserver's defaulters set (those controllers and printers read), per built-in resource
+# without a function of its own (pods and workloads: local_apiserver.defaults).
 _SPEC_DEFAULTS: dict[str, dict[str, Any]] = {
-    "replicasets": dict(replicas=1),
-    "deployments": dict(replicas=1, strategy=_ROLLING_UPDATE, revisionHistoryLimit=10, progressDeadlineSeconds=600),
-    "pods": dict(
-        restartPolicy="Always",
-        terminationGracePeriodSeconds=30,
-        dnsPolicy="ClusterFirst",
-        schedulerName="default-scheduler",
-    ),
     # Filesystem volumes; a PV is retained by default.
     "persistentvolumeclaims": dict(volumeMode="Filesystem"),
     "persistentvolumes": dict(volumeMode="Filesystem", persistentVolumeReclaimPolicy="Retain"),
-    # kubectl get cronjobs prints SUSPEND from these.
-    "cronjobs": dict(suspend=False, concurrencyPolicy="Allow", successfulJobsHistoryLimit=3, failedJobsHistoryLimit=1),
 }
 
 
@@ -244,12 +238,98 @@ def _kind_rules(spec: ResourceSpec, obj: dict[str, Any]) -> list[tuple[str, str]
                 ("spec.template.metadata.labels", "Invalid value: `selector` does not match template `labels`")
             )
         causes.extend(_containers(template.get("spec"), "spec.template.spec"))
+    elif spec.resource == "jobs" and spec.group == "batch":
+        causes.extend(_job_rules(obj))
+    elif spec.resource == "cronjobs" and spec.group == "batch":
+        pod_spec = _dig(body_spec, "jobTemplate", "spec", "template", "spec")
+        causes.extend(_job_restart_policy(pod_spec, "spec.jobTemplate.spec.template.spec"))
+    elif spec.resource == "services" and spec.group == "":
+        ports = body_spec.get("ports") if isinstance(body_spec, dict) else None
+        if ports is not None and (not isinstance(ports, list) or not all(isinstance(p, dict) for p in ports)):
+            causes.append(("spec.ports", "Invalid value: must be a list of ServicePort objects"))
     elif spec.resource == "configmaps":
         for key in ("data", "binaryData"):
             data = obj.get(key)
             if data is not None and (not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values())):
                 causes.append((key, "Invalid value: must be a map of strings"))
     return causes
+
+
+def _dig(value: Any, *keys: str) -> Any:
+    """``value[k1][k2]...``, or None where a level is missing or not an object."""
+    for key in keys:
+        if not isinstance(value, dict):
+            return None
+        value = value.get(key)
+    return value
+
+
+def _job_restart_policy(pod_spec: Any, path: str) -> list[tuple[str, str]]:
+    """A Job's pods run to completion: kube refuses ``restartPolicy: Always`` (its default) in a Job's template."""
+    if not isinstance(pod_spec, dict):
+        return []
+    policy = pod_spec.get("restartPolicy") or "Always"
+    if policy in ("OnFailure", "Never"):
+        return []
+    return [(f"{path}.restartPolicy", f'Unsupported value: "{policy}": supported values: "OnFailure", "Never"')]
+
+
+def _job_rules(obj: dict[str, Any]) -> list[tuple[str, str]]:
+    """kube's ValidateJob, in part: a template with containers, a run-to-completion policy, a matching selector.
+
+    Unless ``spec.manualSelector`` is true, the selector and the template must
+    carry the generated ``batch.kubernetes.io/controller-uid`` of this Job (see
+    :func:`local_apiserver.defaults.generate_job_selector`).
+    """
+    body_spec = obj.get("spec")
+    if not isinstance(body_spec, dict):
+        return [("spec", "Required value")]
+    template = body_spec.get("template")
+    if not isinstance(template, dict):
+        return [("spec.template", "Required value")]
+    causes = _containers(template.get("spec"), "spec.template.spec")
+    causes.extend(_job_restart_policy(template.get("spec"), "spec.template.spec"))
+    tmeta = template.get("metadata") or {}
+    labels = tmeta.get("labels") if isinstance(tmeta, dict) else None
+    labels = labels if isinstance(labels, dict) else {}
+    selector = body_spec.get("selector")
+    if selector is None:
+        return [*causes, ("spec.selector", "Required value")]
+    reqs, problems = selector_requirements(selector)
+    causes.extend(problems)
+    if not problems and not LabelSelector(tuple(reqs)).matches(labels):
+        causes.append(("spec.template.metadata.labels", "Invalid value: `selector` does not match template `labels`"))
+    uid = str((obj.get("metadata") or {}).get("uid") or "")
+    if body_spec.get("manualSelector") is not True and uid and not problems:
+        for where, values in (
+            ("spec.selector.matchLabels", _dig(selector, "matchLabels")),
+            ("spec.template.metadata.labels", labels),
+        ):
+            found = values.get(JOB_UID_LABEL) if isinstance(values, dict) else None
+            if found != uid:
+                causes.append(
+                    (
+                        f"{where}[{JOB_UID_LABEL}]",
+                        f"Invalid value: {found!r}: must be '{uid}' (spec.manualSelector is not true)",
+                    )
+                )
+    return causes
+
+
+def prepare_for_create(spec: ResourceSpec, obj: dict[str, Any]) -> None:
+    """What kube's create strategies do once the uid is assigned, before validation: a Job's generated selector."""
+    if spec.resource == "jobs" and spec.group == "batch":
+        generate_job_selector(obj)
+
+
+def check_job_update(current: dict[str, Any], new: dict[str, Any]) -> None:
+    """kube's Job update rule this server checks: ``spec.selector`` never changes (422)."""
+    old_selector = (current.get("spec") or {}).get("selector")
+    new_spec = new.get("spec")
+    selector = new_spec.get("selector") if isinstance(new_spec, dict) else None
+    if selector != old_selector:
+        name = str((current.get("metadata") or {}).get("name") or "")
+        raise invalid("Job", name, [("spec.selector", f"Invalid value: {json.dumps(selector)}: field is immutable")])
 
 
 def check_scale_body(body: Any) -> int:
@@ -279,15 +359,17 @@ def apply_defaults(spec: ResourceSpec, obj: dict[str, Any]) -> None:
         return
     elif spec.resource == CRD_RESOURCE:
         crd_defaults(obj)
-    elif spec.resource in _SPEC_DEFAULTS and isinstance(body_spec, dict):
-        for key, value in _SPEC_DEFAULTS[spec.resource].items():
-            body_spec.setdefault(key, copy.deepcopy(value))
-        if spec.resource == "pods":
+    elif spec.group in _WORKLOAD_GROUPS and workload_defaults(spec.resource, obj):
+        if spec.resource == "pods" and isinstance(body_spec, dict):
             status = obj.setdefault("status", {})
             if isinstance(status, dict):
                 status.setdefault("phase", "Pending")
-        elif spec.resource in ("persistentvolumeclaims", "persistentvolumes"):
-            _default_phase(obj, "Pending")  # until bound
+    elif spec.resource in _SPEC_DEFAULTS and isinstance(body_spec, dict):
+        for key, value in _SPEC_DEFAULTS[spec.resource].items():
+            body_spec.setdefault(key, copy.deepcopy(value))
+        _default_phase(obj, "Pending")  # PVs and PVCs: until bound
+    elif spec.resource == "services" and spec.group == "":
+        service_defaults(obj)
     elif spec.resource == "secrets" and spec.group == "":
         _secret_defaults(obj)
     elif spec.resource == "horizontalpodautoscalers" and isinstance(body_spec, dict):
@@ -371,8 +453,10 @@ def check_secret_update(current: dict[str, Any], new: dict[str, Any]) -> None:
 __all__ = [
     "apply_defaults",
     "check_body_shape",
+    "check_job_update",
     "check_scale_body",
     "check_secret_update",
     "name_problem",
+    "prepare_for_create",
     "validate_object",
 ]
