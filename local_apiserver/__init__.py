@@ -12,7 +12,8 @@ Purpose
 
 Modules
     ``resources`` (the resource table), ``errors`` (``ApiError`` and ``Status``
-    bodies), ``validation``, ``patch`` (merge and JSON patch), ``strategic``
+    bodies), ``validation``, ``defaults`` (kube's server-side defaults of
+    built-in kinds), ``patch`` (merge and JSON patch), ``strategic``
     (strategic merge patch), ``store`` (the etcd storage, synchronous),
     ``watch`` (etcd watch -> asyncio bridge), ``gc`` (cascading deletion),
     ``auth`` (``--token-file``, the fixed policy, TokenReview and

@@ -24,6 +24,8 @@ def _valid(spec: ResourceSpec, name: str) -> dict[str, Any]:
         body["spec"] = {"containers": [{"name": "c", "image": "i"}]}
     if spec.resource == "configmaps":
         body["data"] = {"k": "v"}
+    if spec.resource == "jobs":  # kube requires a template whose restartPolicy is Never or OnFailure
+        body["spec"] = {"template": {"spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "i"}]}}}
     if spec.resource == "events":
         body["involvedObject"] = {"kind": "Pod", "name": "p"}
     if spec.resource == "customresourcedefinitions":
