@@ -25,6 +25,7 @@ from local_apiserver.cli import local_apiserver_command
 from range_filter_proxy.cli import proxy_command
 from rangeshard.cli.common import fail
 from rangeshard.core.errors import RangeshardError
+from rangeshard.core.process import end_process
 
 
 def controller_manager_command(
@@ -60,9 +61,11 @@ def controller_manager_command(
     # (the manager's log), so a rare crash at exit can be told apart from the rest.
     with contextlib.suppress(ValueError, OSError, AttributeError):  # stderr without a file descriptor
         faulthandler.enable()
-    if manager.run_until_signal() != 0:
+    code = manager.run_until_signal()
+    if code != 0:
         typer.echo(f"error: {manager.fatal()}", err=True)
-        raise typer.Exit(1)
+    # Stopped and flushed: leave without interpreter finalization (see end_process).
+    end_process(1 if code else 0)
 
 
 def register(app: typer.Typer) -> None:

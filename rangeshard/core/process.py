@@ -21,6 +21,8 @@ Purpose
     :func:`wait_ready` the one way to wait for children to become ready
     (:meth:`ManagedProcess.wait_until` and :meth:`ManagedProcess.wait_http_ready`
     for one child; a group such as ``up``'s passes all of them).
+    :func:`end_process` is how a command that stopped cleanly leaves (no
+    interpreter finalization, where gRPC's C core may abort).
 
 Invariants
     * Binds only to the given host (127.0.0.1 by default).
@@ -52,6 +54,7 @@ import time
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 import httpx
 
@@ -70,6 +73,21 @@ def python_module_command(module: str, *args: str) -> list[str]:
     installed one (``cannot import name '__version__' from 'rangeshard'``).
     """
     return [sys.executable, "-P", "-m", module, *args]
+
+
+def end_process(code: int) -> NoReturn:
+    """Exit now with ``code``: flush the log handlers and stdio, then skip interpreter finalization.
+
+    For a command whose work is stopped and flushed (the controller manager after a graceful stop).
+    gRPC's C core aborts the process now and then during finalization (``Fatal Python error:
+    Aborted`` after the last log line, no Python frame; seen for 2 of 3 managers of one e2e test on a
+    machine at load 10), which turned a clean stop's exit code 0 into -6.
+    """
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 def find_etcd_binary() -> str:
