@@ -75,6 +75,7 @@ from range_filter_proxy.dispatch import DispatchIndex
 from range_filter_proxy.errors import ApiError, UpstreamError, UpstreamGone, gone
 from range_filter_proxy.metrics import ProxyMetrics
 from range_filter_proxy.resources import ResourceInfo
+from range_filter_proxy.storeindex import StoreIndex
 from range_filter_proxy.upstream import ListResult, Upstream, WatchEvent
 from range_filter_proxy.watcher import Watcher
 from range_filter_proxy.wire import OBJECT_EVENTS
@@ -110,6 +111,9 @@ class WatchCache:
         self.metrics = metrics
         self.settings = settings
         self.objects: dict[tuple[str, str], CachedObject] = {}
+        #: ``objects``' keys by shard hash, so a select with a ``shardSelector`` visits only its
+        #: slice (:mod:`range_filter_proxy.storeindex`); updated with ``objects``, never apart.
+        self.store_index = StoreIndex()
         self.history: deque[CachedEvent] = deque()
         self.history_start_rv = 0
         self.rv = 0
@@ -245,6 +249,7 @@ class WatchCache:
         self._index = DispatchIndex(())
         self.metrics.downstream_watches.labels(self._label).set(0)
         self.objects = objects
+        self.store_index.rebuild(objects)
         self.history.clear()
 
     def apply(self, event: WatchEvent) -> None:
@@ -285,10 +290,17 @@ class WatchCache:
             log.warning("%s: DELETED event at stale rv %d (cache rv %d)", self.info.gvr, rv, self.rv)
             rv = cur.rv = self.rv
         if etype == "DELETED":
-            objects.pop(key, None)
+            if prev is not None:
+                del objects[key]
+                self.store_index.removed(key, prev.hashes)
+        elif prev is not None:
+            objects[key] = cur  # the entry keeps its key
+            self.store_index.moved(key, prev.hashes, cur.hashes)
         else:
-            # A new entry gets the object's interned key (an update keeps the entry's key anyway).
-            objects[key if prev is not None else cur.key] = cur
+            # A new entry gets the object's interned key, shared with the store index.
+            stored = cur.key
+            objects[stored] = cur
+            self.store_index.added(stored, cur.hashes)
         ev = CachedEvent.of(etype, rv, cur, prev, received)
         self.rv = rv
         history = self.history
@@ -395,10 +407,29 @@ class WatchCache:
         return True
 
     def select(self, filt: WatchFilter) -> list[CachedObject]:
-        """The objects of the current state that pass ``filt``, ordered by (namespace, name)."""
-        # Filter first, then sort only what is returned: a 1/16 range of a large
-        # cache sorts 16x fewer objects (the whole-store sort dominated LIST time).
-        matched = [o for o in self.objects.values() if filt.matches(o)]
+        """The objects of the current state that pass ``filt``, ordered by (namespace, name).
+
+        With a ``shardSelector`` only the objects of the hash buckets its
+        ranges overlap are looked at (:attr:`store_index`), each through the
+        whole filter, so the answer is the scan's: at a million pods a 1/64
+        range looks at ~1.6 % of the store instead of all of it. Without one,
+        every object is. Counted in ``stats.select_examined``.
+        """
+        objects = self.objects
+        matches = filt.matches
+        if filt.shard is None:
+            matched = [o for o in objects.values() if matches(o)]
+            self.stats.select_examined += len(objects)
+        else:
+            matched = []
+            examined = 0
+            for key in self.store_index.candidates(filt.shard, objects):
+                o = objects[key]
+                examined += 1
+                if matches(o):
+                    matched.append(o)
+            self.stats.select_examined += examined
+        # Filter first, then sort only what is returned (the whole-store sort dominated LIST time).
         matched.sort(key=lambda o: o.key)
         return matched
 

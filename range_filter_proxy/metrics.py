@@ -55,6 +55,7 @@ class ResourceStats:
         "latency_buckets",
         "latency_sum",
         "queued_writes",
+        "select_examined",
     )
 
     def __init__(self) -> None:
@@ -68,6 +69,9 @@ class ResourceStats:
         #: Non-cumulative counts per bucket of :data:`LATENCY_BUCKETS`, plus one for +Inf.
         self.latency_buckets = [0] * (len(LATENCY_BUCKETS) + 1)
         self.latency_sum = 0.0
+        #: Cached objects looked at by selects (lists, watches' initial state): with a
+        #: ``shardSelector`` only those of the hash buckets it overlaps, without one all.
+        self.select_examined = 0
 
 
 class _StatsCollector(Collector):
@@ -82,6 +86,11 @@ class _StatsCollector(Collector):
             ("events_delivered", "Watch events queued to downstream watchers"),
             ("events_filtered", "Watch events not sent to a downstream watcher because its filters rejected them"),
             ("bytes_out", "Bytes of list and watch responses served from the cache"),
+            (
+                "select_examined",
+                "Cached objects looked at to answer lists and initial watch states (with a shardSelector,"
+                " only those of the hash buckets its ranges overlap)",
+            ),
         )
         items = sorted(self._stats.items())
         for attr, doc in counters:
