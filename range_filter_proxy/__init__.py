@@ -13,7 +13,8 @@ Modules
     paging, Table answers), ``passthrough`` (everything else, forwarded
     upstream; write fencing), ``cache`` (the shared watch caches: store,
     history, dispatch; ``CacheManager``), ``cached`` (cached objects and
-    events, watch filters, settings), ``dispatch`` (which watchers an event
+    events, watch filters, settings), ``storeindex`` (the store's keys by shard
+    hash bucket, so a range LIST visits its slice), ``dispatch`` (which watchers an event
     can concern, by shard range), ``watcher`` (one downstream watch and its
     bounded queue), ``watchresponse`` (its HTTP body; the app class),
     ``wire`` (fast decoding of upstream watch lines), ``paging``
