@@ -245,4 +245,4 @@ def shard_param(request: Request) -> ShardSelector | None:
     try:
         return parse_shard_selector(text)
     except SelectorSyntaxError as e:
-        raise bad_request(f"invalid shardSelector: {e}") from e
+        raise bad_request(f"invalid shard selector: {e}") from e

@@ -99,7 +99,7 @@ class ListOptions:
             labels = parse_label_selector(q.get("labelSelector"))
             fields = parse_field_selector(q.get("fieldSelector"), *_field_labels(info))
         except SelectorSyntaxError as e:
-            raise bad_request(f"invalid shardSelector: {e}") from e
+            raise bad_request(f"invalid shard selector: {e}") from e
         except SelectorParseError as e:
             raise bad_request(str(e)) from e
         if namespace is None:

@@ -77,10 +77,11 @@ def test_invalid_names_per_kind(http: httpx.Client) -> None:
         ({"watch": "yes"}, "watch"),
         ({"continue": "x", "resourceVersion": "5"}, "specifying resource version is not allowed when using continue"),
         ({"watch": "true", "resourceVersion": "x1"}, "resource version"),
-        ({"shardSelector": "shardRange(object.metadata.uid, '0x0')"}, "shardSelector"),
+        ({"shardSelector": "shardRange(object.metadata.uid, '0x0')"}, "invalid shard selector"),
         (
             {"shardSelector": "shardRange(object.metadata.uid, '0x0', '0x8000000000000002')"},
-            'hexStart must be a 0x-prefixed 16-digit hex value, got "0x0" (did you mean "0x0000000000000000"?)',
+            'invalid shard selector: hexStart must be a 0x-prefixed 16-digit hex value, got "0x0" '
+            '(did you mean "0x0000000000000000"?)',  # the real KEP-5866 server's words
         ),
         ({"dryRun": "All"}, "dryRun"),
     ],
