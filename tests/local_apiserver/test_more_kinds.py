@@ -1,9 +1,10 @@
 """More built-in kinds served generically (issue 23, first part): kubectl and the official client on them.
 
 Stored and served like ConfigMaps (CRUD, list/watch with resourceVersions,
-label selectors, status/scale where kube has them, the ``all`` category); the
-kind-specific semantics of issue 23 (Secret ``stringData``, Service IP
-allocation, default ServiceAccounts, ...) are not implemented yet.
+label selectors, status/scale where kube has them, the ``all`` category), with
+the kind-specific semantics of issue 23 tested here (Secret ``stringData``,
+``type`` and ``immutable``, Service IP and node-port allocation, default
+ServiceAccounts).
 """
 
 from __future__ import annotations
