@@ -12,9 +12,12 @@ Purpose
       so the objects go straight into the proxy's upstream interface.
     * ``memory``: ``tracemalloc`` traced bytes of the proxy's store (decoded
       object, its serialisation, precomputed hashes, labels) built from raw
-      JSON, divided by the number of objects, compared with the raw JSON size.
+      JSON, divided by the number of objects, compared with the raw JSON size;
+      and the same for the store index's uid-path buckets (built by the first
+      range LIST over that path).
     * ``listBreakdown``: CPU time of the parts of one LIST (sort of the whole
-      store, filter, body join) and of one full garbage collection over it.
+      store, a scan filtering it, the cache's select through its shard-hash
+      index, body join) and of one full garbage collection over it.
     * ``gcPauses``: garbage-collector pauses while a cache applies events
       until its history is full (100k events; quick 20k), without and with
       the proxy's :class:`~range_filter_proxy.heap.HeapKeeper` (a pass every
@@ -49,12 +52,13 @@ import orjson
 from bench.common import percentile, stored_pod
 from bench.fanout import equal_ranges
 from bench.feed import POD_INFO, FeedUpstream, PodsUpstream
-from hashing import UID_PATH, parse_shard_selector, range_to_selector
+from hashing import UID_PATH, ShardRange, ShardSelector, parse_shard_selector, range_to_selector
 from range_filter_proxy import create_app
 from range_filter_proxy.cache import WatchCache
 from range_filter_proxy.cached import CachedObject, CacheSettings, WatchFilter
 from range_filter_proxy.heap import HeapKeeper, HeapSettings
 from range_filter_proxy.metrics import ProxyMetrics
+from range_filter_proxy.storeindex import StoreIndex
 from range_filter_proxy.upstream import ListResult, WatchEvent, decode_watch_line
 from rangeshard.core.rest import GVR
 
@@ -144,13 +148,15 @@ def list_latency(n: int, repeats: int = 2) -> dict[str, Any]:
 def list_breakdown(n: int) -> dict[str, Any]:
     """CPU ms of the parts of one 1/16 LIST over a store of ``n`` pods (best of 3), and of one full GC pass.
 
-    ``WatchCache.select`` sorts the whole store and then filters it; this
-    separates the sort, the filter, the body join, and the cost of a full
-    (generation 2) garbage collection over the store, which is what the
-    occasional slow LIST pays.
+    Separates the sort of the whole store, a scan filtering it (what
+    ``WatchCache.select`` did before its shard-hash index), the cache's
+    select (index, filter, sort of the slice), the body join, and the cost
+    of a full (generation 2) garbage collection over the store, which is
+    what the occasional slow LIST pays.
     """
     store: dict[tuple[str, str], CachedObject] = {}
-    for p in make_pods(n):
+    pods = make_pods(n)
+    for p in pods:
         o = CachedObject.build(p, POD_INFO)
         store[o.key] = o
     filt = WatchFilter(shard=parse_shard_selector(range_to_selector(equal_ranges(SLICES)[0], UID_PATH)))
@@ -164,11 +170,16 @@ def list_breakdown(n: int) -> dict[str, Any]:
         return round(out * 1000, 2)
 
     chosen = [o for o in store.values() if filt.matches(o)]
+    cache = WatchCache(POD_INFO, StaticUpstream([], 0), ProxyMetrics(), CacheSettings())
+    cache.replace(ListResult(pods, "1"))  # the same pods, in a watch cache
+    del pods
+    cache.select(filt)  # builds the uid path's buckets, as the first range LIST does
     return {
         "objects": n,
         "sortWholeStoreCpuMs": best(lambda: sorted(store.items())),
         "filterWholeStoreCpuMs": best(lambda: [o for o in store.values() if filt.matches(o)]),
         "sortSliceOnlyCpuMs": best(lambda: sorted(chosen, key=lambda o: o.key)),
+        "selectIndexedCpuMs": best(lambda: cache.select(filt)),
         "joinBodyCpuMs": best(lambda: b",".join(o.raw for o in chosen)),
         "fullGcCpuMs": best(gc.collect),
     }
@@ -188,9 +199,14 @@ def memory_per_object(n: int) -> dict[str, Any]:
             store[o.key] = o
         gc.collect()
         after = tracemalloc.get_traced_memory()[0]
+        index = StoreIndex()  # the uid path's buckets, what a range LIST over that path builds
+        index.candidates(ShardSelector((ShardRange(UID_PATH, 0, 1 << 64),)), store)
+        gc.collect()
+        indexed = tracemalloc.get_traced_memory()[0]
     finally:
         tracemalloc.stop()
     per_object = (after - before) / n
+    index_per_object = (indexed - after) / n
     serialised = sum(len(o.raw) for o in store.values()) / n
     return {
         "objects": n,
@@ -199,6 +215,8 @@ def memory_per_object(n: int) -> dict[str, Any]:
         "ratioToRawJson": round(per_object / raw_mean, 2),
         "ofWhichSerialisedBytes": round(serialised),
         "decodedEtcPerObject": round(per_object - serialised),
+        "uidIndexBytesPerObject": round(index_per_object, 1),
+        "ratioWithUidIndex": round((per_object + index_per_object) / raw_mean, 2),
         "target": 2.0,
     }
 

@@ -418,20 +418,20 @@ class WatchCache:
         objects = self.objects
         matches = filt.matches
         if filt.shard is None:
-            matched = [o for o in objects.values() if matches(o)]
+            keys = [k for k, o in objects.items() if matches(o)]
             self.stats.select_examined += len(objects)
         else:
-            matched = []
+            keys = []
             examined = 0
-            for key in self.store_index.candidates(filt.shard, objects):
-                o = objects[key]
+            for k in self.store_index.candidates(filt.shard, objects):
                 examined += 1
-                if matches(o):
-                    matched.append(o)
+                if matches(objects[k]):
+                    keys.append(k)
             self.stats.select_examined += examined
-        # Filter first, then sort only what is returned (the whole-store sort dominated LIST time).
-        matched.sort(key=lambda o: o.key)
-        return matched
+        # Filter first, then sort only what is returned (the whole-store sort dominated LIST time),
+        # by the store's keys (sorting the objects by their ``key`` property built a tuple per object).
+        keys.sort()
+        return [objects[k] for k in keys]
 
     async def upstream_current_rv(self) -> int:
         """The upstream's current resourceVersion (a quorum read there)."""
