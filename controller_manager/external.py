@@ -262,9 +262,21 @@ class Endpoint:
             log.warning("%s: cannot read the proxy token file: %s", self.name, e)
             return None
 
-    def register(self, watch: _Watch) -> None:
+    def register(self, watch: _Watch, generation: int) -> None:
+        """Track an open watch; one whose request began before the last reset is cut at once.
+
+        A reset between the request's freshness check and this registration
+        (e.g. the instance was unlocked: the check saw the locked period's
+        empty list as fresh, the selector the new range) would otherwise leave
+        a watch that resumes from a list of another range and is never cut.
+        """
         with self._lock:
-            self._watches.add(watch)
+            current = generation == self.resets
+            if current:
+                self._watches.add(watch)
+        if not current:
+            log.info("%s: a watch opened across a reset: cut at once (the controller relists)", self.name)
+            watch.cut()
 
     def forget(self, watch: _Watch) -> None:
         with self._lock:
@@ -428,10 +440,12 @@ def _handler(endpoint: Endpoint) -> type[BaseHTTPRequestHandler]:
 
         def _relay_watch(self, response: httpx.Response, generation: int) -> None:
             watch = _Watch(response)
-            endpoint.register(watch)
+            endpoint.register(watch, generation)
             try:
                 try:
                     for line in response.iter_lines():
+                        if watch.reset:  # cut: nothing more of the range served before is relayed
+                            break
                         if line:
                             endpoint.issued(_resource_version(line, "object", "metadata"), generation)
                             self._chunk(line.encode() + b"\n")

@@ -251,3 +251,38 @@ def test_writes_to_a_shard_resource_carry_the_owner_token_and_other_requests_pas
     finally:
         ep.stop()
         upstream.close()
+
+
+def test_a_watch_that_opens_across_a_reset_is_cut_at_once() -> None:
+    """A reset between a watch's freshness check and its registration still ends it with ERROR 410.
+
+    The race seen under load with the JavaScript informer: it listed while its instance was locked
+    (nothing), the instance was unlocked while its watch request was on the way (the check still saw
+    the list's resourceVersion as fresh, the selector already the new range), and the watch, never
+    cut, resumed from an empty list: the controller never saw the objects of its range.
+    """
+    ep, shard = _endpoint()
+    resets: list[str] = []
+
+    def upstream(request: httpx.Request) -> httpx.Response:
+        if request.url.params.get("watch") == "true":
+            shard.allowed = HashRange(0, MAX_HASH)
+            ep.reset_watches("the instance may now serve its range")  # lands while the request is upstream
+            resets.append(str(request.url))
+            event = b'{"type":"ADDED","object":{"kind":"ConfigMap","metadata":{"name":"a","resourceVersion":"6"}}}\n'
+            return httpx.Response(200, content=event, headers={"Content-Type": "application/json"})
+        return httpx.Response(200, json={"kind": "ConfigMapList", "metadata": {"resourceVersion": "5"}, "items": []})
+
+    ep.client = httpx.Client(base_url="http://upstream.invalid", transport=httpx.MockTransport(upstream))
+    ep.start()
+    try:
+        with httpx.Client(base_url=ep.url, timeout=10) as c:
+            assert c.get("/api/v1/namespaces/a/configmaps").status_code == 200  # locked: serves nothing
+            assert ep.fresh("5")
+            watch = c.get("/api/v1/namespaces/a/configmaps", params={"watch": "true", "resourceVersion": "5"})
+            assert resets, "the watch reached the upstream"
+            lines = watch.text.splitlines()
+            assert len(lines) == 1 and '"type":"ERROR"' in lines[0] and '"code":410' in lines[0], lines
+            assert not ep.fresh("5"), "after the reset the empty list seeds no watch: the client relists"
+    finally:
+        ep.stop()
