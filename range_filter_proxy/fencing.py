@@ -143,6 +143,10 @@ def shard_hash_of(declared: int | None, body: Any, cached: Any) -> tuple[int | N
     return None, None
 
 
+#: A write whose fencing decision waits longer than this is logged at WARNING (once per write, with why).
+SLOW_DECISION_SECONDS = 1.0
+
+
 class BatchedRead(Generic[T]):
     """One read shared by every caller that arrived before it started (see module docstring).
 
@@ -242,16 +246,32 @@ class WriteFence:
 
     async def fresh_view(self) -> int:
         """Wait until the tracked view is at least as new as etcd when this was called; its read revision."""
+        arrived = time.monotonic()
         try:
             revision, kvs = await self.reads.get()
         except RangeshardError as e:
             raise ApiError(503, "ServiceUnavailable", f"write fencing: cannot read the registry: {e}") from e
+        if time.monotonic() - arrived > SLOW_DECISION_SECONDS:
+            log.warning(
+                "write fencing: the registry read took %.1fs (reads so far: %d)",
+                time.monotonic() - arrived,
+                self.reads.reads,
+            )
         deadline = time.monotonic() + self.settings.catch_up_timeout
+        warned = False
         while True:
             changed = self._changed
             if self.tracker.covers(revision, kvs):
                 return revision
             left = deadline - time.monotonic()
+            if not warned and self.settings.catch_up_timeout - left > SLOW_DECISION_SECONDS:
+                warned = True
+                log.warning(
+                    "write fencing: the registry view is behind the read at revision %s after %.1fs: %s",
+                    revision,
+                    self.settings.catch_up_timeout - left,
+                    self.tracker.behind(revision, kvs),
+                )
             if changed is None or left <= 0:
                 raise ApiError(
                     503,

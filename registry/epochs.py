@@ -104,6 +104,18 @@ class EpochTracker:
         with self._lock:
             return self._owners.get((controller_type, instance_id))
 
+    def behind(self, revision: int, kvs: Mapping[str, KV]) -> str:
+        """Why :meth:`covers` is false (for a log line): the records read that the view lacks or has older,
+        and those the view still has that the read (at ``revision``) no longer holds."""
+        with self._lock:
+            older = [
+                f"{k} (read at {kv.mod_revision}, here {self._kvs[k].mod_revision if k in self._kvs else 'absent'})"
+                for k, kv in kvs.items()
+                if k not in self._kvs or self._kvs[k].mod_revision < kv.mod_revision
+            ]
+            gone = [k for k, kv in self._kvs.items() if k not in kvs and kv.create_revision <= revision]
+            return f"view at revision {self._revision}; behind: {older or 'none'}; deleted since: {gone or 'none'}"
+
     def covers(self, revision: int, kvs: Mapping[str, KV]) -> bool:
         """True if the tracked registry is at least as new as ``kvs``, read at ``revision``.
 

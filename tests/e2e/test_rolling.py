@@ -16,13 +16,14 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from controller_manager.audit import read_records
 from hashing import MAX_HASH, HashRange
 from rangeshard.testing import assert_no_stale_writes
 from registry import State
-from tests.e2e.conftest import Cluster, Load, Manager
-from tests.e2e.kube import create_namespace, create_replicaset, replicasets_converged
+from tests.e2e.conftest import Cluster, Load, Manager, dump_logs
+from tests.e2e.kube import create_namespace, create_replicaset, pods_by_owner, replicasets, replicasets_converged
 from tests.e2e.test_manager import RS_ONLY, all_active
 from tests.helpers import wait_until
 
@@ -65,6 +66,18 @@ def start(cluster: Cluster, name: str, incarnation: int = 0, **extra: object) ->
     return cluster.start_manager(RS_ONLY, name=name, files=f"{name}.{incarnation}", config_extra={**GRACE, **extra})
 
 
+def _unconverged(api: Any, ns: str) -> str:
+    """The ReplicaSets not converged yet: name, wanted replicas, live pods, status.replicas (for a failure)."""
+    pods = pods_by_owner(api, ns)
+    rows = []
+    for rs in replicasets(api, ns):
+        name, want = rs["metadata"]["name"], rs["spec"].get("replicas", 1)
+        have = (pods.get(name, 0), (rs.get("status") or {}).get("replicas", 0))
+        if have != (want, want):
+            rows.append(f"{name}: want {want}, pods {have[0]}, status.replicas {have[1]}")
+    return "not converged: " + ("; ".join(rows) or "none")
+
+
 def test_rolling_restart_of_four_managers_moves_no_key(fenced_cluster: Cluster) -> None:
     cluster = fenced_cluster
     api = cluster.api
@@ -99,7 +112,10 @@ def test_rolling_restart_of_four_managers_moves_no_key(fenced_cluster: Cluster) 
     for m in managers.values():
         c = m.handover("replicaset")
         assert c.get("drain_waits", 0) == 0 and c.get("unlocks", 0) == 0, (m.name, c)
-    wait_until(lambda: replicasets_converged(api, ns), 40, "converged after the rolling restart")
+    try:
+        wait_until(lambda: replicasets_converged(api, ns), 40, "converged after the rolling restart")
+    except AssertionError as e:  # what did not converge, and the managers' logs (reconciles timing out?)
+        raise AssertionError(f"{e}\n{_unconverged(api, ns)}\n{dump_logs(cluster)}") from None
     # A restarted id is active as soon as it takes its record back, before its caches sync: wait until
     # every incarnation whose range holds replicasets has audited its first reconcile.
     idle = cluster.without_objects(ns)

@@ -207,5 +207,21 @@ def test_covers() -> None:
     assert tracked < etcd.revision
 
 
+def test_behind_names_what_the_view_lacks_when_it_does_not_cover() -> None:
+    """The slow-decision log line of write fencing says which records hold the view back."""
+    etcd, t = FakeEtcd(), EtcdTracker()
+    etcd.put("a", MAX_HASH, lease=1)
+    etcd.feed(t, relisted=True)
+    assert "behind: none; deleted since: none" in t.behind(etcd.revision, dict(etcd.kvs))
+    etcd.put("b", HALF, lease=2)  # not fed: the view lacks it
+    why = t.behind(etcd.revision, dict(etcd.kvs))
+    assert not t.covers(etcd.revision, dict(etcd.kvs))
+    assert "/b (read at" in why and "here absent" in why and "deleted since: none" in why
+    etcd.feed(t)
+    etcd.delete("b")  # not fed: the view still has it
+    why = t.behind(etcd.revision, dict(etcd.kvs))
+    assert "behind: none" in why and "/b" in why.split("deleted since:")[1]
+
+
 def EtcdTracker() -> EpochTracker:
     return EpochTracker(PREFIX)
