@@ -29,7 +29,7 @@ import json
 import re
 from typing import Any
 
-from local_apiserver.conversion import METRICS_ANNOTATION, cpu_utilization_metric
+from local_apiserver.conversion import METRICS_ANNOTATION, cpu_utilization_metric, get_path
 from local_apiserver.crd import crd_defaults, crd_problems
 from local_apiserver.defaults import JOB_UID_LABEL, generate_job_selector, service_defaults, workload_defaults
 from local_apiserver.errors import bad_request, invalid
@@ -241,7 +241,7 @@ def _kind_rules(spec: ResourceSpec, obj: dict[str, Any]) -> list[tuple[str, str]
     elif spec.resource == "jobs" and spec.group == "batch":
         causes.extend(_job_rules(obj))
     elif spec.resource == "cronjobs" and spec.group == "batch":
-        pod_spec = _dig(body_spec, "jobTemplate", "spec", "template", "spec")
+        pod_spec = get_path(body_spec, "jobTemplate.spec.template.spec")
         causes.extend(_job_restart_policy(pod_spec, "spec.jobTemplate.spec.template.spec"))
     elif spec.resource == "services" and spec.group == "":
         ports = body_spec.get("ports") if isinstance(body_spec, dict) else None
@@ -253,15 +253,6 @@ def _kind_rules(spec: ResourceSpec, obj: dict[str, Any]) -> list[tuple[str, str]
             if data is not None and (not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values())):
                 causes.append((key, "Invalid value: must be a map of strings"))
     return causes
-
-
-def _dig(value: Any, *keys: str) -> Any:
-    """``value[k1][k2]...``, or None where a level is missing or not an object."""
-    for key in keys:
-        if not isinstance(value, dict):
-            return None
-        value = value.get(key)
-    return value
 
 
 def _job_restart_policy(pod_spec: Any, path: str) -> list[tuple[str, str]]:
@@ -302,7 +293,7 @@ def _job_rules(obj: dict[str, Any]) -> list[tuple[str, str]]:
     uid = str((obj.get("metadata") or {}).get("uid") or "")
     if body_spec.get("manualSelector") is not True and uid and not problems:
         for where, values in (
-            ("spec.selector.matchLabels", _dig(selector, "matchLabels")),
+            ("spec.selector.matchLabels", get_path(selector, "matchLabels")),
             ("spec.template.metadata.labels", labels),
         ):
             found = values.get(JOB_UID_LABEL) if isinstance(values, dict) else None
