@@ -38,27 +38,29 @@ Invariants
       forwarded), never an unchecked pass.
 
 Concurrency model
-    The decision runs on the proxy's event loop; the etcd read runs in a
-    worker thread (one at a time); the membership watch has its own thread
-    and wakes waiting writes through ``loop.call_soon_threadsafe``.
+    The decision runs on the proxy's event loop; the etcd read runs on the
+    ``fencing-read`` thread (one at a time) and the membership watch on its
+    own; both wake waiting writes through ``loop.call_soon_threadsafe``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 import anyio.to_thread
 
 from hashing import hash_key
-from rangeshard.core.errors import RangeshardError
+from rangeshard.core.errors import RangeshardError, RegistryUnavailable
 from rangeshard.core.etcd import KV, EtcdClient, EtcdConfig
 from rangeshard.core.kubeapi import ApiError
-from rangeshard.core.loops import start_task
+from rangeshard.core.loops import start_thread
 from rangeshard.core.ownertoken import OwnerToken
 from registry import DEFAULT_PREFIX, Layout, MembershipWatch
 from registry.epochs import EpochTracker, Ownership
@@ -153,40 +155,95 @@ class BatchedRead(Generic[T]):
     A caller never gets the result of a read that started before it called:
     callers arriving while a read runs wait for the next one, which starts as
     soon as the running one ends and serves all of them.
+
+    The (blocking) read runs on a thread of its own, started with the first
+    caller, and hands its result back to the waiting callers with one
+    ``call_soon_threadsafe``: a write waits two turns of the event loop plus
+    the read, where a pooled worker thread cost about four more (each turn
+    lasts long on a busy, CPU-starved proxy: issue 25's loaded runs).
+
+    States of the reader thread: not started -> idle (no caller waits) ->
+    reading (the batch taken at the read's start) -> idle ... -> closed (every
+    waiting caller fails with :class:`RegistryUnavailable`).
     """
 
-    def __init__(self, read: Callable[[], Awaitable[T]]) -> None:
+    def __init__(self, read: Callable[[], T], *, name: str = "fencing-read") -> None:
         self._read = read
-        self._next: asyncio.Future[T] | None = None
-        self._running = False
+        self._name = name
+        self._cond = threading.Condition()
+        self._waiting: list[asyncio.Future[T]] = []
+        self._thread: threading.Thread | None = None
+        self._closed = False
         self.reads = 0
 
     async def get(self) -> T:
-        if self._next is None:
-            self._next = asyncio.get_running_loop().create_future()
-            if not self._running:
-                self._running = True
-                start_task(self._loop(), "fencing-read", what="fencing registry read")
-        return await asyncio.shield(self._next)
+        fut: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        with self._cond:
+            if self._closed:
+                raise self._stopped()
+            self._waiting.append(fut)
+            if self._thread is None:
+                self._thread = start_thread(self._name, self._run, what="fencing registry reads")
+            self._cond.notify()
+        return await fut
 
-    async def _loop(self) -> None:
-        try:
-            while self._next is not None:
-                fut, self._next = self._next, None
-                self.reads += 1
-                try:
-                    result = await self._read()
-                except asyncio.CancelledError:
-                    fut.cancel()
-                    raise
-                except Exception as e:  # every waiter of this batch sees the failure
-                    if not fut.done():
-                        fut.set_exception(e)
-                else:
-                    if not fut.done():
-                        fut.set_result(result)
-        finally:
-            self._running = False
+    def close(self, timeout: float = 0.0) -> None:
+        """Stop the reader thread (a read in progress finishes first, waited for up to ``timeout``).
+
+        Callers still waiting, and any later caller, fail with :class:`RegistryUnavailable`.
+        """
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+            thread = self._thread
+        if thread is not None and timeout > 0:
+            thread.join(timeout)
+
+    def _stopped(self) -> RegistryUnavailable:
+        return RegistryUnavailable(f"{self._name}: stopped (the proxy is shutting down)")
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._waiting and not self._closed:
+                    self._cond.wait()
+                batch, self._waiting = self._waiting, []
+                closed = self._closed
+            if closed:
+                _settle_threadsafe(batch, None, self._stopped())
+                return
+            self.reads += 1
+            try:
+                result = self._read()
+            except Exception as e:  # every waiter of this batch sees the failure
+                _settle_threadsafe(batch, None, e)
+            else:
+                _settle_threadsafe(batch, result, None)
+
+
+def _settle_threadsafe(batch: list[asyncio.Future[T]], result: T | None, error: BaseException | None) -> None:
+    """Resolve ``batch`` from another thread, with one wake-up of each loop its futures belong to."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future[T]]] = {}
+    for fut in batch:
+        by_loop.setdefault(fut.get_loop(), []).append(fut)
+    for loop, futures in by_loop.items():
+        _settle_on(loop, futures, result, error)
+
+
+def _settle_on(
+    loop: asyncio.AbstractEventLoop, futures: list[asyncio.Future[T]], result: T | None, error: BaseException | None
+) -> None:
+    def settle() -> None:
+        for fut in futures:
+            if fut.done():  # the caller gave up (cancelled)
+                continue
+            if error is not None:
+                fut.set_exception(error)
+            else:
+                fut.set_result(result)  # type: ignore[arg-type]
+
+    with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting any more
+        loop.call_soon_threadsafe(settle)
 
 
 class WriteFence:
@@ -208,6 +265,8 @@ class WriteFence:
             on_revision=self._observe,
         )
         self.reads: BatchedRead[tuple[int, dict[str, KV]]] = BatchedRead(self._read_registry)
+        #: How long the last registry read's etcd call took (seconds; in the slow-decision warning).
+        self.last_read_seconds = 0.0
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -215,7 +274,11 @@ class WriteFence:
         self.watch.start()
 
     async def stop(self) -> None:
-        await anyio.to_thread.run_sync(self.watch.stop, abandon_on_cancel=True)
+        def stop_threads() -> None:
+            self.reads.close(timeout=self.settings.etcd.timeout)
+            self.watch.stop()
+
+        await anyio.to_thread.run_sync(stop_threads, abandon_on_cancel=True)
         if self._client is not None:
             self._client.close()
             self._client = None
@@ -233,16 +296,16 @@ class WriteFence:
         if changed is not None:
             changed.set()
 
-    async def _read_registry(self) -> tuple[int, dict[str, KV]]:
-        def read() -> tuple[int, dict[str, KV]]:
-            if self._client is None:
-                self._client = EtcdClient(self.settings.etcd)
-            rev, kvs = self._client.get_prefix(self.layout.controllers)
-            return rev, {kv.key: kv for kv in kvs}
-
+    def _read_registry(self) -> tuple[int, dict[str, KV]]:
+        """One linearizable read of the controllers' records (on the batcher's thread)."""
         if self.on_read is not None:
             self.on_read()
-        return await anyio.to_thread.run_sync(read, abandon_on_cancel=True)
+        t0 = time.monotonic()
+        if self._client is None:
+            self._client = EtcdClient(self.settings.etcd)
+        rev, kvs = self._client.get_prefix(self.layout.controllers)
+        self.last_read_seconds = time.monotonic() - t0
+        return rev, {kv.key: kv for kv in kvs}
 
     async def fresh_view(self) -> int:
         """Wait until the tracked view is at least as new as etcd when this was called; its read revision."""
@@ -253,8 +316,9 @@ class WriteFence:
             raise ApiError(503, "ServiceUnavailable", f"write fencing: cannot read the registry: {e}") from e
         if time.monotonic() - arrived > SLOW_DECISION_SECONDS:
             log.warning(
-                "write fencing: the registry read took %.1fs (reads so far: %d)",
+                "write fencing: the registry read took %.1fs (its etcd call %.3fs; reads so far: %d)",
                 time.monotonic() - arrived,
+                self.last_read_seconds,
                 self.reads.reads,
             )
         deadline = time.monotonic() + self.settings.catch_up_timeout

@@ -366,8 +366,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "batched-read-joins-running",
         FENCING,
-        "                fut, self._next = self._next, None",
-        "                fut = self._next",
+        "                batch, self._waiting = self._waiting, []",
+        "                batch = self._waiting",
         (f"{T_FENCE}::test_batched_read_never_serves_a_read_started_before_the_caller",),
         "callers arriving while a registry read runs are given that (stale) read's result",
         fencing=True,

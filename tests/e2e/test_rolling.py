@@ -28,6 +28,11 @@ from tests.e2e.test_manager import RS_ONLY, all_active
 from tests.helpers import wait_until
 
 GRACE = {"rejoinGraceSeconds": 30}
+#: The four-manager restart runs under load with a steady write stream: reconciles get a budget a loaded
+#: 2-core machine can meet (a write through the fencing proxy took 1-1.6 s at load average ~12), and the
+#: lease a TTL that keeps ``reconcileTimeoutSeconds < leaseTTLSeconds / 2``. Nothing here waits for a lease
+#: to expire (a graceful stop parks), so the longer TTL costs no time.
+LOADED = {"lease_ttl": 6, "reconcile_timeout": 2.5}
 
 
 def layout(cluster: Cluster) -> dict[str, tuple[int, str]]:
@@ -62,8 +67,23 @@ def watching_keys(cluster: Cluster, expected: dict[str, int]) -> Iterator[list[s
         assert reads[0] > 10, "the registry reader hardly ran"
 
 
-def start(cluster: Cluster, name: str, incarnation: int = 0, **extra: object) -> Manager:
-    return cluster.start_manager(RS_ONLY, name=name, files=f"{name}.{incarnation}", config_extra={**GRACE, **extra})
+def start(
+    cluster: Cluster,
+    name: str,
+    incarnation: int = 0,
+    *,
+    lease_ttl: int = 0,
+    reconcile_timeout: float = 0.0,
+    **extra: object,
+) -> Manager:
+    return cluster.start_manager(
+        RS_ONLY,
+        name=name,
+        files=f"{name}.{incarnation}",
+        config_extra={**GRACE, **extra},
+        lease_ttl=lease_ttl,
+        reconcile_timeout=reconcile_timeout,
+    )
 
 
 def _unconverged(api: Any, ns: str) -> str:
@@ -88,7 +108,7 @@ def test_rolling_restart_of_four_managers_moves_no_key(fenced_cluster: Cluster) 
         create_replicaset(api, ns, n, 1)
     managers = {}
     for i in range(4):
-        managers[f"r{i}"] = start(cluster, f"r{i}")
+        managers[f"r{i}"] = start(cluster, f"r{i}", **LOADED)
         wait_until(lambda i=i: all_active(cluster, "replicaset", i + 1), 40, f"{i + 1} active")
     wait_until(lambda: replicasets_converged(api, ns), 40, "converged")
     before = keys(cluster)
@@ -101,7 +121,7 @@ def test_rolling_restart_of_four_managers_moves_no_key(fenced_cluster: Cluster) 
             assert old.terminate() == 0
             assert "parked: range" in old.log.read_text()
             assert layout(cluster)[f"{name}-replicaset"][1] == State.PARKED.value
-            new = start(cluster, name, incarnation=1)
+            new = start(cluster, name, incarnation=1, **LOADED)
             managers[name] = new
             wait_until(lambda: all_active(cluster, "replicaset", 4), 40, f"{name} back and active")
             # Same key back, no split and no handover: nobody was locked, nobody drained or unlocked.

@@ -18,6 +18,7 @@ import pytest
 
 from hashing import MAX_HASH, HashRange, hash_key
 from range_filter_proxy.fencing import BatchedRead, FenceSettings, Verdict, WriteFence, decide, shard_hash_of
+from rangeshard.core.errors import RegistryUnavailable
 from rangeshard.core.etcd import KV, EtcdClient, EtcdConfig
 from rangeshard.core.kubeapi import ApiError
 from rangeshard.core.ownertoken import OwnerToken, fence_reason, fenced_status
@@ -271,49 +272,53 @@ def test_concurrent_writes_share_one_read_per_batch(
 
 
 class _HandDrivenRead:
-    """A read function driven by hand: read ``n`` starts, waits for ``release(n)``, returns ``n`` (1-based)."""
+    """A blocking read driven by hand: read ``n`` starts, waits for ``release(n)``, returns ``n`` (1-based)."""
 
     def __init__(self) -> None:
         self.started = 0
         self.running = 0
         self.most_running = 0
-        self._events: list[asyncio.Event] = []
-        self._changed = asyncio.Event()
+        self.threads: set[str] = set()
+        self._cond = threading.Condition()
+        self._released: set[int] = set()
 
-    async def __call__(self) -> int:
-        self.started += 1
-        self.running += 1
-        self.most_running = max(self.most_running, self.running)
-        n = self.started
-        ev = asyncio.Event()
-        self._events.append(ev)
-        self._changed.set()
-        try:
-            await ev.wait()
-        finally:
+    def __call__(self) -> int:
+        with self._cond:
+            self.started += 1
+            self.running += 1
+            self.most_running = max(self.most_running, self.running)
+            self.threads.add(threading.current_thread().name)
+            n = self.started
+            self._cond.notify_all()
+            # Bounded: a test that never releases fails its own wait, and this thread ends.
+            self._cond.wait_for(lambda: n in self._released, timeout=10)
             self.running -= 1
         return n
 
     async def until_started(self, n: int) -> None:
         """Wait (at most 2 s: a broken batcher fails here, never hangs) until read ``n`` has started."""
 
-        async def wait() -> None:
-            while self.started < n:
-                self._changed.clear()
-                await self._changed.wait()
+        def wait() -> bool:
+            with self._cond:
+                return self._cond.wait_for(lambda: self.started >= n, timeout=2)
 
-        try:
-            await asyncio.wait_for(wait(), 2)
-        except TimeoutError:
-            raise AssertionError(f"read {n} never started ({self.started} started)") from None
+        if not await asyncio.to_thread(wait):
+            raise AssertionError(f"read {n} never started ({self.started} started)")
 
     def release(self, n: int) -> None:
-        self._events[n - 1].set()
+        with self._cond:
+            self._released.add(n)
+            self._cond.notify_all()
 
 
 async def _turns(n: int = 5) -> None:
     for _ in range(n):
         await asyncio.sleep(0)  # let ready tasks run (event-loop turns, not time)
+
+
+async def _settled(*tasks: asyncio.Task[Any]) -> None:
+    """Wait (at most 2 s) until ``tasks`` are done."""
+    await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 2)
 
 
 def test_batched_read_never_serves_a_read_started_before_the_caller() -> None:
@@ -322,27 +327,30 @@ def test_batched_read_never_serves_a_read_started_before_the_caller() -> None:
     async def scenario() -> None:
         read = _HandDrivenRead()
         batched: BatchedRead[int] = BatchedRead(read)
-        first = asyncio.create_task(batched.get())
-        await read.until_started(1)
-        late = [asyncio.create_task(batched.get()) for _ in range(3)]  # arrive while read 1 runs
-        await _turns()
-        read.release(1)
-        assert await asyncio.wait_for(first, 2) == 1
-        await _turns()
-        served_early = [t.result() for t in late if t.done() and not t.exception()]
-        assert served_early == [], f"callers that arrived during read 1 got its result: {served_early}"
-        await read.until_started(2)
-        later = asyncio.create_task(batched.get())  # arrives while read 2 runs: read 3, not 2
-        await _turns()
-        assert read.started == 2, "a read started while another one runs"
-        read.release(2)
-        assert await asyncio.wait_for(asyncio.gather(*late), 2) == [2, 2, 2]
-        await _turns()
-        assert not later.done(), "a caller that arrived during read 2 got its result"
-        await read.until_started(3)
-        read.release(3)
-        assert await asyncio.wait_for(later, 2) == 3
-        assert batched.reads == 3 and read.started == 3 and read.most_running == 1
+        try:
+            first = asyncio.create_task(batched.get())
+            await read.until_started(1)
+            late = [asyncio.create_task(batched.get()) for _ in range(3)]  # arrive while read 1 runs
+            await _turns()
+            read.release(1)
+            assert await asyncio.wait_for(first, 2) == 1
+            await read.until_started(2)  # started for the late callers as soon as read 1 ended
+            served_early = [t.result() for t in late if t.done() and not t.exception()]
+            assert served_early == [], f"callers that arrived during read 1 got its result: {served_early}"
+            later = asyncio.create_task(batched.get())  # arrives while read 2 runs: read 3, not 2
+            await _turns()
+            assert read.started == 2, "a read started while another one runs"
+            read.release(2)
+            assert await asyncio.wait_for(asyncio.gather(*late), 2) == [2, 2, 2]
+            await read.until_started(3)
+            assert not later.done(), "a caller that arrived during read 2 got its result"
+            read.release(3)
+            assert await asyncio.wait_for(later, 2) == 3
+            assert batched.reads == 3 and read.started == 3 and read.most_running == 1
+            # Every read ran on the batcher's own thread, never on the event loop's.
+            assert read.threads == {"fencing-read"}
+        finally:
+            batched.close(timeout=2)
 
     run(scenario())
 
@@ -350,25 +358,78 @@ def test_batched_read_never_serves_a_read_started_before_the_caller() -> None:
 def test_batched_read_failure_reaches_its_batch_only() -> None:
     async def scenario() -> None:
         calls = 0
-        gate = asyncio.Event()
+        gate = threading.Event()
 
-        async def read() -> int:
+        def read() -> int:
             nonlocal calls
             calls += 1
             if calls == 1:
-                await gate.wait()
+                gate.wait(10)
                 raise ConnectionError("etcd down")
             return calls
 
         batched: BatchedRead[int] = BatchedRead(read)
+        try:
+            first = asyncio.create_task(batched.get())
+            while calls == 0:
+                await asyncio.sleep(0.001)
+            late = asyncio.create_task(batched.get())
+            await _turns()
+            gate.set()
+            with pytest.raises(ConnectionError):
+                await asyncio.wait_for(first, 2)
+            assert await asyncio.wait_for(late, 2) == 2  # the next read, not the failed one
+        finally:
+            batched.close(timeout=2)
+
+    run(scenario())
+
+
+def test_a_cancelled_caller_does_not_disturb_its_batch() -> None:
+    """A write that gives up (its client went away) leaves the others of its batch their answer."""
+
+    async def scenario() -> None:
+        read = _HandDrivenRead()
+        batched: BatchedRead[int] = BatchedRead(read)
+        try:
+            first = asyncio.create_task(batched.get())
+            await read.until_started(1)
+            quitter = asyncio.create_task(batched.get())
+            stayer = asyncio.create_task(batched.get())
+            await _turns()
+            quitter.cancel()
+            read.release(1)
+            assert await asyncio.wait_for(first, 2) == 1
+            await read.until_started(2)
+            read.release(2)
+            assert await asyncio.wait_for(stayer, 2) == 2
+            await _settled(quitter)
+            assert quitter.cancelled()
+        finally:
+            batched.close(timeout=2)
+
+    run(scenario())
+
+
+def test_closing_the_batcher_fails_waiting_and_later_callers_with_503_material() -> None:
+    """After ``close`` (proxy shutdown) nobody waits forever: waiting and later callers get ``RegistryUnavailable``."""
+
+    async def scenario() -> None:
+        read = _HandDrivenRead()
+        batched: BatchedRead[int] = BatchedRead(read)
         first = asyncio.create_task(batched.get())
+        await read.until_started(1)
+        waiting = asyncio.create_task(batched.get())
         await _turns()
-        late = asyncio.create_task(batched.get())
-        await _turns()
-        gate.set()
-        with pytest.raises(ConnectionError):
-            await asyncio.wait_for(first, 2)
-        assert await asyncio.wait_for(late, 2) == 2  # the next read, not the failed one
+        batched.close()  # while read 1 runs: it is delivered, nothing more is read
+        read.release(1)
+        await asyncio.wait_for(asyncio.to_thread(batched.close, 2), 3)
+        assert await asyncio.wait_for(first, 2) == 1  # the read in progress finished and was delivered
+        with pytest.raises(RegistryUnavailable, match="shutting down"):
+            await asyncio.wait_for(waiting, 2)
+        with pytest.raises(RegistryUnavailable):
+            await batched.get()
+        assert read.started == 1
 
     run(scenario())
 
