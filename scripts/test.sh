@@ -4,6 +4,8 @@
 #
 # Creates ./.venv and installs the project with its dev extras if needed
 # (re-installs when pyproject.toml changed). Extra arguments go to pytest.
+# The suite runs on RANGESHARD_TEST_WORKERS pytest-xdist worker processes (default 2, one file per
+# worker at a time: module fixtures stay in one process); 0 runs it in this process.
 # pytest's exit code 5 ("no tests collected") is turned into a failure:
 # a run that executes no test is a defect.
 set -euo pipefail
@@ -38,9 +40,11 @@ echo "== ruff check"; .venv/bin/ruff check .
 echo "== ruff format --check"; .venv/bin/ruff format --check .
 echo "== mypy"; .venv/bin/mypy
 echo "== import-linter"; .venv/bin/lint-imports --no-cache
-echo "== pytest"
+workers=${RANGESHARD_TEST_WORKERS:-2}
+case "$workers" in ''|*[!0-9]*) echo "RANGESHARD_TEST_WORKERS must be a whole number, got '$workers'" >&2; exit 2;; esac
+echo "== pytest ($workers workers)"
 set +e
-.venv/bin/python -m pytest "$@"
+.venv/bin/python -m pytest -n "$workers" --dist loadfile "$@"
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then
