@@ -20,7 +20,12 @@ Purpose
       reconcile is CPU-bound and N managers on C cores cannot exceed C x one.
       An idle manager (the same config, no ReplicaSets yet) gives ``RSS(idle)``.
       Targets (ratios of one run): ``throughput(N) >= 0.9 N throughput(1)``;
-      ``RSS(N) - RSS(idle) <= (1/N + 0.1) (RSS(1) - RSS(idle))``.
+      ``RSS(N) - RSS(idle) <= (1/N + 0.1) (RSS(1) - RSS(idle))``. For N > 1
+      the managers are then restarted one at a time (graceful stop: the range
+      is parked; the same id takes it back, ``rejoinGraceSeconds``) and their
+      RSS measured again once their caches hold every ReplicaSet
+      (``afterRollingRestartRssMiB``): processes that never held a wider range
+      than their own, against those that did while the others joined.
     * **proxy** (:func:`run_proxy`): the unmodified ``rangeshard proxy``
       process caching ``objects`` pods (~1.2 KiB of JSON each) from
       :mod:`bench.upstream_server` (a synthetic API server: a million pods
@@ -206,6 +211,8 @@ class _Managers:
                 "etcd": {"endpoints": [self.etcd_url]},
                 "proxy": {"url": self.proxy_url},
                 "leaseTTLSeconds": 5,
+                # A graceful stop parks the range; the same id started again takes it back (rolling restart).
+                "rejoinGraceSeconds": 120,
                 "registryPrefix": self.prefix,
                 "metrics": {"host": "127.0.0.1", "port": port},
                 "controllers": {CONTROLLER: {"workers": self.workers, "reconcileDelaySeconds": self.delay}},
@@ -217,6 +224,34 @@ class _Managers:
                 f"m{i}", path, self.workdir / f"m{i}.log", instance_prefix=f"m{i}", log_level="warning"
             )
             self.procs.append(m.start())
+
+    def restart_one(self, i: int, timeout: float) -> None:
+        """Stop manager ``i`` gracefully (it parks its range) and start the same id again, until all are active."""
+        old = self.procs[i]
+        old.terminate(timeout=20)
+        new = ManagerProcess.of_config(
+            old.name,
+            self.workdir / f"m{i}.yaml",
+            self.workdir / f"m{i}.log",
+            instance_prefix=f"m{i}",
+            log_level="warning",
+        )
+        self.procs[i] = new.start()
+        self.wait_active(len(self.procs), timeout)
+
+    def wait_cached(self, objects: int, timeout: float) -> None:
+        """Until the managers' ReplicaSet caches hold ``objects`` in all (each its range, after a relist)."""
+        deadline = time.monotonic() + timeout
+        total = -1
+        while time.monotonic() < deadline:
+            total = sum(
+                int(metric_value(t, "rangeshard_informer_cache_objects", informer="replicasets"))
+                for t in self.scrape_all()
+            )
+            if total == objects:
+                return
+            time.sleep(0.2)
+        raise RuntimeError(f"the managers' caches hold {total} ReplicaSets, not {objects}, after {timeout:.0f}s")
 
     def wait_active(self, n: int, timeout: float) -> None:
         """Every one of the ``n`` instances registered, active and unlocked (a manager that exits raises)."""
@@ -249,7 +284,15 @@ def _manager_row(ms: _Managers, texts: list[str]) -> list[dict[str, Any]]:
 
 
 def _one_count(
-    cluster: BenchCluster, workdir: Path, n: int, *, workers: int, delay: float, window: float, timeout: float
+    cluster: BenchCluster,
+    workdir: Path,
+    n: int,
+    *,
+    workers: int,
+    delay: float,
+    window: float,
+    timeout: float,
+    objects: int = 0,
 ) -> dict[str, Any]:
     ms = _Managers(cluster, workdir, workers=workers, delay=delay)
     try:
@@ -270,6 +313,14 @@ def _one_count(
         ]
         depth = [metric_value(a, "rangeshard_workqueue_depth", controller=CONTROLLER) for a in after]
         rows = _manager_row(ms, after)
+        restarted: list[int] | None = None
+        if objects and n > 1:
+            # A rolling restart (each id parks and takes its range back): every process then lists only
+            # its own range, never having held a wider one while the others joined.
+            for i in range(n):
+                ms.restart_one(i, timeout)
+            ms.wait_cached(objects, timeout)
+            restarted = [proc_memory(p.pid or 0)["rssKiB"] for p in ms.procs]
     finally:
         ms.close()
     rss = [r["rssKiB"] for r in rows]
@@ -286,6 +337,7 @@ def _one_count(
         "cachedPods": sum(r["cacheObjects"]["pods"] for r in rows),
         "reconcilesTotal": sum(r["reconciles"] for r in rows),
         "perManager": rows,
+        "afterRollingRestartRssMiB": [round(k / 1024, 1) for k in restarted] if restarted else None,
     }
 
 
@@ -309,7 +361,16 @@ def run_managers(
         created = create_replicasets(cluster.apiserver.url, objects)
         timeout = 120 + objects / 200
         rows = [
-            _one_count(cluster, workdir / f"n{n}", n, workers=workers, delay=delay, window=window, timeout=timeout)
+            _one_count(
+                cluster,
+                workdir / f"n{n}",
+                n,
+                workers=workers,
+                delay=delay,
+                window=window,
+                timeout=timeout,
+                objects=objects,
+            )
             for n in counts
         ]
     finally:
@@ -325,6 +386,9 @@ def run_managers(
         r["memoryOverIdleMiB"] = round(r["maxRssMiB"] - idle_mib, 1)
         r["memoryShare"] = round((r["maxRssMiB"] - idle_mib) / base_mem, 3) if base_mem > 0 else None
         r["memoryTarget"] = round(1 / n + 0.1, 3)
+        after = r.get("afterRollingRestartRssMiB")
+        if after and base_mem > 0:
+            r["afterRollingRestartMemoryShare"] = round((max(after) - idle_mib) / base_mem, 3)
     return {
         "objects": objects,
         "workersPerManager": workers,

@@ -202,6 +202,11 @@ def test_scale_managers_partition_their_caches_and_the_proxy_its_watchers(result
         assert all(x["rssKiB"] > 0 and x["peakRssKiB"] >= x["rssKiB"] for x in r["perManager"]), r
         assert r["reconcilesTotal"] > 0, r
         assert r["startToSyncedSeconds"] > 0
+    # After a rolling restart (every id parked and took its range back) the caches were full again.
+    assert m["rows"][0]["afterRollingRestartRssMiB"] is None
+    two = m["rows"][1]
+    assert len(two["afterRollingRestartRssMiB"]) == 2 and min(two["afterRollingRestartRssMiB"]) > 0, two
+    assert two["afterRollingRestartMemoryShare"] is not None
     p = sc["proxy"]
     assert p["firstSyncSeconds"] > 0 and p["bytesPerObject"] > 0 and p["rawJsonBytes"] > 1000
     lst = p["list"]
