@@ -529,6 +529,7 @@ def run_proxy(
         step = max(1, parts // list_sample)
         sample = list(range(0, parts, step))[:list_sample]
         times, counts = _run_loop(_timed_lists(proxy.url, parts, sample))
+        mem_listed = proc_memory(pid)  # with the store index the range LISTs use
         full = sample == list(range(parts))
         fans = [_run_loop(_fan(proxy.url, upstream_url, pid, w, events, rate)) for w in (small, large)]
         mem_end = proc_memory(pid)
@@ -536,6 +537,7 @@ def run_proxy(
         proxy.stop()
         _stop([upstream])
     per_object = (mem["rssKiB"] - idle_rss) * 1024 / objects
+    per_object_listed = (mem_listed["rssKiB"] - idle_rss) * 1024 / objects
     small_r, large_r = fans
     ratio = (
         round(large_r["eventsPerProxyCpuSecond"] / small_r["eventsPerProxyCpuSecond"], 2)
@@ -544,7 +546,7 @@ def run_proxy(
     )
     return {
         "objects": objects,
-        "upstream": "bench.upstream_server (synthetic API server: discovery, one pod LIST, chunked watch)",
+        "upstream": "bench.upstream_server (synthetic API server: discovery, paged pod lists, chunked watch)",
         "firstSyncSeconds": round(sync, 2),
         "rawJsonBytes": round(raw),
         "idleRssMiB": round(idle_rss / 1024, 1),
@@ -553,6 +555,9 @@ def run_proxy(
         "rssAtEndMiB": round(mem_end["rssKiB"] / 1024, 1),
         "bytesPerObject": round(per_object),
         "memoryRatioToRawJson": round(per_object / raw, 2),
+        "rssAfterListsMiB": round(mem_listed["rssKiB"] / 1024, 1),
+        "bytesPerObjectAfterLists": round(per_object_listed),
+        "memoryRatioToRawJsonAfterLists": round(per_object_listed / raw, 2),
         "memoryTarget": 2.0,
         "list": {
             "parts": parts,
