@@ -316,6 +316,15 @@ async def _turns(n: int = 5) -> None:
         await asyncio.sleep(0)  # let ready tasks run (event-loop turns, not time)
 
 
+async def _first_read_running() -> tuple[_HandDrivenRead, BatchedRead[int], asyncio.Task[int]]:
+    """A batcher over a hand-driven read, and a first caller whose read has started (and waits for release)."""
+    read = _HandDrivenRead()
+    batched: BatchedRead[int] = BatchedRead(read)
+    first = asyncio.create_task(batched.get())
+    await read.until_started(1)
+    return read, batched, first
+
+
 async def _settled(*tasks: asyncio.Task[Any]) -> None:
     """Wait (at most 2 s) until ``tasks`` are done."""
     await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 2)
@@ -325,11 +334,8 @@ def test_batched_read_never_serves_a_read_started_before_the_caller() -> None:
     """Each caller gets a read that started after it called; callers arriving together share one read."""
 
     async def scenario() -> None:
-        read = _HandDrivenRead()
-        batched: BatchedRead[int] = BatchedRead(read)
+        read, batched, first = await _first_read_running()
         try:
-            first = asyncio.create_task(batched.get())
-            await read.until_started(1)
             late = [asyncio.create_task(batched.get()) for _ in range(3)]  # arrive while read 1 runs
             await _turns()
             read.release(1)
@@ -389,11 +395,8 @@ def test_a_cancelled_caller_does_not_disturb_its_batch() -> None:
     """A write that gives up (its client went away) leaves the others of its batch their answer."""
 
     async def scenario() -> None:
-        read = _HandDrivenRead()
-        batched: BatchedRead[int] = BatchedRead(read)
+        read, batched, first = await _first_read_running()
         try:
-            first = asyncio.create_task(batched.get())
-            await read.until_started(1)
             quitter = asyncio.create_task(batched.get())
             stayer = asyncio.create_task(batched.get())
             await _turns()
@@ -415,10 +418,7 @@ def test_closing_the_batcher_fails_waiting_and_later_callers_with_503_material()
     """After ``close`` (proxy shutdown) nobody waits forever: waiting and later callers get ``RegistryUnavailable``."""
 
     async def scenario() -> None:
-        read = _HandDrivenRead()
-        batched: BatchedRead[int] = BatchedRead(read)
-        first = asyncio.create_task(batched.get())
-        await read.until_started(1)
+        read, batched, first = await _first_read_running()
         waiting = asyncio.create_task(batched.get())
         await _turns()
         batched.close()  # while read 1 runs: it is delivered, nothing more is read
