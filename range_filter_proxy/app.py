@@ -26,7 +26,8 @@ Concurrency model
     One event loop (uvicorn). Handlers await the cache and the upstream; the
     synchronous parts of the cache (dispatch, watcher registration) never
     await. Background tasks (one per cache, one resolving configured
-    resources, the heap keeper, the fence's registry watch) are started and
+    resources, the heap keeper, the fence's registry watch, the loop-lag probe
+    behind ``range_filter_proxy_event_loop_lag_seconds``) are started and
     stopped by the lifespan.
 """
 
@@ -60,6 +61,7 @@ from rangeshard.core.errors import ConfigError
 from rangeshard.core.kubeapi import DEFAULT_MAX_BODY_BYTES, ApiError, BodyLimit, status_object
 from rangeshard.core.kubeapi import Attributes as AuthAttributes
 from rangeshard.core.listoptions import parse_bool
+from rangeshard.core.loops import probe_loop_lag, start_task
 from rangeshard.core.rest import parse_resource_name, parse_rest_path
 from rangeshard.core.serving import ShutdownSignal
 
@@ -125,9 +127,11 @@ class Proxy:
             self.heap_keeper.start()
         if self.fence is not None:
             await self.fence.start()
+        lag_probe = start_task(probe_loop_lag(self.metrics.loop_lag.observe, "proxy"), "loop-lag-probe")
         try:
             yield
         finally:
+            lag_probe.cancel()
             if self.fence is not None:
                 await self.fence.stop()
             if self.heap_keeper is not None:

@@ -33,13 +33,15 @@ from __future__ import annotations
 from collections.abc import Iterator
 from itertools import accumulate
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 _PREFIX = "range_filter_proxy"
 
 #: Upper bounds (seconds) of the delivery-latency histogram buckets (+Inf is implied).
+#: Buckets of the event loop's lag (seconds): a healthy loop stays in the first ones.
+LOOP_LAG_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 
@@ -158,6 +160,13 @@ class ProxyMetrics:
             "upstream_shard_selector_supported",
             "1 when the upstream answered a probe list with a shardSelector with metadata.shardInfo"
             " (a native KEP-5866 server), 0 when it did not or was not probed yet",
+        )
+        self.loop_lag = Histogram(
+            f"{_PREFIX}_event_loop_lag_seconds",
+            "How late the proxy's event loop woke a probe sleeping 0.25 s (a blocked or CPU-starved process:"
+            " every request, watch event and fencing decision waits turns of this loop)",
+            buckets=LOOP_LAG_BUCKETS,
+            registry=self.registry,
         )
         self.fencing_reads = counter(
             "fencing_registry_reads",

@@ -1,5 +1,9 @@
 """Background loops with a name that log their unexpected end: one helper for threads, one for tasks.
 
+Also :func:`probe_loop_lag`, the task that measures how late an asyncio event
+loop runs what is due (a busy or CPU-starved process: every await on it waits
+that much longer).
+
 Purpose
     Every background loop of ours (lease keepers, membership watches,
     informers, workers, the state machine, the proxy's caches...) must have a
@@ -68,3 +72,29 @@ def start_task(coro: Coroutine[Any, Any, T], name: str, *, what: str | None = No
 
     task.add_done_callback(done)
     return task
+
+
+#: The loop-lag probe's period and the lag it reports at WARNING (at most once per ``LAG_WARNING_EVERY`` s).
+LAG_PROBE_INTERVAL = 0.25
+LAG_WARNING_SECONDS = 1.0
+LAG_WARNING_EVERY = 60.0
+
+
+async def probe_loop_lag(observe: Callable[[float], None], what: str, *, interval: float = LAG_PROBE_INTERVAL) -> None:
+    """Forever: sleep ``interval``, then ``observe`` how much later than due the loop woke this task (seconds).
+
+    A lag over ``LAG_WARNING_SECONDS`` is logged at WARNING (naming ``what``),
+    at most once a minute: the process is blocked or starved of CPU, and each
+    of its requests waits a multiple of that.
+    """
+    loop = asyncio.get_running_loop()
+    warned_at = -LAG_WARNING_EVERY
+    while True:
+        due = loop.time() + interval
+        await asyncio.sleep(interval)
+        now = loop.time()
+        lag = max(0.0, now - due)
+        observe(lag)
+        if lag > LAG_WARNING_SECONDS and now - warned_at >= LAG_WARNING_EVERY:
+            warned_at = now
+            log.warning("%s: the event loop ran %.2fs late (blocked or starved of CPU)", what, lag)

@@ -199,6 +199,13 @@ async def test_health_ready_and_metrics() -> None:
         assert "range_filter_proxy_event_delivery_latency_seconds_bucket" in text
         assert fake.watch_calls[PODS] == 1
 
+        async def lag_probed() -> bool:  # the loop-lag probe observes every 0.25 s
+            text = (await client.get("/metrics")).text
+            count = "range_filter_proxy_event_loop_lag_seconds_count"
+            return count in text and f"{count} 0.0" not in text
+
+        await eventually(lag_probed, what="the loop-lag probe's first observation")
+
         async def no_downstream_watches() -> bool:
             text = (await client.get("/metrics")).text
             return 'range_filter_proxy_downstream_watches{resource="pods"} 0.0' in text

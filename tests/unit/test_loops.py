@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 
 import pytest
 
-from rangeshard.core.loops import start_task, start_thread
+from rangeshard.core import loops
+from rangeshard.core.loops import probe_loop_lag, start_task, start_thread
 
 
 def test_a_thread_that_dies_is_logged_and_runs_on_death(caplog: pytest.LogCaptureFixture) -> None:
@@ -56,3 +58,32 @@ def test_a_task_that_fails_is_logged_but_not_one_cancelled(caplog: pytest.LogCap
     with caplog.at_level(logging.DEBUG, logger="rangeshard.core.loops"):
         asyncio.run(main())
     assert [r.getMessage() for r in caplog.records] == ["the task: task exited unexpectedly"]
+
+
+def test_the_loop_lag_probe_reports_a_blocked_loop_and_warns_once(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A loop blocked for 0.3 s is observed as ~0.3 s late; a lag over the warning level is one WARNING."""
+    monkeypatch.setattr(loops, "LAG_WARNING_SECONDS", 0.2)
+    seen: list[float] = []
+
+    async def scenario() -> None:
+        probe = asyncio.create_task(probe_loop_lag(seen.append, "the test loop", interval=0.05))
+        try:
+            while len(seen) < 2:
+                await asyncio.sleep(0.01)
+            for _ in range(2):
+                time.sleep(0.3)  # block the loop: the probe's wake-up is due meanwhile
+                n = len(seen)
+                while len(seen) == n:
+                    await asyncio.sleep(0.01)
+        finally:
+            probe.cancel()
+
+    with caplog.at_level(logging.WARNING, logger="rangeshard.core.loops"):
+        asyncio.run(scenario())
+    assert max(seen) >= 0.2, seen
+    assert min(seen) >= 0.0
+    warnings = [r.getMessage() for r in caplog.records if r.name == "rangeshard.core.loops"]
+    assert len(warnings) == 1, warnings  # two blocks, one warning a minute
+    assert warnings[0].startswith("the test loop: the event loop ran ") and "late" in warnings[0]
