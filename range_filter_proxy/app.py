@@ -33,8 +33,10 @@ Concurrency model
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -119,6 +121,33 @@ class Proxy:
             for w in list(cache.watchers.values()):
                 w.close("proxy shutting down")
 
+    async def _watch_pool(self, every: float = 2.0, warn_every: float = 30.0) -> None:
+        """Say so (WARNING, at most every ``warn_every`` s) while requests wait for an upstream connection."""
+        warned = -warn_every
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(every)
+            state = self.upstream.pool_state()
+            if state is None or state[2] == 0 or loop.time() - warned < warn_every:
+                continue
+            warned = loop.time()
+            now = time.monotonic()
+            oldest = sorted(self.passthrough.open_responses.values(), key=lambda r: r[2])[:5]
+            sent = sorted(getattr(self.upstream, "in_flight", {}).values(), key=lambda r: r[1])
+            detail = getattr(self.upstream, "pool_detail", lambda: "")()
+            log.warning(
+                "upstream connection pool full: %d connections (%d idle; %s), %d requests waiting; "
+                "%d sent without an answer yet, the oldest: %s; %d relayed answers open, the oldest: %s",
+                state[0],
+                state[1],
+                detail,
+                state[2],
+                len(sent),
+                ", ".join(f"{w} ({now - at:.0f}s)" for w, at in sent[:5]) or "none",
+                len(self.passthrough.open_responses),
+                ", ".join(f"{m} {t} ({now - at:.0f}s)" for m, t, at in oldest) or "none",
+            )
+
     @contextlib.asynccontextmanager
     async def running(self, owns_upstream: bool) -> AsyncIterator[None]:
         """Start the background parts; stop them (and close an upstream we made) on exit."""
@@ -128,10 +157,12 @@ class Proxy:
         if self.fence is not None:
             await self.fence.start()
         lag_probe = start_task(probe_loop_lag(self.metrics.loop_lag.observe, "proxy"), "loop-lag-probe")
+        pool_watch = start_task(self._watch_pool(), "upstream-pool-watch")
         try:
             yield
         finally:
             lag_probe.cancel()
+            pool_watch.cancel()
             if self.fence is not None:
                 await self.fence.stop()
             if self.heap_keeper is not None:

@@ -25,11 +25,14 @@ Concurrency model
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import httpx
 import orjson
 from fastapi import Request, Response
 from fastapi.responses import StreamingResponse
@@ -68,6 +71,8 @@ class PassThrough:
         self.auth_mode = auth_mode
         self.fence = fence
         self.shutdown = shutdown
+        #: Relayed answers not closed yet: ``id -> (method, target, opened at)`` (the pool watchdog names them).
+        self.open_responses: dict[int, tuple[str, str, float]] = {}
 
     async def fence_write(self, request: Request, fence: WriteFence) -> Response | None:
         """The 409 of a fenced write with an owner token, or ``None`` to pass it through."""
@@ -134,17 +139,39 @@ class PassThrough:
                 raise too_large from e
             raise
         out_headers = {k: v for k, v in resp.headers.multi_items() if k.lower() not in HOP_BY_HOP}
+        open_id = id(resp)
+        self.open_responses[open_id] = (request.method, target[:200], time.monotonic())
+
+        async def close() -> None:
+            # Shielded: a cancellation arriving while httpcore closes the response (the client went away
+            # just as the body ended) would leave its pooled connection ACTIVE forever; after 200 of those
+            # the pool is full and every upstream request waits (issue 25's loaded runs).
+            self.open_responses.pop(open_id, None)
+            closing = asyncio.ensure_future(resp.aclose())
+            closing.add_done_callback(_retrieve)
+            await asyncio.shield(closing)
 
         async def relay() -> AsyncIterator[bytes]:
+            # The raw stream, not ``resp.aiter_raw()``: that one closes the answer itself when the body
+            # ends, where a cancellation could cut the close short; ``close`` shields it.
+            stream = resp.stream
             try:
-                async for chunk in resp.aiter_raw():
+                if not isinstance(stream, httpx.AsyncByteStream):
+                    raise TypeError(f"an upstream answer without an async body: {type(stream).__name__}")
+                async for chunk in stream:
                     yield chunk
             finally:
-                await resp.aclose()
+                await close()
 
         return StreamingResponse(
             until_shutdown(relay(), self.shutdown),
             status_code=resp.status_code,
             headers=out_headers,
-            background=BackgroundTask(resp.aclose),
+            background=BackgroundTask(close),
         )
+
+
+def _retrieve(task: asyncio.Future[None]) -> None:
+    """Retrieve a shielded close's outcome (its caller may be gone): nothing is logged as never retrieved."""
+    if not task.cancelled() and task.exception() is not None:
+        log.debug("closing a relayed upstream answer failed: %r", task.exception())

@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import ssl
+import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -259,6 +260,10 @@ class Upstream:
     async def aclose(self) -> None:
         """Release what the upstream holds (connections)."""
 
+    def pool_state(self) -> tuple[int, int, int] | None:
+        """``(connections, idle connections, requests waiting for one)``, or ``None`` without a pool."""
+        return None
+
 
 @dataclass(slots=True)
 class UpstreamConfig:
@@ -364,10 +369,32 @@ class HttpUpstream(Upstream):
             limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=50),
             follow_redirects=False,
         )
+        #: Requests sent and not answered yet (their headers): ``id -> (what, sent at)`` (the pool watchdog).
+        self.in_flight: dict[int, tuple[str, float]] = {}
 
     async def aclose(self) -> None:
         """Close every pooled connection."""
         await self.client.aclose()
+
+    def pool_state(self) -> tuple[int, int, int]:
+        """``(connections, idle connections, requests waiting for one)`` of the upstream pool (diagnostics)."""
+        pool = getattr(self.client, "_transport", None)
+        pool = getattr(pool, "_pool", None)
+        connections = list(getattr(pool, "_connections", []) or [])
+        requests = list(getattr(pool, "_requests", []) or [])
+        idle = sum(1 for c in connections if getattr(c, "is_idle", lambda: False)())
+        waiting = sum(1 for r in requests if getattr(r, "connection", None) is None)
+        return len(connections), idle, waiting
+
+    def pool_detail(self) -> str:
+        """The pool's connections by state (httpcore's ``info()``, request counts dropped), for the watchdog."""
+        pool = getattr(getattr(self.client, "_transport", None), "_pool", None)
+        states: dict[str, int] = {}
+        for c in list(getattr(pool, "_connections", []) or []):
+            info = str(c.info()) if hasattr(c, "info") else repr(c)
+            key = info.split(", Request Count")[0]
+            states[key] = states.get(key, 0) + 1
+        return "; ".join(f"{n} {k}" for k, n in sorted(states.items(), key=lambda kv: -kv[1])) or "none"
 
     def _headers(self) -> dict[str, str]:
         headers = {"Accept": "application/json"}
@@ -377,10 +404,14 @@ class HttpUpstream(Upstream):
         return headers
 
     async def _get_json(self, path: str, params: Mapping[str, str] | None = None) -> Any:
+        token = object()
+        self.in_flight[id(token)] = (f"GET {path}", time.monotonic())
         try:
             resp = await self.client.get(path, params=dict(params or {}), headers=self._headers())
         except httpx.HTTPError as e:
             raise UpstreamUnavailable(f"GET {path}: {e!r}") from e
+        finally:
+            self.in_flight.pop(id(token), None)
         if resp.status_code != 200:
             raise _status_error(resp.status_code, resp.content, f"GET {path}")
         try:
@@ -537,7 +568,11 @@ class HttpUpstream(Upstream):
             )
         except (httpx.InvalidURL, ValueError) as e:  # e.g. a path that normalises to "//x"
             raise bad_request(f"invalid request target {target[:200]!r}: {e}") from e
+        token = object()
+        self.in_flight[id(token)] = (f"{method} {target[:200]}", time.monotonic())
         try:
             return await self.client.send(request, stream=True)
         except httpx.HTTPError as e:
             raise UpstreamUnavailable(f"{method} {target}: {e!r}") from e
+        finally:
+            self.in_flight.pop(id(token), None)

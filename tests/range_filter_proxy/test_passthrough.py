@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import httpx
@@ -15,9 +18,15 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from range_filter_proxy import create_app
-from range_filter_proxy.upstream import load_upstream_config
+from range_filter_proxy.app import Proxy, ProxySettings
+from range_filter_proxy.auth import AuthMode
+from range_filter_proxy.cache import CacheManager
+from range_filter_proxy.metrics import ProxyMetrics
+from range_filter_proxy.passthrough import PassThrough
+from range_filter_proxy.upstream import HttpUpstream, Upstream, UpstreamConfig, load_upstream_config
 from rangeshard.core.errors import ConfigError
-from tests.range_filter_proxy.helpers import async_test, serve
+from rangeshard.core.serving import ShutdownSignal
+from tests.range_filter_proxy.helpers import async_test, eventually, serve
 
 
 async def _echo(request: Request) -> Response:
@@ -166,3 +175,123 @@ async def test_a_shard_filtered_request_is_never_passed_through_on_stale_or_fail
             assert "not passed through unfiltered" in resp.json()["message"]
             resp = await client.get("/api/v1/widgets")
             assert resp.status_code == 200 and "shardInfo" not in resp.json()["metadata"]
+
+
+class _SlowCloseStream(httpx.AsyncByteStream):
+    """An upstream body of one chunk whose close takes a few loop turns (httpcore's close awaits the socket)."""
+
+    def __init__(self) -> None:
+        self.close_started = asyncio.Event()
+        self.closed_fully = False
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        yield b'{"kind":"ConfigMap"}'
+
+    async def aclose(self) -> None:
+        self.close_started.set()
+        await asyncio.sleep(0.05)
+        self.closed_fully = True
+
+
+class _OneAnswer(Upstream):
+    """An upstream whose pass-through answers with one :class:`_SlowCloseStream` body."""
+
+    def __init__(self, body: _SlowCloseStream) -> None:
+        self.body = body
+
+    async def forward(
+        self,
+        method: str,
+        target: str,
+        headers: Sequence[tuple[str, str]],
+        body: AsyncIterator[bytes] | None,
+        *,
+        own_credentials: bool = True,
+    ) -> httpx.Response:
+        return httpx.Response(200, stream=self.body)
+
+
+def _get_request(path: str) -> Request:
+    scope = {
+        "type": "http",
+        "method": "GET",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "headers": [(b"accept", b"application/json")],
+    }
+
+    async def receive() -> dict[str, object]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    return Request(scope, receive)
+
+
+@async_test()
+async def test_a_client_leaving_while_the_answer_closes_does_not_cut_the_close_short() -> None:
+    """Issue 25's pool exhaustion: a cancellation during the close of a relayed answer must not stop the close.
+
+    The client goes away just as the body ends (the relay is closing the upstream answer): the close
+    runs to its end anyway, so httpcore gets its connection back. Cut short, the connection stayed
+    ACTIVE in the pool forever, and after 200 of them every upstream request of the proxy waited.
+    """
+    body = _SlowCloseStream()
+    shutdown = ShutdownSignal()
+    upstream = _OneAnswer(body)
+    metrics = ProxyMetrics()
+    manager = CacheManager(upstream, metrics)
+    passthrough = PassThrough(upstream, manager, metrics, AuthMode.NONE, None, shutdown)
+    response = await passthrough.forward(_get_request("/api/v1/namespaces/x/configmaps/y"))
+    assert isinstance(response, StreamingResponse)
+    chunks = response.body_iterator
+    assert await anext(chunks) == b'{"kind":"ConfigMap"}'
+    assert passthrough.open_responses  # the answer is open until it is closed
+    ending = asyncio.ensure_future(anext(chunks))  # the body ends: the relay closes the upstream answer
+    await asyncio.wait_for(body.close_started.wait(), 2)
+    ending.cancel()  # the client went away at that moment (Starlette cancels the response's task)
+    with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+        await ending
+    for _ in range(100):
+        if body.closed_fully:
+            break
+        await asyncio.sleep(0.01)
+    assert body.closed_fully, "the close of the upstream answer was cut short by the cancellation"
+    assert passthrough.open_responses == {}
+
+
+@async_test()
+async def test_the_pool_watchdog_names_what_holds_the_upstream_connections(caplog: pytest.LogCaptureFixture) -> None:
+    """With every upstream connection busy and a request waiting, the proxy says so and names the requests."""
+    release = asyncio.Event()
+
+    async def slow(_request: Request) -> Response:
+        await release.wait()
+        return Response(b"{}", media_type="application/json")
+
+    app = Starlette(routes=[Route("/{path:path}", slow)])
+    async with serve(app) as url:
+        upstream = HttpUpstream(UpstreamConfig(url), max_connections=1)
+        proxy = Proxy(upstream, ProxySettings(), ProxyMetrics())
+        try:
+            held = asyncio.ensure_future(upstream.forward("GET", "/api/v1/namespaces/a/configmaps/held", [], None))
+            await eventually(lambda: upstream.pool_state()[0] == 1, what="the one connection in use")
+            waiting = asyncio.ensure_future(upstream.forward("GET", "/api/v1/namespaces/a/configmaps/next", [], None))
+            await eventually(lambda: upstream.pool_state()[2] == 1, what="a request waiting for a connection")
+            assert upstream.pool_state() == (1, 0, 1)
+            with caplog.at_level(logging.WARNING, logger="range_filter_proxy.app"):
+                watchdog = asyncio.ensure_future(proxy._watch_pool(every=0.05))
+                await eventually(lambda: any("pool full" in r.getMessage() for r in caplog.records), what="a warning")
+                watchdog.cancel()
+            [message] = [r.getMessage() for r in caplog.records if "pool full" in r.getMessage()]
+            assert message.startswith("upstream connection pool full: 1 connections (0 idle; 1 ")
+            assert "1 requests waiting" in message and "2 sent without an answer yet" in message
+            assert "GET /api/v1/namespaces/a/configmaps/held" in message
+            release.set()
+            for fut in (held, waiting):
+                resp = await asyncio.wait_for(fut, 5)
+                await resp.aclose()
+            # Nothing busy, nothing waiting (a connection closed unread is dropped, not kept idle).
+            await eventually(lambda: upstream.pool_state()[0] == upstream.pool_state()[1], what="no busy connection")
+            assert upstream.pool_state()[2] == 0
+        finally:
+            await upstream.aclose()
