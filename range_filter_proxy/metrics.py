@@ -161,6 +161,14 @@ class ProxyMetrics:
             "1 when the upstream answered a probe list with a shardSelector with metadata.shardInfo"
             " (a native KEP-5866 server), 0 when it did not or was not probed yet",
         )
+        self.upstream_connections_busy = gauge(
+            "upstream_connections_busy",
+            "Pooled upstream connections serving a request (or an answer still being relayed); with nothing"
+            " in flight it falls back to 0",
+        )
+        self.upstream_requests_waiting = gauge(
+            "upstream_requests_waiting", "Upstream requests waiting for a pooled connection (the pool is full)"
+        )
         self.loop_lag = Histogram(
             f"{_PREFIX}_event_loop_lag_seconds",
             "How late the proxy's event loop woke a probe sleeping 0.25 s (a blocked or CPU-starved process:"
