@@ -142,8 +142,8 @@ class Proxy:
             warned = loop.time()
             now = time.monotonic()
             oldest = sorted(self.passthrough.open_responses.values(), key=lambda r: r[2])[:5]
-            sent = sorted(getattr(self.upstream, "in_flight", {}).values(), key=lambda r: r[1])
-            detail = getattr(self.upstream, "pool_detail", lambda: "")()
+            sent = self.upstream.unanswered()
+            detail = self.upstream.pool_detail()
             log.warning(
                 "upstream connection pool full: %d connections (%d idle; %s), %d requests waiting; "
                 "%d sent without an answer yet, the oldest: %s; %d relayed answers open, the oldest: %s",

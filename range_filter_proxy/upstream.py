@@ -207,7 +207,9 @@ class Upstream:
       is passed through);
     * ``post_json`` - TokenReview / SubjectAccessReview for ``--auth-mode
       delegate`` (``reviews``; default: none);
-    * ``aclose`` - release connections (default: nothing to release).
+    * ``aclose`` - release connections (default: nothing to release);
+    * ``pool_state``, ``pool_detail``, ``unanswered`` - the connection pool
+      and the requests in it, for the proxy's pool watchdog (default: none).
     """
 
     #: True if :meth:`post_json` sends delegated reviews.
@@ -263,6 +265,14 @@ class Upstream:
     def pool_state(self) -> tuple[int, int, int] | None:
         """``(connections, idle connections, requests waiting for one)``, or ``None`` without a pool."""
         return None
+
+    def pool_detail(self) -> str:
+        """The pool's connections by state, for the pool watchdog's warning (empty without a pool)."""
+        return ""
+
+    def unanswered(self) -> Sequence[tuple[str, float]]:
+        """Requests sent and not answered yet (their headers), oldest first: ``(what, sent at)``."""
+        return []
 
 
 @dataclass(slots=True)
@@ -385,6 +395,9 @@ class HttpUpstream(Upstream):
         idle = sum(1 for c in connections if getattr(c, "is_idle", lambda: False)())
         waiting = sum(1 for r in requests if getattr(r, "connection", None) is None)
         return len(connections), idle, waiting
+
+    def unanswered(self) -> Sequence[tuple[str, float]]:
+        return sorted(self.in_flight.values(), key=lambda r: r[1])
 
     def pool_detail(self) -> str:
         """The pool's connections by state (httpcore's ``info()``, request counts dropped), for the watchdog."""
