@@ -116,14 +116,16 @@ class Proxy:
         self.collections = CollectionServer(self.manager, ProxyTables(upstream), config.paging, self.shutdown)
         self.passthrough = PassThrough(upstream, self.manager, metrics, self.auth.mode, self.fence, self.shutdown)
 
-        def pool(index: int) -> float:
+        def busy() -> float:
             state = upstream.pool_state()
-            if state is None:
-                return 0.0
-            return float(state[0] - state[1]) if index == 0 else float(state[2])
+            return state[0] - state[1] if state else 0
 
-        metrics.upstream_connections_busy.set_function(lambda: pool(0))
-        metrics.upstream_requests_waiting.set_function(lambda: pool(2))
+        def waiting() -> float:
+            state = upstream.pool_state()
+            return state[2] if state else 0
+
+        metrics.upstream_connections_busy.set_function(busy)
+        metrics.upstream_requests_waiting.set_function(waiting)
 
     def _end_streams(self) -> None:
         for cache in list(self.manager.caches.values()):

@@ -39,9 +39,9 @@ from prometheus_client.registry import Collector
 
 _PREFIX = "range_filter_proxy"
 
-#: Upper bounds (seconds) of the delivery-latency histogram buckets (+Inf is implied).
 #: Buckets of the event loop's lag (seconds): a healthy loop stays in the first ones.
 LOOP_LAG_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+#: Upper bounds (seconds) of the delivery-latency histogram buckets (+Inf is implied).
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 

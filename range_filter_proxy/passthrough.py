@@ -48,7 +48,7 @@ from range_filter_proxy.upstream import Upstream
 from rangeshard.core.kubeapi import HOP_BY_HOP, WRITE_METHODS, RequestTooLarge, json_accept
 from rangeshard.core.ownertoken import FENCED_HEADER, SHARD_HASH_HEADER, OwnerToken, fenced_status, parse_shard_hash
 from rangeshard.core.rest import parse_rest_path
-from rangeshard.core.serving import ShutdownSignal, until_shutdown
+from rangeshard.core.serving import ShutdownSignal, retrieve_outcome, until_shutdown
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +148,7 @@ class PassThrough:
             # the pool is full and every upstream request waits (issue 25's loaded runs).
             self.open_responses.pop(open_id, None)
             closing = asyncio.ensure_future(resp.aclose())
-            closing.add_done_callback(_retrieve)
+            closing.add_done_callback(retrieve_outcome)
             await asyncio.shield(closing)
 
         async def relay() -> AsyncIterator[bytes]:
@@ -169,9 +169,3 @@ class PassThrough:
             headers=out_headers,
             background=BackgroundTask(close),
         )
-
-
-def _retrieve(task: asyncio.Future[None]) -> None:
-    """Retrieve a shielded close's outcome (its caller may be gone): nothing is logged as never retrieved."""
-    if not task.cancelled() and task.exception() is not None:
-        log.debug("closing a relayed upstream answer failed: %r", task.exception())

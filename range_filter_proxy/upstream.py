@@ -38,7 +38,7 @@ import contextlib
 import logging
 import ssl
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -386,12 +386,24 @@ class HttpUpstream(Upstream):
         """Close every pooled connection."""
         await self.client.aclose()
 
+    def _pool(self) -> tuple[list[Any], list[Any]]:
+        """httpcore's pool behind the client: its connections and requests (private attributes; empty if absent)."""
+        pool = getattr(getattr(self.client, "_transport", None), "_pool", None)
+        return list(getattr(pool, "_connections", None) or []), list(getattr(pool, "_requests", None) or [])
+
+    @contextlib.contextmanager
+    def _sent(self, what: str) -> Iterator[None]:
+        """Count ``what`` among the requests sent and not answered yet while the block runs."""
+        key = object()
+        self.in_flight[id(key)] = (what, time.monotonic())
+        try:
+            yield
+        finally:
+            self.in_flight.pop(id(key), None)
+
     def pool_state(self) -> tuple[int, int, int]:
         """``(connections, idle connections, requests waiting for one)`` of the upstream pool (diagnostics)."""
-        pool = getattr(self.client, "_transport", None)
-        pool = getattr(pool, "_pool", None)
-        connections = list(getattr(pool, "_connections", []) or [])
-        requests = list(getattr(pool, "_requests", []) or [])
+        connections, requests = self._pool()
         idle = sum(1 for c in connections if getattr(c, "is_idle", lambda: False)())
         waiting = sum(1 for r in requests if getattr(r, "connection", None) is None)
         return len(connections), idle, waiting
@@ -401,9 +413,8 @@ class HttpUpstream(Upstream):
 
     def pool_detail(self) -> str:
         """The pool's connections by state (httpcore's ``info()``, request counts dropped), for the watchdog."""
-        pool = getattr(getattr(self.client, "_transport", None), "_pool", None)
         states: dict[str, int] = {}
-        for c in list(getattr(pool, "_connections", []) or []):
+        for c in self._pool()[0]:
             info = str(c.info()) if hasattr(c, "info") else repr(c)
             key = info.split(", Request Count")[0]
             states[key] = states.get(key, 0) + 1
@@ -417,14 +428,11 @@ class HttpUpstream(Upstream):
         return headers
 
     async def _get_json(self, path: str, params: Mapping[str, str] | None = None) -> Any:
-        token = object()
-        self.in_flight[id(token)] = (f"GET {path}", time.monotonic())
         try:
-            resp = await self.client.get(path, params=dict(params or {}), headers=self._headers())
+            with self._sent(f"GET {path}"):
+                resp = await self.client.get(path, params=dict(params or {}), headers=self._headers())
         except httpx.HTTPError as e:
             raise UpstreamUnavailable(f"GET {path}: {e!r}") from e
-        finally:
-            self.in_flight.pop(id(token), None)
         if resp.status_code != 200:
             raise _status_error(resp.status_code, resp.content, f"GET {path}")
         try:
@@ -581,11 +589,8 @@ class HttpUpstream(Upstream):
             )
         except (httpx.InvalidURL, ValueError) as e:  # e.g. a path that normalises to "//x"
             raise bad_request(f"invalid request target {target[:200]!r}: {e}") from e
-        token = object()
-        self.in_flight[id(token)] = (f"{method} {target[:200]}", time.monotonic())
         try:
-            return await self.client.send(request, stream=True)
+            with self._sent(f"{method} {target[:200]}"):
+                return await self.client.send(request, stream=True)
         except httpx.HTTPError as e:
             raise UpstreamUnavailable(f"{method} {target}: {e!r}") from e
-        finally:
-            self.in_flight.pop(id(token), None)

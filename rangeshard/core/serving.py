@@ -110,7 +110,7 @@ async def until_shutdown(stream: AsyncIterator[bytes], shutdown: ShutdownSignal)
             # Our consumer went away (or the shutdown began) mid-read: cancel the read
             # and retrieve whatever it ends with, so nothing is logged as never retrieved.
             chunk.cancel()
-            chunk.add_done_callback(_retrieve)
+            chunk.add_done_callback(retrieve_outcome)
         else:
             aclose = getattr(stream, "aclose", None)
             if aclose is not None:
@@ -118,7 +118,8 @@ async def until_shutdown(stream: AsyncIterator[bytes], shutdown: ShutdownSignal)
                     await aclose()
 
 
-def _retrieve(future: asyncio.Future[Any]) -> None:
+def retrieve_outcome(future: asyncio.Future[Any]) -> None:
+    """A done-callback for a future nobody awaits any more: its exception is retrieved, never logged as lost."""
     if not future.cancelled():
         future.exception()
 
