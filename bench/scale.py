@@ -220,38 +220,28 @@ class _Managers:
             path = self.workdir / f"m{i}.yaml"
             path.write_text(yaml.safe_dump(config))
             self.metrics_urls.append(f"http://127.0.0.1:{port}/metrics")
-            m = ManagerProcess.of_config(
-                f"m{i}", path, self.workdir / f"m{i}.log", instance_prefix=f"m{i}", log_level="warning"
-            )
-            self.procs.append(m.start())
+            self.procs.append(self._process(i).start())
+
+    def _process(self, i: int) -> ManagerProcess:
+        """Manager ``i`` (instance id prefix ``m<i>``) on its config file, not started yet."""
+        path, log = self.workdir / f"m{i}.yaml", self.workdir / f"m{i}.log"
+        return ManagerProcess.of_config(f"m{i}", path, log, instance_prefix=f"m{i}", log_level="warning")
 
     def restart_one(self, i: int, timeout: float) -> None:
         """Stop manager ``i`` gracefully (it parks its range) and start the same id again, until all are active."""
-        old = self.procs[i]
-        old.terminate(timeout=20)
-        new = ManagerProcess.of_config(
-            old.name,
-            self.workdir / f"m{i}.yaml",
-            self.workdir / f"m{i}.log",
-            instance_prefix=f"m{i}",
-            log_level="warning",
-        )
-        self.procs[i] = new.start()
+        self.procs[i].terminate(timeout=20)
+        self.procs[i] = self._process(i).start()
         self.wait_active(len(self.procs), timeout)
 
     def wait_cached(self, objects: int, timeout: float) -> None:
         """Until the managers' ReplicaSet caches hold ``objects`` in all (each its range, after a relist)."""
-        deadline = time.monotonic() + timeout
-        total = -1
-        while time.monotonic() < deadline:
-            total = sum(
-                int(metric_value(t, "rangeshard_informer_cache_objects", informer="replicasets"))
-                for t in self.scrape_all()
-            )
-            if total == objects:
-                return
-            time.sleep(0.2)
-        raise RuntimeError(f"the managers' caches hold {total} ReplicaSets, not {objects}, after {timeout:.0f}s")
+
+        def cached() -> tuple[bool, str]:
+            name = "rangeshard_informer_cache_objects"
+            total = sum(int(metric_value(t, name, informer="replicasets")) for t in self.scrape_all())
+            return total == objects, f"{total} of {objects} ReplicaSets cached"
+
+        wait_managers(cached, self.procs, timeout, "the managers' caches to hold every ReplicaSet")
 
     def wait_active(self, n: int, timeout: float) -> None:
         """Every one of the ``n`` instances registered, active and unlocked (a manager that exits raises)."""
