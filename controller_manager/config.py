@@ -55,7 +55,9 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from hashing import ShardBy
 from rangeshard.core.errors import ConfigError
+from rangeshard.core.rest import parse_resource_name
 
 KNOWN_CONTROLLERS: tuple[str, ...] = ("replicaset", "deployment")
 """Controller types a manager can run, in the order they are documented."""
@@ -214,12 +216,14 @@ class ShardResourceSection(_Section):
         min_length=1,
         strict=True,
         description="`plural.group` (core resources: `plural`), as kubectl names them: `configmaps`, "
-        "`deployments.apps`, `gadgets.bars.example.org`.",
+        "`deployments.apps`, `gadgets.bars.example.org`; `plural.version.group` (`deployments.v1.apps`) "
+        "names the same resource (every version of it is sharded).",
     )
     by: Literal["uid", "owner", "namespace"] = Field(
         "uid",
-        description="What places an object in the hash space: its own `uid`, its controller `owner`'s uid "
-        "(its own uid without one), or its `namespace`.",
+        description="What places an object in the hash space (the one shard rule, `hashing.ShardBy`): its own "
+        "`uid`; its controller `owner`'s uid (an object without a controller owner is seen by every instance, "
+        "so orphans can be adopted); or its `namespace`. Reads and the proxy's write fence use the same rule.",
     )
 
     @field_validator("resource")
@@ -227,7 +231,23 @@ class ShardResourceSection(_Section):
     def _resource(cls, value: str) -> str:
         if not _RESOURCE_RE.match(value):
             raise ValueError("must be plural or plural.group in lowercase (e.g. configmaps, deployments.apps)")
-        return value
+        resource, _version, group = parse_resource_name(value)  # the proxy's kubectl-style parser
+        return f"{resource}.{group}" if group else resource
+
+    @field_validator("by")
+    @classmethod
+    def _by(cls, value: str) -> str:
+        return ShardBy.parse(value).value
+
+    @property
+    def label(self) -> str:
+        """``plural.group`` (``plural`` for the core group): how requests name the resource."""
+        return self.resource
+
+    @property
+    def rule(self) -> ShardBy:
+        """The shard rule of this resource."""
+        return ShardBy(self.by)
 
 
 class ExternalSection(_Section):

@@ -57,7 +57,7 @@ from controller_manager.metrics import Metrics
 from controller_manager.resources import Resource, controller_ref, object_key, raw_request
 from controller_manager.sharding import ShardInstance
 from controller_manager.workqueue import WorkQueue
-from hashing import OWNER_PATH, UID_PATH, HashRange, hash_key
+from hashing import HashRange, ShardBy, hash_key
 from rangeshard.core.clock import MONOTONIC, Clock
 from rangeshard.core.errors import ControllerError, ReconcileTimeout
 from rangeshard.core.etcd import EtcdConfig
@@ -269,20 +269,23 @@ class ControllerRuntime:
             on_count=lambda event: metrics.handover.labels(self.name, event).inc(),
             rejoin_grace=rejoin_grace,
         )
-        # The main resource by its own uid, each dependent by its controller owner's uid.
-        handlers: list[tuple[Resource, str, Callable[[str, dict[str, Any]], None]]] = [
-            (controller_cls.main, UID_PATH, self._on_main),
+        # The main resource by its own uid, each dependent by its controller owner's uid: the same
+        # rules its informers read with are declared with every write (the proxy's fence applies them).
+        handlers: list[tuple[Resource, ShardBy, Callable[[str, dict[str, Any]], None]]] = [
+            (controller_cls.main, ShardBy.UID, self._on_main),
             *(
-                (dep, OWNER_PATH, functools.partial(self._on_dependent, resource=dep))
+                (dep, ShardBy.OWNER, functools.partial(self._on_dependent, resource=dep))
                 for dep in controller_cls.dependents
             ),
         ]
+        if isinstance(api_client, FencedApiClient):
+            api_client.set_rules({resource.gvr.label: rule for resource, rule, _ in handlers})
         self.informers: dict[str, Informer] = {}
-        for resource, path, on_event in handlers:
+        for resource, rule, on_event in handlers:
             self.informers[resource.name] = Informer(
                 api_client,
                 resource,
-                path=path,
+                path=rule.path,
                 range_source=self.shard.informer_range,
                 on_event=on_event,
                 name=f"{self.name}-{resource.name}",

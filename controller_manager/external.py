@@ -71,18 +71,17 @@ import yaml
 from controller_manager.config import ExternalSection
 from controller_manager.metrics import Metrics
 from controller_manager.sharding import ShardInstance
-from hashing import NAMESPACE_PATH, OWNER_PATH, UID_PATH, HashRange, range_to_selector
+from hashing import HashRange, ShardBy, range_to_selector
 from rangeshard.core.etcd import EtcdConfig
 from rangeshard.core.kubeapi import HOP_BY_HOP, WRITE_METHODS, expired_status, json_accept, status_object
 from rangeshard.core.listoptions import parse_bool
 from rangeshard.core.loops import start_thread
-from rangeshard.core.ownertoken import OwnerToken
+from rangeshard.core.ownertoken import SHARD_BY_HEADER, OwnerToken, shard_by_agent
 from rangeshard.core.process import terminate
 from rangeshard.core.rest import parse_rest_path
 
 log = logging.getLogger(__name__)
 
-PATHS = {"uid": UID_PATH, "owner": OWNER_PATH, "namespace": NAMESPACE_PATH}
 #: Matches no object: lists and watches while the instance may serve nothing.
 _NOTHING = "metadata.name=rangeshard-serves-nothing.invalid"
 #: How many resourceVersions handed to the controller are remembered per serving period.
@@ -140,7 +139,8 @@ class Endpoint:
     ) -> None:
         self.name = name
         self.shard = shard
-        self.paths = {s.resource: PATHS[s.by] for s in section.shard}
+        #: The shard rule of each ``shard`` resource, by ``resource.group`` label (lists, watches and writes).
+        self.rules: dict[str, ShardBy] = {s.label: s.rule for s in section.shard}
         self.drain_seconds = section.drain_seconds
         self.token_file = token_file
         self.client = httpx.Client(base_url=proxy_url, verify=ca_cert or True, timeout=httpx.Timeout(30.0, read=None))
@@ -248,10 +248,10 @@ class Endpoint:
         self.client.close()
 
     # -- forwarding -----------------------------------------------------------------
-    def served_selector(self, path: str) -> str | None:
-        """The shardSelector of what the instance serves now (``None``: nothing)."""
+    def served_selector(self, rule: ShardBy) -> str | None:
+        """The shardSelector of what the instance serves now by ``rule`` (``None``: nothing)."""
         allowed: HashRange | None = self.shard.allowed
-        return range_to_selector(allowed, path) if allowed is not None else None
+        return range_to_selector(allowed, rule.path) if allowed is not None else None
 
     def auth_header(self) -> str | None:
         if self.token_file is None:
@@ -337,7 +337,8 @@ def _handler(endpoint: Endpoint) -> type[BaseHTTPRequestHandler]:
             query = parse_qsl(split.query, keep_blank_values=True)
             params = dict(query)
             found = parse_rest_path(split.path)
-            sharded = found is not None and found.gvr.label in endpoint.paths
+            rule = endpoint.rules.get(found.gvr.label) if found is not None else None
+            sharded = rule is not None
             sharded_get = sharded and found is not None and found.collection and self.command == "GET"
             headers = [(k, v) for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP]
             headers = [(k, json_accept(v) if k.lower() == "accept" else v) for k, v in headers]
@@ -359,7 +360,7 @@ def _handler(endpoint: Endpoint) -> type[BaseHTTPRequestHandler]:
                 if watch and not endpoint.fresh(params.get("resourceVersion", "")):
                     self._expired()
                     return
-                selector = endpoint.served_selector(endpoint.paths[found.gvr.label])
+                selector = endpoint.served_selector(rule) if rule is not None else None
                 if selector is not None:
                     query.append(("shardSelector", selector))
                 else:
@@ -367,12 +368,17 @@ def _handler(endpoint: Endpoint) -> type[BaseHTTPRequestHandler]:
                     query = [(k, v) for k, v in query if k != "fieldSelector"]
                     query.append(("fieldSelector", f"{fields},{_NOTHING}" if fields else _NOTHING))
             target = split.path + ("?" + urlencode(query) if query else "")
-            if sharded and self.command in WRITE_METHODS:
+            if rule is not None and self.command in WRITE_METHODS:
                 with endpoint.write() as token:
                     if token is not None:
+                        # The owner token, the client's own agent, then the rule again for the audit log.
                         agent = self.headers.get("User-Agent", "")
-                        headers = [(k, v) for k, v in headers if k.lower() != "user-agent"]
-                        headers.append(("User-Agent", f"{token.user_agent()} {agent}".strip()))
+                        drop = ("user-agent", SHARD_BY_HEADER.lower())
+                        headers = [(k, v) for k, v in headers if k.lower() not in drop]
+                        headers.append(
+                            ("User-Agent", " ".join(filter(None, (token.user_agent(), agent, shard_by_agent(rule)))))
+                        )
+                        headers.append((SHARD_BY_HEADER, rule.value))
                     self._relay(target, headers, body, stream=False)
                 return
             self._relay(

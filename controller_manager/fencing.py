@@ -7,7 +7,11 @@ Purpose
     * its User-Agent is the instance's owner token (set by
       :meth:`set_token` whenever the token changes), and while a worker
       reconciles a key, every request of that thread declares the key's
-      shard hash in ``X-Rangeshard-Shard-Hash`` (:meth:`reconciling`);
+      shard hash in ``X-Rangeshard-Shard-Hash`` (:meth:`reconciling`), and
+      every write to a resource the instance shards declares its rule
+      (``X-Rangeshard-Shard-By``: main resource ``uid``, dependents
+      ``owner``; :meth:`set_rules`), so the proxy judges the write by the
+      rule the informers read with;
     * a ``409`` whose Status says the write was fenced
       (:func:`rangeshard.core.ownertoken.fence_reason`; an ordinary
       optimistic-concurrency conflict has no such details) raises
@@ -32,13 +36,24 @@ import contextlib
 import threading
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import urlsplit
 
 import orjson
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
+from hashing import ShardBy
 from rangeshard.core.errors import ControllerError
-from rangeshard.core.ownertoken import SHARD_HASH_HEADER, OwnerToken, fence_reason, format_shard_hash, plain_user_agent
+from rangeshard.core.kubeapi import WRITE_METHODS
+from rangeshard.core.ownertoken import (
+    SHARD_BY_HEADER,
+    SHARD_HASH_HEADER,
+    OwnerToken,
+    fence_reason,
+    format_shard_hash,
+    plain_user_agent,
+)
+from rangeshard.core.rest import parse_rest_path
 
 
 class WriteFenced(ControllerError):
@@ -58,6 +73,12 @@ class FencedApiClient(k8s.ApiClient):  # type: ignore[misc,unused-ignore]
         self.user_agent = plain_user_agent()
         self.token: OwnerToken | None = None
         self._local = threading.local()
+        #: The shard rule of each resource this instance shards, by ``resource.group`` label.
+        self.rules: dict[str, ShardBy] = {}
+
+    def set_rules(self, rules: dict[str, ShardBy]) -> None:
+        """Declare ``rules`` (``resource.group`` label -> rule) on every write to those resources."""
+        self.rules = dict(rules)
 
     def set_token(self, token: OwnerToken) -> None:
         self.token = token
@@ -82,9 +103,17 @@ class FencedApiClient(k8s.ApiClient):  # type: ignore[misc,unused-ignore]
         _request_timeout: Any = None,
     ) -> Any:
         token = self.token
-        shard_hash = getattr(self._local, "shard_hash", None)
-        if shard_hash is not None and method not in ("GET", "HEAD", "OPTIONS"):
-            header_params = {**(header_params or {}), SHARD_HASH_HEADER: shard_hash}
+        if method in WRITE_METHODS:
+            extra: dict[str, str] = {}
+            shard_hash = getattr(self._local, "shard_hash", None)
+            if shard_hash is not None:
+                extra[SHARD_HASH_HEADER] = shard_hash
+            target = parse_rest_path(urlsplit(url).path) if self.rules else None
+            rule = self.rules.get(target.gvr.label) if target is not None else None
+            if rule is not None:
+                extra[SHARD_BY_HEADER] = rule.value
+            if extra:
+                header_params = {**(header_params or {}), **extra}
         try:
             response = super().call_api(method, url, header_params, body, post_params, _request_timeout)
         except ApiException as e:

@@ -12,10 +12,16 @@ Purpose
     wrote it in between* (``A, B, A``): the first token's ownership period
     had ended when it wrote again, so it wrote as a stale owner.
 
-    The shard key of a write (per controller type, as that type's informers
-    shard): for a write to the type's main resource the object's own uid;
-    for a write to one of its dependents (or by an unknown type) the uid of
-    the object's controller ownerReference, else its own uid. Owners are
+    The shard key of a write (per controller type) follows the shard rule
+    the writer declared (:class:`hashing.ShardBy`, read from the
+    ``rangeshard-shard-by/<rule>`` product token of its User-Agent, which the
+    external endpoint adds to every write it tags): ``uid`` the object's own
+    uid, ``owner`` its controller ownerReference's uid (its own uid when it
+    has none), ``namespace`` its namespace. A write that declares no rule is
+    keyed as the type's informers shard: for a write to the type's main
+    resource the object's own uid; for a write to one of its dependents (or
+    by an unknown type) the uid of the object's controller ownerReference,
+    else its own uid. Owners are
     read from ``requestObject``/``responseObject`` (level ``Request`` or
     ``RequestResponse``) and remembered per object uid, so deletes (whose
     bodies are DeleteOptions) are attributed too; an event naming no uid
@@ -46,8 +52,9 @@ from typing import Any
 import orjson
 
 from controller_manager.controllers import CONTROLLERS
+from hashing import ShardBy, controller_owner_uid
 from rangeshard.core.errors import ConfigError
-from rangeshard.core.ownertoken import OwnerToken
+from rangeshard.core.ownertoken import OwnerToken, declared_shard_by
 
 WRITE_VERBS = frozenset({"create", "update", "patch", "delete"})
 
@@ -118,12 +125,7 @@ def read_events(paths: Iterable[str | Path]) -> tuple[list[dict[str, Any]], int]
 
 def _controller_uid(obj: Any) -> str | None:
     meta = obj.get("metadata") if isinstance(obj, Mapping) else None
-    if not isinstance(meta, Mapping):
-        return None
-    for ref in meta.get("ownerReferences") or []:
-        if isinstance(ref, Mapping) and ref.get("controller") is True and isinstance(ref.get("uid"), str):
-            return str(ref["uid"])
-    return None
+    return controller_owner_uid(meta) if isinstance(meta, Mapping) else None
 
 
 def _own_uid(obj: Any) -> str | None:
@@ -135,6 +137,27 @@ def _own_uid(obj: Any) -> str | None:
 def _main_resource(controller_type: str) -> str | None:
     cls = CONTROLLERS.get(controller_type)
     return cls.main.name if cls is not None else None
+
+
+def _shard_key(
+    ev: Mapping[str, Any],
+    token: OwnerToken,
+    resource: str,
+    namespace: str,
+    uid: str | None,
+    owner_of: Mapping[str, str | None],
+) -> str | None:
+    """The shard key of one write by the writer's declared rule, else the type's informers' (module docstring)."""
+    try:
+        rule = declared_shard_by(None, ev.get("userAgent"))
+    except ValueError:
+        rule = None
+    if rule is ShardBy.NAMESPACE:
+        return f"namespace/{namespace}" if namespace else None
+    if rule is ShardBy.UID or (rule is None and resource == _main_resource(token.controller_type)):
+        return uid
+    owner = owner_of.get(uid) if uid is not None else None
+    return owner or uid
 
 
 def check(events: Iterable[Mapping[str, Any]]) -> Report:
@@ -172,11 +195,7 @@ def check(events: Iterable[Mapping[str, Any]]) -> Report:
         )
         report.writes += 1
         tokens.add(token)
-        if resource == _main_resource(token.controller_type):
-            shard_key = uid
-        else:
-            owner = owner_of.get(uid) if uid is not None else None
-            shard_key = owner or uid
+        shard_key = _shard_key(ev, token, resource, namespace, uid, owner_of)
         if shard_key is None and write.name:
             # Nothing says which object (a Metadata-level log without uids): the object's name is the key.
             shard_key = f"{resource}/{write.namespace}/{write.name}"

@@ -14,9 +14,11 @@ Invariants
       lowest floor, below the foundation :mod:`rangeshard.core`.
 
 Modules
-    ``keys`` (FNV-1a, ``hash_key``, the object and owner paths), ``ranges``
-    (``HashRange`` and splitting), ``selector`` (the KEP-5866
-    ``shardSelector`` grammar: parse, print canonically, match).
+    ``keys`` (FNV-1a, ``hash_key``), ``rules`` (``ShardBy``: the one shard
+    rule, which hash places an object, for reads, the write fence and the
+    audit alike; ``ObjectHashes``), ``ranges`` (``HashRange`` and
+    splitting), ``selector`` (the KEP-5866 ``shardSelector`` grammar: parse,
+    print canonically, match).
 
 Concurrency model
     Everything here is immutable or a pure function; safe from any thread or
@@ -34,12 +36,8 @@ from hashing.keys import (
     object_hash_key,
 )
 from hashing.ranges import HashRange, derive_ranges, split_largest
+from hashing.rules import NAMESPACE_PATH, OWNER_PATH, PATHS, UID_PATH, ObjectHashes, ShardBy
 from hashing.selector import (
-    NAMESPACE_PATH,
-    OWNER_PATH,
-    PATHS,
-    UID_PATH,
-    ObjectHashes,
     SelectorSyntaxError,
     ShardRange,
     ShardSelector,
@@ -61,6 +59,7 @@ __all__ = [
     "HashRange",
     "ObjectHashes",
     "SelectorSyntaxError",
+    "ShardBy",
     "ShardRange",
     "ShardSelector",
     "controller_owner_uid",

@@ -73,11 +73,12 @@ def controller_owner_uid(metadata: Mapping[str, Any]) -> str | None:
 
 
 def object_hash_key(obj: Mapping[str, Any]) -> int | None:
-    """Return the key an object is sharded by, or ``None`` if it has no uid.
+    """The key of a write that declares no shard rule, or ``None`` if it names no uid.
 
-    A dependent object (one with a controller ownerReference) is hashed by
-    that reference's uid so it lands on the same instance as its owner;
-    anything else by its own ``metadata.uid``.
+    The controller ownerReference's uid, else the object's own
+    ``metadata.uid``: how the write fence and the audit check judge a writer
+    that does not declare its :class:`hashing.rules.ShardBy` (managers older
+    than the declaration, any other client with an owner token).
     """
     metadata = obj.get("metadata")
     if not isinstance(metadata, Mapping):

@@ -31,20 +31,14 @@ Concurrency model
 
 from __future__ import annotations
 
-import functools
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from hashing.keys import UINT64_SPACE, controller_owner_uid, fnv1a_64
+from hashing.keys import UINT64_SPACE
 from hashing.ranges import HashRange
-
-UID_PATH = "object.metadata.uid"
-NAMESPACE_PATH = "object.metadata.namespace"
-OWNER_PATH = "object.metadata.ownerReferences.controller.uid"
-#: Every path a selector may name.
-PATHS = (UID_PATH, NAMESPACE_PATH, OWNER_PATH)
+from hashing.rules import PATHS, UID_PATH, ObjectHashes, ShardBy
 
 _MAX_SELECTOR_LENGTH = 16 * 1024
 _MAX_TERMS = 256
@@ -77,45 +71,6 @@ class ShardRange:
 
 
 @dataclass(frozen=True, slots=True)
-class ObjectHashes:
-    """The 64-bit hashes of one object, computed once (the proxy caches these)."""
-
-    uid: int | None
-    namespace: int | None
-    owner: int | None
-
-    @classmethod
-    def of(cls, obj: Mapping[str, Any]) -> ObjectHashes:
-        """Compute the hashes of a Kubernetes object (a decoded JSON mapping)."""
-        meta = obj.get("metadata")
-        if not isinstance(meta, dict) and not isinstance(meta, Mapping):  # dict first: the ABC check is slow
-            return cls(None, None, None)
-        uid = meta.get("uid")
-        ns = meta.get("namespace")
-        return _object_hashes(
-            uid if isinstance(uid, str) and uid else None,
-            ns if isinstance(ns, str) and ns else None,
-            controller_owner_uid(meta),
-        )
-
-    @staticmethod
-    def of_fields(uid: str | None, namespace: str | None, owner: str | None) -> ObjectHashes:
-        """The hashes of an object given its uid, namespace and controller owner uid (``None``/empty: absent)."""
-        return _object_hashes(uid or None, namespace or None, owner or None)
-
-
-@functools.lru_cache(maxsize=65536)
-def _object_hashes(uid: str | None, namespace: str | None, owner: str | None) -> ObjectHashes:
-    # Objects are updated far more often than created: the same strings give the same
-    # (immutable) value, so an update neither hashes nor builds it again.
-    return ObjectHashes(
-        fnv1a_64(uid) if uid is not None else None,
-        fnv1a_64(namespace) if namespace is not None else None,
-        fnv1a_64(owner) if owner is not None else None,
-    )
-
-
-@dataclass(frozen=True, slots=True)
 class ShardSelector:
     """A disjunction of :class:`ShardRange` terms (never empty)."""
 
@@ -134,22 +89,13 @@ class ShardSelector:
         return frozenset(t.path for t in self.terms)
 
     def matches_hashes(self, hashes: ObjectHashes) -> bool:
-        """Evaluate the selector against precomputed hashes.
+        """Evaluate the selector against precomputed hashes (each term by its path's :class:`ShardBy` rule).
 
         An object lacking the hashed field (no uid, cluster-scoped for the
         namespace path) matches no term of that path, except the owner path:
         no controller reference matches every owner-path term.
         """
-        for term in self.terms:
-            if term.path == OWNER_PATH:
-                if hashes.owner is None or term.contains(hashes.owner):
-                    return True
-            elif term.path == UID_PATH:
-                if hashes.uid is not None and term.contains(hashes.uid):
-                    return True
-            elif hashes.namespace is not None and term.contains(hashes.namespace):
-                return True
-        return False
+        return any(ShardBy.of_path(t.path).in_range(hashes, t.start, t.end) for t in self.terms)
 
     def predicate(self) -> Callable[[ObjectHashes], bool]:
         """:meth:`matches_hashes` specialised to this selector, for hot loops.
@@ -162,14 +108,16 @@ class ShardSelector:
             return self.matches_hashes
         term = self.terms[0]
         start, end = term.start, term.end
-        if term.path == OWNER_PATH:
+        rule = ShardBy.of_path(term.path)
+        # One closure per rule (not a getattr by name): this runs once per event and watcher.
+        if rule is ShardBy.OWNER:
 
             def owner_in(h: ObjectHashes) -> bool:
                 v = h.owner
                 return v is None or start <= v < end
 
             return owner_in
-        if term.path == UID_PATH:
+        if rule is ShardBy.UID:
 
             def uid_in(h: ObjectHashes) -> bool:
                 v = h.uid

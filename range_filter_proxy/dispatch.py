@@ -38,14 +38,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from hashing import NAMESPACE_PATH, OWNER_PATH, UID_PATH
+from hashing import ShardBy
 
 if TYPE_CHECKING:
     from range_filter_proxy.cached import CachedEvent
     from range_filter_proxy.watcher import Watcher
-
-#: The ObjectHashes attribute of each shard path.
-_ATTRIBUTE = {UID_PATH: "uid", NAMESPACE_PATH: "namespace", OWNER_PATH: "owner"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,8 +97,9 @@ class _PathIndex:
                 current = tuple(active)
             segments.append(current)
         segments.append(())
-        missing = tuple(w for w, _ in entries) if path == OWNER_PATH else ()
-        return cls(_ATTRIBUTE[path], tuple(bounds), tuple(segments), missing)
+        rule = ShardBy.of_path(path)  # the one shard rule: which hash, and whether its absence matches all
+        missing = tuple(w for w, _ in entries) if rule.matches_absent else ()
+        return cls(rule.attribute, tuple(bounds), tuple(segments), missing)
 
     def lookup(self, value: int | None) -> tuple[Watcher, ...]:
         if value is None:

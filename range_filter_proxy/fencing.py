@@ -19,17 +19,30 @@ Purpose
     cover what that read saw (:meth:`EpochTracker.covers`). No other
     per-write wait.
 
-    How a write's shard hash is found (:func:`shard_hash_of`): the writer
-    may declare it (``X-Rangeshard-Shard-Hash``, the hash of the key it
-    reconciles; managers always do); a declaration must match the object
-    (its own uid or its controller owner's uid, in the body or in the
-    proxy's cache), else the write is fenced (``ShardHashMismatch``).
-    Without a declaration the hash is the informers': the controller
-    ownerReference uid, else the object's own uid, from the request body
-    (creates, updates, merge and strategic patches), else from the cached
-    object (deletes, JSON patches). A write whose hash
-    cannot be found (a create without owner, an uncached object) is
-    checked for lease, lock and epoch only.
+    How a write's shard keys are found (:func:`write_keys`): the writer
+    declares the shard rule it places the resource by
+    (``X-Rangeshard-Shard-By``, else the ``rangeshard-shard-by/<rule>``
+    product token of its User-Agent; the external endpoint always does,
+    managers for their main and dependent resources), and the key of the
+    object under that rule (:class:`hashing.ShardBy`, the one shard rule the
+    informers and the endpoint read with) is taken from the request body
+    (JSON, YAML apply patches, and protobuf: :mod:`rangeshard.core.protobuf`
+    reads ``ObjectMeta`` of every built-in kind; the body is forwarded
+    unchanged) and from the proxy's cached object (deletes, JSON patches,
+    and the object as it was before an update). Every key found must lie in
+    the writer's range: a write may neither touch an object of another range
+    nor move one in from there. A key is absent when the rule's value is
+    (a create under ``uid``, an orphan under ``owner``, which every range
+    sees): absent keys constrain nothing.
+
+    The writer may also declare the shard hash of the key it reconciles
+    (``X-Rangeshard-Shard-Hash``; managers always do); a declaration must be
+    one of the keys found, else the write is fenced (``ShardHashMismatch``),
+    and stands in for them when none is found. A write that declares no
+    rule keeps the rule of older managers (:func:`hashing.object_hash_key`:
+    the controller owner's uid, else the object's own; :func:`shard_hash_of`).
+    A write whose key cannot be found (a create without owner, an uncached
+    object) is checked for lease, lock and epoch only.
 
 Invariants
     * A write without an owner token is never touched (it passes as before).
@@ -56,7 +69,7 @@ from typing import Any, Generic, TypeVar
 
 import anyio.to_thread
 
-from hashing import hash_key
+from hashing import ShardBy, hash_key, object_hash_key
 from rangeshard.core.errors import RangeshardError, RegistryUnavailable
 from rangeshard.core.etcd import KV, EtcdClient, EtcdConfig
 from rangeshard.core.kubeapi import ApiError
@@ -87,8 +100,11 @@ class Verdict:
     why: str
 
 
-def decide(token: OwnerToken, owner: Ownership | None, shard_hash: int | None) -> Verdict | None:
-    """The fencing decision on one registry view: ``None`` lets the write pass."""
+def decide(token: OwnerToken, owner: Ownership | None, shard_hash: int | tuple[int, ...] | None) -> Verdict | None:
+    """The fencing decision on one registry view: ``None`` lets the write pass.
+
+    ``shard_hash``: the key the write must own, or several (each must be owned).
+    """
     if owner is None:
         return Verdict("NotRegistered", f"{token.owner} has no registry record (its lease expired or it left)")
     if owner.lease_id != token.lease_id:
@@ -106,32 +122,26 @@ def decide(token: OwnerToken, owner: Ownership | None, shard_hash: int | None) -
             f"epoch {token.epoch} is over: the current ownership period of {token.owner} began at revision "
             f"{owner.epoch}",
         )
-    if shard_hash is not None and (owner.range is None or not owner.range.contains(shard_hash)):
-        return Verdict("OutOfRange", f"shard hash {shard_hash:#x} is outside the range {owner.range} of {token.owner}")
+    keys = (shard_hash,) if isinstance(shard_hash, int) else shard_hash or ()
+    for key in keys:
+        if owner.range is None or not owner.range.contains(key):
+            return Verdict("OutOfRange", f"shard hash {key:#x} is outside the range {owner.range} of {token.owner}")
     return None
 
 
-def _hashes(obj: Any) -> tuple[int | None, int | None]:
-    """``(controller owner uid hash, own uid hash)`` of a decoded object."""
-    if not isinstance(obj, Mapping):
-        return None, None
-    meta = obj.get("metadata")
-    if not isinstance(meta, Mapping):
-        return None, None
-    owner: int | None = None
-    for ref in meta.get("ownerReferences") or []:
-        if isinstance(ref, Mapping) and ref.get("controller") is True and isinstance(ref.get("uid"), str):
-            owner = hash_key(ref["uid"])
-            break
-    uid = meta.get("uid")
-    return owner, hash_key(uid) if isinstance(uid, str) and uid else None
+def _object(obj: Any) -> Mapping[str, Any] | None:
+    return obj if isinstance(obj, Mapping) and isinstance(obj.get("metadata"), Mapping) else None
 
 
 def shard_hash_of(declared: int | None, body: Any, cached: Any) -> tuple[int | None, Verdict | None]:
-    """The shard hash of a write (see module docstring), or a ``ShardHashMismatch`` verdict."""
-    body_owner, body_uid = _hashes(body)
-    cached_owner, cached_uid = _hashes(cached)
-    candidates = [h for h in (body_owner, body_uid, cached_owner, cached_uid) if h is not None]
+    """The shard hash of a write that declares no rule (see module docstring), or a ``ShardHashMismatch``."""
+    sources = [o for o in (_object(body), _object(cached)) if o is not None]
+    candidates: list[int] = []
+    for obj in sources:
+        own = obj["metadata"].get("uid")
+        for h in (object_hash_key(obj), hash_key(own) if isinstance(own, str) and own else None):
+            if h is not None:
+                candidates.append(h)
     if declared is not None:
         if candidates and declared not in candidates:
             return None, Verdict(
@@ -139,10 +149,33 @@ def shard_hash_of(declared: int | None, body: Any, cached: Any) -> tuple[int | N
                 f"declared shard hash {declared:#x} is neither the object's uid hash nor its controller's",
             )
         return declared, None
-    for h in (body_owner, body_uid, cached_owner, cached_uid):
-        if h is not None:
-            return h, None
-    return None, None
+    return (candidates[0] if candidates else None), None
+
+
+def write_keys(
+    rule: ShardBy | None, declared: int | None, body: Any, cached: Any, namespace: str | None = None
+) -> tuple[tuple[int, ...], Verdict | None]:
+    """The shard keys a write must own (see module docstring), or a ``ShardHashMismatch`` verdict.
+
+    ``namespace`` is the request path's (a body may leave its own out).
+    """
+    if rule is None:
+        key, verdict = shard_hash_of(declared, body, cached)
+        return ((key,) if key is not None else ()), verdict
+    keys: list[int] = []
+    for obj in (_object(body), _object(cached)):
+        key = rule.key(obj, namespace) if obj is not None else None
+        if key is not None and key not in keys:
+            keys.append(key)
+    if declared is not None:
+        if keys and declared not in keys:
+            found = ", ".join(f"{k:#x}" for k in keys)
+            return (), Verdict(
+                "ShardHashMismatch",
+                f"declared shard hash {declared:#x} is not the object's key by {rule.value} ({found})",
+            )
+        return (tuple(keys) or (declared,)), None
+    return tuple(keys), None
 
 
 #: A write whose fencing decision waits longer than this is logged at WARNING (once per write, with why).
@@ -348,7 +381,7 @@ class WriteFence:
             except TimeoutError:
                 continue
 
-    async def check(self, token: OwnerToken, shard_hash: int | None) -> Verdict | None:
+    async def check(self, token: OwnerToken, shard_hash: int | tuple[int, ...] | None) -> Verdict | None:
         """Fence or pass one write (``None``: pass); 503 ``ApiError`` when it cannot be decided."""
         await self.fresh_view()
         return decide(token, self.tracker.get(token.controller_type, token.instance_id), shard_hash)

@@ -26,14 +26,12 @@ Concurrency model
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
-import orjson
 from fastapi import Request, Response
 from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTask
@@ -41,12 +39,21 @@ from starlette.background import BackgroundTask
 from range_filter_proxy.auth import AuthMode
 from range_filter_proxy.cache import CacheManager
 from range_filter_proxy.errors import UpstreamError
-from range_filter_proxy.fencing import WriteFence, shard_hash_of
+from range_filter_proxy.fencing import WriteFence, write_keys
 from range_filter_proxy.listing import json_response
 from range_filter_proxy.metrics import ProxyMetrics
 from range_filter_proxy.upstream import Upstream
-from rangeshard.core.kubeapi import HOP_BY_HOP, WRITE_METHODS, RequestTooLarge, json_accept
-from rangeshard.core.ownertoken import FENCED_HEADER, SHARD_HASH_HEADER, OwnerToken, fenced_status, parse_shard_hash
+from rangeshard.core.kubeapi import HOP_BY_HOP, WRITE_METHODS, RequestTooLarge, json_accept, status_object
+from rangeshard.core.ownertoken import (
+    FENCED_HEADER,
+    SHARD_BY_HEADER,
+    SHARD_HASH_HEADER,
+    OwnerToken,
+    declared_shard_by,
+    fenced_status,
+    parse_shard_hash,
+)
+from rangeshard.core.protobuf import ProtobufError, read_write_body
 from rangeshard.core.rest import parse_rest_path
 from rangeshard.core.serving import ShutdownSignal, retrieve_outcome, until_shutdown
 
@@ -75,28 +82,52 @@ class PassThrough:
         self.open_responses: dict[int, tuple[str, str, float]] = {}
 
     async def fence_write(self, request: Request, fence: WriteFence) -> Response | None:
-        """The 409 of a fenced write with an owner token, or ``None`` to pass it through."""
+        """The 409 of a fenced write with an owner token, or ``None`` to pass it through.
+
+        The body is read (JSON, a YAML apply patch, or protobuf) only to find
+        the object's keys; what goes upstream is the body as it came.
+        """
         token = OwnerToken.parse(request.headers.get("user-agent"))
         if token is None:
             return None
         self.metrics.fencing_checks.inc()
+        try:
+            rule = declared_shard_by(request.headers.get(SHARD_BY_HEADER), request.headers.get("user-agent"))
+        except ValueError as e:
+            return json_response(400, status_object(400, "BadRequest", f"{SHARD_BY_HEADER}: {e}"))
+        target = parse_rest_path(request.url.path)
         body: Any = None
         if request.method in ("POST", "PUT", "PATCH"):
-            # A merge/strategic patch may set ownerReferences (adoption); a JSON patch is a list (ignored).
             raw = await request.body()  # kept by Starlette: request.stream() replays it upstream
-            with contextlib.suppress(orjson.JSONDecodeError):
-                body = orjson.loads(raw) if raw else None
+            try:
+                body = read_write_body(raw, request.headers.get("content-type"))
+            except ProtobufError as e:
+                if request.method == "POST":
+                    message = (
+                        f"write fencing: cannot read the protobuf body of this create by {token.owner} ({e}), so "
+                        "its shard range cannot be checked; send JSON (e.g. the client's content type "
+                        "application/json, kube-controller-manager --kube-api-content-type=application/json)"
+                    )
+                    self.metrics.fenced_writes.labels("UnreadableBody").inc()
+                    log.warning("refused %s %s: %s", request.method, request.url.path, message)
+                    return json_response(415, status_object(415, "UnsupportedMediaType", message))
+                log.debug(
+                    "fencing %s %s: unreadable protobuf body (%s): judged by the cache",
+                    request.method,
+                    request.url.path,
+                    e,
+                )
         cached: Any = None
-        target = parse_rest_path(request.url.path)
         if target is not None and target.name is not None:
             cache = self.manager.caches.get(target.gvr)
             if cache is not None:
                 hit = cache.objects.get((target.namespace or "", target.name))
                 cached = hit.obj if hit is not None else None
         declared = parse_shard_hash(request.headers.get(SHARD_HASH_HEADER))
-        shard_hash, verdict = shard_hash_of(declared, body, cached)
+        namespace = target.namespace if target is not None else None
+        keys, verdict = write_keys(rule, declared, body, cached, namespace)
         if verdict is None:
-            verdict = await fence.check(token, shard_hash)
+            verdict = await fence.check(token, keys)
         if verdict is None:
             return None
         self.metrics.fenced_writes.labels(verdict.reason).inc()

@@ -12,7 +12,8 @@ Purpose
     moved gets a second tuple), and an update that keeps its hashes (nearly
     every update) touches nothing.
 
-    Which hash a path uses is that of :meth:`hashing.ShardSelector.matches_hashes`:
+    Which hash a path uses is its :class:`hashing.ShardBy` rule's, as in
+    :meth:`hashing.ShardSelector.matches_hashes`:
     ``uid`` and ``namespace`` file an object by ``ObjectHashes.uid`` /
     ``.namespace`` and leave out one without it (it matches no term of that
     path); ``owner`` files it by ``ObjectHashes.owner`` (its controller
@@ -43,7 +44,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from itertools import chain
 
-from hashing import NAMESPACE_PATH, OWNER_PATH, UID_PATH, ObjectHashes, ShardSelector
+from hashing import ObjectHashes, ShardBy, ShardSelector
 from range_filter_proxy.cached import CachedObject
 
 #: Buckets per path: 4,096, by the top 12 bits of the 64-bit hash. At a million objects a
@@ -51,9 +52,6 @@ from range_filter_proxy.cached import CachedObject
 BUCKET_BITS = 12
 _SHIFT = 64 - BUCKET_BITS
 _BUCKETS = 1 << BUCKET_BITS
-
-#: The ``ObjectHashes`` attribute each shard path reads.
-_ATTRIBUTE = {UID_PATH: "uid", NAMESPACE_PATH: "namespace", OWNER_PATH: "owner"}
 
 Key = tuple[str, str]
 
@@ -64,11 +62,12 @@ class _PathBuckets:
     __slots__ = ("attribute", "buckets", "unowned")
 
     def __init__(self, path: str) -> None:
-        self.attribute = _ATTRIBUTE[path]
+        rule = ShardBy.of_path(path)  # the one shard rule: which hash, and whether its absence matches all
+        self.attribute = rule.attribute
         #: ``buckets[h >> _SHIFT]``: the keys whose hash is ``h`` on this path (``None``: empty).
         self.buckets: list[set[Key] | None] = [None] * _BUCKETS
         #: Owner path only: the keys of objects without a controller owner (they match every range).
-        self.unowned: set[Key] | None = set() if path == OWNER_PATH else None
+        self.unowned: set[Key] | None = set() if rule.matches_absent else None
 
     def add(self, key: Key, hashes: ObjectHashes) -> None:
         value: int | None = getattr(hashes, self.attribute)

@@ -18,7 +18,10 @@ Owns
       Tables).
     * :mod:`rangeshard.core.events` - the one builder of Event bodies.
     * :mod:`rangeshard.core.ownertoken` - owner tokens in a manager's
-      User-Agent.
+      User-Agent, and the shard rule a write declares.
+    * :mod:`rangeshard.core.protobuf` - reading Kubernetes protobuf bodies
+      (the ``k8s\\0`` envelope, ``ObjectMeta``) and write bodies of any
+      media type, for the write fence.
     * :mod:`rangeshard.core.clock` - the injectable monotonic clock.
     * :mod:`rangeshard.core.options` - command-line options the commands
       share (etcd TLS/credentials, serving).

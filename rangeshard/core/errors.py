@@ -31,6 +31,7 @@ The tree::
     │   │   └── UpstreamGone        410: relist
     │   └── ProxyProcessError       (range_filter_proxy.process) the proxy child did not start
     ├── LocalApiServerError         (local_apiserver.process) the API server child did not start
+    ├── ProtobufError               (rangeshard.core.protobuf) a body that is not well-formed Kubernetes protobuf
     └── RegistryError               anything the etcd registry reports
         ├── RegistryUnavailable     etcd unreachable or too slow (retry later)
         ├── CompareFailed           a guarded transaction lost a race

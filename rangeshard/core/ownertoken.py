@@ -11,8 +11,14 @@ Purpose
     write in an API server audit log to the token that made it.
 
     A writer may also declare the shard hash of the object its write is for
-    in the header :data:`SHARD_HASH_HEADER` (``0x`` + hex); see
-    docs/reliability.md for how the proxy checks it.
+    in the header :data:`SHARD_HASH_HEADER` (``0x`` + hex), and the shard
+    rule (:class:`hashing.ShardBy`) it places the written resource by in
+    :data:`SHARD_BY_HEADER` (``uid``, ``owner``, ``namespace``). The rule is
+    also appended to the User-Agent as the product token
+    ``rangeshard-shard-by/<rule>`` (:func:`shard_by_agent`), because an API
+    server's audit log records the User-Agent but no other header: the
+    write-level audit check reads it there. See docs/reliability.md for how
+    the proxy checks both.
 
 Invariants
     * ``epoch`` names the registry revision at which the instance's current
@@ -31,11 +37,17 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from hashing import ShardBy
 from rangeshard import __version__
 from rangeshard.core.kubeapi import status_object
 
 PRODUCT = "rangeshard-controller-manager"
 SHARD_HASH_HEADER = "X-Rangeshard-Shard-Hash"
+#: The header a writer declares its shard rule of the written resource in (``uid``, ``owner``, ``namespace``).
+SHARD_BY_HEADER = "X-Rangeshard-Shard-By"
+#: The User-Agent product token that repeats the declared rule for the audit log.
+SHARD_BY_PRODUCT = "rangeshard-shard-by"
+_SHARD_BY_RE = re.compile(r"(?:^|\s)rangeshard-shard-by/(?P<rule>[A-Za-z]+)(?:\s|$)")
 
 _TOKEN_RE = re.compile(
     r"rangeshard-controller-manager/(?P<version>[^ ()]+) "
@@ -78,6 +90,26 @@ class OwnerToken:
 def plain_user_agent() -> str:
     """The User-Agent of a manager that holds no lease yet (no token: never fenced, never writes)."""
     return f"{PRODUCT}/{__version__}"
+
+
+def shard_by_agent(rule: ShardBy) -> str:
+    """The User-Agent product token declaring ``rule`` (``rangeshard-shard-by/<rule>``)."""
+    return f"{SHARD_BY_PRODUCT}/{rule.value}"
+
+
+def declared_shard_by(header: str | None, user_agent: str | None = None) -> ShardBy | None:
+    """The shard rule a write declares: its :data:`SHARD_BY_HEADER`, else its User-Agent's product token.
+
+    ``None`` when neither declares one; ``ValueError`` (naming the rules)
+    for a declaration that names no rule.
+    """
+    if header is not None and header.strip():
+        return ShardBy.parse(header)
+    if user_agent:
+        found = _SHARD_BY_RE.search(user_agent)
+        if found is not None:
+            return ShardBy.parse(found["rule"])
+    return None
 
 
 def format_shard_hash(value: int) -> str:

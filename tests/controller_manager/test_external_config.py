@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 
 from controller_manager.config import load_config
-from controller_manager.external import PATHS
-from hashing import NAMESPACE_PATH, OWNER_PATH, UID_PATH
+from hashing import NAMESPACE_PATH, OWNER_PATH, UID_PATH, ShardBy
 from rangeshard.core.errors import ConfigError
 from rangeshard.core.kubeapi import json_accept as _json_accept
 from rangeshard.core.rest import parse_rest_path
@@ -128,7 +127,7 @@ def test_resource_of(path: str, expected: tuple[str, bool] | None) -> None:
 
 
 def test_paths_and_accept() -> None:
-    assert PATHS == {"uid": UID_PATH, "owner": OWNER_PATH, "namespace": NAMESPACE_PATH}
+    assert {r.value: r.path for r in ShardBy} == {"uid": UID_PATH, "owner": OWNER_PATH, "namespace": NAMESPACE_PATH}
     client_go = "application/vnd.kubernetes.protobuf, application/json"
     assert _json_accept(client_go) == "application/json"
     assert _json_accept("application/vnd.kubernetes.protobuf") == "application/json"

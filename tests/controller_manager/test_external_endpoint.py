@@ -32,7 +32,7 @@ import httpx
 
 from controller_manager.config import ExternalSection
 from controller_manager.external import Endpoint, _Watch
-from hashing import MAX_HASH, HashRange
+from hashing import MAX_HASH, HashRange, ShardBy
 from rangeshard.core.ownertoken import OwnerToken
 
 
@@ -132,9 +132,9 @@ def test_a_reset_cuts_a_silent_watch_at_once() -> None:
 def test_selectors_for_nothing_and_for_a_range() -> None:
     ep, shard = _endpoint()
     try:
-        assert ep.served_selector("object.metadata.uid") is None, "locked or between ranges: nothing"
+        assert ep.served_selector(ShardBy.UID) is None, "locked or between ranges: nothing"
         shard.allowed = HashRange(0, 2**62 - 1)
-        selector = ep.served_selector("object.metadata.uid")
+        selector = ep.served_selector(ShardBy.UID)
         assert selector is not None and selector.startswith("shardRange(object.metadata.uid,")
     finally:
         ep.stop()
@@ -175,13 +175,16 @@ class _Upstream:
 
     def __init__(self) -> None:
         self.seen: list[tuple[str, str, str | None]] = []
-        seen = self.seen
+        #: The ``X-Rangeshard-Shard-By`` header of each request, in the order of ``seen``.
+        self.rules: list[str | None] = []
+        seen, rules = self.seen, self.rules
 
         class Handler(BaseHTTPRequestHandler):
             def _answer(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 self.rfile.read(length)
                 seen.append((self.command, self.path, self.headers.get("User-Agent")))
+                rules.append(self.headers.get("X-Rangeshard-Shard-By"))
                 body = b'{"kind":"Status","apiVersion":"v1","status":"Success"}'
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
@@ -236,7 +239,8 @@ def test_writes_to_a_shard_resource_carry_the_owner_token_and_other_requests_pas
         assert all(r.status_code == 200 for r in tagged + untagged), [r.text for r in tagged + untagged]
         assert len(upstream.seen) == len(tagged) + len(untagged)
         for method, path, agent in upstream.seen[:n_tagged]:
-            assert agent == f"{token.user_agent()} {child_ua}", (method, path, agent)
+            # The token first, then the client's own agent, then the declared rule (for the audit log).
+            assert agent == f"{token.user_agent()} {child_ua} rangeshard-shard-by/uid", (method, path, agent)
             assert OwnerToken.parse(agent) == token
         assert [(m, p.split("?")[0]) for m, p, _ in upstream.seen[:n_tagged]] == [
             ("POST", gadgets),
@@ -247,6 +251,7 @@ def test_writes_to_a_shard_resource_carry_the_owner_token_and_other_requests_pas
         ]
         for method, path, agent in upstream.seen[n_tagged:]:
             assert agent == child_ua, (method, path, agent)
+        assert upstream.rules == ["uid"] * n_tagged + [None] * (len(upstream.seen) - n_tagged), upstream.rules
         assert ep.writes_in_flight == 0, "every write ended"
     finally:
         ep.stop()
