@@ -205,13 +205,21 @@ _META_STRINGS = {1: "name", 2: "generateName", 3: "namespace", 4: "selfLink", 5:
 
 
 def read_object_meta(message: bytes) -> dict[str, Any]:
-    """The JSON-shaped metadata of an ``ObjectMeta`` message (the fields listed in the module docstring)."""
+    """The JSON-shaped metadata of an ``ObjectMeta`` message (the fields listed in the module docstring).
+
+    As in JSON (``omitempty``), empty strings and a zero generation are left
+    out: Go's proto2 encoder writes every string field, set or not.
+    """
     meta: dict[str, Any] = {}
     for field, _wire, value in iter_fields(message):
         if field in _META_STRINGS:
-            meta[_META_STRINGS[field]] = _text(field, value, f"metadata.{_META_STRINGS[field]}")
+            text = _text(field, value, f"metadata.{_META_STRINGS[field]}")
+            if text:
+                meta[_META_STRINGS[field]] = text
         elif field == 7:
-            meta["generation"] = _int(field, value, "metadata.generation")
+            generation = _int(field, value, "metadata.generation")
+            if generation:
+                meta["generation"] = generation
         elif field in (11, 12):
             what = "labels" if field == 11 else "annotations"
             k, v = _map_entry(_bytes(field, value, f"metadata.{what}"), f"metadata.{what}")
