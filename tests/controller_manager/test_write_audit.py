@@ -83,3 +83,82 @@ def test_metadata_level_log_without_uids_is_checked_by_object() -> None:
 
     report = check([bare(A, "update", "w1"), bare(B, "update", "w1"), bare(A, "delete", "w1")])
     assert len(report.stale) == 1 and report.stale[0].shard_key == "widgets/ns/w1"
+
+
+def _declared(token: OwnerToken, rule: str) -> str:
+    """The User-Agent the external endpoint sends: token, the client's agent, the declared rule."""
+    return f"{token.user_agent()} client-go/v1.36.2 rangeshard-shard-by/{rule}"
+
+
+RS_X = OwnerToken("kcm-rs", "m1-kcm-rs", 0x30, 3)
+RS_Y = OwnerToken("kcm-rs", "m2-kcm-rs", 0x31, 3)
+
+
+def _rs(name: str, uid: str, owner_uid: str, namespace: str = "ns") -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "uid": uid,
+            "ownerReferences": [{"uid": owner_uid, "controller": True}],
+        }
+    }
+
+
+def test_writes_are_keyed_by_the_rule_their_writer_declared() -> None:
+    """Two ReplicaSets of one Deployment in two instances' ranges, written by uid: no stale owner.
+
+    Keyed by the controller owner (the rule of a writer that declares none) the same writes are A, B, A on
+    the Deployment's key: the false alarm the kube-controller-manager's replicaset controller would raise.
+    """
+    events = [
+        _event(RS_X, "update", "replicasets", "r1", "r1", responseObject=_rs("r1", "r1", "d1")),
+        _event(RS_Y, "update", "replicasets", "r2", "r2", responseObject=_rs("r2", "r2", "d1")),
+        _event(RS_X, "update", "replicasets", "r1", "r1", responseObject=_rs("r1", "r1", "d1")),
+    ]
+    undeclared = check(events)
+    assert [s.shard_key for s in undeclared.stale] == ["d1"]
+    for e in events:
+        token = OwnerToken.parse(str(e["userAgent"]))
+        assert token is not None
+        e["userAgent"] = _declared(token, "uid")
+    declared = check(events)
+    assert declared.stale == [] and declared.shard_keys == 2
+    # By uid, a real stale owner is still found: X writes r1 again after Y took r1 over.
+    stolen = [*events, _event(RS_Y, "update", "replicasets", "r1", "r1", responseObject=_rs("r1", "r1", "d1"))]
+    stolen[-1]["userAgent"] = _declared(RS_Y, "uid")
+    stolen.append({**events[0], "auditID": "again"})
+    assert [s.shard_key for s in check(stolen).stale] == ["r1"]
+
+
+def test_namespace_and_owner_rules_key_by_namespace_and_owner() -> None:
+    cm = {"metadata": {"name": "c", "namespace": "team-a", "uid": "c1"}}
+    events = [
+        _event(RS_X, "create", "configmaps", "c", "c1", code=201, responseObject=cm),
+        _event(
+            RS_Y,
+            "create",
+            "configmaps",
+            "d",
+            "c2",
+            code=201,
+            responseObject={**cm, "metadata": {**cm["metadata"], "uid": "c2"}},
+        ),
+        _event(RS_X, "patch", "configmaps", "c", "c1", responseObject=cm),
+    ]
+    for e in events:
+        e["objectRef"]["namespace"] = "team-a"
+        token = OwnerToken.parse(str(e["userAgent"]))
+        assert token is not None
+        e["userAgent"] = _declared(token, "namespace")
+    report = check(events)
+    assert [s.shard_key for s in report.stale] == ["namespace/team-a"]  # one namespace, two writers: A, B, A
+    pods = [
+        _event(RS_X, "create", "pods", "p1", "p1", code=201, responseObject=_pod("p1", "p1", "rs-1")),
+        _event(RS_X, "create", "pods", "p2", "p2", code=201, responseObject=_pod("p2", "p2", "rs-2")),
+    ]
+    for e in pods:
+        e["userAgent"] = _declared(RS_X, "owner")
+    assert check(pods).shard_keys == 2
+    bogus = [{**pods[0], "userAgent": f"{RS_X.user_agent()} rangeshard-shard-by/label"}]
+    assert check(bogus).shard_keys == 1  # an unknown rule is judged as undeclared, never a crash

@@ -16,8 +16,16 @@ from typing import Any
 
 import pytest
 
-from hashing import MAX_HASH, HashRange, hash_key
-from range_filter_proxy.fencing import BatchedRead, FenceSettings, Verdict, WriteFence, decide, shard_hash_of
+from hashing import MAX_HASH, HashRange, ShardBy, hash_key
+from range_filter_proxy.fencing import (
+    BatchedRead,
+    FenceSettings,
+    Verdict,
+    WriteFence,
+    decide,
+    shard_hash_of,
+    write_keys,
+)
 from rangeshard.core.errors import RegistryUnavailable
 from rangeshard.core.etcd import KV, EtcdClient, EtcdConfig
 from rangeshard.core.kubeapi import ApiError
@@ -742,3 +750,53 @@ def test_a_decision_before_the_first_registry_view_waits_for_it(
             await fence.stop()
 
     run(scenario())
+
+
+def _meta(uid: str | None = None, owner: str | None = None, namespace: str | None = None) -> dict[str, Any]:
+    meta: dict[str, Any] = {}
+    if uid:
+        meta["uid"] = uid
+    if namespace:
+        meta["namespace"] = namespace
+    if owner:
+        meta["ownerReferences"] = [{"uid": owner, "controller": True}]
+    return {"metadata": meta}
+
+
+def test_write_keys_follow_the_declared_rule() -> None:
+    owned = _meta("rs-1", "dep-1", "ns-a")
+    # by uid: an owned object by its own uid (the fix for kube-controller-manager's ReplicaSet status writes)
+    assert write_keys(ShardBy.UID, None, owned, None) == ((hash_key("rs-1"),), None)
+    assert write_keys(ShardBy.OWNER, None, owned, None) == ((hash_key("dep-1"),), None)
+    assert write_keys(ShardBy.NAMESPACE, None, owned, None) == ((hash_key("ns-a"),), None)
+    # by namespace: a body without one takes the request path's
+    assert write_keys(ShardBy.NAMESPACE, None, _meta(), None, "from-url") == ((hash_key("from-url"),), None)
+    # by owner, an orphan is every range's: no key; by uid, a create has none yet
+    assert write_keys(ShardBy.OWNER, None, _meta("p1"), None) == ((), None)
+    assert write_keys(ShardBy.UID, None, {"metadata": {"generateName": "x-"}}, None) == ((), None)
+    # the body and the cached object: both keys must be owned (no moving an object in from another range)
+    moved = write_keys(ShardBy.OWNER, None, _meta("p1", "rs-new"), _meta("p1", "rs-old"))
+    assert moved == ((hash_key("rs-new"), hash_key("rs-old")), None)
+    # adoption of an orphan and release by its owner: one key each
+    assert write_keys(ShardBy.OWNER, None, _meta("p1", "rs-new"), _meta("p1")) == ((hash_key("rs-new"),), None)
+    assert write_keys(ShardBy.OWNER, None, _meta("p1"), _meta("p1", "rs-old")) == ((hash_key("rs-old"),), None)
+    # a delete or JSON patch: the cached object alone; a JSON patch body (a list) says nothing
+    assert write_keys(ShardBy.UID, None, [{"op": "add"}], owned) == ((hash_key("rs-1"),), None)
+    # a declaration must be the object's key by the rule, not any of its hashes
+    assert write_keys(ShardBy.UID, hash_key("rs-1"), owned, None) == ((hash_key("rs-1"),), None)
+    keys, verdict = write_keys(ShardBy.UID, hash_key("dep-1"), owned, None)
+    assert keys == () and verdict is not None and verdict.reason == "ShardHashMismatch"
+    assert "by uid" in verdict.why
+    assert write_keys(ShardBy.UID, 42, None, None) == ((42,), None)  # nothing to compare with: the declaration
+    # no rule declared: the rule of older managers (controller owner, else own uid), unchanged
+    assert write_keys(None, None, owned, None) == ((hash_key("dep-1"),), None)
+    assert write_keys(None, hash_key("rs-1"), owned, None) == ((hash_key("rs-1"),), None)
+
+
+def test_decide_checks_every_key() -> None:
+    token = OwnerToken(CTYPE, "a", 1, 5)
+    owner = Ownership(CTYPE, "a", lease_id=1, range=HashRange(0, MAX_HASH // 2), locked=False, epoch=5)
+    assert decide(token, owner, (1, 2)) is None
+    verdict = decide(token, owner, (1, MAX_HASH))
+    assert verdict is not None and verdict.reason == "OutOfRange"
+    assert decide(token, owner, ()) is None and decide(token, owner, None) is None

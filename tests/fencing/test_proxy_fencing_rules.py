@@ -1,0 +1,295 @@
+"""The fence judges a write by the rule its writer declares, reads protobuf bodies and forwards them unchanged.
+
+A real proxy process with fencing on; behind it a recording relay (a real
+HTTP hop that keeps every request body it forwards) in front of the real
+local API server; instances registered with the real registry transactions.
+Instance ``a`` owns the upper half of the space, ``b`` the lower half.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from kubernetes import client as k8s
+
+from controller_manager.fencing import FencedApiClient
+from hashing import MAX_HASH, ShardBy, hash_key
+from local_apiserver.process import LocalApiServerProcess
+from range_filter_proxy.process import ProxyProcess
+from rangeshard.core.etcd import EtcdClient
+from rangeshard.core.ownertoken import FENCED_HEADER, SHARD_BY_HEADER, OwnerToken
+from rangeshard.core.process import EtcdServer
+from registry import Registry
+from tests.helpers import wait_until
+
+CTYPE = "rules"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "protobuf"
+PROTOBUF = "application/vnd.kubernetes.protobuf"
+HALF = MAX_HASH // 2
+
+
+class Relay:
+    """Forwards every request to ``upstream`` and records the bodies of writes, byte for byte."""
+
+    def __init__(self, upstream: str) -> None:
+        self.bodies: list[tuple[str, str, bytes]] = []
+        #: ``(method, path, X-Rangeshard-Shard-By)`` of every write, in the order of ``bodies``.
+        self.rules: list[tuple[str, str, str | None]] = []
+        bodies, rules = self.bodies, self.rules
+        client = httpx.Client(base_url=upstream, timeout=httpx.Timeout(30, read=None))
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def _forward(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if self.command != "GET":
+                    bodies.append((self.command, self.path, body))
+                    rules.append((self.command, self.path.split("?")[0], self.headers.get(SHARD_BY_HEADER)))
+                skip = {"host", "content-length", "connection", "transfer-encoding"}
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in skip}
+                request = client.build_request(self.command, self.path, headers=headers, content=body)
+                resp = client.send(request, stream=True)  # watches stream: relay them chunk by chunk
+                try:
+                    self.send_response(resp.status_code)
+                    for k, v in resp.headers.items():
+                        if k.lower() not in ("content-length", "transfer-encoding", "connection", "content-encoding"):
+                            self.send_header(k, v)
+                    self.send_header("Transfer-Encoding", "chunked")
+                    self.end_headers()
+                    for chunk in resp.iter_raw():
+                        self.wfile.write(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
+                        self.wfile.flush()
+                    self.wfile.write(b"0\r\n\r\n")
+                except (BrokenPipeError, ConnectionResetError, httpx.HTTPError):
+                    pass  # the proxy went away (its watch ended)
+                finally:
+                    resp.close()
+
+            do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _forward  # noqa: N815
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.client = client
+        self.thread = threading.Thread(target=self.server.serve_forever, name="test-relay", daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.client.close()
+
+
+@dataclass
+class Stack:
+    proxy: str
+    relay: Relay
+
+
+@pytest.fixture
+def stack(etcd_server: EtcdServer, key_prefix: str, tmp_path: Path) -> Iterator[Stack]:
+    api = LocalApiServerProcess(etcd_server.url, prefix=f"/objs-{uuid.uuid4().hex[:8]}", log_file=tmp_path / "a.log")
+    api.start()
+    relay = Relay(api.url)
+    proxy = ProxyProcess(
+        relay.url,
+        log_file=tmp_path / "p.log",
+        resources=["replicasets.apps", "pods"],
+        extra_args=["--etcd", etcd_server.url, "--registry-prefix", key_prefix],
+    )
+    try:
+        proxy.start()
+        yield Stack(proxy.url, relay)
+    finally:
+        proxy.stop()
+        relay.close()
+        api.stop()
+
+
+def _token_of_upper_half(etcd_client: EtcdClient, key_prefix: str) -> OwnerToken:
+    """Register ``a`` (then ``b``, which takes the lower half, locked): ``a``'s current token."""
+    reg = Registry(etcd_client, key_prefix)
+    lease_a = etcd_client.grant_lease(30)
+    reg.join(CTYPE, "a", lease_a)
+    reg.join(CTYPE, "b", etcd_client.grant_lease(30))
+    snap = reg.snapshot(CTYPE)
+    a = snap.get("a")
+    assert a is not None and a.range is not None and a.range.lo == HALF + 1
+    return OwnerToken(CTYPE, "a", lease_a, snap.revision)
+
+
+def _in_a(uid: str) -> bool:
+    return hash_key(uid) > HALF
+
+
+def _rs(name: str, owner: tuple[str, str]) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": name,
+            "ownerReferences": [
+                {"apiVersion": "apps/v1", "kind": "Deployment", "name": owner[0], "uid": owner[1], "controller": True}
+            ],
+        },
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"a": name}},
+            "template": {"metadata": {"labels": {"a": name}}, "spec": {"containers": [{"name": "c", "image": "i"}]}},
+        },
+    }
+
+
+def test_an_owned_object_written_by_uid_is_judged_by_its_own_uid(
+    stack: Stack, etcd_client: EtcdClient, key_prefix: str
+) -> None:
+    """The kube-controller-manager case: a ReplicaSet of a Deployment in another range, its status written by uid."""
+    token = _token_of_upper_half(etcd_client, key_prefix)
+    ns = f"r-{uuid.uuid4().hex[:6]}"
+    with httpx.Client(base_url=stack.proxy, timeout=10) as http:
+        assert http.post("/api/v1/namespaces", json={"metadata": {"name": ns}}).status_code == 201
+        deps = f"/apis/apps/v1/namespaces/{ns}/deployments"
+        owner = None
+        for i in range(64):  # a Deployment in b's range (the lower half)
+            dep = http.post(
+                deps, json={**_rs(f"d{i}", ("x", "x")), "metadata": {"name": f"d{i}"}, "kind": "Deployment"}
+            )
+            assert dep.status_code == 201, dep.text
+            if not _in_a(dep.json()["metadata"]["uid"]):
+                owner = (f"d{i}", dep.json()["metadata"]["uid"])
+                break
+        assert owner is not None
+        rss = f"/apis/apps/v1/namespaces/{ns}/replicasets"
+        rs = None
+        for i in range(64):  # one of its ReplicaSets whose own uid is in a's range (no token: not fenced)
+            made = http.post(rss, json=_rs(f"rs{i}", owner))
+            assert made.status_code == 201, made.text
+            if _in_a(made.json()["metadata"]["uid"]):
+                rs = made.json()
+                break
+        assert rs is not None
+        wait_until(lambda: http.get(rss).json()["items"], 10, "the proxy's cache to hold the replicasets")
+        status = f"{rss}/{rs['metadata']['name']}/status"
+
+        def put(agent: str, **headers: str) -> httpx.Response:
+            current = http.get(f"{rss}/{rs['metadata']['name']}").json()
+            return http.put(status, json=current, headers={"User-Agent": agent, **headers})
+
+        by_uid = put(token.user_agent(), **{SHARD_BY_HEADER: "uid"})
+        assert by_uid.status_code == 200, by_uid.text
+        in_agent = put(f"{token.user_agent()} client-go/v1.36 rangeshard-shard-by/uid")  # the audit log's spelling
+        assert in_agent.status_code == 200, in_agent.text
+        by_owner = put(token.user_agent(), **{SHARD_BY_HEADER: "owner"})
+        assert by_owner.status_code == 409 and by_owner.headers[FENCED_HEADER] == "OutOfRange", by_owner.text
+        undeclared = put(token.user_agent())  # no rule: the owner's hash, as before rules were declared
+        assert undeclared.status_code == 409 and undeclared.headers[FENCED_HEADER] == "OutOfRange"
+        bogus = put(token.user_agent(), **{SHARD_BY_HEADER: "label"})
+        assert bogus.status_code == 400 and bogus.json()["kind"] == "Status", bogus.text
+        assert SHARD_BY_HEADER in bogus.json()["message"] and "uid, owner, namespace" in bogus.json()["message"]
+        # A delete by uid: judged by the cached object's own uid.
+        gone = http.delete(
+            f"{rss}/{rs['metadata']['name']}", headers={"User-Agent": token.user_agent(), SHARD_BY_HEADER: "owner"}
+        )
+        assert gone.status_code == 409 and gone.headers[FENCED_HEADER] == "OutOfRange"
+        gone = http.delete(
+            f"{rss}/{rs['metadata']['name']}", headers={"User-Agent": token.user_agent(), SHARD_BY_HEADER: "uid"}
+        )
+        assert gone.status_code == 200, gone.text
+
+
+def test_a_namespace_rule_takes_the_namespace_from_the_url(
+    stack: Stack, etcd_client: EtcdClient, key_prefix: str
+) -> None:
+    token = _token_of_upper_half(etcd_client, key_prefix)
+    names = [f"ns-{uuid.uuid4().hex[:8]}" for _ in range(40)]
+    mine = next(n for n in names if _in_a(n))
+    theirs = next(n for n in names if not _in_a(n))
+    headers = {"User-Agent": token.user_agent(), SHARD_BY_HEADER: "namespace"}
+    with httpx.Client(base_url=stack.proxy, timeout=10) as http:
+        for ns in (mine, theirs):
+            assert http.post("/api/v1/namespaces", json={"metadata": {"name": ns}}).status_code == 201
+        body = {"metadata": {"name": "out"}, "data": {"a": "b"}}  # no namespace in the body: the URL's
+        ok = http.post(f"/api/v1/namespaces/{mine}/configmaps", json=body, headers=headers)
+        assert ok.status_code == 201, ok.text
+        out = http.post(f"/api/v1/namespaces/{theirs}/configmaps", json=body, headers=headers)
+        assert out.status_code == 409 and out.headers[FENCED_HEADER] == "OutOfRange", out.text
+        # Undeclared, the same create has no key (no uid yet, no owner): checked for lease and epoch only.
+        legacy = http.post(
+            f"/api/v1/namespaces/{theirs}/configmaps", json=body, headers={"User-Agent": token.user_agent()}
+        )
+        assert legacy.status_code == 201, legacy.text
+
+
+def test_protobuf_bodies_are_fenced_by_their_owner_and_forwarded_unchanged(
+    stack: Stack, etcd_client: EtcdClient, key_prefix: str
+) -> None:
+    token = _token_of_upper_half(etcd_client, key_prefix)
+    pod = (FIXTURES / "pod-with-controller-owner.pb").read_bytes()  # owner in a's range
+    job = (FIXTURES / "kubectl-create-job-from-cronjob.pb").read_bytes()  # owner (the cronjob) in b's range
+    headers = {"User-Agent": token.user_agent(), "Content-Type": PROTOBUF, SHARD_BY_HEADER: "owner"}
+    with httpx.Client(base_url=stack.proxy, timeout=10) as http:
+        passed = http.post("/api/v1/namespaces/demo/pods", content=pod, headers=headers)
+        assert FENCED_HEADER not in passed.headers and "write fencing" not in passed.text, passed.text
+        forwarded = [
+            b for m, p, b in stack.relay.bodies if m == "POST" and p.startswith("/api/v1/namespaces/demo/pods")
+        ]
+        assert forwarded == [pod], "forwarded byte for byte"
+
+        fenced = http.post("/apis/batch/v1/namespaces/demo/jobs", content=job, headers=headers)
+        assert fenced.status_code == 409 and fenced.headers[FENCED_HEADER] == "OutOfRange", fenced.text
+        assert "/jobs" not in " ".join(p for _, p, _ in stack.relay.bodies), "a fenced write never goes upstream"
+
+        garbage = b"k8s\x00\x0a\xff\x01"
+        refused = http.post("/api/v1/namespaces/demo/pods", content=garbage, headers=headers)
+        assert refused.status_code == 415, refused.text
+        status = refused.json()
+        assert status["kind"] == "Status" and status["reason"] == "UnsupportedMediaType"
+        assert "protobuf" in status["message"] and "application/json" in status["message"]
+        assert len([b for _, _, b in stack.relay.bodies if b == garbage]) == 0, "never forwarded unchecked"
+        # Without an owner token nothing is read or refused: the body goes upstream as it came.
+        plain = http.post("/api/v1/namespaces/demo/pods", content=garbage, headers={"Content-Type": PROTOBUF})
+        assert FENCED_HEADER not in plain.headers
+        assert [b for _, _, b in stack.relay.bodies if b == garbage] == [garbage]
+
+
+def test_a_manager_declares_the_rule_of_each_resource_it_shards(stack: Stack) -> None:
+    """The in-process managers' client: main resource by uid, dependents by owner, anything else undeclared."""
+    cfg = k8s.Configuration()
+    cfg.host = stack.relay.url
+    api = FencedApiClient(cfg)
+    api.set_rules({"replicasets.apps": ShardBy.UID, "pods": ShardBy.OWNER})
+    api.set_token(OwnerToken(CTYPE, "a", 1, 1))
+    ns = f"m-{uuid.uuid4().hex[:6]}"
+    try:
+        core, apps = k8s.CoreV1Api(api), k8s.AppsV1Api(api)
+        core.create_namespace({"metadata": {"name": ns}})
+        core.create_namespaced_pod(
+            ns, {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "image": "i"}]}}
+        )
+        rs = _rs("r", ("d", "d-uid"))
+        del rs["metadata"]["ownerReferences"]  # no owner: the local API server's GC would remove it
+        apps.create_namespaced_replica_set(ns, rs)
+        apps.patch_namespaced_replica_set_status("r", ns, {"status": {"replicas": 0}})
+        core.create_namespaced_config_map(ns, {"metadata": {"name": "c"}})
+        core.delete_namespaced_pod("p", ns)
+        core.read_namespace(ns)
+    finally:
+        api.close()
+    assert stack.relay.rules == [
+        ("POST", "/api/v1/namespaces", None),
+        ("POST", f"/api/v1/namespaces/{ns}/pods", "owner"),
+        ("POST", f"/apis/apps/v1/namespaces/{ns}/replicasets", "uid"),
+        ("PATCH", f"/apis/apps/v1/namespaces/{ns}/replicasets/r/status", "uid"),
+        ("POST", f"/api/v1/namespaces/{ns}/configmaps", None),
+        ("DELETE", f"/api/v1/namespaces/{ns}/pods/p", "owner"),
+    ]
