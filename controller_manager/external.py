@@ -506,6 +506,7 @@ class Child:
         instance_id: str,
         liveness_probe: LivenessProbeSection | None = None,
         on_restart: Callable[[], None] | None = None,
+        on_probe: Callable[[ProbeResult], None] | None = None,
     ) -> None:
         self.name = name
         self.command = command
@@ -526,7 +527,8 @@ class Child:
             port = (action.port or pick_port(action.host)) if action is not None else None
             if port is not None:
                 self.variables["RANGESHARD_PROBE_PORT"] = str(port)
-            self.prober = Prober(name, liveness_probe, port=port, env={**os.environ, **self.variables})
+            env = {**os.environ, **self.variables}
+            self.prober = Prober(name, liveness_probe, port=port, env=env, on_result=on_probe)
         self._on_restart = on_restart
         self.proc: subprocess.Popen[bytes] | None = None
         #: Monotonic time since when the controller has not been running (``None`` while it runs).
@@ -732,6 +734,9 @@ class ExternalRuntime:
                 instance_id=instance_id,
                 liveness_probe=section.liveness_probe,
                 on_restart=lambda: metrics.external_restarts.labels(controller_type).inc(),
+                on_probe=lambda result: metrics.external_probes.labels(
+                    controller_type, "successful" if result.ok else "failed"
+                ).inc(),
             )
             if section.command
             else None

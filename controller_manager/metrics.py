@@ -93,6 +93,11 @@ class Metrics:
             "failing its liveness probe (WARNING in the log says which)",
             "type",
         )
+        self.external_probes = counter(
+            "rangeshard_external_liveness_probes_total",
+            "Liveness probes of an external controller the manager runs, by result (successful, failed)",
+            "type result",
+        )
         self.informer_objects = gauge(
             "rangeshard_informer_cache_objects",
             "Objects in an informer's store (its resource's objects in this instance's range), read at scrape time",

@@ -203,10 +203,13 @@ class Prober:
         *,
         port: int | None = None,
         env: Mapping[str, str] | None = None,
+        on_result: Callable[[ProbeResult], None] | None = None,
     ) -> None:
         self.name = name
         self.probe = probe
         self.env = env
+        #: Called with every probe's result that counted (e.g. a metric), on the prober thread.
+        self.on_result = on_result
         self._url = probe_url(probe.http_get, port) if probe.http_get is not None else None
         headers = {"User-Agent": _USER_AGENT, "Accept": "*/*", "Connection": "close"}
         if probe.http_get is not None:
@@ -293,6 +296,8 @@ class Prober:
                 was = run.count.failures
                 fired = run.count.observe(result.ok, time.monotonic())
                 failures = run.count.failures
+            if self.on_result is not None:
+                self.on_result(result)
             if fired:
                 run.on_failure(result, failures)
             elif not result.ok:

@@ -4,7 +4,8 @@
   answers) fails its ``httpGet`` probe ``failureThreshold`` times, is
   SIGKILLed with a WARNING carrying the probe's answer, and the restart loop
   starts a new process (a new pid), which is probed again and left alone.
-* An ``exec`` probe does the same, and every restart is counted (``on_restart``).
+* An ``exec`` probe does the same; every restart and every probe are reported (``on_restart``,
+  ``on_probe``: the metrics).
 * ``httpGet.port: 0``: the manager picks the port and gives it to the child as
   ``RANGESHARD_PROBE_PORT`` and as ``$(RANGESHARD_PROBE_PORT)`` in its command.
 * Stopping the child stops its prober thread.
@@ -95,6 +96,7 @@ def test_an_exec_probe_restarts_its_child_and_every_restart_is_counted(
         {"exec": {"command": ["cat", str(healthy)]}, "periodSeconds": 1, "failureThreshold": 1}
     )
     restarts: list[int] = []
+    results: list[bool] = []
     child = Child(
         "gadget",
         [sys.executable, "-c", code, str(pids)],
@@ -103,12 +105,14 @@ def test_an_exec_probe_restarts_its_child_and_every_restart_is_counted(
         instance_id="m-1",
         liveness_probe=probe,
         on_restart=lambda: restarts.append(1),
+        on_probe=lambda result: results.append(result.ok),
     )
     assert "RANGESHARD_PROBE_PORT" not in child.variables
     with caplog.at_level(logging.INFO, logger="controller_manager"):
         child.start()
         try:
             wait_until(lambda: _pids(pids), 10, "the child to start")
+            wait_until(lambda: results, 10, "a probe")
             healthy.unlink()
             wait_until(lambda: restarts, 10, "the child to be killed")
             healthy.touch()
@@ -116,6 +120,7 @@ def test_an_exec_probe_restarts_its_child_and_every_restart_is_counted(
         finally:
             child.stop(grace=2)
     assert restarts == [1]
+    assert results[0] is True and False in results  # every probe that counted is reported (a metric)
     (warning,) = [m for m in _messages(caplog, logging.WARNING) if "liveness probe failed" in m]
     assert warning.startswith("gadget: liveness probe failed 1 times (exit code 1: cat: "), warning
     assert warning.endswith("No such file or directory): killing the controller (SIGKILL)"), warning

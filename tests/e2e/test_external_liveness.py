@@ -7,7 +7,8 @@ with ``livenessProbe: {httpGet: {path: /healthz, port: 0}, periodSeconds: 1,
 failureThreshold: 2}``. The test SIGSTOPs the child: the probe times out
 twice, the manager logs a WARNING with the probe's answer, SIGKILLs the child
 and restarts it (a new pid), counts the restart in
-``rangeshard_external_child_restarts_total``, and the instance keeps its
+``rangeshard_external_child_restarts_total`` (the probes in
+``rangeshard_external_liveness_probes_total``), and the instance keeps its
 place in the registry (the child was down for far less than
 ``leaseTTLSeconds``).
 """
@@ -80,6 +81,7 @@ def test_a_wedged_external_controller_is_killed_and_restarted_by_its_probe(clust
     assert found, log[-3000:]
     assert "ext: the controller exited with code -9; restarting in 1s" in log
     assert manager.metric("rangeshard_external_child_restarts_total", type="ext") == 1.0
+    assert manager.metric("rangeshard_external_liveness_probes_total", type="ext", result="failed") >= 2
     # The new process is probed too, and passes: it stays.
     wait_until(lambda: _pids(Path(f"{pids}.hits")).count(second) >= 2, 30, "two passing probes of the new child")
     assert _pids(pids) == [first, second]
