@@ -2,7 +2,8 @@
 
 * ``httpGet``: 200..399 passes (a redirect is not followed and passes), any
   other status fails with its body in the answer, so does a refused
-  connection; a server that does not answer fails after ``timeoutSeconds``.
+  connection; a server that does not answer fails after ``timeoutSeconds``;
+  HTTPS is not verified (a self-signed certificate passes).
 * ``exec``: exit code 0 passes; another code fails with the output; a
   command that outlives ``timeoutSeconds`` is killed with everything it started.
 * The count (:class:`LivenessCount`, driven by a :class:`ManualClock`): the
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+import ssl
 import threading
 import time
 from collections.abc import Iterator
@@ -32,12 +34,13 @@ from controller_manager.config import LivenessProbeSection
 from controller_manager.probes import LivenessCount, Prober, ProbeResult, http_get, probe_url, run_exec
 from rangeshard.core.clock import ManualClock
 from tests.helpers import wait_until
+from tests.security.certs import make_pki
 
 
 class _Server:
     """A loopback HTTP server answering ``GET /<code>`` with that status; ``/hang`` waits until released."""
 
-    def __init__(self) -> None:
+    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
         self.release = threading.Event()
         self.agents: list[str] = []
         outer = self
@@ -63,6 +66,8 @@ class _Server:
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
+        if tls is not None:
+            self.httpd.socket = tls.wrap_socket(self.httpd.socket, server_side=True)
         self.port = self.httpd.server_address[1]
         self.thread = threading.Thread(target=self.httpd.serve_forever, name="test-probe-server", daemon=True)
         self.thread.start()
@@ -137,6 +142,24 @@ def test_the_probe_url_and_headers(server: _Server) -> None:
     assert action is not None
     assert probe_url(action) == "https://[::1]:8443/"
     assert probe_url(action, 9000) == "https://[::1]:9000/"
+
+
+def test_an_https_probe_does_not_verify_the_certificate(tmp_path: Path) -> None:
+    """As the kubelet: a controller's self-signed serving certificate (kube-controller-manager's) is fine."""
+    pki = make_pki(tmp_path)
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    tls.load_cert_chain(pki.server_cert, pki.server_key)
+    s = _Server(tls)
+    try:
+        probe = _probe(httpGet={"path": "/204", "port": s.port, "scheme": "HTTPS"})
+        prober = Prober("g", probe)
+        prober.start()
+        try:
+            assert prober.check() == ProbeResult(True, "HTTP 204")
+        finally:
+            prober.stop()
+    finally:
+        s.close()
 
 
 def test_an_exec_probe_passes_on_exit_code_0_and_fails_otherwise() -> None:
