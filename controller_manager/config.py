@@ -27,6 +27,9 @@ Invariants
       logs or error messages (errors never echo input values).
     * Relative certificate paths are resolved against the config file's
       directory and must name existing files.
+    * ``external.livenessProbe`` is spelled as in a pod spec (kubelet's names
+      and defaults) and needs ``command``: a sidecar controller is probed by
+      the kubelet, from the pod manifest.
 
 Concurrency model
     Pure functions and frozen (immutable) models: safe to share between threads.
@@ -34,6 +37,8 @@ Concurrency model
 
 from __future__ import annotations
 
+import inspect
+import ipaddress
 import re
 from collections.abc import Hashable
 from pathlib import Path
@@ -250,6 +255,139 @@ class ShardResourceSection(_Section):
         return ShardBy(self.by)
 
 
+_PROBE_HOST_RE = re.compile(r"^[^\s/\[\]@?#]+$")
+
+
+def _is_ip(value: str) -> bool:
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        return False
+    return True
+
+
+def _probe_port(value: object) -> object:
+    """A port number; a name (the kubelet looks it up in the pod's container ports) means nothing here."""
+    if isinstance(value, str):
+        raise ValueError(
+            "must be a port number 1..65535 (or 0: a free port the manager picks); a named port needs a pod's "
+            "container ports, which a controller run by the manager has not"
+        )
+    if isinstance(value, int) and not isinstance(value, bool) and not 0 <= value <= 65535:
+        raise ValueError("must be a port number 1..65535 (or 0: a free port the manager picks)")
+    return value
+
+
+class HttpHeaderSection(_Section):
+    """A header of the probe's request (kubelet's `httpHeaders` item)."""
+
+    name: str = Field(min_length=1, strict=True, description="Header name.")
+    value: str = Field(strict=True, description="Header value.")
+
+
+class HttpGetSection(_Section):
+    """An HTTP GET to the controller (kubelet's `httpGet`): a status of 200..399 within `timeoutSeconds` passes.
+
+    Redirects are not followed (a 3xx passes). HTTPS is not verified, as the kubelet does not verify it.
+    """
+
+    path: str = Field("/", strict=True, description="Path (and query) to request; starts with `/`.")
+    port: Annotated[int, BeforeValidator(_probe_port)] = Field(
+        ge=0,
+        le=65535,
+        strict=True,
+        description="TCP port, a number (a named port means nothing outside a pod). 0: the manager picks a free "
+        "port once and gives it to the controller as `RANGESHARD_PROBE_PORT` (and `$(RANGESHARD_PROBE_PORT)` in "
+        "`command`), so several managers on one host can run the same config.",
+    )
+    host: str = Field(
+        "127.0.0.1",
+        min_length=1,
+        strict=True,
+        description="Host to connect to. The kubelet defaults to the pod's IP; the manager and its controller "
+        "share the host, so here it is loopback.",
+    )
+    scheme: Literal["HTTP", "HTTPS"] = Field("HTTP", description="`HTTP` or `HTTPS` (certificate not verified).")
+    http_headers: list[HttpHeaderSection] = Field(
+        default_factory=list, alias="httpHeaders", description="Headers added to the request."
+    )
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, value: str) -> str:
+        if not value.startswith("/") or any(c.isspace() for c in value):
+            raise ValueError("must start with / and contain no whitespace, e.g. /healthz")
+        return value
+
+    @field_validator("host")
+    @classmethod
+    def _host(cls, value: str) -> str:
+        if not _PROBE_HOST_RE.match(value) or (":" in value and not _is_ip(value)):
+            raise ValueError("must be a host name or IP address (no scheme, port, path or brackets)")
+        return value
+
+
+class ExecSection(_Section):
+    """A command run by the manager (kubelet's `exec`): exit code 0 within `timeoutSeconds` passes.
+
+    It runs without a shell, with the controller's environment (`KUBECONFIG`, `RANGESHARD_*`); on timeout
+    it is killed (SIGKILL, with its process group) and the probe fails.
+    """
+
+    command: list[Annotated[str, Field(min_length=1)]] = Field(
+        min_length=1, description='Command line, e.g. `["cat", "/tmp/healthy"]`.'
+    )
+
+
+class LivenessProbeSection(_Section):
+    """Kubelet's liveness probe, for a controller the manager runs (`command`).
+
+    The first probe runs `initialDelaySeconds` after each start, then one every `periodSeconds`;
+    `failureThreshold` failures in a row kill the controller (SIGKILL) and the usual backoff restarts it.
+    Exactly one of `httpGet` and `exec`.
+    """
+
+    http_get: HttpGetSection | None = Field(None, alias="httpGet", description="Probe with an HTTP GET.")
+    exec_: ExecSection | None = Field(None, alias="exec", description="Probe by running a command.")
+    initial_delay_seconds: int = Field(
+        0,
+        alias="initialDelaySeconds",
+        ge=0,
+        strict=True,
+        description="Seconds after the controller started before the first probe.",
+    )
+    period_seconds: int = Field(10, alias="periodSeconds", ge=1, strict=True, description="Seconds between probes.")
+    timeout_seconds: int = Field(
+        1, alias="timeoutSeconds", ge=1, strict=True, description="Seconds after which a probe counts as failed."
+    )
+    failure_threshold: int = Field(
+        3,
+        alias="failureThreshold",
+        ge=1,
+        strict=True,
+        description="Failures in a row that kill the controller.",
+    )
+    success_threshold: int = Field(
+        1,
+        alias="successThreshold",
+        strict=True,
+        description="Must be 1 for a liveness probe (as the kubelet requires).",
+    )
+
+    @field_validator("success_threshold")
+    @classmethod
+    def _success_threshold(cls, value: int) -> int:
+        if value != 1:
+            raise ValueError("must be 1 for a liveness probe (as the kubelet requires)")
+        return value
+
+    @model_validator(mode="after")
+    def _one_handler(self) -> LivenessProbeSection:
+        if (self.http_get is None) == (self.exec_ is None):
+            raise ValueError("give exactly one of httpGet and exec")
+        return self
+
+
 class ExternalSection(_Section):
     """A controller that is not a `Controller` class: any program, sharded through a local endpoint."""
 
@@ -257,8 +395,10 @@ class ExternalSection(_Section):
         None,
         min_length=1,
         description="The controller's command line; the manager starts it with `KUBECONFIG` pointing at the "
-        "endpoint (plus `RANGESHARD_INSTANCE_ID` and `RANGESHARD_CONTROLLER_TYPE`), restarts it with backoff "
-        "and stops it on shutdown. Without it only the endpoint runs (a sidecar beside the controller).",
+        "endpoint (plus `RANGESHARD_INSTANCE_ID`, `RANGESHARD_CONTROLLER_TYPE` and, with an `httpGet` probe, "
+        "`RANGESHARD_PROBE_PORT`; `$(NAME)` of these in the command line is replaced, as the kubelet spells it), "
+        "restarts it with backoff and stops it on shutdown. Without it only the endpoint runs (a sidecar beside "
+        "the controller).",
     )
     listen: str = Field(
         "127.0.0.1:0",
@@ -279,6 +419,23 @@ class ExternalSection(_Section):
         description="After a range shrinks (its watches were reset), how long the giver waits, with no write of "
         "the controller to a `shard` resource in flight, before it unlocks the receiver.",
     )
+    liveness_probe: LivenessProbeSection | None = Field(
+        None,
+        alias="livenessProbe",
+        description="Kubelet's liveness probe for the controller the manager runs (needs `command`): after "
+        "`failureThreshold` failed probes in a row it is killed (SIGKILL) and restarted with the usual backoff. "
+        "A sidecar's probe belongs on its container in the pod manifest.",
+    )
+
+    @model_validator(mode="after")
+    def _probe_needs_command(self) -> ExternalSection:
+        if self.liveness_probe is not None and not self.command:
+            raise _field_error(
+                "livenessProbe",
+                "needs command: the manager probes only a controller it runs; a sidecar controller is probed "
+                "by the kubelet, so put livenessProbe on its container in the pod manifest",
+            )
+        return self
 
     @field_validator("listen")
     @classmethod
@@ -506,12 +663,40 @@ def _yaml_problem(path: Path, e: yaml.YAMLError) -> str:
     return f"{path}: invalid YAML: {type(e).__name__}"
 
 
-_MODELS_BY_PATH: dict[tuple[str, ...], type[BaseModel]] = {
-    (): ManagerConfig,
-    ("etcd",): EtcdSection,
-    ("proxy",): ProxySection,
-    ("metrics",): MetricsSection,
-}
+def _model_in(annotation: Any) -> tuple[type[BaseModel] | None, int]:
+    """The model an annotation holds and how many ``loc`` steps (list index, dict key) lie before it."""
+    origin = get_origin(annotation)
+    if origin is Annotated:
+        return _model_in(get_args(annotation)[0])
+    if origin in (Union, UnionType):
+        for arg in get_args(annotation):
+            found = _model_in(arg)
+            if found[0] is not None:
+                return found
+        return None, 0
+    if origin in (list, tuple, dict):
+        inner, steps = _model_in(get_args(annotation)[-1 if origin is dict else 0])
+        return inner, steps + 1
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation, 0
+    return None, 0
+
+
+def _model_at(loc: tuple[str, ...]) -> type[BaseModel] | None:
+    """The model of the mapping at ``loc`` (field names as in the file), or ``None``."""
+    model: type[BaseModel] = ManagerConfig
+    rest = list(loc)
+    while rest:
+        key = rest.pop(0)
+        field = next((f for name, f in model.model_fields.items() if (f.alias or name) == key), None)
+        if field is None:
+            return None
+        inner, steps = _model_in(field.annotation)
+        if inner is None or len(rest) < steps:
+            return None
+        del rest[:steps]
+        model = inner
+    return model
 
 
 def _field_names(model: type[BaseModel]) -> list[str]:
@@ -533,9 +718,7 @@ def _problems(e: ValidationError) -> list[tuple[str, str]]:
         elif typ == "missing":
             msg = "required field is missing"
         elif typ == "extra_forbidden":
-            model = _MODELS_BY_PATH.get(loc[:-1]) or (
-                ControllerSection if len(loc) == 3 and loc[0] == "controllers" else None
-            )
+            model = _model_at(loc[:-1])
             msg = f"unknown field; expected one of: {', '.join(_field_names(model))}" if model else "unknown field"
         elif typ in ("model_type", "model_attributes_type", "dict_type"):
             msg = "expected a mapping"
@@ -672,8 +855,10 @@ def _type_name(annotation: Any) -> str:
         args = [a for a in get_args(annotation) if a is not NoneType]
         name = " or ".join(_type_name(a) for a in args)
         return f"{name} or null" if len(args) < len(get_args(annotation)) else name
-    if origin is tuple:
+    if origin in (tuple, list):
         return f"list of {_type_name(get_args(annotation)[0])}"
+    if origin is Literal:
+        return " or ".join(f"`{v}`" for v in get_args(annotation))
     if origin is dict:
         return "mapping"
     if annotation is SecretStr:
@@ -736,6 +921,10 @@ def config_reference_markdown() -> str:
         ("`proxy`", ProxySection, "proxy."),
         ("`metrics`", MetricsSection, "metrics."),
         ("`controllers.<name>`", ControllerSection, "controllers.<name>."),
+        ("`controllers.<name>.external`", ExternalSection, "external."),
+        ("`external.livenessProbe`", LivenessProbeSection, "livenessProbe."),
+        ("`livenessProbe.httpGet`", HttpGetSection, "httpGet."),
+        ("`livenessProbe.exec`", ExecSection, "exec."),
     ]
     parts = [
         "# Controller-manager configuration",
@@ -761,6 +950,6 @@ def config_reference_markdown() -> str:
         "```",
     ]
     for title, model, prefix in sections:
-        doc = (model.__doc__ or "").strip()
+        doc = inspect.cleandoc(model.__doc__ or "")
         parts += ["", f"## {title}", "", doc, "", header, *_rows(model, prefix)]
     return "\n".join(parts) + "\n"

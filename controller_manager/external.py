@@ -22,7 +22,12 @@ Purpose
     the manager inside), ``RANGESHARD_INSTANCE_ID`` and
     ``RANGESHARD_CONTROLLER_TYPE`` are set, its output goes to the manager's
     log prefixed with ``[<name>]``, it is restarted with backoff when it
-    exits and stopped (SIGTERM, then SIGKILL) on shutdown.
+    exits and stopped (SIGTERM, then SIGKILL) on shutdown. ``$(NAME)`` in
+    ``command`` is replaced by those variables (:func:`expand`, the kubelet's
+    spelling). With ``livenessProbe`` a :class:`~controller_manager.probes.Prober`
+    probes each run of it; ``failureThreshold`` failures in a row SIGKILL
+    the process (WARNING with the probe's answer) and the restart loop starts
+    it again with the same backoff.
 
 Handover
     * What the endpoint serves is the instance's *allowed* range
@@ -40,7 +45,9 @@ Concurrency model
     ``ThreadingHTTPServer`` (one thread per connection, named
     ``external-<name>-endpoint``), each forwarding with a shared
     ``httpx.Client``; the child runs under a supervisor thread
-    (``external-<name>-child``) plus one thread copying its output. The
+    (``external-<name>-child``, which also copies its output) plus, with a
+    probe, the prober's thread (``external-<name>-liveness``), whose failure
+    action only signals the run it was given. The
     shard instance's callbacks (``on_epoch``, ``on_allowed``, ``on_token``)
     run on its state-machine thread and only touch fields under ``_lock``.
 """
@@ -48,8 +55,10 @@ Concurrency model
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -58,7 +67,7 @@ import tempfile
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -68,8 +77,9 @@ import httpx
 import orjson
 import yaml
 
-from controller_manager.config import ExternalSection
+from controller_manager.config import ExternalSection, LivenessProbeSection
 from controller_manager.metrics import Metrics
+from controller_manager.probes import Prober, ProbeResult, pick_port
 from controller_manager.sharding import ShardInstance
 from hashing import HashRange, ShardBy, range_to_selector
 from rangeshard.core.etcd import EtcdConfig
@@ -493,7 +503,16 @@ class Child:
     """The external controller's process, restarted with backoff (see module docstring)."""
 
     def __init__(
-        self, name: str, command: list[str], endpoint_url: str, *, controller_type: str, instance_id: str
+        self,
+        name: str,
+        command: list[str],
+        endpoint_url: str,
+        *,
+        controller_type: str,
+        instance_id: str,
+        liveness_probe: LivenessProbeSection | None = None,
+        on_restart: Callable[[], None] | None = None,
+        on_probe: Callable[[ProbeResult], None] | None = None,
     ) -> None:
         self.name = name
         self.command = command
@@ -502,6 +521,21 @@ class Child:
         self._dir = Path(tempfile.mkdtemp(prefix=f"rangeshard-external-{name}-"))
         self.kubeconfig = self._dir / "kubeconfig"
         self.kubeconfig.write_text(yaml.safe_dump(_kubeconfig(endpoint_url), sort_keys=False))
+        #: The variables the manager sets for the controller (also ``$(NAME)`` in ``command``, see :func:`expand`).
+        self.variables = {
+            "KUBECONFIG": str(self.kubeconfig),
+            "RANGESHARD_INSTANCE_ID": instance_id,
+            "RANGESHARD_CONTROLLER_TYPE": controller_type,
+        }
+        self.prober: Prober | None = None
+        if liveness_probe is not None:
+            action = liveness_probe.http_get
+            port = (action.port or pick_port(action.host)) if action is not None else None
+            if port is not None:
+                self.variables["RANGESHARD_PROBE_PORT"] = str(port)
+            env = {**os.environ, **self.variables}
+            self.prober = Prober(name, liveness_probe, port=port, env=env, on_result=on_probe)
+        self._on_restart = on_restart
         self.proc: subprocess.Popen[bytes] | None = None
         #: Monotonic time since when the controller has not been running (``None`` while it runs).
         self._down_since: float | None = time.monotonic()
@@ -520,20 +554,18 @@ class Child:
         return time.monotonic() - since if since is not None else 0.0
 
     def start(self) -> None:
+        if self.prober is not None:
+            self.prober.start()
         self._thread = start_thread(f"external-{self.name}-child", self._run, what=f"external {self.name}: child")
 
     def _run(self) -> None:
         backoff = 1.0
+        command = [expand(arg, self.variables) for arg in self.command]
         while not self._stop.is_set():
-            env = {
-                **os.environ,
-                "KUBECONFIG": str(self.kubeconfig),
-                "RANGESHARD_INSTANCE_ID": self.instance_id,
-                "RANGESHARD_CONTROLLER_TYPE": self.controller_type,
-            }
+            env = {**os.environ, **self.variables}
             try:
                 self.proc = subprocess.Popen(
-                    self.command,
+                    command,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL,
@@ -545,15 +577,22 @@ class Child:
             else:
                 started = time.monotonic()
                 self._down_since = None
-                log.info("%s: started %s (pid %s)", self.name, " ".join(self.command), self.proc.pid)
-                self._copy_output(self.proc)
-                code = self.proc.wait()
+                proc = self.proc
+                log.info("%s: started %s (pid %s)", self.name, " ".join(command), proc.pid)
+                if self.prober is not None:
+                    self.prober.watch(functools.partial(self._liveness_failed, proc))
+                self._copy_output(proc)
+                code = proc.wait()
+                if self.prober is not None:
+                    self.prober.unwatch()
                 self._down_since = time.monotonic()
                 if self._stop.is_set():
                     return
                 if time.monotonic() - started > 60:
                     backoff = 1.0
                 log.warning("%s: the controller exited with code %s; restarting in %.0fs", self.name, code, backoff)
+                if self._on_restart is not None:
+                    self._on_restart()
             self._stop.wait(backoff)
             backoff = min(backoff * 2, 30.0)
 
@@ -565,12 +604,45 @@ class Child:
             for raw in out:
                 log.info("[%s] %s", self.name, raw.decode("utf-8", "replace").rstrip())
 
+    def _liveness_failed(self, proc: subprocess.Popen[bytes], result: ProbeResult, failures: int) -> None:
+        """The prober's failure action (its thread): SIGKILL this run's process; :meth:`_run` restarts it."""
+        log.warning(
+            "%s: liveness probe failed %d times (%s): killing the controller (SIGKILL)",
+            self.name,
+            failures,
+            result.answer,
+        )
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGKILL)  # a no-op once the run ended and was reaped
+
     def stop(self, grace: float = 10.0) -> None:
         self._stop.set()
+        if self.prober is not None:
+            self.prober.stop()
         if self.proc is not None:
             terminate(self.proc, grace)
         if self._thread is not None:
             self._thread.join(5)
+
+
+_VARIABLE_RE = re.compile(r"(\$?)\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
+
+
+def expand(arg: str, variables: Mapping[str, str]) -> str:
+    """``$(NAME)`` in a command argument replaced by the manager's variable ``NAME``, as the kubelet spells it.
+
+    Only the variables the manager sets for the controller are expanded
+    (``KUBECONFIG``, ``RANGESHARD_*``); any other ``$(...)`` stays as written,
+    and ``$$(NAME)`` is the escape for a literal ``$(NAME)``. No shell is involved.
+    """
+
+    def one(found: re.Match[str]) -> str:
+        escaped, name = found.group(1), found.group(2)
+        if escaped:
+            return found.group(0)[1:]
+        return variables.get(name, found.group(0))
+
+    return _VARIABLE_RE.sub(one, arg)
 
 
 def _die_with_parent() -> None:
@@ -660,7 +732,18 @@ class ExternalRuntime:
         )
         self.endpoint = endpoint
         self.child = (
-            Child(name, list(section.command), endpoint.url, controller_type=controller_type, instance_id=instance_id)
+            Child(
+                name,
+                list(section.command),
+                endpoint.url,
+                controller_type=controller_type,
+                instance_id=instance_id,
+                liveness_probe=section.liveness_probe,
+                on_restart=lambda: metrics.external_restarts.labels(controller_type).inc(),
+                on_probe=lambda result: metrics.external_probes.labels(
+                    controller_type, "successful" if result.ok else "failed"
+                ).inc(),
+            )
             if section.command
             else None
         )

@@ -87,6 +87,17 @@ class Metrics:
         )
         self.queue_depth = gauge("rangeshard_workqueue_depth", "Queued keys")
         self.workload = gauge("rangeshard_workload_objects", "Main objects in range")
+        self.external_restarts = counter(
+            "rangeshard_external_child_restarts_total",
+            "Restarts of an external controller the manager runs (`command`): it exited, or was killed after "
+            "failing its liveness probe (WARNING in the log says which)",
+            "type",
+        )
+        self.external_probes = counter(
+            "rangeshard_external_liveness_probes_total",
+            "Liveness probes of an external controller the manager runs, by result (successful, failed)",
+            "type result",
+        )
         self.informer_objects = gauge(
             "rangeshard_informer_cache_objects",
             "Objects in an informer's store (its resource's objects in this instance's range), read at scrape time",
