@@ -25,6 +25,8 @@ Purpose
     * :mod:`controller_manager.manager` - the process
     * :mod:`controller_manager.external` - external controllers: the endpoint
       that shards an unmodified controller, and its child process
+    * :mod:`controller_manager.probes` - liveness probes of external children
+      (kubelet's ``httpGet``/``exec`` semantics)
     * :mod:`controller_manager.process` - ``ManagerProcess``, the one launcher
       and wrapper of manager child processes (``up``, the test kit, tests,
       benchmarks)
