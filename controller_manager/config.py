@@ -24,7 +24,10 @@ Invariants
       expire. Omitted, it is ``min(3, 0.3 * leaseTTLSeconds)``, so every valid
       TTL works without it.
     * The etcd ``password`` is a :class:`pydantic.SecretStr`: never in ``repr``,
-      logs or error messages (errors never echo input values).
+      logs or error messages (errors echo no input value but a bad etcd
+      endpoint, whose credentials show as ``***``).
+    * etcd endpoints follow the one grammar of ``--etcd``
+      (:func:`rangeshard.core.etcd.parse_endpoint`).
     * Relative certificate paths are resolved against the config file's
       directory and must name existing files.
     * ``external.livenessProbe`` is spelled as in a pod spec (kubelet's names
@@ -62,6 +65,7 @@ from pydantic_core import PydanticCustomError
 
 from hashing import ShardBy
 from rangeshard.core.errors import ConfigError
+from rangeshard.core.etcd import parse_endpoint, parse_endpoints
 from rangeshard.core.rest import parse_resource_name
 
 KNOWN_CONTROLLERS: tuple[str, ...] = ("replicaset", "deployment")
@@ -84,7 +88,7 @@ def _field_error(field: str, message: str) -> PydanticCustomError:
     return PydanticCustomError(_FIELD_ERROR, message, {"field": field})
 
 
-def check_url(value: str, *, allow_path: bool) -> str:
+def _proxy_url(value: str) -> str:
     """Validate an ``http(s)://host[:port][/path]`` URL; return it without a trailing slash.
 
     Raises ``ValueError`` with a message that does not repeat credentials.
@@ -98,24 +102,21 @@ def check_url(value: str, *, allow_path: bool) -> str:
     if parts.scheme not in ("http", "https"):
         raise ValueError("URL scheme must be http or https")
     if parts.username is not None or parts.password is not None:
-        raise ValueError("URL must not contain credentials (use etcd.username/password)")
+        raise ValueError("URL must not contain credentials (use proxy.tokenFile)")
     if not parts.hostname:
         raise ValueError("URL has no host")
     if port == 0:
         raise ValueError("URL port must be 1..65535")
     if parts.query or parts.fragment:
         raise ValueError("URL must not have a query or fragment")
-    if not allow_path and parts.path not in ("", "/"):
-        raise ValueError("URL must be scheme://host:port with no path")
     return text.rstrip("/")
 
 
 def _etcd_url(value: str) -> str:
-    return check_url(value, allow_path=False)
-
-
-def _proxy_url(value: str) -> str:
-    return check_url(value, allow_path=True)
+    try:
+        return parse_endpoint(value).url
+    except ConfigError as e:
+        raise ValueError(str(e)) from e
 
 
 _CONTROLLER_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9_.]{0,61}[a-z0-9])?$")
@@ -151,7 +152,9 @@ class EtcdSection(_Section):
     """How the manager reaches etcd (the registry). Relative file paths are relative to the config file."""
 
     endpoints: tuple[Annotated[str, AfterValidator(_etcd_url)], ...] = Field(
-        (DEFAULT_ETCD,), description="etcd client URLs, `http://host:port` or `https://host:port`."
+        (DEFAULT_ETCD,),
+        description="etcd client URLs: `http://host[:port]`, `https://host[:port]` (port 2379 by default) "
+        "or `host:port` (http), as for `--etcd`.",
     )
     ca_cert: str | None = Field(
         None, alias="caCert", description="PEM file of the CA that signed etcd's server certificate (https endpoints)."
@@ -822,19 +825,11 @@ def with_overrides(cfg: ManagerConfig, *, etcd: str | None = None, proxy: str | 
     ``None`` keeps the file's value. Raises :class:`ConfigError` naming the option.
     """
     if etcd is not None:
-        urls = [u.strip() for u in etcd.split(",") if u.strip()]
-        if not urls:
-            raise ConfigError("--etcd: no endpoint given")
-        endpoints: list[str] = []
-        problems: list[str] = []
-        for u in urls:
-            try:
-                endpoints.append(_etcd_url(u))
-            except ValueError as e:
-                problems.append(f"--etcd: {u}: {e}")
-        if problems:
-            raise ConfigError(problems[0], problems)
-        cfg = cfg.model_copy(update={"etcd": cfg.etcd.model_copy(update={"endpoints": tuple(endpoints)})})
+        try:
+            endpoints = tuple(e.url for e in parse_endpoints(etcd))
+        except ConfigError as e:
+            raise ConfigError(f"--etcd: {e}", [f"--etcd: {p}" for p in e.problems]) from e
+        cfg = cfg.model_copy(update={"etcd": cfg.etcd.model_copy(update={"endpoints": endpoints})})
     if proxy is not None:
         try:
             url = _proxy_url(proxy)

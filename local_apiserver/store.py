@@ -37,7 +37,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
@@ -66,8 +66,14 @@ from local_apiserver.validation import (
     prepare_for_create,
     validate_object,
 )
-from rangeshard.core.errors import RegistryError, RegistryUnavailable
-from rangeshard.core.etcd import KV, EtcdClient, prefix_end
+from rangeshard.core.errors import (
+    EtcdRequestTooLarge,
+    FutureRevision,
+    RegistryError,
+    RegistryUnavailable,
+    RevisionCompacted,
+)
+from rangeshard.core.etcd import KV, Compare, Delete, EtcdClient, Op, Put, TxnResult, prefix_end
 from rangeshard.core.selectors import FieldSelector, LabelSelector
 from rangeshard.core.timestamps import format_time, parse_time
 
@@ -80,6 +86,7 @@ _GENERATE_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
 INITIAL_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
 
 Obj = dict[str, Any]
+T = TypeVar("T")
 
 
 def parse_resource_version(value: str | None, what: str = "resourceVersion") -> int | None:
@@ -97,18 +104,17 @@ def parse_resource_version(value: str | None, what: str = "resourceVersion") -> 
 
 def etcd_errors(e: RegistryError) -> ApiError:
     """Translate an etcd failure into the Status kube-apiserver would answer."""
-    text = str(e)
-    if "compacted" in text:
-        return gone(f"too old resource version: {text}")
-    if "future revision" in text:
+    if isinstance(e, RevisionCompacted):
+        return gone(f"too old resource version: {e}")
+    if isinstance(e, FutureRevision):
         return timeout("Too large resource version: the requested resourceVersion is newer than the store's")
-    if "RESOURCE_EXHAUSTED" in text or "request is too large" in text:
+    if isinstance(e, EtcdRequestTooLarge):
         # etcd's --max-request-bytes (1.5 MiB by default) is below the 3 MiB body limit, as with
         # kube-apiserver, which answers 413 for etcd's ErrRequestTooLarge too.
         return ApiError(413, "RequestEntityTooLarge", "Request entity too large: the object is too large for etcd")
     if isinstance(e, RegistryUnavailable):
-        return unavailable(f"etcd is unavailable: {text}")
-    return unavailable(f"storage error: {text}")
+        return unavailable(f"etcd is unavailable: {e}")
+    return unavailable(f"storage error: {e}")
 
 
 @dataclass
@@ -171,13 +177,10 @@ class Store:
         stored["metadata"] = meta
         return orjson.dumps(stored)
 
-    def _txn(self, compare: list[Any], success: list[Any], what: str) -> tuple[bool, list[Any]]:
-        try:
-            return self.client.transaction(compare, success, [], what=what)
-        except RegistryError as e:
-            raise etcd_errors(e) from e
+    def _txn(self, compare: list[Compare], success: list[Op], what: str) -> TxnResult:
+        return self._call(lambda: self.client.transaction(compare, success, what=what))
 
-    def _call(self, fn: Callable[[], Any]) -> Any:
+    def _call(self, fn: Callable[[], T]) -> T:
         try:
             return fn()
         except RegistryError as e:
@@ -185,12 +188,11 @@ class Store:
 
     # -- reads ---------------------------------------------------------------
     def revision(self) -> int:
-        return int(self._call(self.client.revision))
+        return self._call(self.client.revision)
 
     def get_kv(self, spec: ResourceSpec, namespace: str | None, name: str) -> KV | None:
         key = self.key(spec, namespace, name)
-        _, kv = self._call(lambda: self.client.get(key))
-        return kv  # type: ignore[no-any-return]
+        return self._call(lambda: self.client.get(key))[1]
 
     def get(self, spec: ResourceSpec, namespace: str | None, name: str) -> Obj:
         kv = self.get_kv(spec, namespace, name)
@@ -239,9 +241,9 @@ class Store:
         while True:
             try:
                 rev, kvs, more_kv = self.client.get_range(start, end, limit=page, revision=read_rev)
+            except RevisionCompacted as e:
+                raise (gone(EXPIRED_CONTINUE_MESSAGE) if continue_token else etcd_errors(e)) from e
             except RegistryError as e:
-                if "compacted" in str(e) and continue_token:
-                    raise gone(EXPIRED_CONTINUE_MESSAGE) from e
                 raise etcd_errors(e) from e
             if read_rev is None:
                 read_rev = rev
@@ -309,22 +311,21 @@ class Store:
         else:
             meta.pop("generation", None)
         key = self.key(spec, namespace, str(meta["name"]))
-        txn = self.client.txn
         for _ in range(MAX_RETRIES):
-            compare = [txn.Create(key) == 0]
+            compare = [Compare.create(key, "==", 0)]
             if spec.namespaced and namespace is not None:
                 # The namespace must exist, be active, and stay unchanged until the write (no
                 # object slips into a namespace being terminated).
                 ns_key, ns_rev = self._require_namespace(namespace, spec, str(meta["name"]))
-                compare.append(txn.Mod(ns_key) == ns_rev)
-            ok, responses = self._txn(compare, [txn.Put(key, self.encode(obj))], f"creating {key}")
-            if ok:
+                compare.append(Compare.mod(ns_key, "==", ns_rev))
+            result = self._txn(compare, [Put(key, self.encode(obj))], f"creating {key}")
+            if result.succeeded:
                 break
             if self.get_kv(spec, namespace, str(meta["name"])) is not None:
                 raise already_exists(spec.group_resource, str(meta["name"]))
         else:
             raise conflict(spec.group_resource, str(meta["name"]), "the namespace kept changing; please retry")
-        meta["resourceVersion"] = str(responses[0].response_put.header.revision)
+        meta["resourceVersion"] = str(result.revision)
         if self.on_created is not None:
             self.on_created(spec, obj)
         if spec.resource == "namespaces" and spec.group == "":
@@ -415,7 +416,6 @@ class Store:
             if desired == current:
                 return current
             key = kv.key
-            txn = self.client.txn
             meta = desired["metadata"]
             if (
                 meta.get("deletionTimestamp")
@@ -423,17 +423,17 @@ class Store:
                 and not meta.get("deletionGracePeriodSeconds")  # a pod in its grace period stays (kube's rule)
                 and spec.resource != "namespaces"
             ):
-                ok, responses = self._txn([txn.Mod(key) == kv.mod_revision], [txn.Delete(key)], f"deleting {key}")
-                if ok:
-                    meta["resourceVersion"] = str(responses[0].response_delete_range.header.revision)
+                result = self._txn([Compare.mod(key, "==", kv.mod_revision)], [Delete(key)], f"deleting {key}")
+                if result.succeeded:
+                    meta["resourceVersion"] = str(result.revision)
                     self._deleted(spec, desired, "Background")
                     return desired
                 continue
-            ok, responses = self._txn(
-                [txn.Mod(key) == kv.mod_revision], [txn.Put(key, self.encode(desired))], f"updating {key}"
+            result = self._txn(
+                [Compare.mod(key, "==", kv.mod_revision)], [Put(key, self.encode(desired))], f"updating {key}"
             )
-            if ok:
-                meta["resourceVersion"] = str(responses[0].response_put.header.revision)
+            if result.succeeded:
+                meta["resourceVersion"] = str(result.revision)
                 return desired
         raise conflict(spec.group_resource, name, "too many concurrent writers; please retry")
 
@@ -569,10 +569,9 @@ class Store:
                     continue
                 return marked, False
             key = kv.key
-            txn = self.client.txn
-            ok, responses = self._txn([txn.Mod(key) == kv.mod_revision], [txn.Delete(key)], f"deleting {key}")
-            if ok:
-                meta["resourceVersion"] = str(responses[0].response_delete_range.header.revision)
+            result = self._txn([Compare.mod(key, "==", kv.mod_revision)], [Delete(key)], f"deleting {key}")
+            if result.succeeded:
+                meta["resourceVersion"] = str(result.revision)
                 self._deleted(spec, current, propagation)
                 return current, True
         raise conflict(spec.group_resource, name, "too many concurrent writers; please retry")
@@ -602,13 +601,12 @@ class Store:
     def _put_marked(self, kv: KV, desired: Obj) -> bool:
         """Write ``desired`` over ``kv`` if unchanged since read, setting its resourceVersion; False on a race."""
         key = kv.key
-        txn = self.client.txn
-        ok, responses = self._txn(
-            [txn.Mod(key) == kv.mod_revision], [txn.Put(key, self.encode(desired))], f"marking {key}"
+        result = self._txn(
+            [Compare.mod(key, "==", kv.mod_revision)], [Put(key, self.encode(desired))], f"marking {key}"
         )
-        if ok:
-            desired["metadata"]["resourceVersion"] = str(responses[0].response_put.header.revision)
-        return bool(ok)
+        if result.succeeded:
+            desired["metadata"]["resourceVersion"] = str(result.revision)
+        return result.succeeded
 
     def _mark_deleting(
         self, spec: ResourceSpec, namespace: str | None, name: str, kv: KV, current: Obj, finalizers: list[str]
@@ -641,9 +639,8 @@ class Store:
         """Remove ``current`` from etcd if unchanged since read (409 otherwise); no hooks."""
         key = self.key(spec, namespace, name)
         rev = int(current["metadata"]["resourceVersion"])
-        txn = self.client.txn
-        ok, _ = self._txn([txn.Mod(key) == rev], [txn.Delete(key)], f"deleting {key}")
-        if not ok:
+        result = self._txn([Compare.mod(key, "==", rev)], [Delete(key)], f"deleting {key}")
+        if not result.succeeded:
             raise conflict(spec.group_resource, name, "the object has been modified")
 
     def _deleted(self, spec: ResourceSpec, obj: Obj, propagation: str) -> None:

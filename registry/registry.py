@@ -46,7 +46,7 @@ from rangeshard.core.errors import (
     NotRegistered,
     RangeshardError,
 )
-from rangeshard.core.etcd import KV, EtcdClient, prefix_end, txn
+from rangeshard.core.etcd import KV, Compare, Delete, EtcdClient, Put
 from registry.models import InstanceRecord, Member, Snapshot, State, check_name, now
 
 log = logging.getLogger(__name__)
@@ -202,11 +202,11 @@ class Registry:
                     record = InstanceRecord.model_validate(
                         {**base, "hash_key": lower.hi, "is_locked": True, "state": State.LOCKED, "giver": giver}
                     )
-            ok, _ = self.client.transaction(
-                compare=[txn.Mod(prefix, prefix_end(prefix)) < snap.revision + 1],
-                success=[txn.Put(key, record.to_json(), lease_id)],
+            ok = self.client.transaction(
+                compare=[Compare.mod(prefix, "<", snap.revision + 1, prefix=True)],
+                success=[Put(key, record.to_json(), lease_id)],
                 what=f"joining {controller_type}/{instance_id}",
-            )
+            ).succeeded
             if ok:
                 rng = self.snapshot(controller_type).get(instance_id)
                 log.info(
@@ -243,11 +243,11 @@ class Registry:
             heartbeat_at=stamp,
         )
         what = f"rejoining {rec.controller_type}/{rec.instance_id} (parked)"
-        ok, _ = self.client.transaction(
-            compare=[txn.Mod(member.key) == member.mod_revision],
-            success=[txn.Put(member.key, new.to_json(), lease_id)],
+        ok = self.client.transaction(
+            compare=[Compare.mod(member.key, "==", member.mod_revision)],
+            success=[Put(member.key, new.to_json(), lease_id)],
             what=what,
-        )
+        ).succeeded
         if not ok:
             return None
         with contextlib.suppress(RangeshardError):
@@ -279,16 +279,16 @@ class Registry:
                 raise NotRegistered(f"{what}: the record is gone or belongs to another lease")
             stamp = now()
             parked = me.record.evolve(state=State.PARKED, parked_until=stamp + grace, heartbeat_at=stamp)
-            puts = [txn.Put(me.key, parked.to_json(), grace_lease_id)]
+            puts = [Put(me.key, parked.to_json(), grace_lease_id)]
             receivers = snap.receivers_of(instance_id)
             for r in receivers:
                 unlocked = r.record.evolve(is_locked=False, giver=None)
-                puts.append(txn.Put(r.key, unlocked.to_json(), r.lease_id))
-            ok, _ = self.client.transaction(
-                compare=[txn.Mod(prefix, prefix_end(prefix)) < snap.revision + 1],
+                puts.append(Put(r.key, unlocked.to_json(), r.lease_id))
+            ok = self.client.transaction(
+                compare=[Compare.mod(prefix, "<", snap.revision + 1, prefix=True)],
                 success=puts,
                 what=what,
-            )
+            ).succeeded
             if ok:
                 log.info(
                     "%s: key %s kept for %.0fs%s",
@@ -315,11 +315,11 @@ class Registry:
                 f"{controller_type}/{instance_id} is {member.record.state.value}, not parked: only a parked record "
                 "is released (a running instance leaves the registry when it is stopped)"
             )
-        ok, _ = self.client.transaction(
-            compare=[txn.Mod(member.key) == member.mod_revision],
-            success=[txn.Delete(member.key)],
+        ok = self.client.transaction(
+            compare=[Compare.mod(member.key, "==", member.mod_revision)],
+            success=[Delete(member.key)],
             what=what,
-        )
+        ).succeeded
         if not ok:
             raise CompareFailed(f"{what}: the record changed concurrently (its instance rejoined?)")
         with contextlib.suppress(RangeshardError):
@@ -344,16 +344,13 @@ class Registry:
         return member
 
     def _cas(
-        self, member: Member, record: InstanceRecord, what: str, extra_compare: list[object] | None = None
+        self, member: Member, record: InstanceRecord, what: str, extra_compare: list[Compare] | None = None
     ) -> bool:
-        compare: list[object] = [txn.Mod(member.key) == member.mod_revision]
-        compare += extra_compare or []
-        ok, _ = self.client.transaction(
-            compare=compare,
-            success=[txn.Put(member.key, record.to_json(), member.lease_id)],
+        return self.client.transaction(
+            compare=[Compare.mod(member.key, "==", member.mod_revision), *(extra_compare or [])],
+            success=[Put(member.key, record.to_json(), member.lease_id)],
             what=what,
-        )
-        return ok
+        ).succeeded
 
     def update(
         self,
@@ -452,14 +449,14 @@ class Registry:
         giver = member.record.giver
         if not member.record.is_locked:
             return
-        extra: list[object] = []
+        extra: list[Compare] = []
         if giver:
             giver_member = self.snapshot(controller_type).get(giver)
             if giver_member is not None and giver_member.record.is_parked:
                 # A parked giver drained before parking: guard that it is still that parked record.
-                extra.append(txn.Mod(giver_member.key) == giver_member.mod_revision)
+                extra.append(Compare.mod(giver_member.key, "==", giver_member.mod_revision))
             else:
-                extra.append(txn.Version(self.layout.record_key(controller_type, giver)) == 0)
+                extra.append(Compare.version(self.layout.record_key(controller_type, giver), "==", 0))
         new = member.record.evolve(is_locked=False, giver=None)
         if not self._cas(member, new, what, extra):
             raise CompareFailed(f"{what}: giver {giver} is still registered or the record changed")
@@ -514,14 +511,14 @@ class Registry:
         lock: dict[str, object] = {"is_locked": True, "state": State.LOCKED, "giver": giver.instance_id}
         moved = me.record.evolve(hash_key=new_key, **(lock if receiver is me else {}))
         prefix = self.layout.type_prefix(controller_type)
-        puts = [txn.Put(me.key, moved.to_json(), me.lease_id)]
+        puts = [Put(me.key, moved.to_json(), me.lease_id)]
         if receiver is not me:
-            puts.append(txn.Put(receiver.key, receiver.record.evolve(**lock).to_json(), receiver.lease_id))
-        ok, _ = self.client.transaction(
-            compare=[txn.Mod(prefix, prefix_end(prefix)) < snap.revision + 1],
+            puts.append(Put(receiver.key, receiver.record.evolve(**lock).to_json(), receiver.lease_id))
+        ok = self.client.transaction(
+            compare=[Compare.mod(prefix, "<", snap.revision + 1, prefix=True)],
             success=puts,
             what=f"moving the key of {controller_type}/{instance_id}",
-        )
+        ).succeeded
         if not ok:
             raise CompareFailed(f"moving the key of {controller_type}/{instance_id}: the registry changed concurrently")
         log.info(

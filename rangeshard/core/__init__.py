@@ -3,9 +3,10 @@
 Owns
     * :mod:`rangeshard.core.errors` - the project's one error tree.
     * :mod:`rangeshard.core.etcd` - the etcd client (``EtcdClient``: member
-      failover, prefix watches), its configuration (``EtcdConfig``: endpoints,
-      TLS, auth) and the translation of gRPC/etcd failures into the error
-      tree; the only module that imports pyetcd or grpc.
+      failover, our transaction type, prefix watches), its configuration
+      (``EtcdConfig``: the one endpoint grammar, TLS, auth) and the
+      translation of gRPC/etcd failures into the error tree; the only
+      package that imports pyetcd or grpc.
     * :mod:`rangeshard.core.process` - child-process management
       (``ManagedProcess``, the embedded ``EtcdServer``, a multi-member
       ``EtcdCluster``, ``free_port``, ``terminate``, and ``wait_ready``: the

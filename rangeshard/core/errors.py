@@ -32,10 +32,14 @@ The tree::
     │   └── ProxyProcessError       (range_filter_proxy.process) the proxy child did not start
     ├── LocalApiServerError         (local_apiserver.process) the API server child did not start
     ├── ProtobufError               (rangeshard.core.protobuf) a body that is not well-formed Kubernetes protobuf
-    └── RegistryError               anything the etcd registry reports
+    └── RegistryError               anything etcd reports (mapped once, in rangeshard.core.etcd.errors)
         ├── RegistryUnavailable     etcd unreachable or too slow (retry later)
+        ├── EtcdAuthFailed          etcd refused the credentials or the permission
+        ├── EtcdRequestTooLarge     a request over etcd's or gRPC's size limit
+        ├── FutureRevision          a read at a revision etcd has not reached yet
+        ├── RevisionCompacted       a read at a compacted revision (relist)
+        │   └── WatchCompacted      a watch's start revision was compacted (relist)
         ├── CompareFailed           a guarded transaction lost a race
-        ├── WatchCompacted          a watch's start revision was compacted (relist)
         ├── NotRegistered           the instance record does not exist (any more)
         ├── AlreadyRegistered       the instance id is already in the registry
         ├── LeaseLost               the instance's lease expired or was revoked
@@ -95,11 +99,27 @@ class RegistryUnavailable(RegistryError):
     """etcd could not be reached (or did not answer in time)."""
 
 
+class EtcdAuthFailed(RegistryError):
+    """etcd refused the user name and password, or the user lacks the permission."""
+
+
+class EtcdRequestTooLarge(RegistryError):
+    """A request larger than etcd accepts (``--max-request-bytes``, or gRPC's message limit)."""
+
+
+class FutureRevision(RegistryError):
+    """A read asked for a revision newer than etcd's current one."""
+
+
+class RevisionCompacted(RegistryError):
+    """A read asked for a revision etcd has compacted: relist at the current revision."""
+
+
 class CompareFailed(RegistryError):
     """A guarded etcd transaction failed its compare: somebody changed the data first."""
 
 
-class WatchCompacted(RegistryError):
+class WatchCompacted(RevisionCompacted):
     """A watch's start revision was compacted: relist, then watch from the new revision."""
 
     def __init__(self, message: str, compacted_revision: int) -> None:

@@ -107,15 +107,44 @@ controllers: {replicaset: {workers: 64}, deployment: {workers: 1}}
     assert "s3cr3t-value" not in repr(cfg) and "s3cr3t-value" not in str(cfg)
 
 
+WANT = "; want http(s)://HOST[:PORT] or HOST:PORT"  # the etcd endpoint grammar
+
 # One invalid field per case: (yaml added to the minimal config, expected "field.path: problem").
 INVALID = [
     ("etcd: {endpoints: []}", "etcd.endpoints: at least one endpoint is required"),
-    ('etcd: {endpoints: ["ftp://h:2379"]}', "etcd.endpoints.0: URL scheme must be http or https"),
-    ('etcd: {endpoints: ["http://h:1", "http://:2379"]}', "etcd.endpoints.1: URL has no host"),
-    ('etcd: {endpoints: ["http://h:70000"]}', "etcd.endpoints.0: invalid URL: Port out of range 0-65535"),
-    ('etcd: {endpoints: ["http://h:0"]}', "etcd.endpoints.0: URL port must be 1..65535"),
-    ('etcd: {endpoints: ["http://h:2379/v3"]}', "etcd.endpoints.0: URL must be scheme://host:port with no path"),
-    ('etcd: {endpoints: ["http://h:2379?x=1"]}', "etcd.endpoints.0: URL must not have a query or fragment"),
+    (
+        'etcd: {endpoints: ["ftp://h:2379"]}',
+        "etcd.endpoints.0: etcd endpoint 'ftp://h:2379': scheme must be http or https" + WANT,
+    ),
+    (
+        'etcd: {endpoints: ["http://h:1", "http://:2379"]}',
+        "etcd.endpoints.1: etcd endpoint 'http://:2379': no host" + WANT,
+    ),
+    (
+        'etcd: {endpoints: ["http://h:70000"]}',
+        "etcd.endpoints.0: etcd endpoint 'http://h:70000': invalid URL (Port out of range 0-65535)" + WANT,
+    ),
+    (
+        'etcd: {endpoints: ["http://h:0"]}',
+        "etcd.endpoints.0: etcd endpoint 'http://h:0': port must be 1-65535" + WANT,
+    ),
+    (
+        'etcd: {endpoints: ["http://h:2379/v3"]}',
+        "etcd.endpoints.0: etcd endpoint 'http://h:2379/v3': expected scheme://host:port and nothing else" + WANT,
+    ),
+    (
+        'etcd: {endpoints: ["http://u:pw@h:2379"]}',
+        "etcd.endpoints.0: etcd endpoint 'http://***@h:2379': credentials do not belong in the URL "
+        "(use the etcd user and password settings)" + WANT,
+    ),
+    (
+        'etcd: {endpoints: ["http://h:2379?x=1"]}',
+        "etcd.endpoints.0: etcd endpoint 'http://h:2379?x=1': expected scheme://host:port and nothing else" + WANT,
+    ),
+    (
+        "etcd: {endpoints: [foo]}",
+        "etcd.endpoints.0: etcd endpoint 'foo': not a valid URL" + WANT,
+    ),
     ("etcd: {endpoints: http://h:2379}", "etcd.endpoints: Input should be a valid tuple"),
     ("etcd: {cert: c.pem}", "etcd.key: cert and key must be given together"),
     ("etcd: {key: k.pem}", "etcd.cert: cert and key must be given together"),
@@ -328,8 +357,8 @@ def test_with_overrides_rejects_bad_urls(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as ei:
         with_overrides(cfg, etcd="http://ok:1,ftp://bad:2,http://:3")
     assert ei.value.problems == [
-        "--etcd: ftp://bad:2: URL scheme must be http or https",
-        "--etcd: http://:3: URL has no host",
+        "--etcd: etcd endpoint 'ftp://bad:2': scheme must be http or https" + WANT,
+        "--etcd: etcd endpoint 'http://:3': no host" + WANT,
     ]
     with pytest.raises(ConfigError, match="no endpoint"):
         with_overrides(cfg, etcd=" , ")

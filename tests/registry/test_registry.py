@@ -9,12 +9,13 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
 from hashing import MAX_HASH, HashRange
 from rangeshard.core.errors import AlreadyRegistered, CompareFailed, ConfigError, LeaseLost, NotRegistered
-from rangeshard.core.etcd import EtcdClient, EtcdConfig
+from rangeshard.core.etcd import EtcdClient, EtcdConfig, PrefixWatch
 from rangeshard.core.process import EtcdServer
 from registry import LeaseKeeper, MembershipWatch, Registry, RegistryView, Snapshot, State
 from tests.helpers import wait_until
@@ -371,11 +372,16 @@ def test_watch_rewatches_when_the_stream_ends_without_an_error(
     import registry.watch as watch_module  # noqa: PLC0415
 
     clients: list[EtcdClient] = []
+    watches: list[PrefixWatch] = []
 
     class Recorded(EtcdClient):
         def __init__(self, config: EtcdConfig) -> None:
             super().__init__(config)
             clients.append(self)
+
+        def watch_prefix(self, *args: Any, **kwargs: Any) -> PrefixWatch:
+            watches.append(super().watch_prefix(*args, **kwargs))
+            return watches[-1]
 
     monkeypatch.setattr(watch_module, "EtcdClient", Recorded)
     views: list[RegistryView] = []
@@ -386,7 +392,8 @@ def test_watch_rewatches_when_the_stream_ends_without_an_error(
         # What pyetcd does when the server ends the stream with status OK: it calls every
         # registered callback with None (pyetcd.watch.Watcher._run). etcd has no request
         # that ends a stream that way on demand, so the callback is called as pyetcd would.
-        watcher = clients[-1].raw.watcher
+        wait_until(lambda: bool(watches), 10, "the etcd watch to be opened")
+        watcher = watches[-1].member.raw.watcher
         wait_until(lambda: len(watcher._callbacks) == 1, 10, "the etcd watch to be created")
         next(iter(watcher._callbacks.values()))(None)
         wait_until(lambda: watch.restarts == 1, 10, "the watch to notice its stream ended")
