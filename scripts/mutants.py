@@ -17,7 +17,7 @@ Purpose
 Usage
     ``.venv/bin/python scripts/mutants.py``            every mutant (a few minutes)
     ``.venv/bin/python scripts/mutants.py --key``      the four mutants issue 18 names (CI: ~30 s)
-    ``.venv/bin/python scripts/mutants.py --fencing``  the five write-fence mutants of issue 30 (CI)
+    ``.venv/bin/python scripts/mutants.py --fencing``  the write-fence mutants of issues 30 and 36 (CI)
     ``.venv/bin/python scripts/mutants.py --list``     list the mutants
     ``.venv/bin/python scripts/mutants.py ID...``      only these
 
@@ -357,8 +357,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "fence-no-range",
         FENCING,
-        "    if shard_hash is not None and (owner.range is None or not owner.range.contains(shard_hash)):",
-        "    if False:",
+        "        if owner.range is None or not owner.range.contains(key):",
+        "        if False:",
         (f"{T_FENCE}::test_current_owner_passes_and_stale_writers_are_fenced", f"{T_FENCE}::test_decide"),
         "a write outside the writer's range passes",
         fencing=True,
@@ -375,10 +375,19 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "shard-hash-cache-first",
         FENCING,
-        "    for h in (body_owner, body_uid, cached_owner, cached_uid):",
-        "    for h in (cached_owner, cached_uid, body_owner, body_uid):",
+        "    sources = [o for o in (_object(body), _object(cached)) if o is not None]",
+        "    sources = [o for o in (_object(cached), _object(body)) if o is not None]",
         (f"{T_FENCE}::test_undeclared_shard_hash_prefers_the_request_body_over_the_cache",),
         "an undeclared write's shard hash is taken from the cached object before the request body",
+        fencing=True,
+    ),
+    Mutant(
+        "fence-ignores-declared-rule",
+        FENCING,
+        "    if rule is None:",
+        "    if True:",
+        (f"{T_FENCE}::test_write_keys_follow_the_declared_rule",),
+        "the fence guesses (owner, else own uid) instead of applying the rule the writer declared",
         fencing=True,
     ),
 )

@@ -43,7 +43,7 @@ def test_the_four_key_handover_mutants_are_killed() -> None:
 
 @pytest.mark.slow
 def test_the_write_fence_mutants_are_killed_within_seconds() -> None:
-    """Issue 30: the three fence mutants, the stale batched read and the cache-first shard hash."""
+    """Issues 30 and 36: the three fence mutants, the stale batched read, the cache-first shard hash, the guessed rule."""
     out = run_mutants("--fencing", "--timeout", "60")
     for mutant in (
         "fence-epoch-off-by-one",
@@ -51,8 +51,9 @@ def test_the_write_fence_mutants_are_killed_within_seconds() -> None:
         "fence-no-range",
         "batched-read-joins-running",
         "shard-hash-cache-first",
+        "fence-ignores-declared-rule",
     ):
         found = re.search(rf"^{mutant}: killed \(([0-9.]+)s\)", out, re.MULTILINE)
         assert found, out
         assert float(found.group(1)) < 60, f"{mutant} was only killed by the timeout:\n{out}"
-    assert "5 mutants: 5 killed, 0 survived" in out, out
+    assert "6 mutants: 6 killed, 0 survived" in out, out
