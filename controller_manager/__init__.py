@@ -5,7 +5,8 @@ Purpose
     file lists (Arktos proposal C); each controller type in each process is
     one registered instance owning a hash range. Modules:
 
-    * :mod:`controller_manager.config` - the YAML config (pydantic, exit 2 on errors)
+    * :mod:`controller_manager.config` - the YAML config (pydantic, exit 2 on errors), a package:
+      section models, the external entry, loading, the Markdown reference
     * :mod:`controller_manager.sharding` - registry membership and the
       init/locked/wait/active state machine (the safety rules live here)
     * :mod:`controller_manager.controller` - the framework: informers, workqueue,

@@ -1,0 +1,271 @@
+"""The `external:` entry of a controller: shard resources (the one shard rule), liveness probe, endpoint.
+
+Invariants
+    ``shard[].by`` is read by :class:`hashing.ShardBy`, ``shard[].resource`` with the proxy's kubectl-style
+    parser; ``livenessProbe`` is spelled and defaulted as in a pod spec and needs ``command``.
+
+Concurrency model
+    Frozen models.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from typing import Annotated, Literal
+
+from pydantic import (
+    BeforeValidator,
+    Field,
+    field_validator,
+    model_validator,
+)
+
+from controller_manager.config.common import Section, field_error
+from hashing import ShardBy
+from rangeshard.core.rest import parse_resource_name
+
+_RESOURCE_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_LISTEN_RE = re.compile(r"^(?P<host>[^\s:\[\]]+|\[[0-9a-fA-F:]+\]):(?P<port>[0-9]{1,5})$")
+
+
+class ShardResourceSection(Section):
+    """A resource whose lists and watches the endpoint cuts to the instance's range."""
+
+    resource: str = Field(
+        min_length=1,
+        strict=True,
+        description="`plural.group` (core resources: `plural`), as kubectl names them: `configmaps`, "
+        "`deployments.apps`, `gadgets.bars.example.org`; `plural.version.group` (`deployments.v1.apps`) "
+        "names the same resource (every version of it is sharded).",
+    )
+    by: Literal["uid", "owner", "namespace"] = Field(
+        "uid",
+        description="What places an object in the hash space (the one shard rule, `hashing.ShardBy`): its own "
+        "`uid`; its controller `owner`'s uid (an object without a controller owner is seen by every instance, "
+        "so orphans can be adopted); or its `namespace`. Reads and the proxy's write fence use the same rule.",
+    )
+
+    @field_validator("resource")
+    @classmethod
+    def _resource(cls, value: str) -> str:
+        if not _RESOURCE_RE.match(value):
+            raise ValueError("must be plural or plural.group in lowercase (e.g. configmaps, deployments.apps)")
+        resource, _version, group = parse_resource_name(value)  # the proxy's kubectl-style parser
+        return f"{resource}.{group}" if group else resource
+
+    @field_validator("by")
+    @classmethod
+    def _by(cls, value: str) -> str:
+        return ShardBy.parse(value).value
+
+    @property
+    def label(self) -> str:
+        """``plural.group`` (``plural`` for the core group): how requests name the resource."""
+        return self.resource
+
+    @property
+    def rule(self) -> ShardBy:
+        """The shard rule of this resource."""
+        return ShardBy(self.by)
+
+
+_PROBE_HOST_RE = re.compile(r"^[^\s/\[\]@?#]+$")
+
+
+def _is_ip(value: str) -> bool:
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        return False
+    return True
+
+
+def _probe_port(value: object) -> object:
+    """A port number; a name (the kubelet looks it up in the pod's container ports) means nothing here."""
+    if isinstance(value, str):
+        raise ValueError(
+            "must be a port number 1..65535 (or 0: a free port the manager picks); a named port needs a pod's "
+            "container ports, which a controller run by the manager has not"
+        )
+    if isinstance(value, int) and not isinstance(value, bool) and not 0 <= value <= 65535:
+        raise ValueError("must be a port number 1..65535 (or 0: a free port the manager picks)")
+    return value
+
+
+class HttpHeaderSection(Section):
+    """A header of the probe's request (kubelet's `httpHeaders` item)."""
+
+    name: str = Field(min_length=1, strict=True, description="Header name.")
+    value: str = Field(strict=True, description="Header value.")
+
+
+class HttpGetSection(Section):
+    """An HTTP GET to the controller (kubelet's `httpGet`): a status of 200..399 within `timeoutSeconds` passes.
+
+    Redirects are not followed (a 3xx passes). HTTPS is not verified, as the kubelet does not verify it.
+    """
+
+    path: str = Field("/", strict=True, description="Path (and query) to request; starts with `/`.")
+    port: Annotated[int, BeforeValidator(_probe_port)] = Field(
+        ge=0,
+        le=65535,
+        strict=True,
+        description="TCP port, a number (a named port means nothing outside a pod). 0: the manager picks a free "
+        "port once and gives it to the controller as `RANGESHARD_PROBE_PORT` (and `$(RANGESHARD_PROBE_PORT)` in "
+        "`command`), so several managers on one host can run the same config.",
+    )
+    host: str = Field(
+        "127.0.0.1",
+        min_length=1,
+        strict=True,
+        description="Host to connect to. The kubelet defaults to the pod's IP; the manager and its controller "
+        "share the host, so here it is loopback.",
+    )
+    scheme: Literal["HTTP", "HTTPS"] = Field("HTTP", description="`HTTP` or `HTTPS` (certificate not verified).")
+    http_headers: list[HttpHeaderSection] = Field(
+        default_factory=list, alias="httpHeaders", description="Headers added to the request."
+    )
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, value: str) -> str:
+        if not value.startswith("/") or any(c.isspace() for c in value):
+            raise ValueError("must start with / and contain no whitespace, e.g. /healthz")
+        return value
+
+    @field_validator("host")
+    @classmethod
+    def _host(cls, value: str) -> str:
+        if not _PROBE_HOST_RE.match(value) or (":" in value and not _is_ip(value)):
+            raise ValueError("must be a host name or IP address (no scheme, port, path or brackets)")
+        return value
+
+
+class ExecSection(Section):
+    """A command run by the manager (kubelet's `exec`): exit code 0 within `timeoutSeconds` passes.
+
+    It runs without a shell, with the controller's environment (`KUBECONFIG`, `RANGESHARD_*`); on timeout
+    it is killed (SIGKILL, with its process group) and the probe fails.
+    """
+
+    command: list[Annotated[str, Field(min_length=1)]] = Field(
+        min_length=1, description='Command line, e.g. `["cat", "/tmp/healthy"]`.'
+    )
+
+
+class LivenessProbeSection(Section):
+    """Kubelet's liveness probe, for a controller the manager runs (`command`).
+
+    The first probe runs `initialDelaySeconds` after each start, then one every `periodSeconds`;
+    `failureThreshold` failures in a row kill the controller (SIGKILL) and the usual backoff restarts it.
+    Exactly one of `httpGet` and `exec`.
+    """
+
+    http_get: HttpGetSection | None = Field(None, alias="httpGet", description="Probe with an HTTP GET.")
+    exec_: ExecSection | None = Field(None, alias="exec", description="Probe by running a command.")
+    initial_delay_seconds: int = Field(
+        0,
+        alias="initialDelaySeconds",
+        ge=0,
+        strict=True,
+        description="Seconds after the controller started before the first probe.",
+    )
+    period_seconds: int = Field(10, alias="periodSeconds", ge=1, strict=True, description="Seconds between probes.")
+    timeout_seconds: int = Field(
+        1, alias="timeoutSeconds", ge=1, strict=True, description="Seconds after which a probe counts as failed."
+    )
+    failure_threshold: int = Field(
+        3,
+        alias="failureThreshold",
+        ge=1,
+        strict=True,
+        description="Failures in a row that kill the controller.",
+    )
+    success_threshold: int = Field(
+        1,
+        alias="successThreshold",
+        strict=True,
+        description="Must be 1 for a liveness probe (as the kubelet requires).",
+    )
+
+    @field_validator("success_threshold")
+    @classmethod
+    def _success_threshold(cls, value: int) -> int:
+        if value != 1:
+            raise ValueError("must be 1 for a liveness probe (as the kubelet requires)")
+        return value
+
+    @model_validator(mode="after")
+    def _one_handler(self) -> LivenessProbeSection:
+        if (self.http_get is None) == (self.exec_ is None):
+            raise ValueError("give exactly one of httpGet and exec")
+        return self
+
+
+class ExternalSection(Section):
+    """A controller that is not a `Controller` class: any program, sharded through a local endpoint."""
+
+    command: list[Annotated[str, Field(min_length=1)]] | None = Field(
+        None,
+        min_length=1,
+        description="The controller's command line; the manager starts it with `KUBECONFIG` pointing at the "
+        "endpoint (plus `RANGESHARD_INSTANCE_ID`, `RANGESHARD_CONTROLLER_TYPE` and, with an `httpGet` probe, "
+        "`RANGESHARD_PROBE_PORT`; `$(NAME)` of these in the command line is replaced, as the kubelet spells it), "
+        "restarts it with backoff and stops it on shutdown. Without it only the endpoint runs (a sidecar beside "
+        "the controller).",
+    )
+    listen: str = Field(
+        "127.0.0.1:0",
+        strict=True,
+        description="`host:port` of the endpoint the controller talks to (port 0: any free port).",
+    )
+    shard: list[ShardResourceSection] = Field(
+        min_length=1,
+        description="Resources whose lists and watches are cut to this instance's range; every other request "
+        "passes through unchanged.",
+    )
+    drain_seconds: float = Field(
+        2.0,
+        alias="drainSeconds",
+        ge=0,
+        le=300,
+        strict=True,
+        description="After a range shrinks (its watches were reset), how long the giver waits, with no write of "
+        "the controller to a `shard` resource in flight, before it unlocks the receiver.",
+    )
+    liveness_probe: LivenessProbeSection | None = Field(
+        None,
+        alias="livenessProbe",
+        description="Kubelet's liveness probe for the controller the manager runs (needs `command`): after "
+        "`failureThreshold` failed probes in a row it is killed (SIGKILL) and restarted with the usual backoff. "
+        "A sidecar's probe belongs on its container in the pod manifest.",
+    )
+
+    @model_validator(mode="after")
+    def _probe_needs_command(self) -> ExternalSection:
+        if self.liveness_probe is not None and not self.command:
+            raise field_error(
+                "livenessProbe",
+                "needs command: the manager probes only a controller it runs; a sidecar controller is probed "
+                "by the kubelet, so put livenessProbe on its container in the pod manifest",
+            )
+        return self
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, value: str) -> str:
+        found = _LISTEN_RE.match(value)
+        if found is None or int(found.group("port")) > 65535:
+            raise ValueError("must be host:port (port 0..65535), e.g. 127.0.0.1:0")
+        return value
+
+    @field_validator("shard")
+    @classmethod
+    def _unique(cls, value: list[ShardResourceSection]) -> list[ShardResourceSection]:
+        seen: set[str] = set()
+        for item in value:
+            if item.resource in seen:
+                raise ValueError(f"resource {item.resource!r} is listed twice")
+            seen.add(item.resource)
+        return value

@@ -1,0 +1,206 @@
+"""A controller entry and the whole manager config (:class:`ManagerConfig`).
+
+Invariants
+    ``reconcileTimeoutSeconds < leaseTTLSeconds / 2``; an entry is a class or an external controller.
+
+Concurrency model
+    Frozen models.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    Field,
+    field_validator,
+    model_validator,
+)
+
+from controller_manager.config.common import (
+    DEFAULT_RECONCILE_TIMEOUT,
+    INSTANCE_PREFIX_RE,
+    KNOWN_CONTROLLERS,
+    MAX_WORKERS,
+    REGISTRY_PREFIX_RE,
+    Section,
+    check_controller_name,
+    derived_reconcile_timeout,
+    field_error,
+    none_to_empty_mapping,
+)
+from controller_manager.config.external import ExternalSection
+from controller_manager.config.sections import EtcdSection, MetricsSection, ProxySection
+
+
+class ControllerSection(Section):
+    """One controller type run by this manager. `name:` with no mapping means all defaults."""
+
+    workers: int = Field(
+        1, ge=1, le=MAX_WORKERS, strict=True, description="Worker threads reconciling keys of this controller."
+    )
+    reconcile_delay_seconds: float = Field(
+        0.0,
+        alias="reconcileDelaySeconds",
+        ge=0,
+        strict=True,
+        description="Fault injection for tests: every reconcile holds its key this long before doing its work "
+        "(a slow controller). Must be less than `reconcileTimeoutSeconds`; leave 0 in production.",
+    )
+    reconcile_hold_file: str | None = Field(
+        None,
+        alias="reconcileHoldFile",
+        min_length=1,
+        strict=True,
+        description="Fault injection for tests: while this file exists, every reconcile holds its claimed key "
+        "(at most until its deadline; a reconcile held to its deadline times out) before doing its work, so a "
+        "test can keep keys in flight until a handover has happened. Leave unset in production.",
+    )
+    class_: str | None = Field(
+        None,
+        alias="class",
+        description="`module:Class` of a `Controller` subclass in your own code, imported with the process's "
+        "`sys.path`/`PYTHONPATH`. Without it, `<name>` is a built-in controller or an installed plugin "
+        "(entry-point group `rangeshard.controllers`).",
+    )
+    external: ExternalSection | None = Field(
+        None,
+        description="Run an unmodified controller (kopf, client-go, any language) instead of a `Controller` "
+        "class: see docs/external-controllers.md. Excludes `class` and `workers`.",
+    )
+
+    @model_validator(mode="after")
+    def _external_alone(self) -> ControllerSection:
+        if self.external is not None:
+            clash = [f for f in ("class_", "workers") if f in self.model_fields_set]
+            if clash:
+                names = " and ".join("class" if f == "class_" else f for f in clash)
+                raise ValueError(f"external excludes {names} (the external program is the controller)")
+        return self
+
+
+ControllerName = Annotated[str, AfterValidator(check_controller_name)]
+
+
+class ManagerConfig(Section):
+    """The whole controller-manager configuration file."""
+
+    etcd: EtcdSection = Field(default_factory=EtcdSection, description="The etcd registry.")
+    proxy: ProxySection = Field(default_factory=ProxySection, description="The range filter proxy.")
+    lease_ttl_seconds: int = Field(
+        10,
+        alias="leaseTTLSeconds",
+        ge=3,
+        le=300,
+        strict=True,
+        description="TTL of the instance's etcd lease: a dead manager's range is taken over after at most this long.",
+    )
+    rejoin_grace_seconds: float = Field(
+        0.0,
+        alias="rejoinGraceSeconds",
+        ge=0,
+        le=86400,
+        strict=True,
+        description="How long a gracefully stopped manager's instances stay *parked*: each record keeps its "
+        "`hashKey` (no neighbour absorbs the range, nobody owns it) so a process with the same instance ids "
+        "(`--instance-prefix`, e.g. the StatefulSet pod name) takes the same ranges back with no split and no "
+        "handover. When the grace runs out the record expires and the range is taken over as after a crash. "
+        "0 (the default) leaves the registry on a graceful stop. A crash is never parked.",
+    )
+    cost_window_seconds: float = Field(
+        300.0,
+        alias="costWindowSeconds",
+        gt=0,
+        le=86400,
+        strict=True,
+        description="Window of the measured reconcile cost each instance publishes with its histogram (for "
+        "`rangeshard rebalance --by cost`): each key's reconcile seconds per window, measured as a rate over the "
+        "time this instance has observed the key (no warm-up after a move); a measurement `t` seconds old "
+        "weighs `exp(-t / costWindowSeconds)`.",
+    )
+    registry_prefix: str = Field(
+        "/rangeshard",
+        alias="registryPrefix",
+        description="etcd key prefix of the registry; records live at `<prefix>/controllers/<type>/<instance-id>`.",
+    )
+    instance_id_prefix: str | None = Field(
+        None,
+        alias="instanceIdPrefix",
+        description="Prefix of this manager's instance ids (lowercase letters, digits, `-`, `_`, `.`); "
+        "default: derived from the host name and process id.",
+    )
+    reconcile_timeout_seconds: float = Field(
+        DEFAULT_RECONCILE_TIMEOUT,
+        alias="reconcileTimeoutSeconds",
+        gt=0,
+        strict=True,
+        description="Upper bound of one reconcile; API call timeouts derive from it. "
+        "Must be less than `leaseTTLSeconds / 2` so in-flight work ends before a fenced instance's lease expires. "
+        "When omitted it derives from the TTL: `min(3, 0.3 * leaseTTLSeconds)` "
+        "(3 for the default TTL of 10, 1.2 for `leaseTTLSeconds: 4`), so any valid TTL works alone.",
+        json_schema_extra={"defaultText": "min(3, 0.3 * leaseTTLSeconds)"},
+    )
+    metrics: MetricsSection | None = Field(
+        default_factory=MetricsSection, description="Metrics and health endpoint; `null` disables it."
+    )
+    controllers: Annotated[
+        dict[ControllerName, Annotated[ControllerSection, BeforeValidator(none_to_empty_mapping)]],
+        BeforeValidator(none_to_empty_mapping),
+    ] = Field(
+        description=f"Controllers this manager runs, by name (built-ins: {', '.join(KNOWN_CONTROLLERS)}; "
+        "plugins by `class:` or entry point); at least one."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _derive_reconcile_timeout(cls, data: Any) -> Any:
+        """Omitted ``reconcileTimeoutSeconds`` = ``min(3, 0.3 * leaseTTLSeconds)`` (always < TTL / 2)."""
+        if isinstance(data, dict) and "reconcileTimeoutSeconds" not in data:
+            ttl = data.get("leaseTTLSeconds")
+            if isinstance(ttl, int) and not isinstance(ttl, bool) and ttl > 0:
+                return {**data, "reconcileTimeoutSeconds": derived_reconcile_timeout(ttl)}
+        return data
+
+    @field_validator("registry_prefix")
+    @classmethod
+    def _registry_prefix(cls, value: str) -> str:
+        if not REGISTRY_PREFIX_RE.match(value):
+            raise ValueError("must look like /name[/name...] (no trailing slash, no empty or blank segments)")
+        return value
+
+    @field_validator("instance_id_prefix")
+    @classmethod
+    def _instance_id_prefix(cls, value: str | None) -> str | None:
+        if value is not None and not INSTANCE_PREFIX_RE.match(value):
+            raise ValueError(
+                "must be 1..200 characters of lowercase letters, digits, '-', '_' or '.', "
+                "starting with a letter or digit"
+            )
+        return value
+
+    @field_validator("controllers")
+    @classmethod
+    def _at_least_one(cls, value: dict[str, ControllerSection]) -> dict[str, ControllerSection]:
+        if not value:
+            raise ValueError(f"at least one controller is required (known: {', '.join(KNOWN_CONTROLLERS)})")
+        return value
+
+    @model_validator(mode="after")
+    def _timeout_below_half_ttl(self) -> ManagerConfig:
+        if not self.reconcile_timeout_seconds < self.lease_ttl_seconds / 2:
+            raise field_error(
+                "reconcileTimeoutSeconds", f"must be less than leaseTTLSeconds / 2 ({self.lease_ttl_seconds / 2:g})"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _delay_below_timeout(self) -> ManagerConfig:
+        for name, section in self.controllers.items():
+            if not section.reconcile_delay_seconds < self.reconcile_timeout_seconds:
+                raise field_error(
+                    f"controllers.{name}.reconcileDelaySeconds",
+                    f"must be less than reconcileTimeoutSeconds ({self.reconcile_timeout_seconds:g})",
+                )
+        return self
