@@ -18,7 +18,9 @@ Purpose
       * a struct value is always written (its zero form when absent); of the
         special types, a zero ``Time``/``MicroTime`` and an absent
         ``RawExtension`` are ``null``, a zero ``IntOrString`` is ``0``, a zero
-        ``Quantity`` ``"0"``; ``omitzero`` leaves a zero one out;
+        ``Quantity`` ``"0"`` (so a zero ``creationTimestamp`` is ``null``, as
+        kubectl 1.32 and the Kubernetes 1.32 the local API server reports
+        write it);
       * a slice or map with ``omitempty`` is left out when empty, one without
         is ``null``; ``[]byte`` is base64 (standard alphabet, padded);
       * ``Time`` keeps seconds only (kube drops the nanoseconds of a protobuf
@@ -73,7 +75,6 @@ class Field:
     shape: str  # "value", "pointer", "list", "map" or "inline"
     type: str  # a scalar, a special type or a qualified message name
     omitempty: bool
-    omitzero: bool
 
     @property
     def is_message(self) -> bool:
@@ -91,7 +92,7 @@ def _parse_field(message: str, number: int, text: str) -> Field:
         return f"{package}.{type_}"
 
     if text.startswith("..."):
-        return Field(number, "", "inline", qualify(text[3:]), False, False)
+        return Field(number, "", "inline", qualify(text[3:]), False)
     name, _, rest = text.partition(" ")
     type_, *options = rest.split(",")
     if type_.startswith("map[string]"):
@@ -102,7 +103,7 @@ def _parse_field(message: str, number: int, text: str) -> Field:
         shape, type_ = "pointer", type_[1:]
     else:
         shape = "value"
-    return Field(number, name, shape, qualify(type_), "omitempty" in options, "omitzero" in options)
+    return Field(number, name, shape, qualify(type_), "omitempty" in options)
 
 
 def _load(table: dict[str, dict[int, str]]) -> dict[str, dict[int, Field]]:
@@ -226,7 +227,7 @@ class _Reader:
             return True, {"string": "", "bool": False, "int32": 0, "int64": 0, "bytes": None}[field.type]
         if field.type in _SPECIALS:
             value = {"IntOrString": 0, "Quantity": "0"}.get(field.type)
-            return not (field.omitzero and value is None), value
+            return True, value
         return True, self.message(field.type, b"", "")
 
     def value(self, field: Field, type_: str, wire: int, value: int | bytes, where: str) -> Any:
@@ -318,10 +319,8 @@ class _Reader:
 
 
 def _omitted(field: Field, value: Any) -> bool:
-    """Whether Go's JSON leaves out a value field that is on the wire."""
-    if field.type in _SCALARS:
-        return field.omitempty and value in ("", 0, False)  # Go's zero values
-    return field.omitzero and value is None
+    """Whether Go's JSON leaves out a value field that is on the wire (a struct value never is)."""
+    return field.type in _SCALARS and field.omitempty and value in ("", 0, False)  # Go's zero values
 
 
 def _decode(data: bytes, pick: Callable[[str, str], str]) -> dict[str, Any]:

@@ -5,9 +5,11 @@ Purpose
     :mod:`rangeshard.core.protobuf_decode` reads, its fields by number, each
     written as in the Go type it comes from (``k8s.io/api`` and
     ``k8s.io/apimachinery`` v0.36.3, read off each struct field's
-    ``protobuf:"<wire>,<number>,..."`` and ``json:"<name>,<options>"`` tags):
+    ``protobuf:"<wire>,<number>,..."`` and ``json:"<name>,<options>"`` tags;
+    one JSON option as Kubernetes 1.32, the version the local API server
+    reports, writes it: a zero ``creationTimestamp`` is ``null``):
 
-    ``"<jsonName> <type>[,omitempty][,omitzero]"``, where ``<type>`` is
+    ``"<jsonName> <type>[,omitempty]"``, where ``<type>`` is
       * ``string``, ``bool``, ``int32``, ``int64``, or ``[]byte`` (inside a
         map only here: ``map[string][]byte``), with Go's shapes ``*T``
         (a pointer: written when set, zero or not), ``[]T`` (repeated) and
@@ -80,7 +82,7 @@ KINDS: Final[dict[tuple[str, str], str]] = {
 #: The message of ``DeleteOptions`` (any apiVersion).
 DELETE_OPTIONS: Final = "meta.v1.DeleteOptions"
 
-#: Every message: field number -> ``"<jsonName> <type>[,omitempty][,omitzero]"`` or ``"...<type>"`` (inline).
+#: Every message: field number -> ``"<jsonName> <type>[,omitempty]"`` or ``"...<type>"`` (inline).
 MESSAGES: Final[dict[str, dict[int, str]]] = {
     "meta.v1.Condition": {
         1: "type string",
@@ -124,7 +126,7 @@ MESSAGES: Final[dict[str, dict[int, str]]] = {
         5: "uid string,omitempty",
         6: "resourceVersion string,omitempty",
         7: "generation int64,omitempty",
-        8: "creationTimestamp Time,omitempty,omitzero",
+        8: "creationTimestamp Time,omitempty",  # v0.36 adds omitzero; the JSON of 1.32 (kubectl's, ours) has null
         9: "deletionTimestamp *Time,omitempty",
         10: "deletionGracePeriodSeconds *int64,omitempty",
         11: "labels map[string]string,omitempty",
