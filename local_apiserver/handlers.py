@@ -483,7 +483,7 @@ async def _deletion(request: Request) -> _Deletion:
         media = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
         try:
             if media == PROTOBUF:  # kube-controller-manager's deletes
-                options = DeleteOptions.model_validate(decode_protobuf(raw, decode_delete_options))
+                options = DeleteOptions.model_validate(await decode_protobuf(raw, decode_delete_options))
             else:
                 options = DeleteOptions.model_validate_json(raw)
         except ValidationError as e:
