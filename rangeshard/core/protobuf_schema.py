@@ -51,6 +51,8 @@ KINDS: Final[dict[tuple[str, str], str]] = {
     ("v1", "Endpoints"): "core.v1.Endpoints",
     ("v1", "Event"): "core.v1.Event",
     ("v1", "Namespace"): "core.v1.Namespace",
+    ("v1", "Node"): "core.v1.Node",
+    ("v1", "PersistentVolume"): "core.v1.PersistentVolume",
     ("v1", "PersistentVolumeClaim"): "core.v1.PersistentVolumeClaim",
     ("v1", "Pod"): "core.v1.Pod",
     ("v1", "PodTemplate"): "core.v1.PodTemplate",
@@ -65,6 +67,7 @@ KINDS: Final[dict[tuple[str, str], str]] = {
     ("apps/v1", "ReplicaSet"): "apps.v1.ReplicaSet",
     ("apps/v1", "StatefulSet"): "apps.v1.StatefulSet",
     ("autoscaling/v1", "Scale"): "autoscaling.v1.Scale",
+    ("autoscaling/v2", "HorizontalPodAutoscaler"): "autoscaling.v2.HorizontalPodAutoscaler",
     ("batch/v1", "CronJob"): "batch.v1.CronJob",
     ("batch/v1", "Job"): "batch.v1.Job",
     ("coordination.k8s.io/v1", "Lease"): "coordination.v1.Lease",
@@ -324,6 +327,128 @@ MESSAGES: Final[dict[str, dict[int, str]]] = {
         1: "replicas int32",
         2: "selector string,omitempty",
     },
+    "autoscaling.v2.ContainerResourceMetricSource": {
+        1: "name string",
+        2: "target MetricTarget",
+        3: "container string",
+    },
+    "autoscaling.v2.ContainerResourceMetricStatus": {
+        1: "name string",
+        2: "current MetricValueStatus",
+        3: "container string",
+    },
+    "autoscaling.v2.CrossVersionObjectReference": {
+        1: "kind string",
+        2: "name string",
+        3: "apiVersion string,omitempty",
+    },
+    "autoscaling.v2.ExternalMetricSource": {
+        1: "metric MetricIdentifier",
+        2: "target MetricTarget",
+    },
+    "autoscaling.v2.ExternalMetricStatus": {
+        1: "metric MetricIdentifier",
+        2: "current MetricValueStatus",
+    },
+    "autoscaling.v2.HPAScalingPolicy": {
+        1: "type string",
+        2: "value int32",
+        3: "periodSeconds int32",
+    },
+    "autoscaling.v2.HPAScalingRules": {
+        1: "selectPolicy *string,omitempty",
+        2: "policies []HPAScalingPolicy,omitempty",
+        3: "stabilizationWindowSeconds *int32,omitempty",
+        4: "tolerance *Quantity,omitempty",
+    },
+    "autoscaling.v2.HorizontalPodAutoscaler": {
+        1: "metadata meta.v1.ObjectMeta,omitempty",
+        2: "spec HorizontalPodAutoscalerSpec,omitempty",
+        3: "status HorizontalPodAutoscalerStatus,omitempty",
+    },
+    "autoscaling.v2.HorizontalPodAutoscalerBehavior": {
+        1: "scaleUp *HPAScalingRules,omitempty",
+        2: "scaleDown *HPAScalingRules,omitempty",
+    },
+    "autoscaling.v2.HorizontalPodAutoscalerCondition": {
+        1: "type string",
+        2: "status string",
+        3: "lastTransitionTime Time,omitempty",
+        4: "reason string,omitempty",
+        5: "message string,omitempty",
+    },
+    "autoscaling.v2.HorizontalPodAutoscalerSpec": {
+        1: "scaleTargetRef CrossVersionObjectReference",
+        2: "minReplicas *int32,omitempty",
+        3: "maxReplicas int32",
+        4: "metrics []MetricSpec,omitempty",
+        5: "behavior *HorizontalPodAutoscalerBehavior,omitempty",
+    },
+    "autoscaling.v2.HorizontalPodAutoscalerStatus": {
+        1: "observedGeneration *int64,omitempty",
+        2: "lastScaleTime *Time,omitempty",
+        3: "currentReplicas int32,omitempty",
+        4: "desiredReplicas int32",
+        5: "currentMetrics []MetricStatus",
+        6: "conditions []HorizontalPodAutoscalerCondition,omitempty",
+    },
+    "autoscaling.v2.MetricIdentifier": {
+        1: "name string",
+        2: "selector *meta.v1.LabelSelector,omitempty",
+    },
+    "autoscaling.v2.MetricSpec": {
+        1: "type string",
+        2: "object *ObjectMetricSource,omitempty",
+        3: "pods *PodsMetricSource,omitempty",
+        4: "resource *ResourceMetricSource,omitempty",
+        5: "external *ExternalMetricSource,omitempty",
+        7: "containerResource *ContainerResourceMetricSource,omitempty",
+    },
+    "autoscaling.v2.MetricStatus": {
+        1: "type string",
+        2: "object *ObjectMetricStatus,omitempty",
+        3: "pods *PodsMetricStatus,omitempty",
+        4: "resource *ResourceMetricStatus,omitempty",
+        5: "external *ExternalMetricStatus,omitempty",
+        7: "containerResource *ContainerResourceMetricStatus,omitempty",
+    },
+    "autoscaling.v2.MetricTarget": {
+        1: "type string",
+        2: "value *Quantity,omitempty",
+        3: "averageValue *Quantity,omitempty",
+        4: "averageUtilization *int32,omitempty",
+    },
+    "autoscaling.v2.MetricValueStatus": {
+        1: "value *Quantity,omitempty",
+        2: "averageValue *Quantity,omitempty",
+        3: "averageUtilization *int32,omitempty",
+    },
+    "autoscaling.v2.ObjectMetricSource": {
+        1: "describedObject CrossVersionObjectReference",
+        2: "target MetricTarget",
+        3: "metric MetricIdentifier",
+    },
+    "autoscaling.v2.ObjectMetricStatus": {
+        1: "metric MetricIdentifier",
+        2: "current MetricValueStatus",
+        3: "describedObject CrossVersionObjectReference",
+    },
+    "autoscaling.v2.PodsMetricSource": {
+        1: "metric MetricIdentifier",
+        2: "target MetricTarget",
+    },
+    "autoscaling.v2.PodsMetricStatus": {
+        1: "metric MetricIdentifier",
+        2: "current MetricValueStatus",
+    },
+    "autoscaling.v2.ResourceMetricSource": {
+        1: "name string",
+        2: "target MetricTarget",
+    },
+    "autoscaling.v2.ResourceMetricStatus": {
+        1: "name string",
+        2: "current MetricValueStatus",
+    },
     "batch.v1.CronJob": {
         1: "metadata meta.v1.ObjectMeta,omitempty",
         2: "spec CronJobSpec,omitempty",
@@ -448,6 +573,10 @@ MESSAGES: Final[dict[str, dict[int, str]]] = {
         1: "type string",
         2: "localhostProfile *string,omitempty",
     },
+    "core.v1.AttachedVolume": {
+        1: "name string",
+        2: "devicePath string",
+    },
     "core.v1.AzureDiskVolumeSource": {
         1: "diskName string",
         2: "diskURI string",
@@ -456,10 +585,28 @@ MESSAGES: Final[dict[str, dict[int, str]]] = {
         5: "readOnly *bool,omitempty",
         6: "kind *string,omitempty",
     },
+    "core.v1.AzureFilePersistentVolumeSource": {
+        1: "secretName string",
+        2: "shareName string",
+        3: "readOnly bool,omitempty",
+        4: "secretNamespace *string",
+    },
     "core.v1.AzureFileVolumeSource": {
         1: "secretName string",
         2: "shareName string",
         3: "readOnly bool,omitempty",
+    },
+    "core.v1.CSIPersistentVolumeSource": {
+        1: "driver string",
+        2: "volumeHandle string",
+        3: "readOnly bool,omitempty",
+        4: "fsType string,omitempty",
+        5: "volumeAttributes map[string]string,omitempty",
+        6: "controllerPublishSecretRef *SecretReference,omitempty",
+        7: "nodeStageSecretRef *SecretReference,omitempty",
+        8: "nodePublishSecretRef *SecretReference,omitempty",
+        9: "controllerExpandSecretRef *SecretReference,omitempty",
+        10: "nodeExpandSecretRef *SecretReference,omitempty",
     },
     "core.v1.CSIVolumeSource": {
         1: "driver string",
@@ -472,6 +619,14 @@ MESSAGES: Final[dict[str, dict[int, str]]] = {
         1: "add []string,omitempty",
         2: "drop []string,omitempty",
     },
+    "core.v1.CephFSPersistentVolumeSource": {
+        1: "monitors []string",
+        2: "path string,omitempty",
+        3: "user string,omitempty",
+        4: "secretFile string,omitempty",
+        5: "secretRef *SecretReference,omitempty",
+        6: "readOnly bool,omitempty",
+    },
     "core.v1.CephFSVolumeSource": {
         1: "monitors []string",
         2: "path string,omitempty",
@@ -479,6 +634,12 @@ MESSAGES: Final[dict[str, dict[int, str]]] = {
         4: "secretFile string,omitempty",
         5: "secretRef *LocalObjectReference,omitempty",
         6: "readOnly bool,omitempty",
+    },
+    "core.v1.CinderPersistentVolumeSource": {
+        1: "volumeID string",
+        2: "fsType string,omitempty",
+        3: "readOnly bool,omitempty",
+        4: "secretRef *SecretReference,omitempty",
     },
     "core.v1.CinderVolumeSource": {
         1: "volumeID string",
@@ -510,6 +671,13 @@ MESSAGES: Final[dict[str, dict[int, str]]] = {
         1: "...LocalObjectReference",
         2: "key string",
         3: "optional *bool,omitempty",
+    },
+    "core.v1.ConfigMapNodeConfigSource": {
+        1: "namespace string",
+        2: "name string",
+        3: "uid string,omitempty",
+        4: "resourceVersion string,omitempty",
+        5: "kubeletConfigKey string",
     },
     "core.v1.ConfigMapProjection": {
         1: "...LocalObjectReference",
@@ -553,6 +721,10 @@ MESSAGES: Final[dict[str, dict[int, str]]] = {
         1: "containerName string",
         2: "resourceName string",
         3: "requestName string",
+    },
+    "core.v1.ContainerImage": {
+        1: "names []string",
+        2: "sizeBytes int64,omitempty",
     },
     "core.v1.ContainerPort": {
         1: "name string,omitempty",
@@ -613,6 +785,9 @@ MESSAGES: Final[dict[str, dict[int, str]]] = {
     },
     "core.v1.ContainerUser": {
         1: "linux *LinuxContainerUser,omitempty",
+    },
+    "core.v1.DaemonEndpoint": {
+        1: "Port int32",
     },
     "core.v1.DownwardAPIProjection": {
         1: "items []DownwardAPIVolumeFile,omitempty",
@@ -744,6 +919,13 @@ MESSAGES: Final[dict[str, dict[int, str]]] = {
         3: "key string",
         4: "optional *bool,omitempty",
     },
+    "core.v1.FlexPersistentVolumeSource": {
+        1: "driver string",
+        2: "fsType string,omitempty",
+        3: "secretRef *SecretReference,omitempty",
+        4: "readOnly bool,omitempty",
+        5: "options map[string]string,omitempty",
+    },
     "core.v1.FlexVolumeSource": {
         1: "driver string",
         2: "fsType string,omitempty",
@@ -769,6 +951,12 @@ MESSAGES: Final[dict[str, dict[int, str]]] = {
         1: "repository string",
         2: "revision string,omitempty",
         3: "directory string,omitempty",
+    },
+    "core.v1.GlusterfsPersistentVolumeSource": {
+        1: "endpoints string",
+        2: "path string",
+        3: "readOnly bool,omitempty",
+        4: "endpointsNamespace *string,omitempty",
     },
     "core.v1.GlusterfsVolumeSource": {
         1: "endpoints string",
@@ -796,6 +984,19 @@ MESSAGES: Final[dict[str, dict[int, str]]] = {
     "core.v1.HostPathVolumeSource": {
         1: "path string",
         2: "type *string,omitempty",
+    },
+    "core.v1.ISCSIPersistentVolumeSource": {
+        1: "targetPortal string",
+        2: "iqn string",
+        3: "lun int32",
+        4: "iscsiInterface string,omitempty",
+        5: "fsType string,omitempty",
+        6: "readOnly bool,omitempty",
+        7: "portals []string,omitempty",
+        8: "chapAuthDiscovery bool,omitempty",
+        10: "secretRef *SecretReference,omitempty",
+        11: "chapAuthSession bool,omitempty",
+        12: "initiatorName *string,omitempty",
     },
     "core.v1.ISCSIVolumeSource": {
         1: "targetPortal string",
@@ -850,6 +1051,10 @@ MESSAGES: Final[dict[str, dict[int, str]]] = {
     "core.v1.LocalObjectReference": {
         1: "name string,omitempty",
     },
+    "core.v1.LocalVolumeSource": {
+        1: "path string",
+        2: "fsType *string,omitempty",
+    },
     "core.v1.ModifyVolumeStatus": {
         1: "targetVolumeAttributesClassName string,omitempty",
         2: "status string",
@@ -878,6 +1083,15 @@ MESSAGES: Final[dict[str, dict[int, str]]] = {
         1: "phase string,omitempty",
         2: "conditions []NamespaceCondition,omitempty",
     },
+    "core.v1.Node": {
+        1: "metadata meta.v1.ObjectMeta,omitempty",
+        2: "spec NodeSpec,omitempty",
+        3: "status NodeStatus,omitempty",
+    },
+    "core.v1.NodeAddress": {
+        1: "type string",
+        2: "address string",
+    },
     "core.v1.NodeAffinity": {
         1: "requiredDuringSchedulingIgnoredDuringExecution *NodeSelector,omitempty",
         2: "preferredDuringSchedulingIgnoredDuringExecution []PreferredSchedulingTerm,omitempty",
@@ -886,6 +1100,37 @@ MESSAGES: Final[dict[str, dict[int, str]]] = {
         1: "resourceClaimName string",
         2: "containers []string,omitempty",
         3: "resources map[string]Quantity",
+    },
+    "core.v1.NodeCondition": {
+        1: "type string",
+        2: "status string",
+        3: "lastHeartbeatTime Time,omitempty",
+        4: "lastTransitionTime Time,omitempty",
+        5: "reason string,omitempty",
+        6: "message string,omitempty",
+    },
+    "core.v1.NodeConfigSource": {
+        2: "configMap *ConfigMapNodeConfigSource,omitempty",
+    },
+    "core.v1.NodeConfigStatus": {
+        1: "assigned *NodeConfigSource,omitempty",
+        2: "active *NodeConfigSource,omitempty",
+        3: "lastKnownGood *NodeConfigSource,omitempty",
+        4: "error string,omitempty",
+    },
+    "core.v1.NodeDaemonEndpoints": {
+        1: "kubeletEndpoint DaemonEndpoint,omitempty",
+    },
+    "core.v1.NodeFeatures": {
+        1: "supplementalGroupsPolicy *bool,omitempty",
+    },
+    "core.v1.NodeRuntimeHandler": {
+        1: "name string",
+        2: "features *NodeRuntimeHandlerFeatures,omitempty",
+    },
+    "core.v1.NodeRuntimeHandlerFeatures": {
+        1: "recursiveReadOnlyMounts *bool,omitempty",
+        2: "userNamespaces *bool,omitempty",
     },
     "core.v1.NodeSelector": {
         1: "nodeSelectorTerms []NodeSelectorTerm",
@@ -899,6 +1144,47 @@ MESSAGES: Final[dict[str, dict[int, str]]] = {
         1: "matchExpressions []NodeSelectorRequirement,omitempty",
         2: "matchFields []NodeSelectorRequirement,omitempty",
     },
+    "core.v1.NodeSpec": {
+        1: "podCIDR string,omitempty",
+        2: "externalID string,omitempty",
+        3: "providerID string,omitempty",
+        4: "unschedulable bool,omitempty",
+        5: "taints []Taint,omitempty",
+        6: "configSource *NodeConfigSource,omitempty",
+        7: "podCIDRs []string,omitempty",
+    },
+    "core.v1.NodeStatus": {
+        1: "capacity map[string]Quantity,omitempty",
+        2: "allocatable map[string]Quantity,omitempty",
+        3: "phase string,omitempty",
+        4: "conditions []NodeCondition,omitempty",
+        5: "addresses []NodeAddress,omitempty",
+        6: "daemonEndpoints NodeDaemonEndpoints,omitempty",
+        7: "nodeInfo NodeSystemInfo,omitempty",
+        8: "images []ContainerImage,omitempty",
+        9: "volumesInUse []string,omitempty",
+        10: "volumesAttached []AttachedVolume,omitempty",
+        11: "config *NodeConfigStatus,omitempty",
+        12: "runtimeHandlers []NodeRuntimeHandler,omitempty",
+        13: "features *NodeFeatures,omitempty",
+        14: "declaredFeatures []string,omitempty",
+    },
+    "core.v1.NodeSwapStatus": {
+        1: "capacity *int64,omitempty",
+    },
+    "core.v1.NodeSystemInfo": {
+        1: "machineID string",
+        2: "systemUUID string",
+        3: "bootID string",
+        4: "kernelVersion string",
+        5: "osImage string",
+        6: "containerRuntimeVersion string",
+        7: "kubeletVersion string",
+        8: "kubeProxyVersion string",
+        9: "operatingSystem string",
+        10: "architecture string",
+        11: "swap *NodeSwapStatus,omitempty",
+    },
     "core.v1.ObjectFieldSelector": {
         1: "apiVersion string,omitempty",
         2: "fieldPath string",
@@ -911,6 +1197,11 @@ MESSAGES: Final[dict[str, dict[int, str]]] = {
         5: "apiVersion string,omitempty",
         6: "resourceVersion string,omitempty",
         7: "fieldPath string,omitempty",
+    },
+    "core.v1.PersistentVolume": {
+        1: "metadata meta.v1.ObjectMeta,omitempty",
+        2: "spec PersistentVolumeSpec,omitempty",
+        3: "status PersistentVolumeStatus,omitempty",
     },
     "core.v1.PersistentVolumeClaim": {
         1: "metadata meta.v1.ObjectMeta,omitempty",
@@ -953,6 +1244,48 @@ MESSAGES: Final[dict[str, dict[int, str]]] = {
     "core.v1.PersistentVolumeClaimVolumeSource": {
         1: "claimName string",
         2: "readOnly bool,omitempty",
+    },
+    "core.v1.PersistentVolumeSource": {
+        1: "gcePersistentDisk *GCEPersistentDiskVolumeSource,omitempty",
+        2: "awsElasticBlockStore *AWSElasticBlockStoreVolumeSource,omitempty",
+        3: "hostPath *HostPathVolumeSource,omitempty",
+        4: "glusterfs *GlusterfsPersistentVolumeSource,omitempty",
+        5: "nfs *NFSVolumeSource,omitempty",
+        6: "rbd *RBDPersistentVolumeSource,omitempty",
+        7: "iscsi *ISCSIPersistentVolumeSource,omitempty",
+        8: "cinder *CinderPersistentVolumeSource,omitempty",
+        9: "cephfs *CephFSPersistentVolumeSource,omitempty",
+        10: "fc *FCVolumeSource,omitempty",
+        11: "flocker *FlockerVolumeSource,omitempty",
+        12: "flexVolume *FlexPersistentVolumeSource,omitempty",
+        13: "azureFile *AzureFilePersistentVolumeSource,omitempty",
+        14: "vsphereVolume *VsphereVirtualDiskVolumeSource,omitempty",
+        15: "quobyte *QuobyteVolumeSource,omitempty",
+        16: "azureDisk *AzureDiskVolumeSource,omitempty",
+        17: "photonPersistentDisk *PhotonPersistentDiskVolumeSource,omitempty",
+        18: "portworxVolume *PortworxVolumeSource,omitempty",
+        19: "scaleIO *ScaleIOPersistentVolumeSource,omitempty",
+        20: "local *LocalVolumeSource,omitempty",
+        21: "storageos *StorageOSPersistentVolumeSource,omitempty",
+        22: "csi *CSIPersistentVolumeSource,omitempty",
+    },
+    "core.v1.PersistentVolumeSpec": {
+        1: "capacity map[string]Quantity,omitempty",
+        2: "...PersistentVolumeSource",
+        3: "accessModes []string,omitempty",
+        4: "claimRef *ObjectReference,omitempty",
+        5: "persistentVolumeReclaimPolicy string,omitempty",
+        6: "storageClassName string,omitempty",
+        7: "mountOptions []string,omitempty",
+        8: "volumeMode *string,omitempty",
+        9: "nodeAffinity *VolumeNodeAffinity,omitempty",
+        10: "volumeAttributesClassName *string,omitempty",
+    },
+    "core.v1.PersistentVolumeStatus": {
+        1: "phase string,omitempty",
+        2: "message string,omitempty",
+        3: "reason string,omitempty",
+        4: "lastPhaseTransitionTime *Time,omitempty",
     },
     "core.v1.PhotonPersistentDiskVolumeSource": {
         1: "pdID string",
@@ -1165,6 +1498,16 @@ MESSAGES: Final[dict[str, dict[int, str]]] = {
         5: "group string,omitempty",
         6: "tenant string,omitempty",
     },
+    "core.v1.RBDPersistentVolumeSource": {
+        1: "monitors []string",
+        2: "image string",
+        3: "fsType string,omitempty",
+        4: "pool string,omitempty",
+        5: "user string,omitempty",
+        6: "keyring string,omitempty",
+        7: "secretRef *SecretReference,omitempty",
+        8: "readOnly bool,omitempty",
+    },
     "core.v1.RBDVolumeSource": {
         1: "monitors []string",
         2: "image string",
@@ -1244,6 +1587,18 @@ MESSAGES: Final[dict[str, dict[int, str]]] = {
         3: "type string,omitempty",
         4: "level string,omitempty",
     },
+    "core.v1.ScaleIOPersistentVolumeSource": {
+        1: "gateway string",
+        2: "system string",
+        3: "secretRef *SecretReference",
+        4: "sslEnabled bool,omitempty",
+        5: "protectionDomain string,omitempty",
+        6: "storagePool string,omitempty",
+        7: "storageMode string,omitempty",
+        8: "volumeName string,omitempty",
+        9: "fsType string,omitempty",
+        10: "readOnly bool,omitempty",
+    },
     "core.v1.ScaleIOVolumeSource": {
         1: "gateway string",
         2: "system string",
@@ -1288,6 +1643,10 @@ MESSAGES: Final[dict[str, dict[int, str]]] = {
         1: "...LocalObjectReference",
         2: "items []KeyToPath,omitempty",
         4: "optional *bool,omitempty",
+    },
+    "core.v1.SecretReference": {
+        1: "name string,omitempty",
+        2: "namespace string,omitempty",
     },
     "core.v1.SecretVolumeSource": {
         1: "secretName string,omitempty",
@@ -1365,6 +1724,13 @@ MESSAGES: Final[dict[str, dict[int, str]]] = {
     "core.v1.SleepAction": {
         1: "seconds int64",
     },
+    "core.v1.StorageOSPersistentVolumeSource": {
+        1: "volumeName string,omitempty",
+        2: "volumeNamespace string,omitempty",
+        3: "fsType string,omitempty",
+        4: "readOnly bool,omitempty",
+        5: "secretRef *ObjectReference,omitempty",
+    },
     "core.v1.StorageOSVolumeSource": {
         1: "volumeName string,omitempty",
         2: "volumeNamespace string,omitempty",
@@ -1379,6 +1745,12 @@ MESSAGES: Final[dict[str, dict[int, str]]] = {
     "core.v1.TCPSocketAction": {
         1: "port IntOrString",
         2: "host string,omitempty",
+    },
+    "core.v1.Taint": {
+        1: "key string",
+        2: "value string,omitempty",
+        3: "effect string",
+        4: "timeAdded *Time,omitempty",
     },
     "core.v1.Toleration": {
         1: "key string,omitempty",
@@ -1431,6 +1803,9 @@ MESSAGES: Final[dict[str, dict[int, str]]] = {
         3: "readOnly bool,omitempty",
         4: "recursiveReadOnly *string,omitempty",
         5: "volumeStatus *VolumeStatus,omitempty",
+    },
+    "core.v1.VolumeNodeAffinity": {
+        1: "required *NodeSelector,omitempty",
     },
     "core.v1.VolumeProjection": {
         1: "secret *SecretProjection,omitempty",

@@ -276,9 +276,9 @@ def _message(response: httpx.Response, code: int) -> str:
 
 
 def test_unsupported_kinds_and_fields_are_415_naming_them(http: httpx.Client, namespace: str) -> None:
-    nodes = pw.body("v1", "Node", pw.meta("n1"))
-    message = _message(http.post("/api/v1/nodes", content=nodes, headers=PB), 415)
-    assert "does not decode protobuf bodies of Node (v1)" in message and "send it as JSON" in message
+    limits = pw.body("v1", "LimitRange", pw.meta("l1"))
+    message = _message(http.post(f"/api/v1/namespaces/{namespace}/limitranges", content=limits, headers=PB), 415)
+    assert "does not decode protobuf bodies of LimitRange (v1)" in message and "send it as JSON" in message
     configmap = pw.body("v1", "ConfigMap", pw.meta("cm") + pw.field(99, b"x"))
     message = _message(http.post(f"/api/v1/namespaces/{namespace}/configmaps", content=configmap, headers=PB), 415)
     assert "unknown field 99 of ConfigMap" in message

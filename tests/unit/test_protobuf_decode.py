@@ -170,8 +170,8 @@ def test_unknown_fields_and_kinds_are_refused_never_dropped() -> None:
         decode_object(_body("v1", "Pod", meta("p") + _f(2, _f(2, _f(1, b"c") + _f(77, 1)))))
     with pytest.raises(UnsupportedProtobuf, match=r"unknown field 3 of Lease \(MicroTime at spec\.renewTime\)"):
         decode_object(_body("coordination.k8s.io/v1", "Lease", meta("l") + _f(2, _f(4, _f(3, 1)))))
-    with pytest.raises(UnsupportedProtobuf, match=r"does not decode protobuf bodies of Node \(v1\)"):
-        decode_object(_body("v1", "Node", meta("n")))
+    with pytest.raises(UnsupportedProtobuf, match=r"does not decode protobuf bodies of LimitRange \(v1\)"):
+        decode_object(_body("v1", "LimitRange", meta("n")))
     with pytest.raises(UnsupportedProtobuf, match=r"Deployment \(apps/v1beta1\)"):
         decode_object(_body("apps/v1beta1", "Deployment", meta("d")))
     with pytest.raises(UnsupportedProtobuf, match="must be DeleteOptions, not Pod"):
