@@ -16,8 +16,10 @@ Invariants
     * Every answer that is not a success is a Kubernetes ``Status`` with the
       right code (400/404/405/406/409/410/415/422/503/504); a 500 Status is
       answered only for bugs, and is logged with its traceback.
-    * Request bodies are JSON (or YAML); protobuf is refused with 415 before
-      any decoding; responses are JSON (a ``meta.k8s.io`` Table when a GET asks
+    * Request bodies are JSON (or YAML), or protobuf of the built-in kinds
+      :mod:`rangeshard.core.protobuf_schema` lists (decoded to the same JSON;
+      any other protobuf body is a 415 naming its kind or unknown field);
+      responses are JSON (a ``meta.k8s.io`` Table when a GET asks
       for one first, :mod:`local_apiserver.tables`; 406 if the client accepts neither).
     * ``local_apiserver_requests_total{verb,resource,subresource,code}`` counts
       every API request; ``local_apiserver_watches{resource}`` is the number of

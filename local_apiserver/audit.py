@@ -8,7 +8,8 @@ Purpose
       (``verb``, ``requestURI``, ``objectRef``), the answer
       (``responseStatus.code``) and when (``requestReceivedTimestamp``,
       ``stageTimestamp``);
-    * ``Request``: plus ``requestObject`` (the decoded request body);
+    * ``Request``: plus ``requestObject`` (the decoded request body; a
+      protobuf body as the JSON it decodes to, nothing if it does not);
     * ``RequestResponse``: plus ``responseObject`` (the decoded answer).
 
     Every event is written at stage ``ResponseComplete`` only (a watch's event
@@ -50,6 +51,8 @@ from fastapi.responses import Response, StreamingResponse
 
 from rangeshard.core.errors import ConfigError
 from rangeshard.core.kubeapi import Attributes, UserInfo
+from rangeshard.core.protobuf import MAGIC, ProtobufError
+from rangeshard.core.protobuf_decode import decode_delete_options, decode_object
 from rangeshard.core.timestamps import format_micro_time
 
 API_VERSION = "audit.k8s.io/v1"
@@ -134,6 +137,11 @@ class AuditLog:
             body = await request.body()  # cached by Starlette when the handler read it
         except Exception:  # the client went away or the body was too large: nothing to record
             return None
+        if body.startswith(MAGIC):
+            try:
+                return decode_delete_options(body) if request.method == "DELETE" else decode_object(body)
+            except ProtobufError:
+                return None  # refused with a 415/400: the metadata still says what happened
         return _decode(body) if body else None
 
     def event(

@@ -48,7 +48,6 @@ from local_apiserver.errors import (
     method_not_allowed,
     not_found_path,
     success_body,
-    unsupported_media_type,
 )
 from local_apiserver.patch import json_patch, merge_patch
 from local_apiserver.resources import CRD_RESOURCE, ResourceSpec
@@ -60,6 +59,7 @@ from local_apiserver.routing import (
     STRATEGIC_PATCH,
     Target,
     check_accept,
+    decode_protobuf,
     parse_target,
     query_selectors,
     read_body,
@@ -72,6 +72,7 @@ from local_apiserver.validation import check_body_shape, check_scale_body, selec
 from local_apiserver.watch import WatchRequest, watch_events
 from rangeshard.core.kubeapi import Attributes, UserInfo
 from rangeshard.core.listoptions import ListQuery, parse_bool
+from rangeshard.core.protobuf_decode import decode_delete_options
 
 log = logging.getLogger(__name__)
 
@@ -258,7 +259,8 @@ async def _patch(call: Call) -> Response:
 
 async def _validate_fields(request: Request, spec: ResourceSpec, mode: str, media: str, body: Any) -> list[str]:
     """Field validation of a create/update body (400 under Strict); the warnings to send under Warn."""
-    duplicates = fieldvalidation.duplicate_fields(await request.body(), media) if mode != "Ignore" else ()
+    checked = mode != "Ignore" and media != PROTOBUF  # protobuf has no duplicate keys to report
+    duplicates = fieldvalidation.duplicate_fields(await request.body(), media) if checked else ()
     return await in_thread(fieldvalidation.check, spec, mode, body, duplicates)
 
 
@@ -479,10 +481,11 @@ async def _deletion(request: Request) -> _Deletion:
     raw = await request.body()
     if raw.strip():
         media = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
-        if media.startswith(PROTOBUF):
-            raise unsupported_media_type("the local API server does not decode protobuf DeleteOptions; send JSON")
         try:
-            options = DeleteOptions.model_validate_json(raw)
+            if media == PROTOBUF:  # kube-controller-manager's deletes
+                options = DeleteOptions.model_validate(await decode_protobuf(raw, decode_delete_options))
+            else:
+                options = DeleteOptions.model_validate_json(raw)
         except ValidationError as e:
             problems = "; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors())
             raise bad_request(f"invalid DeleteOptions: {problems}") from e

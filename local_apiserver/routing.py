@@ -4,20 +4,27 @@ Purpose
     ``parse_target`` maps a URL path to a resource :class:`Target` or to a
     discovery document (``/api``, ``/apis``, ``/apis/<group>[/<version>]``);
     the ``*_param`` helpers and ``selectors``/``shard_param`` parse query
-    parameters; ``read_body`` decodes JSON/YAML bodies; ``check_accept``
-    refuses media types the server does not produce.
+    parameters; ``read_body`` decodes JSON/YAML bodies and the protobuf
+    bodies of the built-in kinds in :mod:`rangeshard.core.protobuf_schema`
+    (through :func:`rangeshard.core.protobuf_decode.decode_object`, into the
+    JSON the same object has); ``check_accept`` refuses media types the
+    server does not produce.
 
 Invariants
     * Anything that does not parse is an ``ApiError`` (400/404/406/415) naming
       the problem; nothing here touches storage.
-    * Protobuf bodies are refused with 415 before any decoding.
+    * A protobuf body is decoded whole or refused: a kind or field the table
+      does not know is a 415 naming it (nothing is dropped), a malformed one a
+      400. Only creates and updates take protobuf, as in kube-apiserver.
 
 Concurrency model
-    Pure functions over the request (``read_body`` awaits the body).
+    Pure functions over the request (``read_body`` awaits the body; a large
+    protobuf body is decoded in a worker thread, off the event loop).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +36,10 @@ from hashing import SelectorSyntaxError, ShardSelector, parse_shard_selector
 from local_apiserver import resources
 from local_apiserver.errors import bad_request, not_acceptable, not_found_path, unsupported_media_type
 from local_apiserver.resources import ResourceSpec
+from local_apiserver.state import in_thread
 from rangeshard.core.fieldlabels import field_labels
+from rangeshard.core.protobuf import PROTOBUF_MEDIA_TYPE, ProtobufError
+from rangeshard.core.protobuf_decode import UnsupportedProtobuf, decode_object
 from rangeshard.core.rest import group_version, parse_rest_path, split_group_version
 from rangeshard.core.selectors import FieldSelector, LabelSelector, parse_field_selector, parse_label_selector
 
@@ -45,15 +55,12 @@ KUBE_VERSION = {
     "platform": "linux/amd64",
 }
 
-PROTOBUF = "application/vnd.kubernetes.protobuf"
-#: The 415 answer to a protobuf body. kubectl 1.32 sends protobuf from its typed `create <kind>` generators
-#: (create namespace/configmap/deployment/secret/service/job/...); `run`, `create -f`, `apply -f`, `edit`,
-#: `patch`, `scale`, `label` and `delete` send JSON.
-PROTOBUF_REFUSED = (
-    "the local API server does not decode protobuf ({content_type}); kubectl's generator commands "
-    "(kubectl create namespace/configmap/deployment/...) send protobuf: generate the object client-side and apply it "
-    "as YAML instead, e.g. `kubectl create namespace NAME --dry-run=client -o yaml | kubectl apply -f -` "
-    "(kubectl run, create -f and apply -f send JSON and work)"
+PROTOBUF = PROTOBUF_MEDIA_TYPE
+#: The hint of a 415 for a protobuf body the server cannot decode (an unknown kind or field). kubectl 1.32
+#: sends protobuf from its typed `create <kind>` generators, Kubernetes' own controllers for every write.
+PROTOBUF_HINT = (
+    "; send it as JSON (client-go: ContentType application/json; kubectl: "
+    "`kubectl create ... --dry-run=client -o yaml | kubectl apply -f -`)"
 )
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
@@ -200,11 +207,14 @@ def check_accept(request: Request) -> None:
 
 
 async def read_body(request: Request, allowed: tuple[str, ...]) -> tuple[str, Any]:
-    """The decoded request body and its media type; 415/400 on unsupported or malformed input."""
+    """The decoded request body and its media type; 415/400 on unsupported or malformed input.
+
+    JSON and YAML as ``allowed``; protobuf wherever JSON is (creates and updates), decoded to the same JSON.
+    """
     content_type = request.headers.get("content-type", "application/json")
     media = content_type.split(";")[0].strip().lower()
-    if media.startswith(PROTOBUF):
-        raise unsupported_media_type(PROTOBUF_REFUSED.format(content_type=content_type))
+    if media == PROTOBUF and "application/json" in allowed:
+        return PROTOBUF, await decode_protobuf(await request.body(), decode_object)
     if media == APPLY_PATCH:
         raise unsupported_media_type("server-side apply is not supported by the local API server; use kubectl apply")
     if media not in allowed:
@@ -224,6 +234,20 @@ async def read_body(request: Request, allowed: tuple[str, ...]) -> tuple[str, An
         return media, orjson.loads(orjson.dumps(doc))
     except (TypeError, orjson.JSONDecodeError) as e:
         raise bad_request(f"the {media} body is not representable as JSON: {e}") from e
+
+
+#: Protobuf bodies above this size are decoded in a worker thread (a 3 MiB body takes about a second in Python).
+DECODE_IN_THREAD_BYTES = 64 * 1024
+
+
+async def decode_protobuf(raw: bytes, decode: Callable[[bytes], dict[str, Any]]) -> dict[str, Any]:
+    """A protobuf body through ``decode`` (an object or DeleteOptions); 415 if undecodable, 400 if malformed."""
+    try:
+        return await in_thread(decode, raw) if len(raw) > DECODE_IN_THREAD_BYTES else decode(raw)
+    except UnsupportedProtobuf as e:
+        raise unsupported_media_type(f"{e}{PROTOBUF_HINT}") from e
+    except ProtobufError as e:
+        raise bad_request(f"couldn't decode the request body as {PROTOBUF}: {e}") from e
 
 
 def query_selectors(request: Request, spec: ResourceSpec, name: str | None) -> tuple[LabelSelector, FieldSelector]:

@@ -23,6 +23,10 @@ Owns
     * :mod:`rangeshard.core.protobuf` - reading Kubernetes protobuf bodies
       (the ``k8s\\0`` envelope, ``ObjectMeta``) and write bodies of any
       media type, for the write fence.
+    * :mod:`rangeshard.core.protobuf_decode` - whole protobuf objects of the
+      built-in kinds as the JSON Go writes for them (the local API server).
+    * :mod:`rangeshard.core.protobuf_schema` - the decoder's table: Kubernetes'
+      field numbers and Go shapes of each message.
     * :mod:`rangeshard.core.clock` - the injectable monotonic clock.
     * :mod:`rangeshard.core.options` - command-line options the commands
       share (etcd TLS/credentials, serving).

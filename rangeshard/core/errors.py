@@ -32,6 +32,7 @@ The tree::
     │   └── ProxyProcessError       (range_filter_proxy.process) the proxy child did not start
     ├── LocalApiServerError         (local_apiserver.process) the API server child did not start
     ├── ProtobufError               (rangeshard.core.protobuf) a body that is not well-formed Kubernetes protobuf
+    │   └── UnsupportedProtobuf     (rangeshard.core.protobuf_decode) a kind or field the decoder's table lacks (415)
     └── RegistryError               anything etcd reports (mapped once, in rangeshard.core.etcd.errors)
         ├── RegistryUnavailable     etcd unreachable or too slow (retry later)
         ├── EtcdAuthFailed          etcd refused the credentials or the permission

@@ -14,8 +14,9 @@ Purpose
     ``generation``, ``labels``, ``annotations``, ``ownerReferences``,
     ``finalizers``) and :func:`object_identity` (envelope + metadata as a
     JSON-shaped partial object), which the proxy's write fence uses to find
-    a write's shard key. :func:`iter_fields` is the sans-I/O wire reader a
-    full decoder builds on. :func:`read_write_body` reads a write's body of
+    a write's shard key. :func:`iter_fields` is the sans-I/O wire reader
+    the full decoder (:mod:`rangeshard.core.protobuf_decode`, which the
+    local API server uses) builds on, with :func:`read_envelope`. :func:`read_write_body` reads a write's body of
     any media type a Kubernetes client sends (JSON, the YAML of a server-side
     apply patch, protobuf) far enough to find its object's metadata.
 
@@ -119,6 +120,14 @@ def iter_fields(data: bytes) -> Iterator[tuple[int, int, int | bytes]]:
             pos += 4
         else:
             raise ProtobufError(f"field {field}: unsupported wire type {wire}")
+
+
+def iter_varints(data: bytes) -> Iterator[int]:
+    """The varints of a packed repeated field's bytes, in order."""
+    pos = 0
+    while pos < len(data):
+        value, pos = _varint(data, pos)
+        yield value
 
 
 def _text(field: int, value: int | bytes, what: str) -> str:

@@ -16,6 +16,7 @@ import pytest
 
 from local_apiserver.process import LocalApiServerProcess
 from rangeshard.core.process import EtcdServer
+from tests import protobuf_wire as pw
 
 
 def _events(path: Path, want: int, timeout: float = 10.0) -> list[dict[str, Any]]:
@@ -95,6 +96,35 @@ def test_one_event_per_request_with_object_ref(audited: tuple[str, Path, str]) -
         assert create_rs["requestObject"]["metadata"]["generateName"] == "web-"
         assert create_rs["responseObject"]["metadata"]["uid"] == uid
         assert scale["requestObject"] == {"spec": {"replicas": 3}}
+
+
+def test_protobuf_request_objects_are_recorded_as_json(audited: tuple[str, Path, str]) -> None:
+    """As kube-apiserver: a protobuf body's requestObject is the decoded object (DeleteOptions too)."""
+    url, audit, level = audited
+    ns = f"p-{uuid.uuid4().hex[:6]}"
+    headers = {"content-type": pw.PROTOBUF}
+    with httpx.Client(base_url=url, timeout=10) as http:
+        assert http.post("/api/v1/namespaces", json={"metadata": {"name": ns}}).status_code == 201
+        before = len(_events(audit, 0, 0))
+        configmap = pw.body("v1", "ConfigMap", pw.meta("cm") + pw.field(2, pw.field(1, b"k") + pw.field(2, b"v")))
+        assert http.post(f"/api/v1/namespaces/{ns}/configmaps", content=configmap, headers=headers).status_code == 201
+        options = pw.body("v1", "DeleteOptions", pw.field(4, b"Orphan"))
+        deleted = http.request("DELETE", f"/api/v1/namespaces/{ns}/configmaps/cm", content=options, headers=headers)
+        assert deleted.status_code == 200
+        unknown = pw.body("v1", "ConfigMap", pw.meta("x") + pw.field(99, 1))
+        assert http.post(f"/api/v1/namespaces/{ns}/configmaps", content=unknown, headers=headers).status_code == 415
+    create, delete, refused = _events(audit, before + 3)[before:]
+    assert "requestObject" not in refused and refused["responseStatus"]["code"] == 415
+    if level == "Metadata":
+        assert "requestObject" not in create and "requestObject" not in delete
+        return
+    assert create["requestObject"] == {
+        "kind": "ConfigMap",
+        "apiVersion": "v1",
+        "metadata": {"name": "cm", "creationTimestamp": None},
+        "data": {"k": "v"},
+    }
+    assert delete["requestObject"] == {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Orphan"}
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
