@@ -57,9 +57,10 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 # Before gRPC loads: our processes fork only to exec a child at once (a
-# subprocess with a ``preexec_fn``, such as the external controller's
-# PR_SET_PDEATHSIG). gRPC's fork handlers, on by default in its wheels, then
-# restart its event engine in the forked child, which aborts it now and then
+# subprocess with a ``preexec_fn``: every child started by
+# ``rangeshard.core.process.popen`` sets PR_SET_PDEATHSIG). gRPC's fork
+# handlers, on by default in its wheels, then restart its event engine in
+# the forked child, which aborts it now and then
 # (SIGABRT in about 4 % of such forks while a watch and writes run; measured
 # 6 of 150, and 0 of 150 with the handlers off). No forked child of ours uses
 # gRPC, so the handlers are turned off unless the user chose otherwise.
