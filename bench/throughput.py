@@ -73,7 +73,7 @@ from range_filter_proxy.cached import CacheSettings, WatchFilter
 from range_filter_proxy.metrics import ProxyMetrics
 from range_filter_proxy.process import ProxyProcess
 from range_filter_proxy.upstream import decode_watch_line
-from rangeshard.core.process import ManagedProcess, free_port
+from rangeshard.core.process import ManagedProcess, free_port, popen
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -348,7 +348,7 @@ def _pinned(server_pid: int, *client_side: int) -> Iterator[None]:
 
 def _spawn_printing_port(args: list[str]) -> tuple[subprocess.Popen[bytes], int]:
     """Start ``python -m ARGS``, a server of ours that prints its port on its first stdout line."""
-    proc = subprocess.Popen([sys.executable, "-m", *args], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    proc = popen([sys.executable, "-m", *args], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
     line = proc.stdout.readline() if proc.stdout is not None else b""
     if not line.strip().isdigit():
         proc.kill()

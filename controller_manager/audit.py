@@ -56,8 +56,13 @@ from types import TracebackType
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
-from rangeshard.core.errors import ConfigError
-from rangeshard.core.timestamps import format_micro_time
+from rangeshard.core.entrypoint import reexec_if_shadowed
+
+# Before our imports: from a directory shadowing our packages they break (rangeshard.core.entrypoint).
+reexec_if_shadowed("controller_manager.audit")
+
+from rangeshard.core.errors import ConfigError  # noqa: E402
+from rangeshard.core.timestamps import format_micro_time  # noqa: E402
 
 log = logging.getLogger(__name__)
 

@@ -87,7 +87,7 @@ from rangeshard.core.kubeapi import HOP_BY_HOP, WRITE_METHODS, expired_status, j
 from rangeshard.core.listoptions import parse_bool
 from rangeshard.core.loops import start_thread
 from rangeshard.core.ownertoken import SHARD_BY_HEADER, OwnerToken, shard_by_agent
-from rangeshard.core.process import terminate
+from rangeshard.core.process import popen, terminate
 from rangeshard.core.rest import parse_rest_path
 
 log = logging.getLogger(__name__)
@@ -564,13 +564,13 @@ class Child:
         while not self._stop.is_set():
             env = {**os.environ, **self.variables}
             try:
-                self.proc = subprocess.Popen(
+                # Dies with the manager (PR_SET_PDEATHSIG); this thread waits for it, so it outlives the child.
+                self.proc = popen(
                     command,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL,
                     env=env,
-                    preexec_fn=_die_with_parent,  # noqa: PLW1509 (prctl only; no locks taken)
                 )
             except OSError as e:
                 log.error("%s: cannot start %s: %s", self.name, self.command[0], e)
@@ -643,14 +643,6 @@ def expand(arg: str, variables: Mapping[str, str]) -> str:
         return variables.get(name, found.group(0))
 
     return _VARIABLE_RE.sub(one, arg)
-
-
-def _die_with_parent() -> None:
-    """In the child, before exec: SIGKILL it when the manager dies (Linux ``PR_SET_PDEATHSIG``), no orphans."""
-    with contextlib.suppress(Exception):
-        import ctypes  # noqa: PLC0415 (only in the forked child)
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
 
 
 def _kubeconfig(url: str) -> dict[str, Any]:

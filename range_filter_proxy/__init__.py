@@ -39,7 +39,12 @@ Concurrency model
     asyncio, one event loop per proxy; see each module.
 """
 
-from range_filter_proxy.app import create_app
-from range_filter_proxy.cached import CacheSettings
+from rangeshard.core.entrypoint import reexec_if_shadowed
+
+# ``python -m range_filter_proxy`` runs this first: from a directory shadowing our packages, the imports below break.
+reexec_if_shadowed("range_filter_proxy")
+
+from range_filter_proxy.app import create_app  # noqa: E402
+from range_filter_proxy.cached import CacheSettings  # noqa: E402
 
 __all__ = ["CacheSettings", "create_app"]

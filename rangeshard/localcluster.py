@@ -27,6 +27,9 @@ Invariants
       check (registry state, audit).
     * Everything binds 127.0.0.1; logs go to ``workdir`` (``etcd.log``,
       ``apiserver.log``, ``proxy.log``, one per manager).
+    * Every part dies with the process that started the cluster (a
+      parent-death signal, :func:`rangeshard.core.process.popen`) unless
+      ``detached`` (``rangeshard up --detach``).
 
 Concurrency model
     Owned by the thread that started it; the parts are child processes.
@@ -72,7 +75,8 @@ class LocalCluster:
     prefix, turning the proxy's write fencing on (the registry in
     ``fence_etcd``, default the cluster's etcd); ``proxy_upstream``: where
     the proxy reaches the API server (default its URL; a benchmark puts a
-    byte-counting relay there).
+    byte-counting relay there); ``detached``: the parts outlive this process
+    (no parent-death signal; ``up --detach``).
     """
 
     workdir: Path
@@ -90,6 +94,7 @@ class LocalCluster:
     fence_registry: str | None = None
     fence_etcd: str | None = None
     proxy_upstream: Callable[[LocalApiServerProcess], str] | None = None
+    detached: bool = False
     etcd: EtcdServer | None = field(default=None, init=False)
     apiserver: LocalApiServerProcess | None = field(default=None, init=False)
     proxy: ProxyProcess | None = field(default=None, init=False)
@@ -110,6 +115,7 @@ class LocalCluster:
                     fast=self.etcd_fast,
                     log_file=self.workdir / "etcd.log",
                 )
+                self.etcd.detached = self.detached
                 self.etcd.start()
             self.apiserver = LocalApiServerProcess(
                 self.etcd_url,
@@ -119,6 +125,7 @@ class LocalCluster:
                 bookmark_interval=self.bookmark_interval,
                 extra_args=list(self.apiserver_args),
             )
+            self.apiserver.detached = self.detached
             self.apiserver.start()
             self._start_proxy(self.apiserver)
         except BaseException:
@@ -138,6 +145,7 @@ class LocalCluster:
             log_file=self.workdir / "proxy.log",
             extra_args=args,
         )
+        self.proxy.detached = self.detached
         self.proxy.start()
 
     def add_manager(
@@ -156,6 +164,7 @@ class LocalCluster:
 
     def add(self, manager: ManagerProcess) -> ManagerProcess:
         """Start ``manager`` (any manager program) as part of this cluster: it is stopped with it."""
+        manager.detached = self.detached
         self.managers.append(manager)
         return manager.start()
 

@@ -5,6 +5,10 @@ listens on free loopback ports with a temporary data directory and the fast
 raft timings (``--heartbeat-interval 10 --election-timeout 100``).
 Tests that restart etcd use their own server (``etcd_server_factory``) so the
 session server stays up for everybody else.
+
+A pytest-xdist worker asks for a parent-death signal (:func:`die_with_parent`):
+it dies with the pytest process that started it, and so does every child it
+started (``scripts/test.sh`` stops clean; docs/testing.md).
 """
 
 from __future__ import annotations
@@ -16,7 +20,13 @@ from pathlib import Path
 import pytest
 
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
-from rangeshard.core.process import EtcdCluster, EtcdServer
+from rangeshard.core.process import EtcdCluster, EtcdServer, die_with_parent
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """In a pytest-xdist worker: die with the controller (started from its main thread, which outlives us)."""
+    if hasattr(config, "workerinput"):
+        die_with_parent()
 
 
 @pytest.fixture(scope="session")

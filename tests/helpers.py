@@ -13,6 +13,8 @@ from typing import NoReturn, TypeVar
 
 import pytest
 
+from rangeshard.core.process import popen
+
 T = TypeVar("T")
 
 REQUIRE_ALL = "RANGESHARD_REQUIRE_ALL"
@@ -46,10 +48,11 @@ def run_cli(
     """Start ``python -m rangeshard.cli.main ARGS`` with stdout and stderr appended to ``log``.
 
     ``new_session`` puts it in its own process group (so a test can signal
-    the group); ``env`` entries are added to this process's environment.
+    the group); ``env`` entries are added to this process's environment. It
+    dies with this process (:func:`rangeshard.core.process.popen`).
     """
     with open(log, "ab") as logf:
-        return subprocess.Popen(
+        return popen(
             [sys.executable, "-m", "rangeshard.cli.main", *args],
             stdout=logf,
             stderr=subprocess.STDOUT,

@@ -24,10 +24,15 @@ from typing import Annotated
 
 import typer
 
-from hashing import hash_key
-from rangeshard import __version__
-from rangeshard.cli.common import EtcdOptions, configure_logging, fail, with_etcd_options
-from rangeshard.core.errors import RangeshardError
+from rangeshard.core.entrypoint import reexec_if_shadowed
+
+# Before our imports: from a directory shadowing our packages they break (rangeshard.core.entrypoint).
+reexec_if_shadowed("rangeshard.cli.main")
+
+from hashing import hash_key  # noqa: E402
+from rangeshard import __version__  # noqa: E402
+from rangeshard.cli.common import EtcdOptions, configure_logging, fail, with_etcd_options  # noqa: E402
+from rangeshard.core.errors import RangeshardError  # noqa: E402
 
 app = typer.Typer(
     name="rangeshard",

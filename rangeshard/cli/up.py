@@ -23,7 +23,8 @@ Purpose
 Invariants
     * Without ``--detach`` every child is stopped on exit, also after errors: managers get SIGTERM
       (graceful leave, all at once) then SIGKILL after a grace period, then the proxy, the
-      API server and etcd (:meth:`LocalCluster.stop`). No orphans.
+      API server and etcd (:meth:`LocalCluster.stop`). No orphans: killed itself (SIGKILL), ``up``
+      takes its children along (a parent-death signal); with ``--detach`` they outlive it.
     * Data in the state directory survives ``up`` restarts; logs are appended.
     * Every port is checked before anything starts (``updown.plan_ports``);
       ``ready`` is printed only when every child is running and healthy
@@ -210,7 +211,7 @@ def up_command(
         fail(e)
     state_dir.mkdir(parents=True, exist_ok=True)
     stop = stop_on_signals()
-    cluster = _local_cluster(state_dir, ports, config)
+    cluster = _local_cluster(state_dir, ports, config, detach)
     keep_running = False
     try:
         cluster.start()
@@ -258,8 +259,11 @@ def _preflight(state_dir: Path, managers: int, config: Path) -> list[str]:
     return controller_types
 
 
-def _local_cluster(state_dir: Path, ports: PortPlan, config: Path) -> LocalCluster:
-    """``up``'s cluster: etcd data in ``DIR/etcd``, the API server's audit log and simulated node, write fencing."""
+def _local_cluster(state_dir: Path, ports: PortPlan, config: Path, detach: bool) -> LocalCluster:
+    """``up``'s cluster: etcd data in ``DIR/etcd``, the API server's audit log and simulated node, write fencing.
+
+    Its children die with ``up`` (a parent-death signal) unless ``detach``.
+    """
     from rangeshard.localcluster import LocalCluster  # noqa: PLC0415 (heavy: the servers' modules)
 
     return LocalCluster(
@@ -277,6 +281,7 @@ def _local_cluster(state_dir: Path, ports: PortPlan, config: Path) -> LocalClust
         proxy_port=ports.proxy,
         proxy_resources=["pods", "replicasets.apps", "deployments.apps"],
         fence_registry=_registry_prefix(config),
+        detached=detach,
     )
 
 

@@ -20,6 +20,8 @@ Owns
     * :mod:`rangeshard.core.events` - the one builder of Event bodies.
     * :mod:`rangeshard.core.ownertoken` - owner tokens in a manager's
       User-Agent, and the shard rule a write declares.
+    * :mod:`rangeshard.core.entrypoint` - ``python -m`` entry points work from
+      a directory that shadows our packages (re-run with ``-P``).
     * :mod:`rangeshard.core.protobuf` - reading Kubernetes protobuf bodies
       (the ``k8s\\0`` envelope, ``ObjectMeta``) and write bodies of any
       media type, for the write fence.

@@ -24,6 +24,13 @@ Purpose
     :func:`end_process` is how a command that stopped cleanly leaves (no
     interpreter finalization, where gRPC's C core may abort).
 
+    :func:`popen` is how every child process of ours is started (the
+    servers here, the external controller's child, the tests' helpers): it
+    asks the kernel for a parent-death signal (:func:`die_with_parent`,
+    Linux ``PR_SET_PDEATHSIG``), so a child never outlives the process that
+    started it, even one killed with SIGKILL. ``detached=True`` is the one
+    exception (``rangeshard up --detach``, whose children must outlive it).
+
 Invariants
     * Binds only to the given host (127.0.0.1 by default).
     * The root password is never logged; it reaches ``etcdctl`` through its
@@ -34,14 +41,24 @@ Invariants
       code and log tail), and after ``timeout`` with what the check saw last;
       a single child that did not become ready is stopped (nothing half-started
       stays behind).
+    * A child started by :func:`popen` (unless ``detached``) gets SIGKILL from
+      the kernel when its parent ends, also when the parent died between the
+      fork and the request (the child then kills itself before its ``exec``).
 
 Concurrency model
-    Owned by one thread; the process handle is not shared.
+    Owned by one thread; the process handle is not shared. The parent-death
+    signal belongs to the *thread* that forked the child (Linux sends it when
+    that thread ends, even if the process lives on): a child must be started
+    from a thread that outlives it — the main thread, or a thread that waits
+    for the child, as the external controller's supervisor does. Every caller
+    of :func:`popen` does so.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 import logging
 import os
 import shutil
@@ -51,10 +68,10 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import httpx
 
@@ -73,6 +90,55 @@ def python_module_command(module: str, *args: str) -> list[str]:
     installed one (``cannot import name '__version__' from 'rangeshard'``).
     """
     return [sys.executable, "-P", "-m", module, *args]
+
+
+#: ``prctl(2)`` option: the signal this process gets when the thread that started it ends.
+_PR_SET_PDEATHSIG = 1
+
+
+def _load_prctl() -> Callable[..., int] | None:
+    """libc's ``prctl``, resolved once in the parent (a forked child must not load libraries); None off Linux."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl: Callable[..., int] = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    return prctl
+
+
+_PRCTL = _load_prctl()
+
+
+def die_with_parent(parent: int | None = None) -> None:
+    """Have the kernel SIGKILL this process when its parent ends (Linux ``PR_SET_PDEATHSIG``; else nothing).
+
+    The ``preexec_fn`` of every child :func:`popen` starts (it runs in the
+    forked child before its ``exec``: no imports, no locks), and what a
+    pytest-xdist worker calls for itself (tests/conftest.py). ``parent``: the
+    pid that forked this process; if it is no longer the parent once the
+    request is in place, the parent died in between and this process kills
+    itself. The signal follows the parent *thread* (see the module
+    docstring).
+    """
+    if _PRCTL is None:
+        return
+    _PRCTL(_PR_SET_PDEATHSIG, int(signal.SIGKILL))
+    if parent is not None and os.getppid() != parent:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def popen(args: Sequence[str], *, detached: bool = False, **kwargs: Any) -> subprocess.Popen[Any]:
+    """``subprocess.Popen(args, **kwargs)`` for a child that dies with this process (:func:`die_with_parent`).
+
+    ``detached``: the child may outlive us (no parent-death signal): only
+    ``rangeshard up --detach``'s servers and managers. Call it from a thread
+    that outlives the child (the module docstring says why).
+    """
+    if detached:
+        return subprocess.Popen(args, **kwargs)
+    preexec = functools.partial(die_with_parent, os.getpid())
+    return subprocess.Popen(args, preexec_fn=preexec, **kwargs)  # noqa: PLW1509 (prctl and getppid only)
 
 
 def end_process(code: int) -> NoReturn:
@@ -178,6 +244,8 @@ class ManagedProcess:
     #: What error messages call the child; the error they raise.
     what = "child process"
     error: type[RangeshardError] = RangeshardError
+    #: The child may outlive this process (``up --detach``); otherwise it dies with it (:func:`popen`).
+    detached = False
 
     @property
     def returncode(self) -> int | None:
@@ -219,13 +287,15 @@ class ManagedProcess:
         """Start ``command`` (in its own session by default), output appended to ``log_path``; return it.
 
         ``env`` entries are added to this process's environment; a failure to
-        start raises ``error("cannot start WHAT: ...")``.
+        start raises ``error("cannot start WHAT: ...")``. The child dies with
+        this process unless :attr:`detached` (:func:`popen`).
         """
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         logf = open(self.log_path, "ab")  # noqa: SIM115 (the child keeps its own descriptor)
         try:
-            self.proc = subprocess.Popen(
+            self.proc = popen(
                 command,
+                detached=self.detached,
                 stdout=logf,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,

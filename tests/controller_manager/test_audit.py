@@ -14,6 +14,7 @@ import pytest
 
 from controller_manager.audit import AuditLog, AuditRecord, find_overlaps, main, now, read_records
 from rangeshard.core.errors import ConfigError
+from rangeshard.core.process import popen
 
 
 def rec(instance: str, start: float, end: float, key: str = "ns/a", ctype: str = "replicaset") -> AuditRecord:
@@ -196,7 +197,7 @@ def test_concurrent_writer_processes_produce_only_whole_lines(tmp_path: Path) ->
     path = tmp_path / "shared.jsonl"
     n_procs, n_records = 4, 300
     procs = [
-        subprocess.Popen(
+        popen(
             [sys.executable, "-c", WRITER, str(path), f"p{i}", str(n_records)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,

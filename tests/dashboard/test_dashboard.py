@@ -29,7 +29,7 @@ from typer.testing import CliRunner
 from hashing import MAX_HASH
 from rangeshard.cli.main import app as cli_app
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
-from rangeshard.core.process import EtcdServer, free_port
+from rangeshard.core.process import EtcdServer, free_port, popen
 from registry import Registry, State
 from tests.helpers import wait_until
 
@@ -69,7 +69,7 @@ def _start_dashboard(etcd_url: str, prefix: str, log: Path) -> Dashboard:
     cmd = [sys.executable, "-m", "rangeshard.cli.main", "--log-level", "info", "dashboard"]
     cmd += ["--etcd", etcd_url, "--port", str(port), "--prefix", prefix]
     with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     dash = Dashboard(f"http://127.0.0.1:{port}/", proc, log)
 
     def ready() -> bool:

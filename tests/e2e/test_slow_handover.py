@@ -24,6 +24,7 @@ import uuid
 from kubernetes import client as k8s
 
 from hashing import MAX_HASH, HashRange, hash_key
+from rangeshard.core.process import popen
 from registry import State
 from tests.e2e.conftest import Cluster, Load, Manager
 from tests.e2e.kube import create_namespace, create_replicaset, replicasets, replicasets_converged
@@ -90,7 +91,7 @@ def release(giver: Manager) -> None:
 
 
 def set_key(cluster: Cluster, instance_id: str, key: int) -> subprocess.Popen[str]:
-    return subprocess.Popen(
+    return popen(
         [
             *(sys.executable, "-m", "rangeshard.cli.main", "rebalance", "set-key", "--type", "replicaset"),
             *("--instance", instance_id, "--key", str(key)),

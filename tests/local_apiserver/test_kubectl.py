@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 
+from rangeshard.core.process import popen
 from tests.local_apiserver.conftest import KUBECTL
 
 MANIFEST = """
@@ -78,7 +79,7 @@ def test_get_watch_output_watch_events(kubectl: Any, namespace: str, http: httpx
     http.post(f"/api/v1/namespaces/{namespace}/configmaps", json={"metadata": {"name": "first"}})
     cmd = [KUBECTL, "--server", apiserver.url, "get", "-n", namespace, "cm", "-w", "--output-watch-events"]
     cmd += ["--request-timeout=20s"]
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+    with popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
         try:
             assert proc.stdout is not None
             lines: list[str] = []

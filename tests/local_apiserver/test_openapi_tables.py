@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import orjson
 
+from rangeshard.core.process import popen
 from tests.local_apiserver.conftest import KUBECTL
 from tests.local_apiserver.test_kubectl import MANIFEST
 
@@ -218,7 +219,7 @@ def test_kubectl_get_watch_prints_table_rows(http: httpx.Client, namespace: str,
     url = f"/api/v1/namespaces/{namespace}/configmaps"
     http.post(url, json={"metadata": {"name": "w1"}, "data": {"a": "1"}}).raise_for_status()
     cmd = [KUBECTL, "--server", apiserver.url, "get", "-n", namespace, "cm", "-w", "--request-timeout=20s"]
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+    with popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
         try:
             assert proc.stdout is not None
             assert proc.stdout.readline().split() == ["NAME", "DATA", "AGE"]

@@ -22,6 +22,7 @@ from kubernetes import watch as k8s_watch
 
 from hashing import MAX_HASH, OWNER_PATH, UID_PATH, HashRange, hash_key, parse_shard_selector, range_to_selector
 from range_filter_proxy.process import ProxyProcess
+from rangeshard.core.process import popen
 from tests.helpers import wait_until
 from tests.range_filter_proxy.helpers import read_events
 
@@ -379,7 +380,7 @@ def test_kubectl_through_proxy(proxy: ProxyProcess, world: World, kubectl_home: 
             o["metadata"]["name"] for o in world.orphans
         }
         assert events[0]["object"]["columnDefinitions"] and not events[-1]["object"]["columnDefinitions"]
-    watcher = subprocess.Popen(
+    watcher = popen(
         [*base, "get", "pods", "-w", "-o", "name"],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,

@@ -12,7 +12,7 @@ import pytest
 
 from hashing import MAX_HASH, hash_key
 from rangeshard.core.etcd import EtcdClient
-from rangeshard.core.process import EtcdServer, free_port
+from rangeshard.core.process import EtcdServer, free_port, popen
 from registry import Registry
 
 CT = "deployment"
@@ -79,7 +79,7 @@ def test_registry_list_json_and_table(etcd_server: EtcdServer, etcd_client: Etcd
 
 
 def test_registry_list_watch_redraws(etcd_server: EtcdServer, etcd_client: EtcdClient, key_prefix: str) -> None:
-    with subprocess.Popen(
+    with popen(
         [
             sys.executable,
             "-m",

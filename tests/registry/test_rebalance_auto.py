@@ -20,7 +20,7 @@ import pytest
 from hashing import MAX_HASH
 from rangeshard.core.errors import RangeshardError
 from rangeshard.core.etcd import EtcdClient
-from rangeshard.core.process import EtcdServer
+from rangeshard.core.process import EtcdServer, popen
 from registry import Registry, State
 from registry.rebalance import gap_histogram, max_over_mean, owned
 from tests.helpers import wait_until
@@ -105,7 +105,7 @@ def test_auto_loop_applies_once_then_holds_and_stops_on_sigterm(
     assert before > 1.5
     log = tmp_path / "auto.log"
     with played, open(log, "w") as out:
-        proc = subprocess.Popen(
+        proc = popen(
             [
                 *(sys.executable, "-m", "rangeshard.cli.main", "rebalance", "auto", "--type", CT),
                 *("--interval", "0.2", "--cooldown", "0", "--threshold", "1.2"),

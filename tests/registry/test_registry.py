@@ -16,7 +16,7 @@ import pytest
 from hashing import MAX_HASH, HashRange
 from rangeshard.core.errors import AlreadyRegistered, CompareFailed, ConfigError, LeaseLost, NotRegistered
 from rangeshard.core.etcd import EtcdClient, EtcdConfig, PrefixWatch
-from rangeshard.core.process import EtcdServer
+from rangeshard.core.process import EtcdServer, popen
 from registry import LeaseKeeper, MembershipWatch, Registry, RegistryView, Snapshot, State
 from tests.helpers import wait_until
 from tests.relay import TcpRelay
@@ -104,7 +104,7 @@ print(m.record.hash_key, flush=True)
 
 def test_concurrent_joins_processes(etcd_server: EtcdServer, registry: Registry, key_prefix: str) -> None:
     procs = [
-        subprocess.Popen(
+        popen(
             [sys.executable, "-c", JOIN_SCRIPT, etcd_server.url, key_prefix, f"p{i}"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,

@@ -19,7 +19,7 @@ import pytest
 from local_apiserver.cli import local_apiserver_command
 from local_apiserver.process import free_port
 from range_filter_proxy.cli import proxy_command
-from rangeshard.core.process import EtcdServer
+from rangeshard.core.process import EtcdServer, popen
 
 TCP_LISTEN = "0A"
 
@@ -65,7 +65,7 @@ def test_binds_loopback_without_host_option(component: str, etcd_server: EtcdSer
     else:  # the upstream need not exist: the proxy listens before it syncs
         args = ["--upstream", f"http://127.0.0.1:{free_port()}", "--port", str(port)]
     with open(tmp_path / "log", "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", component, *args], stdout=log, stderr=subprocess.STDOUT)
+        proc = popen([sys.executable, "-m", component, *args], stdout=log, stderr=subprocess.STDOUT)
     try:
         addresses = wait_listening(proc, port)
         assert addresses == {"0100007F"}, addresses  # 127.0.0.1, little-endian hex; no 0.0.0.0 / :: socket

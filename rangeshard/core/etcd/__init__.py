@@ -12,8 +12,9 @@ Invariants
     * pyetcd and grpc are imported in this package only (import-linter); none of their values or
       exceptions leaves it.
     * gRPC's fork handlers are off unless the user chose otherwise (set before gRPC loads): our
-      processes fork only to exec a child at once (e.g. the external controller's PR_SET_PDEATHSIG
-      ``preexec_fn``), and the handlers then restart gRPC's event engine in the child, which aborted
+      processes fork only to exec a child at once (every child of ``rangeshard.core.process.popen``
+      sets PR_SET_PDEATHSIG in a ``preexec_fn``), and the handlers then restart gRPC's event engine
+      in the child, which aborted
       6 of 150 such forks while a watch and writes ran (0 of 150 with them off).
 
 Concurrency model
