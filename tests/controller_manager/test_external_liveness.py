@@ -58,12 +58,12 @@ def test_a_wedged_child_is_killed_and_restarted(tmp_path: Path, caplog: pytest.L
     with caplog.at_level(logging.INFO, logger="controller_manager"):
         child.start()
         try:
-            (first,) = wait_until(lambda: _pids(pids), 10, "the child to listen")
-            wait_until(lambda: _hits(pids, first) >= 1, 10, "a passing probe")
+            (first,) = wait_until(lambda: _pids(pids), 30, "the child to listen")
+            wait_until(lambda: _hits(pids, first) >= 1, 30, "a passing probe")
             proc = child.proc
             assert proc is not None and proc.pid == first
             os.kill(first, signal.SIGSTOP)  # wedged: the port accepts, nothing answers
-            wait_until(lambda: len(_pids(pids)) == 2, 20, "a new process")
+            wait_until(lambda: len(_pids(pids)) == 2, 60, "a new process")
             assert proc.returncode == -signal.SIGKILL, proc.returncode
             second = _pids(pids)[1]
             assert second != first and child.proc is not None and child.proc.pid == second
@@ -74,7 +74,7 @@ def test_a_wedged_child_is_killed_and_restarted(tmp_path: Path, caplog: pytest.L
             ]
             assert "gadget: the controller exited with code -9; restarting in 1s" in _messages(caplog, logging.WARNING)
             # The new process is probed again (after its own initial delay) and passes: it is left alone.
-            wait_until(lambda: _hits(pids, second) >= 2, 20, "two passing probes of the new process")
+            wait_until(lambda: _hits(pids, second) >= 2, 60, "two passing probes of the new process")
             assert len(_pids(pids)) == 2 and child.running
         finally:
             child.stop(grace=2)
