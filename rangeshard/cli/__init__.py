@@ -11,7 +11,8 @@ Modules
     component servers as subcommands), ``up`` and ``updown`` (``rangeshard
     up``: port plan, readiness, demo), ``state`` (``status`` / ``down`` and
     the state directory), ``registry_cmds`` (``rangeshard registry``),
-    ``rebalance_cmds`` (``rangeshard rebalance``), ``common`` (shared etcd
+    ``rebalance_cmds`` (``rangeshard rebalance``), ``deploy_cmds``
+    (``rangeshard deploy rbac``: the proxy's read RBAC of a manager config), ``common`` (shared etcd
     options, errors, stop signal), ``tables`` (how tables are printed).
 
 May import

@@ -3,6 +3,7 @@
 Purpose
     One entry point for every component: ``hash``, ``registry list|dump``,
     ``etcd`` (a local etcd for development), ``up`` (the whole system locally),
+    ``deploy rbac`` (manifests derived from a manager config),
     ``status``/``down`` (what ``up`` started in a state dir) and the component
     servers. This is the only place that
     configures logging handlers.
@@ -110,7 +111,7 @@ def hash_command(
         typer.echo(f"{key} {owner.instance_id if owner else '-'}")
 
 
-LIGHT_COMMANDS = {"hash", "registry", "rebalance", "etcd", "status", "down"}
+LIGHT_COMMANDS = {"hash", "registry", "rebalance", "etcd", "status", "down", "deploy"}
 
 
 def _requested_command(argv: list[str]) -> str | None:
@@ -131,10 +132,11 @@ def _register_subcommands(argv: list[str]) -> None:
     so ``rangeshard registry list`` and friends skip it; ``--help`` without a
     command still lists everything.
     """
-    from rangeshard.cli import rebalance_cmds, registry_cmds, state, up  # noqa: PLC0415
+    from rangeshard.cli import deploy_cmds, rebalance_cmds, registry_cmds, state, up  # noqa: PLC0415
 
     app.add_typer(registry_cmds.app, name="registry")
     app.add_typer(rebalance_cmds.app, name="rebalance")
+    app.add_typer(deploy_cmds.app, name="deploy")
     app.command("etcd")(up.etcd_command)
     app.command("status")(state.status_command)
     app.command("down")(state.down_command)

@@ -1,12 +1,16 @@
 """deploy/external-sidecar: an unmodified controller image with the manager as a sidecar container.
 
-Rendered with ``kubectl kustomize``; checked: every object round-trips through
+The component on the base alone (``deploy/overlays/external-sidecar``),
+rendered with ``kubectl kustomize``; checked: every object round-trips through
 the official client's model; the pod runs the operator and the manager; the
 operator's kubeconfig names the manager's endpoint (``external.listen``) and
 holds no credentials; the manager config validates, runs no command (the
-operator is the other container) and points at the base's etcd and proxy;
-both containers have probes and resources; RBAC gives the operator what a
-kopf operator owning ConfigMaps needs and the proxy's caches their reads.
+operator is the other container) and points at the base's etcd and proxy
+Services and the proxy's registry prefix; both containers have probes and
+resources; the pods are admitted by the base's NetworkPolicies; RBAC gives the
+operator what a kopf operator owning ConfigMaps needs and the proxy list and
+watch of what it caches for it (generated: tests/deploy/test_deploy_rbac.py).
+It needs the base alone: nothing of deploy/builtin-controllers.
 """
 
 from __future__ import annotations
@@ -19,13 +23,23 @@ import yaml
 from kubernetes import client as k8s
 
 from controller_manager.config import load_config
-from tests.deploy.test_manifests import DEPLOY, MODELS, _prune, by_kind, containers, one, render
+from tests.deploy.test_manifests import (
+    DEPLOY,
+    MODELS,
+    _prune,
+    by_kind,
+    containers,
+    one,
+    projected_token_path,
+    render,
+)
 
 SIDECAR = DEPLOY / "external-sidecar"
+OVERLAY = DEPLOY / "overlays" / "external-sidecar"
 
 
 def docs() -> list[dict[str, Any]]:
-    return render(SIDECAR)
+    return render(OVERLAY)
 
 
 def test_every_object_matches_its_api_schema() -> None:
@@ -64,9 +78,17 @@ def test_operator_talks_only_to_its_sidecars_endpoint(tmp_path: Path) -> None:
         ("gadgets.bars.example.org", "uid"),
         ("configmaps", "owner"),
     }
-    base = load_config_text(render(DEPLOY / "base"), tmp_path)
-    assert list(cfg.etcd.endpoints) == list(base.etcd.endpoints) and cfg.proxy.url == base.proxy.url
-    assert cfg.registry_prefix == base.registry_prefix, "the proxy fences against the same registry"
+    base = render(DEPLOY / "base")
+    services = {s["metadata"]["name"]: {p["port"] for p in s["spec"]["ports"]} for s in by_kind(base, "Service")}
+    for url in (*cfg.etcd.endpoints, cfg.proxy.url):
+        host, port = url.split("://", 1)[1].rsplit(":", 1)
+        assert int(port) in services.get(host, set()), f"{url}: no such Service in deploy/base"
+    (proxy_c,) = containers(one(base, "Deployment", "rangeshard-proxy"))
+    args = proxy_c["args"]
+    assert args[args.index("--etcd") + 1].split(",") == list(cfg.etcd.endpoints)
+    assert cfg.registry_prefix == args[args.index("--registry-prefix") + 1], "the proxy fences the same registry"
+    token = str(Path(projected_token_path(sts, manager)).resolve())
+    assert cfg.proxy.token_file == token, "the proxy authenticates the sidecar"
 
     # The operator: KUBECONFIG names the endpoint on the pod's loopback, no credentials.
     env = {e["name"]: e.get("value") for e in operator.get("env", [])}
@@ -84,14 +106,26 @@ def test_operator_talks_only_to_its_sidecars_endpoint(tmp_path: Path) -> None:
     for c in (operator, manager):
         assert c.get("livenessProbe") and c.get("readinessProbe"), c["name"]
         assert c["resources"]["requests"].keys() >= {"cpu", "memory"} and "memory" in c["resources"]["limits"]
-    assert sts["spec"]["template"]["metadata"]["labels"].get("rangeshard.io/etcd-client") == "true"
+    # The base's NetworkPolicies admit the pods to the proxy and to etcd (same namespace: it carries the label).
+    labels = sts["spec"]["template"]["metadata"]["labels"]
+    (ns,) = by_kind(base, "Namespace")
+    for np in by_kind(base, "NetworkPolicy"):
+        (peer,) = [p for rule in np["spec"]["ingress"] for p in rule["from"] if "namespaceSelector" in p]
+        assert peer["namespaceSelector"]["matchLabels"].items() <= ns["metadata"]["labels"].items()
+        assert peer["podSelector"]["matchLabels"].items() <= labels.items(), np["metadata"]["name"]
 
 
-def load_config_text(rendered: list[dict[str, Any]], tmp_path: Path) -> Any:
-    cm = one(rendered, "ConfigMap", "rangeshard-manager-config")
-    path = tmp_path / "base-manager.yaml"
-    path.write_text(cm["data"]["manager.yaml"])
-    return load_config(path)
+def test_needs_the_base_alone() -> None:
+    """The overlay is the base plus the component: no object of deploy/builtin-controllers."""
+
+    def ids(rendered: list[dict[str, Any]]) -> set[tuple[str, str]]:
+        return {(d["kind"], d["metadata"]["name"]) for d in rendered}
+
+    component, base = ids(render(SIDECAR)), ids(render(DEPLOY / "base"))
+    assert not component & base, "the component repeats nothing of the base"
+    assert ids(docs()) == component | base
+    assert not ids(docs()) & ids(render(DEPLOY / "builtin-controllers"))
+    assert not by_kind(render(SIDECAR), "Namespace") and not by_kind(render(SIDECAR), "NetworkPolicy")
 
 
 def _granted(role: dict[str, Any]) -> set[tuple[str, str, str]]:
@@ -106,12 +140,22 @@ def test_rbac_for_the_operator_and_the_proxys_caches() -> None:
     assert ("bars.example.org", "gadgets", "patch") in operator  # kopf keeps its progress in annotations
     assert {("", "configmaps", v) for v in ("create", "patch", "list", "watch")} <= operator
     assert not any("*" in x for t in operator for x in t), "no wildcards"
-    proxy = _granted(roles["rangeshard-proxy-gadgets"])
-    assert proxy == {
-        (g, r, v) for g, r in (("bars.example.org", "gadgets"), ("", "configmaps")) for v in ("get", "list", "watch")
-    }
+    # The proxy lists and watches the shard resources and the CRDs kopf watches (unsharded) through it.
+    proxy = _granted(roles["rangeshard-proxy-gadget"])
+    cached = (
+        ("bars.example.org", "gadgets"),
+        ("", "configmaps"),
+        ("apiextensions.k8s.io", "customresourcedefinitions"),
+    )
+    assert proxy == {(g, r, v) for g, r in cached for v in ("list", "watch")}
+    # Every cached read is authorized for the operator too (the proxy's SubjectAccessReview).
+    assert {(g, r, v) for g, r in cached for v in ("list", "watch")} <= operator
     bindings = {b["metadata"]["name"]: b for b in by_kind(docs(), "ClusterRoleBinding")}
-    assert bindings["gadget-operator"]["subjects"][0]["name"] == "gadget-operator"
-    assert bindings["rangeshard-proxy-gadgets"]["subjects"][0]["name"] == "rangeshard-proxy"
+    assert bindings["gadget-operator"]["subjects"] == [
+        {"kind": "ServiceAccount", "name": "gadget-operator", "namespace": "rangeshard"}
+    ]
+    assert bindings["rangeshard-proxy-gadget"]["subjects"] == [
+        {"kind": "ServiceAccount", "name": "rangeshard-proxy", "namespace": "rangeshard"}
+    ]
     sts = one(docs(), "StatefulSet", "gadget-operator")
     assert sts["spec"]["template"]["spec"]["serviceAccountName"] == "gadget-operator"

@@ -1,7 +1,9 @@
-"""The kustomize base and the dev overlay render, and what they render fits together.
+"""The built-in controllers on the base, and the dev overlay, render, and what they render fits together.
 
 ``kubectl kustomize`` (``kubectl`` on PATH, as the e2e tests need anyway)
-renders each; every manifest is parsed with PyYAML and checked:
+renders ``deploy/overlays/builtin-controllers`` and ``deploy/overlays/dev``
+(each the base plus the ``deploy/builtin-controllers`` component); every
+manifest is parsed with PyYAML and checked:
 
 * each object round-trips through the official client's model of its kind
   unchanged (a misspelt or misplaced field would be dropped, so it shows);
@@ -15,9 +17,11 @@ renders each; every manifest is parsed with PyYAML and checked:
   proxy Services;
 * etcd has 3 members in the base and 1 in dev, each listed in
   ``ETCD_INITIAL_CLUSTER`` under its headless-Service name;
-* RBAC: the proxy's role grants exactly what the caches and the built-in
-  controllers' writes need, no wildcards; the managers' ServiceAccount is bound
-  to nothing and mounts no token.
+* RBAC: the proxy's read role grants list and watch of exactly the
+  controllers' resources, the managers' role exactly what the built-in
+  controllers read and write, no wildcards; the managers' ServiceAccount
+  mounts no token;
+* the base alone holds only etcd and the proxy (no manager, no read role).
 """
 
 from __future__ import annotations
@@ -54,12 +58,15 @@ MODELS = {
     "NetworkPolicy": "V1NetworkPolicy",
 }
 
-# (apiGroup, resource, verb) the proxy's ServiceAccount needs: the informers'
-# list/watch (cached), get for pass-through reads, and the built-in
-# controllers' writes (controller_manager/controllers/*.py).
-PROXY_NEEDS = {("", "pods", v) for v in ("get", "list", "watch")} | {
-    ("apps", r, v) for r in ("replicasets", "deployments") for v in ("get", "list", "watch")
+# (apiGroup, resource, verb) the proxy's ServiceAccount needs for the built-in
+# controllers: list and watch of their resources, which it caches with its own
+# credentials (range_filter_proxy/upstream.py lists and watches, nothing else);
+# every other request passes through with the caller's token (--auth-mode delegate).
+PROXY_NEEDS = {("", "pods", v) for v in ("list", "watch")} | {
+    ("apps", r, v) for r in ("replicasets", "deployments") for v in ("list", "watch")
 }
+PROXY_READ_ROLE = "rangeshard-proxy-deployment-replicaset"
+# The built-in controllers' manager (the managers' write RBAC, deploy/builtin-controllers/rbac.yaml).
 MANAGER_NEEDS = {("", "pods", v) for v in ("get", "list", "watch", "create", "delete", "patch")} | {
     ("apps", "replicasets", "get"),
     ("apps", "replicasets", "list"),
@@ -76,20 +83,33 @@ MANAGER_NEEDS = {("", "pods", v) for v in ("get", "list", "watch", "create", "de
 }
 
 
-@functools.cache
-def render(path: Path) -> list[dict[str, Any]]:
+#: The overlays with the built-in controllers (deploy/README.md).
+VARIANTS = {"builtin": "overlays/builtin-controllers", "dev": "overlays/dev"}
+
+
+def kustomize(path: Path) -> str:
+    """``kubectl kustomize PATH``: the rendered YAML (asserts that it renders)."""
     kubectl = shutil.which("kubectl") or "/usr/bin/kubectl"
     r = subprocess.run([kubectl, "kustomize", str(path)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, f"kubectl kustomize {path} failed:\n{r.stderr}"
-    docs = [d for d in yaml.safe_load_all(r.stdout) if d]
+    return r.stdout
+
+
+@functools.cache
+def render(path: Path) -> list[dict[str, Any]]:
+    docs = [d for d in yaml.safe_load_all(kustomize(path)) if d]
     assert docs, f"{path} rendered nothing"
     return docs
 
 
-@pytest.fixture(scope="module", params=["base", "overlays/dev"])
+def render_variant(name: str) -> list[dict[str, Any]]:
+    return render(DEPLOY / VARIANTS[name])
+
+
+@pytest.fixture(scope="module", params=sorted(VARIANTS))
 def rendered(request: pytest.FixtureRequest) -> tuple[str, list[dict[str, Any]]]:
     name: str = request.param
-    return name, render(DEPLOY / name)
+    return name, render_variant(name)
 
 
 def by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
@@ -156,8 +176,9 @@ def test_kinds_present(rendered: tuple[str, list[dict[str, Any]]]) -> None:
         ("ServiceAccount", "rangeshard-proxy"),
         ("ServiceAccount", "rangeshard-controller-manager"),
         ("ServiceAccount", "rangeshard-etcd"),
-        ("ClusterRole", "rangeshard-proxy"),
-        ("ClusterRoleBinding", "rangeshard-proxy"),
+        ("ClusterRole", PROXY_READ_ROLE),
+        ("ClusterRoleBinding", PROXY_READ_ROLE),
+        ("ClusterRoleBinding", "rangeshard-proxy-auth-delegator"),
         ("NetworkPolicy", "rangeshard-proxy"),
         ("NetworkPolicy", "rangeshard-etcd"),
     ]:
@@ -222,6 +243,23 @@ def test_references_exist(rendered: tuple[str, list[dict[str, Any]]]) -> None:
         assert any(selects(pdb["spec"]["selector"]["matchLabels"], labels) for labels in pod_labels), pdb
     for np in by_kind(docs, "NetworkPolicy"):
         assert any(selects(np["spec"]["podSelector"]["matchLabels"], labels) for labels in pod_labels), np
+    # Clients are admitted by labels: their namespace's (the stack's own carries it) and their pods'.
+    (ns,) = by_kind(docs, "Namespace")
+    clients = {
+        "rangeshard-proxy": {"rangeshard-controller-manager"},
+        "rangeshard-etcd": {"rangeshard-controller-manager", "rangeshard-proxy"},
+    }
+    for np_name, expected in clients.items():
+        np = one(docs, "NetworkPolicy", np_name)
+        peers = [p for rule in np["spec"]["ingress"] for p in rule["from"] if "namespaceSelector" in p]
+        assert len(peers) == 1, np
+        assert selects(peers[0]["namespaceSelector"]["matchLabels"], ns["metadata"]["labels"]), (np, ns)
+        admitted = {
+            w["metadata"]["name"]
+            for w in workloads(docs)
+            if selects(peers[0]["podSelector"]["matchLabels"], w["spec"]["template"]["metadata"]["labels"])
+        }
+        assert admitted == expected, (np_name, admitted)
 
 
 def test_manager_config_validates_and_points_at_the_services(
@@ -253,8 +291,18 @@ def test_manager_config_validates_and_points_at_the_services(
     assert cfg.metrics is not None and cfg.metrics.host == "0.0.0.0"
     assert {p["containerPort"] for p in c["ports"]} == {cfg.metrics.port}
     assert set(cfg.controllers) == {"replicaset", "deployment"}
+    # The proxy authenticates every cached read (--auth-mode delegate): the managers send the projected token.
+    assert cfg.proxy.token_file == str(Path(projected_token_path(mgr, c)).resolve())
     # The managers may reach etcd through its NetworkPolicy.
     assert mgr["spec"]["template"]["metadata"]["labels"].get("rangeshard.io/etcd-client") == "true"
+
+
+def projected_token_path(workload: dict[str, Any], container: dict[str, Any]) -> str:
+    """Where ``container`` sees the pod's projected ServiceAccount token."""
+    (vol,) = [v for v in workload["spec"]["template"]["spec"]["volumes"] if "projected" in v]
+    (source,) = vol["projected"]["sources"]
+    (mount,) = [m for m in container["volumeMounts"] if m["name"] == vol["name"]]
+    return f"{mount['mountPath']}/{source['serviceAccountToken']['path']}"
 
 
 def test_proxy_runs_in_cluster(rendered: tuple[str, list[dict[str, Any]]]) -> None:
@@ -281,7 +329,7 @@ def test_proxy_fences_writes_against_the_managers_registry(rendered: tuple[str, 
 
 def test_etcd_members(rendered: tuple[str, list[dict[str, Any]]]) -> None:
     name, docs = rendered
-    want = 3 if name == "base" else 1
+    want = 3 if name == "builtin" else 1
     sts = one(docs, "StatefulSet", "rangeshard-etcd")
     assert sts["spec"]["replicas"] == want
     assert sts["spec"]["podManagementPolicy"] == "Parallel"
@@ -302,7 +350,7 @@ def test_etcd_members(rendered: tuple[str, list[dict[str, Any]]]) -> None:
 
 
 def test_replicas_and_requests_per_variant() -> None:
-    base, dev = render(DEPLOY / "base"), render(DEPLOY / "overlays" / "dev")
+    base, dev = render_variant("builtin"), render_variant("dev")
     assert one(base, "StatefulSet", "rangeshard-controller-manager")["spec"]["replicas"] == 3
     assert one(dev, "StatefulSet", "rangeshard-controller-manager")["spec"]["replicas"] == 1
     assert one(dev, "Deployment", "rangeshard-proxy")["spec"]["replicas"] == 1
@@ -330,7 +378,7 @@ def _granted(role: dict[str, Any]) -> set[tuple[str, str, str]]:
 
 def test_rbac_least_privilege(rendered: tuple[str, list[dict[str, Any]]]) -> None:
     _, docs = rendered
-    proxy = _granted(one(docs, "ClusterRole", "rangeshard-proxy"))
+    proxy = _granted(one(docs, "ClusterRole", PROXY_READ_ROLE))
     assert proxy == PROXY_NEEDS, f"missing {PROXY_NEEDS - proxy}, extra {proxy - PROXY_NEEDS}"
     manager = _granted(one(docs, "ClusterRole", "rangeshard-controller-manager"))
     assert manager == MANAGER_NEEDS, f"missing {MANAGER_NEEDS - manager}, extra {manager - MANAGER_NEEDS}"
@@ -340,7 +388,7 @@ def test_rbac_least_privilege(rendered: tuple[str, list[dict[str, Any]]]) -> Non
         for subject in b["subjects"]:
             roles_of.setdefault(subject["name"], set()).add(b["roleRef"]["name"])
     assert roles_of == {
-        "rangeshard-proxy": {"rangeshard-proxy", "system:auth-delegator"},
+        "rangeshard-proxy": {PROXY_READ_ROLE, "system:auth-delegator"},
         "rangeshard-controller-manager": {"rangeshard-controller-manager"},
     }
     # The proxy delegates authorization; managers authenticate with a projected token only.
@@ -389,3 +437,20 @@ def test_managers_have_a_stable_identity_for_rolling_restarts(rendered: tuple[st
     assert manager_yaml["rejoinGraceSeconds"] > 0
     # The pod can drain within its termination grace period.
     assert sts["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] > manager_yaml["reconcileTimeoutSeconds"]
+
+
+def test_base_holds_only_etcd_and_the_proxy() -> None:
+    docs = render(DEPLOY / "base")
+    assert {(w["kind"], w["metadata"]["name"]) for w in workloads(docs)} == {
+        ("StatefulSet", "rangeshard-etcd"),
+        ("Deployment", "rangeshard-proxy"),
+    }
+    assert not by_kind(docs, "ConfigMap") and not by_kind(docs, "ClusterRole"), "no use's config or read role"
+    # Its only RBAC: delegated authentication/authorization of the proxy.
+    (binding,) = by_kind(docs, "ClusterRoleBinding")
+    assert binding["roleRef"]["name"] == "system:auth-delegator"
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "rangeshard-proxy", "namespace": NAMESPACE}]
+    # The built-in controllers are a component of their own: no Namespace, no etcd, no proxy in it.
+    builtin = render(DEPLOY / "builtin-controllers")
+    assert {w["metadata"]["name"] for w in workloads(builtin)} == {"rangeshard-controller-manager"}
+    assert not by_kind(builtin, "Namespace") and not by_kind(builtin, "NetworkPolicy")
