@@ -53,7 +53,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from local_apiserver.audit import AuditLog, facts_from_info
-from local_apiserver.auth import TokenAuthenticator
 from local_apiserver.errors import ApiError, status_object
 from local_apiserver.handlers import dispatch, review
 from local_apiserver.kubelet import SimulatedNode
@@ -64,7 +63,7 @@ from local_apiserver.services import DEFAULT_SERVICE_RANGE
 from local_apiserver.state import State, in_thread, json_response, status_response
 from rangeshard.core.errors import RangeshardError
 from rangeshard.core.etcd import EtcdConfig
-from rangeshard.core.kubeapi import DEFAULT_MAX_BODY_BYTES, BodyLimit
+from rangeshard.core.kubeapi import DEFAULT_MAX_BODY_BYTES, BodyLimit, StaticTokens
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -76,7 +75,7 @@ def create_app(
     prefix: str | None = None,
     bookmark_interval: float = 60.0,
     startup_timeout: float = 30.0,
-    authenticator: TokenAuthenticator | None = None,
+    authenticator: StaticTokens | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     audit_log: AuditLog | None = None,
     simulate_node: str | None = None,

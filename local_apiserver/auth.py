@@ -35,11 +35,10 @@ Concurrency model
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from typing import Any
 
-from local_apiserver.errors import ApiError, bad_request, invalid_request
-from rangeshard.core.kubeapi import Attributes, UserInfo, token_digest
+from local_apiserver.errors import bad_request, invalid_request
+from rangeshard.core.kubeapi import Attributes, StaticTokens, UserInfo
 
 log = logging.getLogger(__name__)
 
@@ -52,28 +51,6 @@ REVIEW_RESOURCES = frozenset(
 )
 #: Paths answered without authentication (probes), as kube-apiserver's public-info rule does.
 PUBLIC_PATHS = frozenset({"/healthz", "/livez", "/readyz"})
-
-
-class TokenAuthenticator:
-    """Bearer tokens from a token file."""
-
-    def __init__(self, users: Mapping[str, UserInfo]) -> None:
-        self._users = dict(users)
-
-    def authenticate(self, token: str) -> UserInfo | None:
-        """The user of ``token``, or None."""
-        if not token:
-            return None
-        return self._users.get(token_digest(token))
-
-    def authenticate_header(self, authorization: str | None) -> UserInfo | None:
-        """The user of an ``Authorization`` header value (``Bearer <token>``), or None."""
-        if not authorization:
-            return None
-        scheme, _, token = authorization.strip().partition(" ")
-        if scheme.lower() != "bearer":
-            return None
-        return self.authenticate(token.strip())
 
 
 def authorize(user: UserInfo, attrs: Attributes) -> tuple[bool, str]:
@@ -89,32 +66,6 @@ def authorize(user: UserInfo, attrs: Attributes) -> tuple[bool, str]:
     if attrs.verb == "create" and (attrs.group, attrs.resource) in REVIEW_RESOURCES and AUTH_DELEGATORS in user.groups:
         return True, f"group {AUTH_DELEGATORS} may create {attrs.resource}"
     return False, "no rule of the built-in policy allows it"
-
-
-def unauthorized() -> ApiError:
-    """401 Unauthorized, as kube-apiserver words it."""
-    return ApiError(401, "Unauthorized", "Unauthorized")
-
-
-def forbidden_error(user: UserInfo, attrs: Attributes) -> ApiError:
-    """403 Forbidden with kube-apiserver's message."""
-    who = f'User "{user.username}"'
-    if not attrs.resource:
-        message = f'forbidden: {who} cannot {attrs.verb} path "{attrs.path}"'
-        return ApiError(403, "Forbidden", message, {})
-    resource = f"{attrs.resource}/{attrs.subresource}" if attrs.subresource else attrs.resource
-    scope = f'in the namespace "{attrs.namespace}"' if attrs.namespace else "at the cluster scope"
-    group_resource = f"{attrs.resource}.{attrs.group}" if attrs.group else attrs.resource
-    subject = f'{group_resource} "{attrs.name}"' if attrs.name else group_resource
-    message = (
-        f'{subject} is forbidden: {who} cannot {attrs.verb} resource "{resource}" in API group "{attrs.group}" {scope}'
-    )
-    details: dict[str, Any] = {"kind": attrs.resource}
-    if attrs.group:
-        details["group"] = attrs.group
-    if attrs.name:
-        details["name"] = attrs.name
-    return ApiError(403, "Forbidden", message, details)
 
 
 def _object(body: Any, kind: str, api_version: str) -> dict[str, Any]:
@@ -149,7 +100,7 @@ def _review(kind: str, api_version: str, spec: dict[str, Any], status: dict[str,
     }
 
 
-def token_review(authenticator: TokenAuthenticator | None, body: Any) -> dict[str, Any]:
+def token_review(authenticator: StaticTokens | None, body: Any) -> dict[str, Any]:
     """Answer a ``TokenReview`` (authentication.k8s.io/v1)."""
     api_version = "authentication.k8s.io/v1"
     spec = _object(body, "TokenReview", api_version)

@@ -165,11 +165,10 @@ def app_settings(
 ) -> dict[str, Any]:
     """The keyword arguments of ``create_app`` from the options (``ConfigError`` naming the flag)."""
     from local_apiserver.audit import AuditLevel, AuditLog  # noqa: PLC0415
-    from local_apiserver.auth import TokenAuthenticator  # noqa: PLC0415
     from local_apiserver.resources import core_spec  # noqa: PLC0415
     from local_apiserver.services import parse_range  # noqa: PLC0415
     from local_apiserver.validation import name_problem  # noqa: PLC0415
-    from rangeshard.core.kubeapi import load_token_file  # noqa: PLC0415
+    from rangeshard.core.kubeapi import StaticTokens, load_token_file  # noqa: PLC0415
 
     if bookmark_interval <= 0:
         raise ConfigError("--bookmark-interval must be positive")
@@ -188,7 +187,7 @@ def app_settings(
         "bookmark_interval": bookmark_interval,
         "simulate_node": simulate_node,
         "service_range": service_range,
-        "authenticator": TokenAuthenticator(load_token_file(token_file)) if token_file is not None else None,
+        "authenticator": StaticTokens(load_token_file(token_file)) if token_file is not None else None,
         "audit_log": AuditLog(audit_log_path, level) if audit_log_path else None,
     }
 

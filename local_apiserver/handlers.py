@@ -39,7 +39,7 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from local_apiserver import fieldvalidation, tables
-from local_apiserver.auth import authorize, forbidden_error, subject_access_review, token_review, unauthorized
+from local_apiserver.auth import authorize, subject_access_review, token_review
 from local_apiserver.conversion import get_path, set_path
 from local_apiserver.errors import (
     ApiError,
@@ -70,7 +70,7 @@ from local_apiserver.store import Obj, Store, check_precondition, parse_resource
 from local_apiserver.strategic import strategic_merge
 from local_apiserver.validation import check_body_shape, check_scale_body, selector_requirements
 from local_apiserver.watch import WatchRequest, watch_events
-from rangeshard.core.kubeapi import Attributes, UserInfo
+from rangeshard.core.kubeapi import Attributes, UserInfo, forbidden, unauthorized
 from rangeshard.core.listoptions import ListQuery, parse_bool
 from rangeshard.core.protobuf_decode import decode_delete_options
 
@@ -298,7 +298,7 @@ def _authorize(state: State, request: Request, attrs: Attributes) -> None:
     allowed, _ = authorize(user, attrs)
     if not allowed:
         log.info("forbidden: user %r cannot %s %s", user.username, attrs.verb, attrs.resource or attrs.path)
-        raise forbidden_error(user, attrs)
+        raise forbidden(user, attrs)
 
 
 async def review(state: State, request: Request, path: str, info: dict[str, str]) -> Response:

@@ -21,8 +21,8 @@ from typing import Any
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from local_apiserver.auth import PUBLIC_PATHS, TokenAuthenticator, unauthorized
-from rangeshard.core.kubeapi import send_status
+from local_apiserver.auth import PUBLIC_PATHS
+from rangeshard.core.kubeapi import StaticTokens, send_status, unauthorized
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ def _header(scope: Scope, name: bytes) -> str | None:
 class Authenticate:
     """401 for requests without a valid bearer token (see module docstring)."""
 
-    def __init__(self, app: ASGIApp, authenticator: TokenAuthenticator) -> None:
+    def __init__(self, app: ASGIApp, authenticator: StaticTokens) -> None:
         self.app = app
         self.authenticator = authenticator
 

@@ -30,12 +30,12 @@ from fastapi.responses import Response
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from local_apiserver import resources, services
-from local_apiserver.auth import TokenAuthenticator
 from local_apiserver.crd import CrdSync
 from local_apiserver.errors import ApiError
 from local_apiserver.gc import GarbageCollector
 from local_apiserver.store import Store
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
+from rangeshard.core.kubeapi import StaticTokens
 from rangeshard.core.serving import ShutdownSignal
 
 T = TypeVar("T")
@@ -72,7 +72,7 @@ class State:
         config: EtcdConfig,
         prefix: str | None,
         bookmark_interval: float,
-        authenticator: TokenAuthenticator | None = None,
+        authenticator: StaticTokens | None = None,
         service_range: ipaddress.IPv4Network = services.DEFAULT_SERVICE_RANGE,
     ) -> None:
         self.config = config

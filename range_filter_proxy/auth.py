@@ -61,7 +61,15 @@ from typing import Any, Generic, TypeVar
 from range_filter_proxy.errors import ApiError, UpstreamError
 from range_filter_proxy.upstream import Upstream
 from rangeshard.core.errors import ConfigError
-from rangeshard.core.kubeapi import Attributes, UserInfo, token_digest
+from rangeshard.core.kubeapi import (
+    Attributes,
+    StaticTokens,
+    UserInfo,
+    bearer_token,
+    forbidden,
+    token_digest,
+    unauthorized,
+)
 from rangeshard.core.rest import GVR, split_group_version
 
 log = logging.getLogger(__name__)
@@ -127,36 +135,6 @@ class TtlCache(Generic[K, V]):
         return len(self._data)
 
 
-def bearer_token(authorization: str | None) -> str | None:
-    """The token of an ``Authorization: Bearer <token>`` header value, else None."""
-    scheme, _, token = (authorization or "").strip().partition(" ")
-    token = token.strip()
-    return token if scheme.lower() == "bearer" and token else None
-
-
-def unauthorized() -> ApiError:
-    """401 Unauthorized, worded as kube-apiserver does."""
-    return ApiError(401, "Unauthorized", "Unauthorized")
-
-
-def forbidden(user: UserInfo, attrs: Attributes, reason: str = "") -> ApiError:
-    """403 Forbidden, worded as kube-apiserver does."""
-    who = f'User "{user.username}"'
-    suffix = f": {reason}" if reason else ""
-    if not attrs.resource:
-        return ApiError(403, "Forbidden", f'forbidden: {who} cannot {attrs.verb} path "{attrs.path}"{suffix}', {})
-    subject = f"{attrs.resource}.{attrs.group}" if attrs.group else attrs.resource
-    scope = f'in the namespace "{attrs.namespace}"' if attrs.namespace else "at the cluster scope"
-    message = (
-        f'{subject} is forbidden: {who} cannot {attrs.verb} resource "{attrs.resource}" '
-        f'in API group "{attrs.group}" {scope}{suffix}'
-    )
-    details: dict[str, Any] = {"kind": attrs.resource}
-    if attrs.group:
-        details["group"] = attrs.group
-    return ApiError(403, "Forbidden", message, details)
-
-
 def _is_discovery(path: str) -> bool:
     segs = [s for s in path.split("/") if s]
     if segs in (["version"], ["api"], ["apis"], ["metrics"]) or (len(segs) == 2 and segs[0] == "apis"):
@@ -194,7 +172,7 @@ class ProxyAuth:
             raise ConfigError("--auth-cache-ttl must be >= 0 and --auth-cache-size >= 1")
         self.mode = settings.mode
         self.reviewer = reviewer
-        self._users = dict(settings.users)
+        self._users = StaticTokens(dict(settings.users))
         self._authn: TtlCache[str, UserInfo | None] = TtlCache(settings.cache_ttl, settings.cache_size)
         self._authz: TtlCache[tuple[UserInfo, Attributes], tuple[bool, str]] = TtlCache(
             settings.cache_ttl, settings.cache_size
@@ -209,7 +187,7 @@ class ProxyAuth:
             raise unauthorized()
         key = token_digest(token)
         if self.mode is AuthMode.STATIC:
-            user = self._users.get(key)
+            user = self._users.authenticate(token)
         else:
             hit, user = self._authn.get(key)
             if not hit:

@@ -12,7 +12,10 @@ Purpose
       (:func:`too_old_message`, :data:`EXPIRED_CONTINUE_MESSAGE`);
     * bearer-token files in kube-apiserver's ``--token-auth-file`` format
       (CSV lines ``token,user,uid[,"group1,group2"]``): :func:`parse_token_file`,
-      :func:`load_token_file`, :class:`UserInfo`;
+      :func:`load_token_file`, :class:`UserInfo`; the one static-token
+      authenticator (:class:`StaticTokens`, :func:`bearer_token`) and the
+      ``401``/``403`` answers worded as kube-apiserver words them
+      (:func:`unauthorized`, :func:`forbidden`), for both servers;
     * :class:`BodyLimit`, the ASGI middleware answering ``413
       RequestEntityTooLarge`` for a request body larger than the limit (3 MiB
       by default, like kube-apiserver's ``MaxRequestBodyBytes``): at once
@@ -192,6 +195,58 @@ def load_token_file(path: str) -> dict[str, UserInfo]:
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"--token-file {path}: cannot read: {getattr(e, 'strerror', None) or e}") from e
     return parse_token_file(text, path)
+
+
+def bearer_token(authorization: str | None) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` header value, else None."""
+    scheme, _, token = (authorization or "").strip().partition(" ")
+    token = token.strip()
+    return token if scheme.lower() == "bearer" and token else None
+
+
+class StaticTokens:
+    """Users of a token file, by token digest: the static-token authenticator of both servers."""
+
+    def __init__(self, users: dict[str, UserInfo]) -> None:
+        self._users = dict(users)
+
+    def __bool__(self) -> bool:
+        return bool(self._users)
+
+    def authenticate(self, token: str | None) -> UserInfo | None:
+        """The user of ``token``, or None."""
+        return self._users.get(token_digest(token)) if token else None
+
+    def authenticate_header(self, authorization: str | None) -> UserInfo | None:
+        """The user of an ``Authorization`` header value (``Bearer <token>``), or None."""
+        return self.authenticate(bearer_token(authorization))
+
+
+def unauthorized() -> ApiError:
+    """401 Unauthorized, worded as kube-apiserver does."""
+    return ApiError(401, "Unauthorized", "Unauthorized")
+
+
+def forbidden(user: UserInfo, attrs: Attributes, reason: str = "") -> ApiError:
+    """403 Forbidden, worded as kube-apiserver does (name and subresource included; ``reason`` appended)."""
+    who = f'User "{user.username}"'
+    suffix = f": {reason}" if reason else ""
+    if not attrs.resource:
+        return ApiError(403, "Forbidden", f'forbidden: {who} cannot {attrs.verb} path "{attrs.path}"{suffix}', {})
+    resource = f"{attrs.resource}/{attrs.subresource}" if attrs.subresource else attrs.resource
+    scope = f'in the namespace "{attrs.namespace}"' if attrs.namespace else "at the cluster scope"
+    group_resource = f"{attrs.resource}.{attrs.group}" if attrs.group else attrs.resource
+    subject = f'{group_resource} "{attrs.name}"' if attrs.name else group_resource
+    message = (
+        f'{subject} is forbidden: {who} cannot {attrs.verb} resource "{resource}" '
+        f'in API group "{attrs.group}" {scope}{suffix}'
+    )
+    details: dict[str, Any] = {"kind": attrs.resource}
+    if attrs.group:
+        details["group"] = attrs.group
+    if attrs.name:
+        details["name"] = attrs.name
+    return ApiError(403, "Forbidden", message, details)
 
 
 # ---- request body limit ---------------------------------------------------------------------
