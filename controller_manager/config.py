@@ -63,6 +63,7 @@ from pydantic_core import PydanticCustomError
 from hashing import ShardBy
 from rangeshard.core.errors import ConfigError
 from rangeshard.core.rest import parse_resource_name
+from registry.models import MainResource
 
 KNOWN_CONTROLLERS: tuple[str, ...] = ("replicaset", "deployment")
 """Controller types a manager can run, in the order they are documented."""
@@ -229,6 +230,13 @@ class ShardResourceSection(_Section):
         description="What places an object in the hash space (the one shard rule, `hashing.ShardBy`): its own "
         "`uid`; its controller `owner`'s uid (an object without a controller owner is seen by every instance, "
         "so orphans can be adopted); or its `namespace`. Reads and the proxy's write fence use the same rule.",
+    )
+    main: bool = Field(
+        False,
+        strict=True,
+        description="The controller's main resource: the one whose `metadata.generation` it answers with "
+        "`status.observedGeneration`, published in the registry so the proxy measures each instance's progress "
+        "on it (`rangeshard_unreconciled_objects`). At most one entry; without one, the first entry is the main.",
     )
 
     @field_validator("resource")
@@ -453,7 +461,21 @@ class ExternalSection(_Section):
             if item.resource in seen:
                 raise ValueError(f"resource {item.resource!r} is listed twice")
             seen.add(item.resource)
+        mains = [item.resource for item in value if item.main]
+        if len(mains) > 1:
+            raise ValueError(f"at most one entry may be the main resource (main: true), got {', '.join(mains)}")
         return value
+
+    @property
+    def main_resource(self) -> ShardResourceSection:
+        """The entry marked ``main: true``, else the first one."""
+        return next((item for item in self.shard if item.main), self.shard[0])
+
+    def published_main(self) -> MainResource:
+        """The main resource as the registry record publishes it (no version: readers take the preferred one)."""
+        main = self.main_resource
+        resource, _, group = main.resource.partition(".")
+        return MainResource(group=group, resource=resource, by=main.rule)
 
 
 class ControllerSection(_Section):
@@ -562,6 +584,18 @@ class ManagerConfig(_Section):
         "When omitted it derives from the TTL: `min(3, 0.3 * leaseTTLSeconds)` "
         "(3 for the default TTL of 10, 1.2 for `leaseTTLSeconds: 4`), so any valid TTL works alone.",
         json_schema_extra={"defaultText": "min(3, 0.3 * leaseTTLSeconds)"},
+    )
+    stuck_after_seconds: float = Field(
+        120.0,
+        alias="stuckAfterSeconds",
+        gt=0,
+        le=86400,
+        strict=True,
+        description="Published in the registry with each controller's main resource: the range filter proxy "
+        "(started with `--etcd`) reports an instance whose oldest unanswered change of a main object "
+        "(`metadata.generation` newer than `status.observedGeneration`) is older than this as stuck "
+        "(`rangeshard_unreconciled_stuck`), and so do `rangeshard status`, `rangeshard registry list -o wide` "
+        "and the dashboard.",
     )
     metrics: MetricsSection | None = Field(
         default_factory=MetricsSection, description="Metrics and health endpoint; `null` disables it."
@@ -922,6 +956,7 @@ def config_reference_markdown() -> str:
         ("`metrics`", MetricsSection, "metrics."),
         ("`controllers.<name>`", ControllerSection, "controllers.<name>."),
         ("`controllers.<name>.external`", ExternalSection, "external."),
+        ("`external.shard[]`", ShardResourceSection, "shard[]."),
         ("`external.livenessProbe`", LivenessProbeSection, "livenessProbe."),
         ("`livenessProbe.httpGet`", HttpGetSection, "httpGet."),
         ("`livenessProbe.exec`", ExecSection, "exec."),

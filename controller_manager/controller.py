@@ -64,6 +64,7 @@ from rangeshard.core.etcd import EtcdConfig
 from rangeshard.core.loops import start_thread
 from rangeshard.core.ownertoken import OwnerToken
 from rangeshard.core.rest import GVR
+from registry.models import MainResource
 from registry.rebalance import add_cost, gap_histogram, histogram
 
 log = logging.getLogger(__name__)
@@ -228,6 +229,7 @@ class ControllerRuntime:
         reconcile_hold_file: str | None = None,
         rejoin_grace: float = 0.0,
         cost_window: float = 300.0,
+        stuck_after_seconds: float | None = None,
     ) -> None:
         self.api_client = api_client
         self.name = controller_type or controller_cls.name
@@ -268,6 +270,14 @@ class ControllerRuntime:
             pid=pid,
             on_count=lambda event: metrics.handover.labels(self.name, event).inc(),
             rejoin_grace=rejoin_grace,
+            # Published in the record: the proxy measures progress on the main resource (by uid).
+            main_resource=MainResource(
+                group=controller_cls.main.group,
+                version=controller_cls.main.version,
+                resource=controller_cls.main.name,
+                by=ShardBy.UID,
+            ),
+            stuck_after_seconds=stuck_after_seconds,
         )
         # The main resource by its own uid, each dependent by its controller owner's uid: the same
         # rules its informers read with are declared with every write (the proxy's fence applies them).

@@ -138,6 +138,7 @@ class ControllerManager:
                 "host": socket.gethostname(),
                 "pid": os.getpid(),
                 "rejoin_grace": config.rejoin_grace_seconds,
+                "stuck_after_seconds": config.stuck_after_seconds,
             }
             if section.external is not None:
                 self.runtimes.append(
