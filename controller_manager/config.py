@@ -527,6 +527,45 @@ class ControllerSection(_Section):
 ControllerName = Annotated[str, AfterValidator(_controller_name)]
 
 
+class WatchdogSection(_Section):
+    """How a manager notices that one of its built-in controllers stopped working without exiting.
+
+    A controller is *stuck* while `reconcileTimeouts` reconciles in a row ended at their deadline (or one
+    still runs past it), or while one of its informers has a watch open that brought no event and no
+    bookmark for `informerSilenceSeconds`. A stuck controller makes `/readyz` answer 503 naming it; one
+    stuck for `exitAfterSeconds` makes the manager leave the registry and exit 1, so its supervisor (the
+    StatefulSet, a systemd unit) restarts it: a stuck manager never keeps a range. External controllers
+    are watched by their liveness probe (`external.livenessProbe`) and the proxy's progress metrics.
+    """
+
+    reconcile_timeouts: int = Field(
+        3,
+        alias="reconcileTimeouts",
+        ge=1,
+        strict=True,
+        description="Reconciles of one controller in a row that ended at their deadline (timed out), with no "
+        "other result between, that make it stuck; a reconcile still running 1 s past its deadline makes it "
+        "stuck at once. Any other result (success, conflict, error) clears it.",
+    )
+    informer_silence_seconds: float = Field(
+        30.0,
+        alias="informerSilenceSeconds",
+        gt=0,
+        strict=True,
+        description="An open watch of an informer that brought no event and no bookmark for this long makes "
+        "its controller stuck (the proxy bookmarks a quiet watch every `--bookmark-interval`, 10 s by default: "
+        "keep this several intervals).",
+    )
+    exit_after_seconds: float = Field(
+        60.0,
+        alias="exitAfterSeconds",
+        ge=0,
+        strict=True,
+        description="A controller stuck this long makes the manager leave the registry (graceful stop) and "
+        "exit 1 for its supervisor to restart it. 0: never exit (only `/readyz` says it).",
+    )
+
+
 class ManagerConfig(_Section):
     """The whole controller-manager configuration file."""
 
@@ -596,6 +635,9 @@ class ManagerConfig(_Section):
         "(`metadata.generation` newer than `status.observedGeneration`) is older than this as stuck "
         "(`rangeshard_unreconciled_stuck`), and so do `rangeshard status`, `rangeshard registry list -o wide` "
         "and the dashboard.",
+    )
+    watchdog: WatchdogSection = Field(
+        default_factory=WatchdogSection, description="Stuck detection of the built-in controllers."
     )
     metrics: MetricsSection | None = Field(
         default_factory=MetricsSection, description="Metrics and health endpoint; `null` disables it."
@@ -954,6 +996,7 @@ def config_reference_markdown() -> str:
         ("`etcd`", EtcdSection, "etcd."),
         ("`proxy`", ProxySection, "proxy."),
         ("`metrics`", MetricsSection, "metrics."),
+        ("`watchdog`", WatchdogSection, "watchdog."),
         ("`controllers.<name>`", ControllerSection, "controllers.<name>."),
         ("`controllers.<name>.external`", ExternalSection, "external."),
         ("`external.shard[]`", ShardResourceSection, "shard[]."),

@@ -1,4 +1,4 @@
-"""What a manager publishes for progress measurement (issue 38, item 2), and the config keys behind it.
+"""What a manager publishes for progress measurement (issue 38, item 2), and the config keys of stuck detection.
 
 The registry record names the type's main resource (``mainResource: {group,
 version, resource, by}``) and ``stuckAfterSeconds``; an external entry's main
@@ -30,6 +30,14 @@ def _load(tmp_path: Path, text: str) -> object:
     return load_config(path)
 
 
+def test_the_watchdog_has_defaults(tmp_path: Path) -> None:
+    wd = _load(tmp_path, "controllers: {replicaset: {}}\n").watchdog  # type: ignore[attr-defined]
+    assert (wd.reconcile_timeouts, wd.informer_silence_seconds, wd.exit_after_seconds) == (3, 30.0, 60.0)
+    text = "watchdog: {reconcileTimeouts: 2, informerSilenceSeconds: 3, exitAfterSeconds: 0}\n"
+    wd = _load(tmp_path, text + "controllers: {replicaset: {}}\n").watchdog  # type: ignore[attr-defined]
+    assert (wd.reconcile_timeouts, wd.informer_silence_seconds, wd.exit_after_seconds) == (2, 3.0, 0.0)
+
+
 def test_stuck_after_seconds_has_a_default(tmp_path: Path) -> None:
     cfg = _load(tmp_path, "controllers: {replicaset: {}}\n")
     assert cfg.stuck_after_seconds == 120.0  # type: ignore[attr-defined]
@@ -42,6 +50,10 @@ def test_stuck_after_seconds_has_a_default(tmp_path: Path) -> None:
     [
         ("stuckAfterSeconds: 0\n", "stuckAfterSeconds"),
         ("stuckAfterSeconds: '5'\n", "stuckAfterSeconds"),
+        ("watchdog: {reconcileTimeouts: 0}\n", "watchdog.reconcileTimeouts"),
+        ("watchdog: {informerSilenceSeconds: 0}\n", "watchdog.informerSilenceSeconds"),
+        ("watchdog: {exitAfterSeconds: -1}\n", "watchdog.exitAfterSeconds"),
+        ("watchdog: {silence: 3}\n", "watchdog.silence: unknown field"),
     ],
 )
 def test_bad_progress_keys_are_named(tmp_path: Path, text: str, needle: str) -> None:
