@@ -31,8 +31,8 @@ reasons change, INFO when it recovers, ERROR when it expires)::
 
 Invariants
     * A tick that comes much later than due (the whole process was paused,
-      e.g. SIGSTOP) judges nothing: silences measured across the pause are the
-      pause's, not the informer's; the next tick judges afresh.
+      e.g. SIGSTOP) judges nothing, and silences are measured from the end of
+      the pause at most: the pause's silence is not the informer's.
     * Only built-in controllers are watched; external ones have their liveness
       probe and the proxy's progress metrics.
 
@@ -114,8 +114,11 @@ class Watched(Protocol):
     def watched_informers(self) -> Sequence[WatchedInformer]: ...
 
 
-def stuck_reasons(rt: Watched, settings: WatchdogSection, now: float) -> list[str]:
-    """Why ``rt`` is stuck at ``now`` (``time.monotonic()``); empty when it is not."""
+def stuck_reasons(rt: Watched, settings: WatchdogSection, now: float, resumed_at: float | None = None) -> list[str]:
+    """Why ``rt`` is stuck at ``now`` (``time.monotonic()``); empty when it is not.
+
+    ``resumed_at``: when the process last resumed from a pause; a silence counts from then at most.
+    """
     reasons: list[str] = []
     for worker, (key, deadline) in sorted(rt.reconciles.running().items()):
         if now > deadline + HANG_GRACE_SECONDS:
@@ -125,6 +128,8 @@ def stuck_reasons(rt: Watched, settings: WatchdogSection, now: float) -> list[st
         reasons.append(f"{count} reconciles in a row outlived their timeout (the last: {last})")
     for inf in rt.watched_informers:
         quiet = inf.silence(now)
+        if quiet is not None and resumed_at is not None:
+            quiet = min(quiet, now - resumed_at)
         if quiet is not None and quiet > settings.informer_silence_seconds:
             reasons.append(
                 f"informer {inf.name}: its open watch brought no event and no bookmark for {quiet:.0f}s "
@@ -155,6 +160,7 @@ class Watchdog:
         self._since: dict[str, float] = {}
         self._expired: str | None = None
         self._last_tick: float | None = None
+        self._resumed_at: float | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -178,9 +184,10 @@ class Watchdog:
         last, self._last_tick = self._last_tick, now
         if last is not None and now - last > PAUSE_TICKS * self.tick:
             log.info("watchdog: %.1fs since the last check (the process was paused): judging nothing now", now - last)
+            self._resumed_at = now
             return
         for rt in self.runtimes:
-            self._judge(rt.name, stuck_reasons(rt, self.settings, now), now)
+            self._judge(rt.name, stuck_reasons(rt, self.settings, now, self._resumed_at), now)
 
     def _judge(self, name: str, reasons: list[str], now: float) -> None:
         with self._lock:

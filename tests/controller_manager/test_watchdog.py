@@ -117,9 +117,17 @@ def test_exit_after_zero_never_expires_and_a_pause_judges_nothing() -> None:
     assert dog.reasons() and dog.expired() is None
     # A paused process (SIGSTOP): the first tick after it judges nothing, the next one judges afresh.
     fresh = Watchdog(SETTINGS, [rt], clock=clock, tick=0.5)
+    rt.informers[0].quiet = 1.0
     fresh.check()
+    assert fresh.reasons() == {}
     clock.now += 60
-    rt.informers[0].quiet = 60.0
-    before = fresh.reasons()
+    rt.informers[0].quiet = 61.0  # silent across the pause, and not yet read since
     fresh.check()
-    assert fresh.reasons() == before
+    assert fresh.reasons() == {}, "the tick after a pause judges nothing"
+    clock.now += 0.5
+    fresh.check()
+    assert fresh.reasons() == {}, "the pause's silence is not the informer's"
+    for _ in range(21):  # silent for 11 s since the pause ended: that is the informer's
+        clock.now += 0.5
+        fresh.check()
+    assert list(fresh.reasons()) == ["rs"]
