@@ -28,6 +28,8 @@ Purpose
       that shards an unmodified controller, and its child process
     * :mod:`controller_manager.probes` - liveness probes of external children
       (kubelet's ``httpGet``/``exec`` semantics)
+    * :mod:`controller_manager.watchdog` - stuck built-in controllers: not
+      ready, then leave and exit for the supervisor to restart the manager
     * :mod:`controller_manager.process` - ``ManagerProcess``, the one launcher
       and wrapper of manager child processes (``up``, the test kit, tests,
       benchmarks)

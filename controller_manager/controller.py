@@ -26,6 +26,9 @@ Invariants
       moves a range, then removes the file.
     * A key is hashed by its main object's uid (remembered after deletion so
       cleanup stays with the owner of the range).
+    * Every reconcile is reported to :attr:`ControllerRuntime.reconciles`
+      (worker, key, deadline; whether it outlived its timeout) for the
+      manager's watchdog (:mod:`controller_manager.watchdog`).
 
 Concurrency model
     Informer threads enqueue; ``workers`` threads (``worker-<type>-<i>``)
@@ -56,6 +59,7 @@ from controller_manager.informer import Informer
 from controller_manager.metrics import Metrics
 from controller_manager.resources import Resource, controller_ref, object_key, raw_request
 from controller_manager.sharding import ShardInstance
+from controller_manager.watchdog import ReconcileTracker
 from controller_manager.workqueue import WorkQueue
 from hashing import HashRange, ShardBy, hash_key
 from rangeshard.core.clock import MONOTONIC, Clock
@@ -64,6 +68,7 @@ from rangeshard.core.etcd import EtcdConfig
 from rangeshard.core.loops import start_thread
 from rangeshard.core.ownertoken import OwnerToken
 from rangeshard.core.rest import GVR
+from registry.models import MainResource
 from registry.rebalance import add_cost, gap_histogram, histogram
 
 log = logging.getLogger(__name__)
@@ -228,6 +233,7 @@ class ControllerRuntime:
         reconcile_hold_file: str | None = None,
         rejoin_grace: float = 0.0,
         cost_window: float = 300.0,
+        stuck_after_seconds: float | None = None,
     ) -> None:
         self.api_client = api_client
         self.name = controller_type or controller_cls.name
@@ -241,6 +247,8 @@ class ControllerRuntime:
         # Fault injection (``reconcileHoldFile``): while this file exists, every reconcile holds its key.
         self.reconcile_hold_file = Path(reconcile_hold_file) if reconcile_hold_file else None
         self.queue: WorkQueue[str] = WorkQueue(self.name)
+        #: What the workers reconcile now and how the last reconciles ended (read by the manager's watchdog).
+        self.reconciles = ReconcileTracker()
         #: Measured reconcile seconds per key hash (published with the histogram, for rebalance --by cost).
         self.costs = CostTracker(cost_window)
         #: The key hash of main objects gone from the store (deleted, or out of the range after a
@@ -268,6 +276,14 @@ class ControllerRuntime:
             pid=pid,
             on_count=lambda event: metrics.handover.labels(self.name, event).inc(),
             rejoin_grace=rejoin_grace,
+            # Published in the record: the proxy measures progress on the main resource (by uid).
+            main_resource=MainResource(
+                group=controller_cls.main.group,
+                version=controller_cls.main.version,
+                resource=controller_cls.main.name,
+                by=ShardBy.UID,
+            ),
+            stuck_after_seconds=stuck_after_seconds,
         )
         # The main resource by its own uid, each dependent by its controller owner's uid: the same
         # rules its informers read with are declared with every write (the proxy's fence applies them).
@@ -295,6 +311,11 @@ class ControllerRuntime:
         self._threads: list[threading.Thread] = []
         self._stop = threading.Event()
         metrics.set_state(self.name, instance_id, "init")
+
+    @property
+    def watched_informers(self) -> list[Informer]:
+        """The informers the watchdog checks for silence."""
+        return list(self.informers.values())
 
     # -- stores ----------------------------------------------------------------
     def store(self, resource: Resource) -> Informer:
@@ -379,13 +400,17 @@ class ControllerRuntime:
             self._threads.append(start_thread(f"worker-{self.name}-{i}", self._worker, what=f"worker {self.name}"))
         self._threads.append(start_thread(f"resync-{self.name}", self._resync, what=f"resync {self.name}"))
 
-    def stop(self) -> None:
-        """Graceful leave: drain, revoke the lease, stop workers and informers."""
+    def stop(self, join_timeout: float = 10.0) -> None:
+        """Graceful leave: drain, revoke the lease, stop workers and informers.
+
+        ``join_timeout`` bounds the wait for each worker thread (short when the
+        manager exits because a worker is wedged: the process's end ends it).
+        """
         self.shard.stop()
         self._stop.set()
         self.queue.shutdown()
         for t in self._threads:
-            t.join(timeout=10)
+            t.join(timeout=join_timeout)
         for inf in self.informers.values():
             inf.stop()
 
@@ -444,6 +469,8 @@ class ControllerRuntime:
         )
         in_flight.inc()
         cpu0 = time.thread_time()
+        worker = threading.current_thread().name
+        self.reconciles.begin(worker, key, deadline)
         try:
             with declare:
                 if self.reconcile_delay > 0:
@@ -505,6 +532,7 @@ class ControllerRuntime:
                 self.audit.record(self.name, self.instance_id, key, start, end)
             self.shard.end(key)
             in_flight.dec()
+            self.reconciles.end(worker, key, result == "timeout" or self.shard.clock.monotonic() >= deadline)
             took = time.monotonic() - t0
             self.costs.record(key_hash, took)
             self.metrics.reconcile_seconds_total.labels(self.name).inc(took)

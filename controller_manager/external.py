@@ -685,6 +685,7 @@ class ExternalRuntime:
         host: str | None = None,
         pid: int | None = None,
         rejoin_grace: float = 0.0,
+        stuck_after_seconds: float | None = None,
     ) -> None:
         self.name = controller_type
         self.instance_id = instance_id
@@ -710,6 +711,8 @@ class ExternalRuntime:
                 on_count=lambda event: metrics.handover.labels(controller_type, event).inc(),
                 rejoin_grace=rejoin_grace,
                 drained=lambda: endpoint is not None and endpoint.drained(),
+                main_resource=section.published_main(),
+                stuck_after_seconds=stuck_after_seconds,
             )
 
         self._make_shard = make_shard

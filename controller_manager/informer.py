@@ -19,6 +19,11 @@ Invariants
       deleted while the watch was down) are reported as ``DELETED``.
     * :meth:`reset` makes the informer relist at once (range change): the
       blocking watch read is interrupted by shutting the response down.
+    * While a watch is open, :meth:`silence` is the time since it last
+      brought anything (an event or a bookmark; the proxy bookmarks quiet
+      watches): the manager's watchdog calls an informer silent for long
+      stuck (:mod:`controller_manager.watchdog`). An informer blocked in its
+      event handler reads nothing either, so it is silent too.
 
 Concurrency model
     One named daemon thread per informer (``informer-<controller>-<resource>``).
@@ -32,6 +37,7 @@ import contextlib
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -84,6 +90,8 @@ class Informer:
         #: The last list/watch failure (``404 no resource 'secrets' in core/v1``), ``None`` once a list succeeded:
         #: what the manager's ``/readyz`` (and ``rangeshard up``) say when this informer keeps it not ready.
         self.last_error: str | None = None
+        #: ``time.monotonic()`` when the open watch was opened or last brought a line; ``None``: no watch open.
+        self._heard_at: float | None = None
 
     def _get(self, selector: str, timeout: Any, **params: Any) -> Any:
         """``GET`` the collection (all namespaces) with ``shardSelector`` and the non-empty ``params``; raw response."""
@@ -102,6 +110,11 @@ class Informer:
     def __len__(self) -> int:
         with self._lock:
             return len(self._store)
+
+    def silence(self, now: float) -> float | None:
+        """Seconds since the open watch last brought an event or a bookmark (``None``: no watch open)."""
+        heard = self._heard_at
+        return None if heard is None else max(0.0, now - heard)
 
     # -- lifecycle ------------------------------------------------------------
     def start(self) -> None:
@@ -208,7 +221,9 @@ class Informer:
                     return
                 if resp.status != 200:
                     raise ApiException(status=resp.status, reason=str(resp.data[:300]))
+                self._heard_at = time.monotonic()
                 for line in _iter_lines(resp):
+                    self._heard_at = time.monotonic()
                     if not line:
                         continue
                     event = orjson.loads(line)
@@ -234,6 +249,7 @@ class Informer:
                         return
             finally:
                 self._resp = None
+                self._heard_at = None
                 with contextlib.suppress(Exception):
                     resp.release_conn()
 

@@ -5,7 +5,11 @@ Purpose
     listed controller with its fixed number of workers. Each controller type
     is one :class:`ControllerRuntime` (one registry instance). The manager
     serves ``/metrics``, ``/healthz`` and ``/readyz`` and leaves gracefully on
-    SIGTERM/SIGINT (stop taking keys, drain, revoke the leases).
+    SIGTERM/SIGINT (stop taking keys, drain, revoke the leases). Its
+    :class:`~controller_manager.watchdog.Watchdog` makes it not ready while a
+    built-in controller is stuck (``/readyz`` names it) and, once one was
+    stuck for ``watchdog.exitAfterSeconds``, makes it leave the registry and
+    exit 1 for its supervisor to restart it.
 
 Invariants
     * All controllers talk to the API through the proxy URL of the config.
@@ -37,6 +41,7 @@ from controller_manager.external import ExternalRuntime
 from controller_manager.fencing import FencedApiClient
 from controller_manager.metrics import Metrics, StatusServer
 from controller_manager.plugins import controller_type, resolve_controllers
+from controller_manager.watchdog import Watchdog
 from rangeshard.core.errors import ConfigError
 from rangeshard.core.etcd import EtcdConfig
 from rangeshard.core.loops import start_thread
@@ -138,6 +143,7 @@ class ControllerManager:
                 "host": socket.gethostname(),
                 "pid": os.getpid(),
                 "rejoin_grace": config.rejoin_grace_seconds,
+                "stuck_after_seconds": config.stuck_after_seconds,
             }
             if section.external is not None:
                 self.runtimes.append(
@@ -169,6 +175,14 @@ class ControllerManager:
                     **common,
                 )
             )
+        self.watchdog = Watchdog(
+            config.watchdog,
+            [rt for rt in self.runtimes if isinstance(rt, ControllerRuntime)],
+            on_stuck=lambda name, stuck: self.metrics.stuck.labels(name).set(1 if stuck else 0),
+        )
+        for rt in self.runtimes:
+            if isinstance(rt, ControllerRuntime):
+                self.metrics.stuck.labels(rt.name).set(0)
         self.status: StatusServer | None = None
         if config.metrics is not None:
             self.status = StatusServer(
@@ -176,16 +190,19 @@ class ControllerManager:
             )
 
     def ready(self) -> bool:
-        return all(rt.ready for rt in self.runtimes)
+        return all(rt.ready for rt in self.runtimes) and not self.watchdog.reasons()
 
     def not_ready(self) -> list[str]:
-        """Why each controller that processes nothing now does not (``/readyz``'s 503 body).
+        """Why each controller that processes nothing now does not, or is stuck (``/readyz``'s 503 body).
 
         A failing informer is named as ``informer <controller>-<resource>: <error>`` (its name says
-        the controller); any other reason is ``<controller>: <why>``.
+        the controller); a stuck controller as ``<controller>: stuck: <why>``; any other reason is
+        ``<controller>: <why>``.
         """
         reasons = [(rt.name, rt.not_ready_reason()) for rt in self.runtimes]
-        return [why if why.startswith("informer ") else f"{name}: {why}" for name, why in reasons if why is not None]
+        out = [why if why.startswith("informer ") else f"{name}: {why}" for name, why in reasons if why is not None]
+        stuck = self.watchdog.reasons()
+        return out + [f"{name}: stuck: {'; '.join(why)}" for name, why in sorted(stuck.items())]
 
     def start(self) -> None:
         if self.status is not None:
@@ -193,6 +210,7 @@ class ControllerManager:
             log.info("metrics on %s/metrics", self.status.url)
         for rt in self.runtimes:
             rt.start()
+        self.watchdog.start()
         log.info(
             "controller manager %s started: %s",
             self.prefix,
@@ -200,8 +218,21 @@ class ControllerManager:
         )
 
     def stop(self) -> None:
-        """Graceful leave of every controller (in parallel), then the status server."""
-        threads = [start_thread(f"leave-{rt.name}", rt.stop, daemon=False) for rt in self.runtimes]
+        """Graceful leave of every controller (in parallel), then the status server.
+
+        After the watchdog expired, a wedged worker is not waited for long: the process's end ends it (and
+        a reconcile still running keeps the lease unrevoked: it expires after the process is gone).
+        """
+        self.watchdog.stop()
+        wedged = self.watchdog.expired() is not None
+        if wedged:
+            for rt in self.runtimes:
+                rt.shard.rejoin_grace = 0.0  # a real leave: a stuck manager's range goes to its neighbours now
+
+        def leave(rt: ControllerRuntime | ExternalRuntime) -> Any:
+            return (lambda: rt.stop(join_timeout=1.0)) if wedged and isinstance(rt, ControllerRuntime) else rt.stop
+
+        threads = [start_thread(f"leave-{rt.name}", leave(rt), daemon=False) for rt in self.runtimes]
         for t in threads:
             t.join()
         if self.status is not None:
@@ -213,11 +244,14 @@ class ControllerManager:
         log.info("controller manager %s stopped", self.prefix)
 
     def fatal(self) -> str | None:
-        """Why this manager must not run (another live process has one of its instance ids), if so."""
-        return next((rt.shard.fatal for rt in self.runtimes if rt.shard.fatal is not None), None)
+        """Why this manager must not run (another live process has one of its instance ids, or a controller
+        was stuck past ``watchdog.exitAfterSeconds``), if so."""
+        found = next((rt.shard.fatal for rt in self.runtimes if rt.shard.fatal is not None), None)
+        return found or self.watchdog.expired()
 
     def run_until_signal(self) -> int:
-        """Run until SIGTERM/SIGINT (exit code 0) or a fatal condition (1); always stops gracefully."""
+        """Run until SIGTERM/SIGINT (exit code 0) or a fatal condition (1: a duplicate instance id, or a
+        controller stuck past ``watchdog.exitAfterSeconds``); always stops gracefully (leaves the registry)."""
         stop = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())

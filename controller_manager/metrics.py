@@ -98,6 +98,11 @@ class Metrics:
             "Liveness probes of an external controller the manager runs, by result (successful, failed)",
             "type result",
         )
+        self.stuck = gauge(
+            "rangeshard_controller_stuck",
+            "1 while the watchdog finds a built-in controller stuck (reconciles outliving their timeout, or an "
+            "informer's open watch silent): the manager is not ready, and exits after watchdog.exitAfterSeconds",
+        )
         self.informer_objects = gauge(
             "rangeshard_informer_cache_objects",
             "Objects in an informer's store (its resource's objects in this instance's range), read at scrape time",

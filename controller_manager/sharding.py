@@ -89,7 +89,7 @@ from rangeshard.core.errors import AlreadyRegistered, CompareFailed, NotRegister
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
 from rangeshard.core.loops import start_thread
 from rangeshard.core.ownertoken import OwnerToken
-from registry import LeaseKeeper, MembershipWatch, Registry, RegistryView, Snapshot, State
+from registry import LeaseKeeper, MainResource, MembershipWatch, Registry, RegistryView, Snapshot, State
 
 log = logging.getLogger(__name__)
 
@@ -121,8 +121,13 @@ class ShardInstance:
         on_count: Callable[[str], None] | None = None,
         rejoin_grace: float = 0.0,
         drained: Callable[[], bool] | None = None,
+        main_resource: MainResource | None = None,
+        stuck_after_seconds: float | None = None,
     ) -> None:
         self.etcd_config = etcd_config
+        #: Published in the record at every join: the proxy measures this type's progress on it.
+        self.main_resource = main_resource
+        self.stuck_after_seconds = stuck_after_seconds
         #: Extra drain condition of a giver (an external controller: no write in flight, drainSeconds passed).
         self.drained = drained
         #: ``rejoinGraceSeconds``: > 0 parks the record on a graceful stop instead of leaving.
@@ -328,7 +333,15 @@ class ShardInstance:
         )
         try:
             lease = keeper.grant()
-            member = self.registry.join(self.controller_type, self.instance_id, lease, host=self.host, pid=self.pid)
+            member = self.registry.join(
+                self.controller_type,
+                self.instance_id,
+                lease,
+                host=self.host,
+                pid=self.pid,
+                main_resource=self.main_resource,
+                stuck_after_seconds=self.stuck_after_seconds,
+            )
         except RangeshardError as e:
             if isinstance(e, AlreadyRegistered) and self._registered_elsewhere():
                 self.fatal = (

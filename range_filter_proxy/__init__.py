@@ -19,7 +19,9 @@ Modules
     bounded queue), ``watchresponse`` (its HTTP body; the app class),
     ``wire`` (fast decoding of upstream watch lines), ``paging``
     (``limit``/``continue`` of cached lists), ``tables`` (Table answers),
-    ``fencing`` (write fencing by owner token), ``upstream`` (our
+    ``fencing`` (write fencing by owner token), ``progress`` (each
+    controller instance's unanswered changes of its main resource, on
+    ``/metrics``), ``upstream`` (our
     ``Upstream`` interface, every capability of the upstream, and its HTTP
     implementation), ``watchstream`` (the upstream watch read with an asyncio
     protocol + httptools), ``resources`` (discovery information around the

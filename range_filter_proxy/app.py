@@ -26,8 +26,9 @@ Concurrency model
     One event loop (uvicorn). Handlers await the cache and the upstream; the
     synchronous parts of the cache (dispatch, watcher registration) never
     await. Background tasks (one per cache, one resolving configured
-    resources, the heap keeper, the fence's registry watch, the loop-lag probe
-    behind ``range_filter_proxy_event_loop_lag_seconds``) are started and
+    resources, the heap keeper, the fence's registry watch, the progress
+    tracker (:mod:`range_filter_proxy.progress`, with ``--etcd``), the loop-lag
+    probe behind ``range_filter_proxy_event_loop_lag_seconds``) are started and
     stopped by the lifespan.
 """
 
@@ -56,6 +57,7 @@ from range_filter_proxy.listing import CollectionServer, json_response
 from range_filter_proxy.metrics import ProxyMetrics
 from range_filter_proxy.paging import PagingSettings
 from range_filter_proxy.passthrough import PassThrough
+from range_filter_proxy.progress import ProgressCollector, ProgressSettings, ProgressTracker
 from range_filter_proxy.tables import ProxyTables
 from range_filter_proxy.upstream import HttpUpstream, Upstream, UpstreamConfig
 from range_filter_proxy.watchresponse import ProxyApp
@@ -92,6 +94,8 @@ class ProxySettings:
     fencing: FenceSettings | None = None
     #: ``limit``/``continue`` snapshots.
     paging: PagingSettings = field(default_factory=PagingSettings)
+    #: Measure each controller instance's progress on its main resource (needs ``fencing``: the registry view).
+    progress: bool = True
 
 
 class Proxy:
@@ -110,6 +114,10 @@ class Proxy:
         self.fence = WriteFence(config.fencing, on_read=metrics.fencing_reads.inc) if config.fencing else None
         self.heap_keeper = HeapKeeper(config.heap) if config.heap is not None else None
         self.manager = CacheManager(upstream, metrics, config.settings)
+        self.progress: ProgressTracker | None = None
+        if config.fencing is not None and config.progress:
+            self.progress = ProgressTracker(ProgressSettings(config.fencing.etcd, config.fencing.prefix), self.manager)
+            metrics.registry.register(ProgressCollector(self.progress))
         #: Set when SIGINT/SIGTERM begins the shutdown: every downstream stream ends at once.
         self.shutdown = ShutdownSignal()
         self.shutdown.on_set(self._end_streams)
@@ -167,6 +175,8 @@ class Proxy:
             self.heap_keeper.start()
         if self.fence is not None:
             await self.fence.start()
+        if self.progress is not None:
+            await self.progress.start()
         lag_probe = start_task(probe_loop_lag(self.metrics.loop_lag.observe, "proxy"), "loop-lag-probe")
         pool_watch = start_task(self._watch_pool(), "upstream-pool-watch")
         try:
@@ -174,6 +184,8 @@ class Proxy:
         finally:
             lag_probe.cancel()
             pool_watch.cancel()
+            if self.progress is not None:
+                await self.progress.stop()
             if self.fence is not None:
                 await self.fence.stop()
             if self.heap_keeper is not None:

@@ -28,6 +28,10 @@ Semantics (those of kube-apiserver's cacher, see docs/proxy.md)
       closes its watchers, empties itself, answers 404 and is forgotten by
       the :class:`CacheManager` with its discovery answer; a configured one
       keeps relisting.
+    * Observers (:class:`CacheObserver`, e.g. the progress tracker of
+      :mod:`range_filter_proxy.progress`) see every applied object event and
+      every store replacement, synchronously, in the same order as the
+      watchers; an observer that raises is logged and does not stop the cache.
 
 Invariants
     * ``rv`` never decreases between relists; every event in the history has
@@ -58,7 +62,8 @@ import logging
 import random
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from typing import Protocol
 
 import orjson
 
@@ -89,6 +94,16 @@ log = logging.getLogger(__name__)
 LIST_PAGE_SIZE = 500
 #: Bound of the paging loop (500 x 100,000 = 50 million objects).
 MAX_LIST_PAGES = 100_000
+
+
+class CacheObserver(Protocol):
+    """Something that follows a cache's store (called on the event loop, synchronously; must be quick)."""
+
+    def applied(self, etype: str, obj: CachedObject, received: float) -> None:
+        """An object event was applied (``received``: its ``time.monotonic()`` arrival)."""
+
+    def replaced(self, objects: Mapping[tuple[str, str], CachedObject]) -> None:
+        """The store was replaced (a relist; ``{}`` when the resource went away)."""
 
 
 class WatchCache:
@@ -134,6 +149,8 @@ class WatchCache:
         self._loop: asyncio.AbstractEventLoop | None = None
         #: History length above which eviction is considered (checked inline per event).
         self._evict_above = min(settings.history_events, settings.history_hard_cap)
+        #: Followers of the store (:meth:`add_observer`); empty for almost every cache.
+        self.observers: list[CacheObserver] = []
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -251,6 +268,30 @@ class WatchCache:
         self.objects = objects
         self.store_index.rebuild(objects)
         self.history.clear()
+        for observer in self.observers:
+            try:
+                observer.replaced(objects)
+            except Exception:
+                log.exception("watch cache %s: an observer failed on a relist", self.info.gvr)
+
+    def add_observer(self, observer: CacheObserver) -> None:
+        """Follow the store from now on; a synced cache hands its current store at once (``replaced``)."""
+        if observer in self.observers:
+            return
+        self.observers.append(observer)
+        if self.synced.is_set():
+            observer.replaced(self.objects)
+
+    def remove_observer(self, observer: CacheObserver) -> None:
+        with contextlib.suppress(ValueError):
+            self.observers.remove(observer)
+
+    def _observe(self, etype: str, obj: CachedObject, received: float) -> None:
+        for observer in self.observers:
+            try:
+                observer.applied(etype, obj, received)
+            except Exception:
+                log.exception("watch cache %s: an observer failed on %s %s", self.info.gvr, etype, obj.key)
 
     def apply(self, event: WatchEvent) -> None:
         """Apply one upstream watch event and dispatch it to every watcher."""
@@ -301,6 +342,8 @@ class WatchCache:
             stored = cur.key
             objects[stored] = cur
             self.store_index.added(stored, cur.hashes)
+        if self.observers:
+            self._observe(etype, cur, received)
         ev = CachedEvent.of(etype, rv, cur, prev, received)
         self.rv = rv
         history = self.history

@@ -8,7 +8,11 @@ Purpose
     widths proportional to each range's share of the space, colour by handover
     state (``init``/``locked``/``wait``/``active``), a lock marker on locked
     instances, and each instance's ``workloadNum`` and id inside its segment.
-    A table below each bar lists the details. Endpoints:
+    A table below each bar lists the details, with each instance's *progress*
+    as the range filter proxy measures it (``--proxy URL``, by default the
+    proxy of a ``rangeshard up`` in ``--state-dir``): a stuck instance (its
+    oldest unanswered change is older than its ``stuckAfterSeconds``) is
+    marked STUCK with its count in its segment. Endpoints:
 
     * ``GET /`` the page;
     * ``GET /api/ring`` the current view as JSON (:func:`ring_payload`);
@@ -39,7 +43,9 @@ Concurrency model
     and hands it to the loop with ``call_soon_threadsafe``; the
     :class:`RingHub` lives on the loop only. A second named thread
     (``dashboard-etcd-probe``, :class:`EtcdProbe`) reads etcd's revision every
-    second to report reachability the same way. Both are started in the app's
+    second to report reachability the same way; with a proxy, a third
+    (``dashboard-progress``, :class:`ProgressPoller`) reads the proxy's
+    metrics every :data:`PROGRESS_POLL_SECONDS`. They are started in the app's
     lifespan and stopped at shutdown; on SIGINT/SIGTERM the hub is closed first so open
     event streams end and uvicorn can shut down promptly.
 
@@ -69,6 +75,8 @@ from fastapi.responses import HTMLResponse, PlainTextResponse, Response, Streami
 
 from hashing import MAX_HASH
 from rangeshard.cli.common import EtcdOptions, fail, with_etcd_options
+from rangeshard.cli.progress import Progress, ProgressUnavailable, describe, fetch
+from rangeshard.cli.state import DEFAULT_STATE_DIR, StateDirOpt, proxy_from_state
 from rangeshard.core import serving
 from rangeshard.core.errors import ConfigError, RangeshardError
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
@@ -96,6 +104,9 @@ WATCH_PROBE_SECONDS = 1.0
 STATUS_POLL_SECONDS = 1.0
 """How often the etcd probe checks that etcd answers."""
 
+PROGRESS_POLL_SECONDS = 2.0
+"""How often the progress poller reads the proxy's metrics."""
+
 _SPACE = MAX_HASH + 1  # number of keys in the hash space
 
 
@@ -103,7 +114,13 @@ _SPACE = MAX_HASH + 1  # number of keys in the hash space
 
 
 def ring_payload(
-    view: RegistryView | None, *, prefix: str, etcd: str, received_at: float | None = None
+    view: RegistryView | None,
+    *,
+    prefix: str,
+    etcd: str,
+    received_at: float | None = None,
+    progress: dict[tuple[str, str], Progress] | None = None,
+    progress_error: str | None = None,
 ) -> dict[str, Any]:
     """The JSON document of ``/api/ring`` and of every ``ring`` event.
 
@@ -111,7 +128,9 @@ def ring_payload(
     controller type lists ``instances`` (members owning a range, in hash
     order) and ``unowned`` (records repeating another's key, which own
     nothing; only possible by hand). ``share`` is the fraction of the whole
-    hash space, ``0..1``.
+    hash space, ``0..1``. Each instance's ``progress`` is what the proxy
+    measured (``null``: unknown) and ``progressText`` its one-line summary;
+    ``progressError`` says why progress is unknown.
     """
     types: list[dict[str, Any]] = []
     if view is not None:
@@ -138,6 +157,9 @@ def ring_payload(
                     "startedAt": rec.started_at,
                     "heartbeatAt": rec.heartbeat_at,
                 }
+                measured = progress.get((ctype, rec.instance_id)) if progress is not None else None
+                item["progress"] = measured.to_json() if measured is not None else None
+                item["progressText"] = describe(measured)
                 (instances if m.range is not None else unowned).append(item)
             types.append(
                 {
@@ -155,6 +177,7 @@ def ring_payload(
         "prefix": prefix,
         "maxHash": MAX_HASH,
         "controllerTypes": types,
+        "progressError": progress_error,
     }
 
 
@@ -173,6 +196,8 @@ class RingHub:
         self._view: RegistryView | None = None
         self._received_at: float | None = None
         self._etcd = "connecting"
+        self._progress: dict[tuple[str, str], Progress] | None = None
+        self._progress_error: str | None = "no proxy given (--proxy URL)"
         self._version = 0
         self._payload = self._render()
         self._subscribers: set[asyncio.Event] = set()
@@ -198,6 +223,10 @@ class RingHub:
         """Report the probe's result (called on the probe thread)."""
         self._call_soon(self.set_etcd_status, reachable)
 
+    def progress_threadsafe(self, progress: dict[tuple[str, str], Progress] | None, error: str | None) -> None:
+        """Report the proxy's progress metrics (called on the poller thread)."""
+        self._call_soon(self.set_progress, progress, error)
+
     # loop-only
     @property
     def closed(self) -> bool:
@@ -208,7 +237,14 @@ class RingHub:
         return self._view is not None
 
     def _render(self) -> bytes:
-        doc = ring_payload(self._view, prefix=self.prefix, etcd=self._etcd, received_at=self._received_at)
+        doc = ring_payload(
+            self._view,
+            prefix=self.prefix,
+            etcd=self._etcd,
+            received_at=self._received_at,
+            progress=self._progress,
+            progress_error=self._progress_error,
+        )
         return orjson.dumps(doc)
 
     def _changed(self) -> None:
@@ -230,6 +266,12 @@ class RingHub:
         if status != self._etcd:
             log.info("dashboard: etcd %s", status)
             self._etcd = status
+            self._changed()
+
+    def set_progress(self, progress: dict[tuple[str, str], Progress] | None, error: str | None) -> None:
+        """The proxy's latest progress metrics (``None`` and why: unknown); republished when they changed."""
+        if (progress, error) != (self._progress, self._progress_error):
+            self._progress, self._progress_error = progress, error
             self._changed()
 
     def current(self) -> tuple[int, bytes]:
@@ -312,6 +354,35 @@ class EtcdProbe:
                 client.close()
 
 
+class ProgressPoller:
+    """Named thread (``dashboard-progress``) reading each instance's progress from the proxy's metrics."""
+
+    def __init__(self, proxy_url: str, hub: RingHub, interval: float = PROGRESS_POLL_SECONDS) -> None:
+        self.proxy_url = proxy_url
+        self.hub = hub
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = start_thread("dashboard-progress", self._run, what="dashboard: progress poller")
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None and self._thread.is_alive():
+            self._thread.join(timeout=self.interval + 5)
+
+    def _run(self) -> None:
+        while True:
+            try:
+                self.hub.progress_threadsafe(fetch(self.proxy_url, timeout=min(3.0, self.interval + 1)), None)
+            except ProgressUnavailable as e:
+                log.debug("dashboard: %s", e)
+                self.hub.progress_threadsafe(None, str(e))
+            if self._stop.wait(self.interval):
+                return
+
+
 # -- the app -------------------------------------------------------------------
 
 
@@ -322,8 +393,10 @@ def create_app(
     controller_type: str | None = None,
     hub: RingHub | None = None,
     keepalive: float = KEEPALIVE_SECONDS,
+    proxy_url: str | None = None,
+    progress_interval: float = PROGRESS_POLL_SECONDS,
 ) -> FastAPI:
-    """The dashboard app; its lifespan starts and stops the membership watch."""
+    """The dashboard app; its lifespan starts and stops the membership watch (and the progress poller)."""
     hub = hub or RingHub(prefix)
 
     @contextlib.asynccontextmanager
@@ -338,13 +411,17 @@ def create_app(
             probe_interval=WATCH_PROBE_SECONDS,
         )
         probe = EtcdProbe(config, hub)
+        poller = ProgressPoller(proxy_url, hub, progress_interval) if proxy_url else None
         watch.start()
         probe.start()
+        if poller is not None:
+            poller.start()
         try:
             yield
         finally:
             hub.close()
-            await asyncio.gather(anyio.to_thread.run_sync(watch.stop), anyio.to_thread.run_sync(probe.stop))
+            stops = [watch.stop, probe.stop, *((poller.stop,) if poller is not None else ())]
+            await asyncio.gather(*(anyio.to_thread.run_sync(stop) for stop in stops))
 
     app = FastAPI(lifespan=lifespan, openapi_url=None, docs_url=None, redoc_url=None)
     app.state.hub = hub
@@ -386,10 +463,11 @@ def serve(
     port: int,
     prefix: str = DEFAULT_PREFIX,
     controller_type: str | None = None,
+    proxy_url: str | None = None,
 ) -> None:
     """Run the dashboard in the foreground until SIGINT/SIGTERM."""
     hub = RingHub(prefix)
-    app = create_app(config, prefix=prefix, controller_type=controller_type, hub=hub)
+    app = create_app(config, prefix=prefix, controller_type=controller_type, hub=hub, proxy_url=proxy_url)
     level = logging.getLogger().getEffectiveLevel()
     shutdown = ShutdownSignal()
     shutdown.on_set(hub.close)
@@ -415,6 +493,17 @@ def dashboard_command(
         str, typer.Option("--host", help="Address to listen on (the page is read-only and has no login).")
     ] = "127.0.0.1",
     controller_type: Annotated[str | None, typer.Option("--type", "-t", help="Only this controller type.")] = None,
+    proxy: Annotated[
+        str | None,
+        typer.Option(
+            "--proxy",
+            envvar="RANGESHARD_PROXY",
+            help="Range filter proxy (started with --etcd) whose /metrics give each instance's progress "
+            "(stuck instances are marked); default: the proxy of a rangeshard up in --state-dir, if any.",
+            show_default=False,
+        ),
+    ] = None,
+    state_dir: StateDirOpt = DEFAULT_STATE_DIR,
     *,
     etcd_options: EtcdOptions,
 ) -> None:
@@ -430,6 +519,11 @@ def dashboard_command(
         fail(e)
     if port == 0:
         port = free_port(host)
+    proxy = proxy or proxy_from_state(state_dir)
     shown = f"[{host}]" if ":" in host else host
-    typer.echo(f"rangeshard dashboard on http://{shown}:{port}/ (etcd {config.urls}, prefix {prefix}); Ctrl-C stops it")
-    serve(config, host=host, port=port, prefix=prefix, controller_type=controller_type)
+    progress = f"progress from {proxy}" if proxy else "no proxy: progress unknown"
+    typer.echo(
+        f"rangeshard dashboard on http://{shown}:{port}/ (etcd {config.urls}, prefix {prefix}; {progress}); "
+        "Ctrl-C stops it"
+    )
+    serve(config, host=host, port=port, prefix=prefix, controller_type=controller_type, proxy_url=proxy)

@@ -27,16 +27,26 @@ Concurrency model
 """
 
 from registry.lease import LeaseKeeper
-from registry.models import HashHistogram, InstanceRecord, Member, Snapshot, State
+from registry.models import (
+    DEFAULT_STUCK_AFTER_SECONDS,
+    HashHistogram,
+    InstanceRecord,
+    MainResource,
+    Member,
+    Snapshot,
+    State,
+)
 from registry.registry import DEFAULT_PREFIX, Layout, Registry
 from registry.watch import MembershipWatch, RegistryView
 
 __all__ = [
     "DEFAULT_PREFIX",
+    "DEFAULT_STUCK_AFTER_SECONDS",
     "HashHistogram",
     "InstanceRecord",
     "Layout",
     "LeaseKeeper",
+    "MainResource",
     "Member",
     "MembershipWatch",
     "Registry",

@@ -34,6 +34,14 @@ A parked record keeps its ``hashKey`` and so its range, which nobody owns
 meanwhile: no newcomer splits it and no neighbour absorbs it, and write fencing
 refuses every token for it (the record's lease is the grace lease).
 
+Progress fields (issue 38): a record may name its type's main resource
+(``mainResource: {group, version, resource, by}``, :class:`MainResource`) and
+the age past which an unanswered change of it means the instance is stuck
+(``stuckAfterSeconds``). The range filter proxy reads both to measure each
+instance's progress from outside (``range_filter_proxy.progress``). Both are
+parsed leniently: a malformed value reads as absent, never makes the record
+unreadable (an unreadable record would change every derived range).
+
 Concurrency model
     Immutable values; safe to share between threads.
 """
@@ -45,12 +53,12 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
-from hashing import MAX_HASH, HashRange, derive_ranges
+from hashing import MAX_HASH, HashRange, ShardBy, derive_ranges
 from rangeshard.core.errors import ConfigError
 
 NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9_.]{0,251}[a-z0-9])?$")
@@ -115,6 +123,48 @@ class HashHistogram(BaseModel):
     cost_window_seconds: Any = Field(default=None, alias="costWindowSeconds")
 
 
+#: ``stuckAfterSeconds`` of a record that does not publish one (the manager config's default).
+DEFAULT_STUCK_AFTER_SECONDS = 120.0
+
+
+class MainResource(BaseModel):
+    """The main resource of a controller type and the shard rule that places its objects.
+
+    ``version`` is ``None`` when the manager does not know it (an external
+    controller's ``shard`` entry names ``plural.group`` only): readers take the
+    API server's preferred version.
+    """
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True, frozen=True)
+
+    group: str = ""
+    version: str | None = None
+    resource: str = Field(min_length=1)
+    by: ShardBy = ShardBy.UID
+
+    @property
+    def label(self) -> str:
+        """``plural.group`` (``plural`` for the core group)."""
+        return f"{self.resource}.{self.group}" if self.group else self.resource
+
+
+def _lenient_main(value: object) -> object:
+    """A malformed ``mainResource`` reads as absent (see the module docstring)."""
+    if value is None or isinstance(value, MainResource):
+        return value
+    try:
+        return MainResource.model_validate(value)
+    except ValidationError:
+        return None
+
+
+def _lenient_seconds(value: object) -> object:
+    """A ``stuckAfterSeconds`` that is not a positive number reads as absent."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+        return float(value)
+    return None
+
+
 class InstanceRecord(BaseModel):
     """One controller instance as stored in etcd (JSON, camelCase)."""
 
@@ -134,6 +184,14 @@ class InstanceRecord(BaseModel):
     histogram: HashHistogram | None = None
     parked_until: float | None = Field(
         default=None, alias="parkedUntil", description="wall-clock time the grace of a parked record ends"
+    )
+    main_resource: Annotated[MainResource | None, BeforeValidator(_lenient_main)] = Field(
+        default=None, alias="mainResource", description="the type's main resource (progress is measured on it)"
+    )
+    stuck_after_seconds: Annotated[float | None, BeforeValidator(_lenient_seconds)] = Field(
+        default=None,
+        alias="stuckAfterSeconds",
+        description="an unanswered change of the main resource older than this means the instance is stuck",
     )
 
     @property

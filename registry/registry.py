@@ -47,7 +47,7 @@ from rangeshard.core.errors import (
     RangeshardError,
 )
 from rangeshard.core.etcd import KV, Compare, Delete, EtcdClient, Put
-from registry.models import InstanceRecord, Member, Snapshot, State, check_name, now
+from registry.models import InstanceRecord, MainResource, Member, Snapshot, State, check_name, now
 
 log = logging.getLogger(__name__)
 
@@ -135,14 +135,17 @@ class Registry:
         host: str | None = None,
         pid: int | None = None,
         workload_num: int = 0,
+        main_resource: MainResource | None = None,
+        stuck_after_seconds: float | None = None,
     ) -> Member:
         """Register an instance by splitting the largest range; retried on conflict.
 
         The first instance owns ``[0, MAX_HASH]`` and starts in ``init``; later
         ones start ``locked`` with the instance that may still process their
-        keys as ``giver``. Raises :class:`AlreadyRegistered`,
-        :class:`NoSplittableRange`, or :class:`CompareFailed` after too many
-        lost races.
+        keys as ``giver``. ``main_resource`` and ``stuck_after_seconds`` are
+        published in the record for progress measurement (the proxy). Raises
+        :class:`AlreadyRegistered`, :class:`NoSplittableRange`, or
+        :class:`CompareFailed` after too many lost races.
         """
         check_name("controller type", controller_type)
         check_name("instance id", instance_id)
@@ -152,7 +155,15 @@ class Registry:
             snap = self.snapshot(controller_type)
             mine = snap.get(instance_id)
             if mine is not None and mine.record.is_parked:
-                taken = self._unpark(mine, lease_id, host=host, pid=pid, workload_num=workload_num)
+                taken = self._unpark(
+                    mine,
+                    lease_id,
+                    host=host,
+                    pid=pid,
+                    workload_num=workload_num,
+                    main_resource=main_resource,
+                    stuck_after_seconds=stuck_after_seconds,
+                )
                 if taken is not None:
                     return taken
                 continue  # the record changed (or expired) between the read and the write: look again
@@ -171,6 +182,8 @@ class Registry:
                 "pid": pid,
                 "started_at": stamp,
                 "heartbeat_at": stamp,
+                "main_resource": main_resource,
+                "stuck_after_seconds": stuck_after_seconds,
             }
             # A parked range waits for its own instance: it is never split.
             owned = [(m, m.range) for m in snap.members if m.range is not None and not m.record.is_parked]
@@ -224,7 +237,15 @@ class Registry:
         raise CompareFailed(f"joining {controller_type}/{instance_id}: lost {_MAX_ATTEMPTS} races in a row")
 
     def _unpark(
-        self, member: Member, lease_id: int, *, host: str | None, pid: int | None, workload_num: int
+        self,
+        member: Member,
+        lease_id: int,
+        *,
+        host: str | None,
+        pid: int | None,
+        workload_num: int,
+        main_resource: MainResource | None = None,
+        stuck_after_seconds: float | None = None,
     ) -> Member | None:
         """Take a parked record back: same ``hashKey``, the new lease, no split and no handover.
 
@@ -241,6 +262,8 @@ class Registry:
             workload_num=workload_num,
             started_at=stamp,
             heartbeat_at=stamp,
+            main_resource=main_resource,
+            stuck_after_seconds=stuck_after_seconds,
         )
         what = f"rejoining {rec.controller_type}/{rec.instance_id} (parked)"
         ok = self.client.transaction(

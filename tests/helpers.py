@@ -60,3 +60,71 @@ def run_cli(
             start_new_session=new_session,
             env={**os.environ, **env} if env else None,
         )
+
+
+class MetricsServer:
+    """A stand-in for a proxy's ``/metrics`` (and ``/readyz``) on a loopback port, served from a thread.
+
+    ``text`` is what ``/metrics`` answers (change it at any time). Use as a context manager.
+    """
+
+    def __init__(self, text: str = "") -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer  # noqa: PLC0415
+
+        outer = self
+        self.text = text
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                body = (outer.text if self.path.startswith("/metrics") else "ok").encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def __enter__(self) -> MetricsServer:
+        import threading  # noqa: PLC0415
+
+        threading.Thread(target=self.server.serve_forever, name="fake-metrics", daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def progress_metrics(*rows: tuple[str, str, float | None, float, float]) -> str:
+    """Prometheus text of the proxy's progress families: ``(type, instance, count or None, oldest, stuck after)``.
+
+    ``count`` ``None`` is "not measurable" (NaN); stuck is derived as the proxy derives it.
+    """
+    families: dict[str, list[str]] = {
+        "rangeshard_unreconciled_objects": [],
+        "rangeshard_unreconciled_oldest_seconds": [],
+        "rangeshard_unreconciled_measurable": [],
+        "rangeshard_unreconciled_stuck": [],
+        "rangeshard_stuck_after_seconds": [],
+    }
+    for ctype, instance, count, oldest, after in rows:
+        labels = f'{{type="{ctype}",instance="{instance}"}}'
+        measurable = count is not None
+        values = {
+            "rangeshard_unreconciled_objects": count if measurable else "NaN",
+            "rangeshard_unreconciled_oldest_seconds": oldest if measurable else "NaN",
+            "rangeshard_unreconciled_measurable": 1 if measurable else 0,
+            "rangeshard_unreconciled_stuck": 1 if measurable and oldest > after else 0,
+            "rangeshard_stuck_after_seconds": after,
+        }
+        for name, value in values.items():
+            families[name].append(f"{name}{labels} {value}")
+    return "".join(
+        f"# TYPE {name} gauge\n" + "".join(line + "\n" for line in lines) for name, lines in families.items()
+    )

@@ -3,8 +3,10 @@
 ``TcpRelay(target_port)`` listens on a free loopback port and forwards every
 connection to ``127.0.0.1:target_port``. ``cut()`` closes every open
 connection and makes new ones fail at once (as a partition that resets);
-``restore()`` lets traffic through again. Threads only, bounded: each
-connection has two pump threads that end when either side closes.
+``restore()`` lets traffic through again. ``freeze()`` holds every byte
+without closing anything (a black hole: connections stay open and silent),
+``thaw()`` delivers what was held and lets traffic flow again. Threads only,
+bounded: each connection has two pump threads that end when either side closes.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ class TcpRelay:
         self._conns: list[socket.socket] = []
         self._cut = False
         self._closed = False
+        self._flowing = threading.Event()
+        self._flowing.set()
         self._thread = threading.Thread(target=self._accept, name="tcp-relay-accept", daemon=True)
         self._thread.start()
 
@@ -47,8 +51,16 @@ class TcpRelay:
         with self._lock:
             self._cut = False
 
+    def freeze(self) -> None:
+        """Hold every byte in both directions; connections stay open."""
+        self._flowing.clear()
+
+    def thaw(self) -> None:
+        self._flowing.set()
+
     def close(self) -> None:
         self._closed = True
+        self._flowing.set()
         self.cut()
         with contextlib.suppress(OSError):
             self._listener.close()
@@ -76,13 +88,13 @@ class TcpRelay:
             for a, b in ((client, upstream), (upstream, client)):
                 threading.Thread(target=self._pump, args=(a, b), name="tcp-relay-pump", daemon=True).start()
 
-    @staticmethod
-    def _pump(src: socket.socket, dst: socket.socket) -> None:
+    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
         try:
             while True:
                 data = src.recv(65536)
                 if not data:
                     break
+                self._flowing.wait()
                 dst.sendall(data)
         except OSError:
             pass

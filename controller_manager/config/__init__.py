@@ -65,7 +65,7 @@ from controller_manager.config.external import (
     ShardResourceSection,
 )
 from controller_manager.config.loading import load_config, with_overrides
-from controller_manager.config.models import ControllerSection, ManagerConfig
+from controller_manager.config.models import ControllerSection, ManagerConfig, WatchdogSection
 from controller_manager.config.reference import config_reference_markdown
 from controller_manager.config.sections import EtcdSection, MetricsSection, ProxySection
 
@@ -86,6 +86,7 @@ __all__ = [
     "MetricsSection",
     "ProxySection",
     "ShardResourceSection",
+    "WatchdogSection",
     "config_reference_markdown",
     "derived_reconcile_timeout",
     "load_config",

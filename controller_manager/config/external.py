@@ -24,6 +24,7 @@ from pydantic import (
 from controller_manager.config.common import Section, field_error
 from hashing import ShardBy
 from rangeshard.core.rest import parse_resource_name
+from registry.models import MainResource
 
 _RESOURCE_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _LISTEN_RE = re.compile(r"^(?P<host>[^\s:\[\]]+|\[[0-9a-fA-F:]+\]):(?P<port>[0-9]{1,5})$")
@@ -44,6 +45,13 @@ class ShardResourceSection(Section):
         description="What places an object in the hash space (the one shard rule, `hashing.ShardBy`): its own "
         "`uid`; its controller `owner`'s uid (an object without a controller owner is seen by every instance, "
         "so orphans can be adopted); or its `namespace`. Reads and the proxy's write fence use the same rule.",
+    )
+    main: bool = Field(
+        False,
+        strict=True,
+        description="The controller's main resource: the one whose `metadata.generation` it answers with "
+        "`status.observedGeneration`, published in the registry so the proxy measures each instance's progress "
+        "on it (`rangeshard_unreconciled_objects`). At most one entry; without one, the first entry is the main.",
     )
 
     @field_validator("resource")
@@ -268,4 +276,18 @@ class ExternalSection(Section):
             if item.resource in seen:
                 raise ValueError(f"resource {item.resource!r} is listed twice")
             seen.add(item.resource)
+        mains = [item.resource for item in value if item.main]
+        if len(mains) > 1:
+            raise ValueError(f"at most one entry may be the main resource (main: true), got {', '.join(mains)}")
         return value
+
+    @property
+    def main_resource(self) -> ShardResourceSection:
+        """The entry marked ``main: true``, else the first one."""
+        return next((item for item in self.shard if item.main), self.shard[0])
+
+    def published_main(self) -> MainResource:
+        """The main resource as the registry record publishes it (no version: readers take the preferred one)."""
+        main = self.main_resource
+        resource, _, group = main.resource.partition(".")
+        return MainResource(group=group, resource=resource, by=main.rule)

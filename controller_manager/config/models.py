@@ -84,6 +84,45 @@ class ControllerSection(Section):
 ControllerName = Annotated[str, AfterValidator(check_controller_name)]
 
 
+class WatchdogSection(Section):
+    """How a manager notices that one of its built-in controllers stopped working without exiting.
+
+    A controller is *stuck* while `reconcileTimeouts` reconciles in a row ended at their deadline (or one
+    still runs past it), or while one of its informers has a watch open that brought no event and no
+    bookmark for `informerSilenceSeconds`. A stuck controller makes `/readyz` answer 503 naming it; one
+    stuck for `exitAfterSeconds` makes the manager leave the registry and exit 1, so its supervisor (the
+    StatefulSet, a systemd unit) restarts it: a stuck manager never keeps a range. External controllers
+    are watched by their liveness probe (`external.livenessProbe`) and the proxy's progress metrics.
+    """
+
+    reconcile_timeouts: int = Field(
+        3,
+        alias="reconcileTimeouts",
+        ge=1,
+        strict=True,
+        description="Reconciles of one controller in a row that ended at their deadline (timed out), with no "
+        "other result between, that make it stuck; a reconcile still running 1 s past its deadline makes it "
+        "stuck at once. Any other result (success, conflict, error) clears it.",
+    )
+    informer_silence_seconds: float = Field(
+        30.0,
+        alias="informerSilenceSeconds",
+        gt=0,
+        strict=True,
+        description="An open watch of an informer that brought no event and no bookmark for this long makes "
+        "its controller stuck (the proxy bookmarks a quiet watch every `--bookmark-interval`, 10 s by default: "
+        "keep this several intervals).",
+    )
+    exit_after_seconds: float = Field(
+        60.0,
+        alias="exitAfterSeconds",
+        ge=0,
+        strict=True,
+        description="A controller stuck this long makes the manager leave the registry (graceful stop) and "
+        "exit 1 for its supervisor to restart it. 0: never exit (only `/readyz` says it).",
+    )
+
+
 class ManagerConfig(Section):
     """The whole controller-manager configuration file."""
 
@@ -141,6 +180,21 @@ class ManagerConfig(Section):
         "When omitted it derives from the TTL: `min(3, 0.3 * leaseTTLSeconds)` "
         "(3 for the default TTL of 10, 1.2 for `leaseTTLSeconds: 4`), so any valid TTL works alone.",
         json_schema_extra={"defaultText": "min(3, 0.3 * leaseTTLSeconds)"},
+    )
+    stuck_after_seconds: float = Field(
+        120.0,
+        alias="stuckAfterSeconds",
+        gt=0,
+        le=86400,
+        strict=True,
+        description="Published in the registry with each controller's main resource: the range filter proxy "
+        "(started with `--etcd`) reports an instance whose oldest unanswered change of a main object "
+        "(`metadata.generation` newer than `status.observedGeneration`) is older than this as stuck "
+        "(`rangeshard_unreconciled_stuck`), and so do `rangeshard status`, `rangeshard registry list -o wide` "
+        "and the dashboard.",
+    )
+    watchdog: WatchdogSection = Field(
+        default_factory=WatchdogSection, description="Stuck detection of the built-in controllers."
     )
     metrics: MetricsSection | None = Field(
         default_factory=MetricsSection, description="Metrics and health endpoint; `null` disables it."

@@ -17,8 +17,14 @@ from pydantic import (
 )
 
 from controller_manager.config.common import KNOWN_CONTROLLERS
-from controller_manager.config.external import ExecSection, ExternalSection, HttpGetSection, LivenessProbeSection
-from controller_manager.config.models import ControllerSection, ManagerConfig
+from controller_manager.config.external import (
+    ExecSection,
+    ExternalSection,
+    HttpGetSection,
+    LivenessProbeSection,
+    ShardResourceSection,
+)
+from controller_manager.config.models import ControllerSection, ManagerConfig, WatchdogSection
 from controller_manager.config.sections import EtcdSection, MetricsSection, ProxySection
 
 
@@ -95,8 +101,10 @@ def config_reference_markdown() -> str:
         ("`etcd`", EtcdSection, "etcd."),
         ("`proxy`", ProxySection, "proxy."),
         ("`metrics`", MetricsSection, "metrics."),
+        ("`watchdog`", WatchdogSection, "watchdog."),
         ("`controllers.<name>`", ControllerSection, "controllers.<name>."),
         ("`controllers.<name>.external`", ExternalSection, "external."),
+        ("`external.shard[]`", ShardResourceSection, "shard[]."),
         ("`external.livenessProbe`", LivenessProbeSection, "livenessProbe."),
         ("`livenessProbe.httpGet`", HttpGetSection, "httpGet."),
         ("`livenessProbe.exec`", ExecSection, "exec."),

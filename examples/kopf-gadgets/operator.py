@@ -4,7 +4,10 @@ For each Gadget it keeps a ConfigMap ``<gadget>-gadget`` (owned by the Gadget, s
 Kubernetes collects it) whose ``data.size`` is the Gadget's ``spec.size`` and
 whose ``data.by`` names the instance that wrote it (``RANGESHARD_INSTANCE_ID``
 when run by a rangeshard manager; the operator knows nothing else of
-sharding). ``spec.work`` makes the handler burn that many milliseconds of CPU,
+sharding). Having handled a Gadget, it writes ``status.observedGeneration``
+(the generation it handled), as Kubernetes controllers do: that is how
+anybody, the rangeshard proxy included, tells an answered change from one
+still waiting. ``spec.work`` makes the handler burn that many milliseconds of CPU,
 ``spec.sleepMs`` wait that long (the bench's CPU- and I/O-bound handlers).
 
 Run it unsharded with ``kopf run --standalone --all-namespaces operator.py``;
@@ -37,7 +40,9 @@ def _burn(ms: int) -> None:
 @kopf.on.create("bars.example.org", "v1", "gadgets", backoff=1)
 @kopf.on.update("bars.example.org", "v1", "gadgets", field="spec", backoff=1)
 @kopf.on.resume("bars.example.org", "v1", "gadgets", backoff=1)
-def reconcile(spec: kopf.Spec, name: str, namespace: str, body: kopf.Body, **_: object) -> None:
+def reconcile(
+    spec: kopf.Spec, name: str, namespace: str, body: kopf.Body, meta: kopf.Meta, patch: kopf.Patch, **_: object
+) -> None:
     _burn(int(spec.get("work", 0)))
     time.sleep(int(spec.get("sleepMs", 0)) / 1000)
     data = {"size": str(spec.get("size", 0)), "by": ME}
@@ -50,6 +55,8 @@ def reconcile(spec: kopf.Spec, name: str, namespace: str, body: kopf.Body, **_: 
         if e.status != 404:
             raise
         v1.create_namespaced_config_map(namespace, cm)
-        return
-    if (current.data or {}).get("size") != data["size"]:
-        v1.patch_namespaced_config_map(f"{name}-gadget", namespace, {"data": data})
+    else:
+        if (current.data or {}).get("size") != data["size"]:
+            v1.patch_namespaced_config_map(f"{name}-gadget", namespace, {"data": data})
+    # Answered: kopf applies this patch once the handler succeeded (through /status: the CRD has it).
+    patch.status["observedGeneration"] = meta.get("generation")

@@ -12,8 +12,9 @@ Modules
     up``: port plan, readiness, demo), ``state`` (``status`` / ``down`` and
     the state directory), ``registry_cmds`` (``rangeshard registry``),
     ``rebalance_cmds`` (``rangeshard rebalance``), ``deploy_cmds``
-    (``rangeshard deploy rbac``: the proxy's read RBAC of a manager config), ``common`` (shared etcd
-    options, errors, stop signal), ``tables`` (how tables are printed).
+    (``rangeshard deploy rbac``: the proxy's read RBAC of a manager config), ``progress`` (each
+    instance's unanswered changes as the proxy measures them: stuck instances), ``common`` (shared
+    etcd options, errors, stop signal), ``tables`` (how tables are printed).
 
 May import
     Everything: the components, ``registry``, ``rangeshard.core``,

@@ -4,7 +4,12 @@ Purpose
     ``list`` shows, per controller type, every instance with its state, lock,
     derived range, share of the hash space, workloadNum, lease TTL left and
     age (``--json`` for machines, ``--watch`` to redraw on every change);
-    ``dump`` prints the raw keys and values.
+    ``-o wide`` adds host, pid, lease and each instance's *progress* as the
+    range filter proxy measures it (``STUCK: 13 unanswered, oldest 84s``, see
+    :mod:`rangeshard.cli.progress`; the proxy is ``--proxy URL``, by default
+    the one a ``rangeshard up`` recorded in ``--state-dir``), and ``-o json``
+    adds it as ``progress`` when a proxy is known; ``dump`` prints the raw
+    keys and values.
 
 Invariants
     * Records written by hand (no lease, missing optional fields) display:
@@ -32,7 +37,10 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from rangeshard.cli import progress as progress_mod
 from rangeshard.cli.common import EtcdOptions, fail, unknown_type, with_etcd_options
+from rangeshard.cli.progress import Progress, ProgressUnavailable
+from rangeshard.cli.state import DEFAULT_STATE_DIR, StateDirOpt, proxy_from_state
 from rangeshard.cli.tables import Output, OutputOpt, table_console
 from rangeshard.core.errors import RangeshardError
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
@@ -43,9 +51,34 @@ app = typer.Typer(help="Inspect the instance registry in etcd.", no_args_is_help
 
 STATE_STYLE = {"init": "cyan", "locked": "yellow", "wait": "magenta", "active": "green", "parked": "blue"}
 
+ProxyOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--proxy",
+        envvar="RANGESHARD_PROXY",
+        help="Range filter proxy (started with --etcd) whose /metrics give each instance's progress for -o wide "
+        "and -o json; default: the proxy of a rangeshard up in --state-dir, if any.",
+        show_default=False,
+    ),
+]
 
-def rows(snapshots: dict[str, Snapshot], client: EtcdClient | None) -> list[dict[str, Any]]:
-    """One JSON-able dict per instance, in (type, hash key) order."""
+ProgressView = dict[tuple[str, str], Progress]
+
+
+def read_progress(proxy: str | None) -> tuple[ProgressView | None, str | None]:
+    """Every instance's progress from ``proxy``, or ``None`` and why not (a caption line)."""
+    if proxy is None:
+        return None, "progress: no proxy known (give --proxy URL, or run in a rangeshard up state dir)"
+    try:
+        return progress_mod.fetch(proxy), None
+    except ProgressUnavailable as e:
+        return None, f"progress: unknown: {e}"
+
+
+def rows(
+    snapshots: dict[str, Snapshot], client: EtcdClient | None, progress: ProgressView | None = None
+) -> list[dict[str, Any]]:
+    """One JSON-able dict per instance, in (type, hash key) order (``progress``: each gets its ``progress``)."""
     out: list[dict[str, Any]] = []
     now = time.time()
     ttl_cache: dict[int, int | None] = {}
@@ -86,6 +119,9 @@ def rows(snapshots: dict[str, Snapshot], client: EtcdClient | None) -> list[dict
                     ),
                 }
             )
+            if progress is not None:
+                found = progress.get((ctype, rec.instance_id))
+                out[-1]["progress"] = found.to_json() if found is not None else None
     return out
 
 
@@ -100,16 +136,23 @@ def _age(seconds: float | None) -> str:
     return f"{s // 3600}h"
 
 
-def render(snapshots: dict[str, Snapshot], client: EtcdClient | None, revision: int, *, wide: bool = False) -> Group:
-    """Rich tables, one per controller type (``wide``: also host, pid and lease)."""
+def render(
+    snapshots: dict[str, Snapshot],
+    client: EtcdClient | None,
+    revision: int,
+    *,
+    wide: bool = False,
+    progress: ProgressView | None = None,
+    progress_note: str | None = None,
+) -> Group:
+    """Rich tables, one per controller type (``wide``: also host, pid, lease and progress)."""
     data = rows(snapshots, client)
     if not data:
         return Group(Text(f"no controller instances registered (etcd revision {revision})"))
     tables = []
+    caption = f"etcd revision {revision}" + (f"; {progress_note}" if wide and progress_note else "")
     for ctype in sorted({r["controllerType"] for r in data}):
-        table = Table(
-            title=f"{ctype}", title_justify="left", caption=f"etcd revision {revision}", caption_justify="left"
-        )
+        table = Table(title=f"{ctype}", title_justify="left", caption=caption, caption_justify="left")
         columns: list[tuple[str, JustifyMethod]] = [
             ("INSTANCE", "left"),
             ("STATE", "left"),
@@ -122,7 +165,7 @@ def render(snapshots: dict[str, Snapshot], client: EtcdClient | None, revision: 
             ("AGE", "right"),
         ]
         if wide:
-            columns += [("HOST", "left"), ("PID", "right"), ("LEASE", "right")]
+            columns += [("HOST", "left"), ("PID", "right"), ("LEASE", "right"), ("PROGRESS", "left")]
         for col, justify in columns:
             table.add_column(col, justify=justify)
         for r in (r for r in data if r["controllerType"] == ctype):
@@ -141,13 +184,23 @@ def render(snapshots: dict[str, Snapshot], client: EtcdClient | None, revision: 
                 "-" if r["ttlSeconds"] is None else f"{r['ttlSeconds']}s",
                 _age(r["ageSeconds"]),
                 *(
-                    (r["host"] or "-", str(r["pid"] or "-"), f"{r['leaseId']:x}" if r["leaseId"] else "-")
+                    (
+                        r["host"] or "-",
+                        str(r["pid"] or "-"),
+                        f"{r['leaseId']:x}" if r["leaseId"] else "-",
+                        _progress_cell(progress, ctype, r["instanceId"]),
+                    )
                     if wide
                     else ()
                 ),
             )
         tables.append(table)
     return Group(*tables)
+
+
+def _progress_cell(progress: ProgressView | None, ctype: str, instance: str) -> Text:
+    found = progress.get((ctype, instance)) if progress is not None else None
+    return Text(progress_mod.describe(found), style=progress_mod.style(found))
 
 
 def _filter(snapshots: dict[str, Snapshot], controller_type: str | None) -> dict[str, Snapshot]:
@@ -163,37 +216,50 @@ def list_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON list of instances (same as -o json).")] = False,
     output: OutputOpt = Output.table,
     watch: Annotated[bool, typer.Option("--watch", "-w", help="Redraw on every registry change.")] = False,
+    proxy: ProxyOpt = None,
+    state_dir: StateDirOpt = DEFAULT_STATE_DIR,
     *,
     etcd_options: EtcdOptions,
 ) -> None:
     """Show instances per controller type: state, lock, range, share, workload, TTL, age.
 
     Ids are never cut: when stdout is not a terminal the table is as wide as
-    it needs to be. `-o wide` adds host, pid and lease; `-o json` prints JSON.
+    it needs to be. `-o wide` adds host, pid, lease and progress (from the
+    proxy's metrics: an instance whose oldest unanswered change is older than
+    its stuckAfterSeconds shows as STUCK with its count); `-o json` prints
+    JSON (with `progress` when a proxy is known).
     """
     as_json = as_json or output is Output.json
     wide = output is Output.wide
+    proxy = proxy or proxy_from_state(state_dir)
     try:
         if controller_type is not None:
             check_name("--type", controller_type)
         config = etcd_options.config()
         if watch:
-            _watch(config, etcd_options.prefix, controller_type, as_json, wide)
+            _watch(config, etcd_options.prefix, controller_type, as_json, wide, proxy)
             return
         with EtcdClient(config) as client:
             rev, snaps = Registry(client, etcd_options.prefix).snapshots()
             if controller_type is not None and not snaps.get(controller_type):
                 raise unknown_type(controller_type, snaps)
             snaps = _filter(snaps, controller_type)
+            progress, note = read_progress(proxy) if wide or (as_json and proxy) else (None, None)
             if as_json:
-                sys.stdout.write(orjson.dumps(rows(snaps, client), option=orjson.OPT_INDENT_2).decode() + "\n")
+                doc = rows(snaps, client, progress if proxy else None)
+                sys.stdout.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n")
             else:
-                table_console().print(render(snaps, client, rev, wide=wide))
+                table_console().print(render(snaps, client, rev, wide=wide, progress=progress, progress_note=note))
     except RangeshardError as e:
         fail(e)
 
 
-def _watch(config: EtcdConfig, prefix: str, controller_type: str | None, as_json: bool, wide: bool) -> None:
+def _watch(
+    config: EtcdConfig, prefix: str, controller_type: str | None, as_json: bool, wide: bool, proxy: str | None
+) -> None:
+    def measured() -> tuple[ProgressView | None, str | None]:
+        return read_progress(proxy) if wide or (as_json and proxy) else (None, None)
+
     views: queue.Queue[RegistryView] = queue.Queue()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -210,11 +276,14 @@ def _watch(config: EtcdConfig, prefix: str, controller_type: str | None, as_json
                     except queue.Empty:
                         continue
                     snaps = _filter(view.snapshots, controller_type)
+                    progress, note = measured()
                     if as_json:
-                        line = orjson.dumps({"revision": view.revision, "instances": rows(snaps, client)})
-                        sys.stdout.write(line.decode() + "\n")
+                        doc = {"revision": view.revision, "instances": rows(snaps, client, progress if proxy else None)}
+                        sys.stdout.write(orjson.dumps(doc).decode() + "\n")
                     else:
-                        console.print(render(snaps, client, view.revision, wide=wide))
+                        console.print(
+                            render(snaps, client, view.revision, wide=wide, progress=progress, progress_note=note)
+                        )
                         console.print("---")
                     sys.stdout.flush()
             else:
@@ -226,9 +295,11 @@ def _watch(config: EtcdConfig, prefix: str, controller_type: str | None, as_json
                         except queue.Empty:
                             if last is None:
                                 continue
-                        # Redraw on every change, and once a second for TTL/age columns.
+                        # Redraw on every change, and once a second for TTL/age (and progress) columns.
+                        progress, note = measured()
+                        snaps = _filter(last.snapshots, controller_type)
                         live.update(
-                            render(_filter(last.snapshots, controller_type), client, last.revision, wide=wide),
+                            render(snaps, client, last.revision, wide=wide, progress=progress, progress_note=note),
                             refresh=True,
                         )
     except KeyboardInterrupt:

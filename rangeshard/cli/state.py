@@ -5,7 +5,10 @@ Purpose
     detached, and every component it started (kind, pid, port, URL, health
     URL). ``status`` reads it and probes each component (process alive and
     its health endpoint: etcd ``/health``, the API server's, the proxy's and
-    each manager's ``/readyz``). ``down`` stops what it lists: managers first
+    each manager's ``/readyz``), then shows each controller instance's
+    progress as the proxy measures it (:mod:`rangeshard.cli.progress`): an
+    instance whose oldest unanswered change is older than its
+    ``stuckAfterSeconds`` is STUCK, with its count. ``down`` stops what it lists: managers first
     (graceful leave), then the proxy, the API server and etcd; SIGTERM, then
     SIGKILL after a grace period.
 
@@ -13,8 +16,9 @@ Invariants
     * A pid is only signalled while it is still the process ``up`` started
       (same ``/proc/PID/stat`` start time), so a reused pid is never killed.
     * ``down`` is idempotent: nothing running (or no ``up.json``) is success.
-    * ``status`` exit codes: 0 every component healthy, 1 at least one
-      component is down or unhealthy, 3 nothing to report (no ``up.json``).
+    * ``status`` exit codes: 0 every component healthy and no instance stuck,
+      1 at least one component is down or unhealthy or an instance is stuck,
+      3 nothing to report (no ``up.json``).
     * The state file is written atomically (temp file + rename).
 
 Concurrency model
@@ -38,7 +42,9 @@ import typer
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
+from rangeshard.cli.progress import Progress, ProgressUnavailable, describe, fetch, style
 from rangeshard.cli.tables import Output, OutputOpt, table_console
 
 STATE_FILE = "up.json"
@@ -174,11 +180,36 @@ def stop_pids(targets: list[tuple[int, int | None]], grace: float) -> list[int]:
     return [pid for pid, _ in running]
 
 
-def status_command(state_dir: StateDirOpt = DEFAULT_STATE_DIR, output: OutputOpt = Output.table) -> None:
-    """Show each component ``up`` started in the state dir: pid, port, healthy or not.
+def proxy_from_state(state_dir: Path) -> str | None:
+    """The URL of the proxy a ``rangeshard up`` recorded in ``state_dir`` (``None``: none recorded)."""
+    state = read_state(state_dir)
+    if state is None:
+        return None
+    return next((c.url for c in state.components if c.kind == "proxy" and c.url), None)
 
-    Exit code: 0 all healthy; 1 a component is down or unhealthy; 3 no ``up``
-    recorded in the state dir.
+
+def _progress(state: UpState) -> tuple[list[tuple[str, str, Progress]], str | None]:
+    """``[(type, instance, Progress)]`` from the recorded proxy's metrics, or why there is none."""
+    proxy = next((c for c in state.components if c.kind == "proxy" and c.url), None)
+    if proxy is None or proxy.url is None:
+        return [], "no proxy recorded"
+    if not alive(proxy.pid, proxy.start_time):
+        return [], "the proxy is not running"
+    try:
+        found = fetch(proxy.url)
+    except ProgressUnavailable as e:
+        return [], str(e)
+    return [(t, i, p) for (t, i), p in sorted(found.items())], None
+
+
+def status_command(state_dir: StateDirOpt = DEFAULT_STATE_DIR, output: OutputOpt = Output.table) -> None:
+    """Show each component ``up`` started in the state dir (pid, port, healthy or not) and each instance's progress.
+
+    Progress is measured by the proxy: an instance whose oldest unanswered
+    change of a main object is older than its stuckAfterSeconds is STUCK,
+    with its count; a controller that never writes status.observedGeneration
+    is "not measurable". Exit code: 0 all healthy; 1 a component is down or
+    unhealthy, or an instance is stuck; 3 no ``up`` recorded in the state dir.
     """
     state = read_state(state_dir)
     if state is None:
@@ -188,6 +219,8 @@ def status_command(state_dir: StateDirOpt = DEFAULT_STATE_DIR, output: OutputOpt
             typer.echo(f"nothing running: no {state_dir / STATE_FILE} (start one with rangeshard up --detach)")
         raise typer.Exit(3)
     rows = [(c, *component_health(c)) for c in state.components]
+    progress, progress_error = _progress(state)
+    stuck = [(t, i) for t, i, p in progress if p.stuck]
     if output is Output.json:
         doc = {
             "stateDir": str(state_dir),
@@ -197,6 +230,9 @@ def status_command(state_dir: StateDirOpt = DEFAULT_STATE_DIR, output: OutputOpt
                 {"name": c.name, "kind": c.kind, "pid": c.pid, "port": c.port, "url": c.url, "healthy": h, "detail": d}
                 for c, h, d in rows
             ],
+            "progress": [{"controllerType": t, "instanceId": i, **p.to_json()} for t, i, p in progress],
+            "progressError": progress_error,
+            "stuck": [f"{t}/{i}" for t, i in stuck],
         }
         sys.stdout.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n")
     else:
@@ -207,8 +243,23 @@ def status_command(state_dir: StateDirOpt = DEFAULT_STATE_DIR, output: OutputOpt
             cells = [c.name, str(c.pid or "-"), str(c.port or "-"), "yes" if healthy else "no", detail]
             table.add_row(*cells, *((c.url or "-",) if output is Output.wide else ()))
         table_console().print(table)
-    if not all(h for _, h, _ in rows):
+        _print_progress(progress, progress_error)
+    if not all(h for _, h, _ in rows) or stuck:
         raise typer.Exit(1)
+
+
+def _print_progress(progress: list[tuple[str, str, Progress]], error: str | None) -> None:
+    if error is not None:
+        typer.echo(f"progress: unknown ({error})")
+        return
+    if not progress:
+        return
+    table = Table(title="progress (measured by the proxy)", title_justify="left")
+    for col in ("TYPE", "INSTANCE", "PROGRESS"):
+        table.add_column(col)
+    for ctype, instance, p in progress:
+        table.add_row(ctype, instance, Text(describe(p), style=style(p)))
+    table_console().print(table)
 
 
 def down_command(state_dir: StateDirOpt = DEFAULT_STATE_DIR) -> None:

@@ -9,7 +9,10 @@ Purpose
     ``DIR/kubeconfig`` for kubectl and ``DIR/up.json`` (what runs where, for
     ``rangeshard status``/``down``), optionally creates demo deployments, and
     shows the live registry until Ctrl-C/SIGTERM; with ``--detach`` it exits
-    once ready and leaves everything running. Write fencing is on (the
+    once ready and leaves everything running. A foreground ``up`` supervises
+    its managers as a StatefulSet would (:class:`ManagerSupervisor`): one that
+    exits (a crash, or its watchdog found a controller stuck and made it
+    leave) is started again with backoff, under the same instance ids. Write fencing is on (the
     proxy watches the registry, ``--etcd``) and the API server writes its
     audit log to ``DIR/apiserver-audit.jsonl`` (level ``RequestResponse``),
     so ``python -m controller_manager.audit --apiserver-audit
@@ -26,19 +29,26 @@ Invariants
       API server and etcd (:meth:`LocalCluster.stop`). No orphans: killed itself (SIGKILL), ``up``
       takes its children along (a parent-death signal); with ``--detach`` they outlive it.
     * Data in the state directory survives ``up`` restarts; logs are appended.
+    * Supervision (foreground only, once ready): a manager that exited is
+      restarted after 1 s, doubling to 30 s while it keeps exiting within a
+      minute; ``DIR/up.json`` follows its new pid. Nothing is restarted once
+      the stop began.
     * Every port is checked before anything starts (``updown.plan_ports``);
       ``ready`` is printed only when every child is running and healthy
       (``updown.wait_healthy``).
 
 Concurrency model
-    The main thread supervises; children are separate processes; the registry
-    view comes from a :class:`MembershipWatch` thread.
+    The main thread waits and draws; children are separate processes; the registry
+    view comes from a :class:`MembershipWatch` thread; managers are restarted by
+    the ``up-supervisor`` thread.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -66,11 +76,15 @@ from rangeshard.cli.tables import table_console
 from rangeshard.cli.updown import PortPlan, choose_port, demo_summary, plan_ports, wait_healthy
 from rangeshard.core.errors import ConfigError, RangeshardError
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
+from rangeshard.core.loops import start_thread
 from rangeshard.core.process import EtcdServer
 from registry import DEFAULT_PREFIX, MembershipWatch, RegistryView
 
 if TYPE_CHECKING:
+    from controller_manager.process import ManagerProcess
     from rangeshard.localcluster import LocalCluster
+
+log = logging.getLogger(__name__)
 
 DEFAULT_MANAGER_CONFIG: dict[str, Any] = {
     "leaseTTLSeconds": 10,
@@ -85,6 +99,85 @@ SIMULATED_NODE = "rangeshard-node"
 
 class UpRunningError(RangeshardError):
     """An ``up`` recorded in the state dir is still running."""
+
+
+class ManagerSupervisor:
+    """Restarts ``up``'s managers that exit, as a StatefulSet restarts its pods (see the module docstring).
+
+    States of one manager: running ──(exited)──► waiting (backoff) ──(due)──► running (restarted; ``up.json``
+    updated). The backoff starts at :attr:`INITIAL` s, doubles per exit within :attr:`RESET_AFTER` s of running,
+    up to :attr:`MAX` s.
+    """
+
+    INITIAL = 1.0
+    MAX = 30.0
+    RESET_AFTER = 60.0
+
+    def __init__(self, managers: Sequence[ManagerProcess], state_dir: Path, console: Console) -> None:
+        self.managers = list(managers)
+        self.state_dir = state_dir
+        self.console = console
+        self.restarts: dict[str, int] = {}
+        self._backoff: dict[str, float] = {}
+        self._due: dict[str, float] = {}
+        self._started: dict[str, float] = {m.name: time.monotonic() for m in self.managers}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = start_thread("up-supervisor", self._run, what="up: manager supervisor")
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.5):
+            for m in self.managers:
+                self.check(m, time.monotonic())
+
+    def check(self, m: ManagerProcess, now: float) -> None:
+        """One look at ``m``: note its exit, or restart it once its backoff is over."""
+        code = m.returncode
+        if code is None or self._stop.is_set():
+            return
+        due = self._due.get(m.name)
+        if due is None:
+            ran = now - self._started.get(m.name, now)
+            backoff = self.INITIAL if ran >= self.RESET_AFTER else min(self._backoff.get(m.name, 0) * 2, self.MAX)
+            backoff = max(backoff, self.INITIAL)
+            self._backoff[m.name] = backoff
+            self._due[m.name] = now + backoff
+            line = f"manager {m.name} exited with code {code} after {ran:.0f}s: restarting it in {backoff:g}s"
+            log.warning("%s", line)
+            self.console.print(line, markup=False, highlight=False, soft_wrap=True)
+            return
+        if now < due:
+            return
+        del self._due[m.name]
+        try:
+            m.start()
+        except RangeshardError as e:
+            log.warning("manager %s: restart failed: %s", m.name, e)
+            self._started[m.name] = now
+            return
+        self._started[m.name] = now
+        self.restarts[m.name] = self.restarts.get(m.name, 0) + 1
+        self._record_pid(m)
+        line = f"manager {m.name} restarted (pid {m.pid})"
+        log.info("%s", line)
+        self.console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+    def _record_pid(self, m: ManagerProcess) -> None:
+        state = read_state(self.state_dir)
+        if state is None or m.pid is None:
+            return
+        for c in state.components:
+            if c.kind == "manager" and c.name == f"manager {m.name}":
+                c.pid = m.pid
+                c.start_time = process_start_time(m.pid)
+        write_state(self.state_dir, state)
 
 
 def etcd_command(
@@ -213,6 +306,7 @@ def up_command(
     stop = stop_on_signals()
     cluster = _local_cluster(state_dir, ports, config, detach)
     keep_running = False
+    supervisor: ManagerSupervisor | None = None
     try:
         cluster.start()
         kubeconfig = cluster.write_kubeconfig(state_dir / "kubeconfig", "rangeshard-local")
@@ -233,11 +327,17 @@ def up_command(
             return
         console.print("Ctrl-C stops everything; etcd data stays in the state directory.")
         if not exit_when_ready:
+            supervisor = ManagerSupervisor(cluster.managers, state_dir, console)
+            supervisor.start()
             _live(cluster.etcd_url, cluster.api_url, stop, console)
     except RangeshardError as e:
+        if supervisor is not None:
+            supervisor.stop()
         _stop(cluster, state_dir, console)
         fail(e)
     finally:
+        if supervisor is not None:
+            supervisor.stop()  # before the managers are stopped: nothing is restarted once the stop began
         if not keep_running:
             _stop(cluster, state_dir, console)
             console.print("stopped")

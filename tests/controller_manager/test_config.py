@@ -158,7 +158,7 @@ INVALID = [
     ("proxy: {url: http://localhost:8001/#top}", "proxy.url: URL must not have a query or fragment"),
     (
         "proxy: {}\nproxy2: 1",
-        "proxy2: unknown field; expected one of: controllers, costWindowSeconds, etcd, instanceIdPrefix, leaseTTLSeconds, metrics, proxy, reconcileTimeoutSeconds, registryPrefix, rejoinGraceSeconds",
+        "proxy2: unknown field; expected one of: controllers, costWindowSeconds, etcd, instanceIdPrefix, leaseTTLSeconds, metrics, proxy, reconcileTimeoutSeconds, registryPrefix, rejoinGraceSeconds, stuckAfterSeconds, watchdog",
     ),
     ("leaseTTLSeconds: 2", "leaseTTLSeconds: Input should be greater than or equal to 3"),
     ("leaseTTLSeconds: 301", "leaseTTLSeconds: Input should be less than or equal to 300"),
@@ -166,7 +166,7 @@ INVALID = [
     ('leaseTTLSeconds: "10"', "leaseTTLSeconds: Input should be a valid integer"),
     (
         "lease_ttl_seconds: 10",
-        "lease_ttl_seconds: unknown field; expected one of: controllers, costWindowSeconds, etcd, instanceIdPrefix, leaseTTLSeconds, metrics, proxy, reconcileTimeoutSeconds, registryPrefix, rejoinGraceSeconds",
+        "lease_ttl_seconds: unknown field; expected one of: controllers, costWindowSeconds, etcd, instanceIdPrefix, leaseTTLSeconds, metrics, proxy, reconcileTimeoutSeconds, registryPrefix, rejoinGraceSeconds, stuckAfterSeconds, watchdog",
     ),
     (
         "registryPrefix: rangeshard",
@@ -246,7 +246,7 @@ def test_all_problems_are_reported_at_once(tmp_path: Path) -> None:
         f"{path}: proxy.url: URL scheme must be http or https",
         f"{path}: leaseTTLSeconds: Input should be greater than or equal to 3",
         f"{path}: controllers.replicaset.workers: Input should be greater than or equal to 1",
-        f"{path}: bar: unknown field; expected one of: controllers, costWindowSeconds, etcd, instanceIdPrefix, leaseTTLSeconds, metrics, proxy, reconcileTimeoutSeconds, registryPrefix, rejoinGraceSeconds",
+        f"{path}: bar: unknown field; expected one of: controllers, costWindowSeconds, etcd, instanceIdPrefix, leaseTTLSeconds, metrics, proxy, reconcileTimeoutSeconds, registryPrefix, rejoinGraceSeconds, stuckAfterSeconds, watchdog",
         f"{path}: controllers.foo: unknown controller (known: {KNOWN}); or give class: 'module:Class'",
     ]
 

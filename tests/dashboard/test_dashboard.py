@@ -31,7 +31,7 @@ from rangeshard.cli.main import app as cli_app
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
 from rangeshard.core.process import EtcdServer, free_port, popen
 from registry import Registry, State
-from tests.helpers import wait_until
+from tests.helpers import MetricsServer, progress_metrics, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -64,10 +64,10 @@ class Dashboard:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
 
 
-def _start_dashboard(etcd_url: str, prefix: str, log: Path) -> Dashboard:
+def _start_dashboard(etcd_url: str, prefix: str, log: Path, *extra: str) -> Dashboard:
     port = free_port()
     cmd = [sys.executable, "-m", "rangeshard.cli.main", "--log-level", "info", "dashboard"]
-    cmd += ["--etcd", etcd_url, "--port", str(port), "--prefix", prefix]
+    cmd += ["--etcd", etcd_url, "--port", str(port), "--prefix", prefix, *extra]
     with log.open("wb") as out:
         proc = popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     dash = Dashboard(f"http://127.0.0.1:{port}/", proc, log)
@@ -279,6 +279,57 @@ def test_page_draws_the_ring_live(
         page.close()
         for lease in leases.values():
             etcd_client.revoke_lease(lease)
+
+
+def test_stuck_instances_are_marked(
+    browser: BrowserContext, etcd_server: EtcdServer, etcd_client: EtcdClient, key_prefix: str, tmp_path: Path
+) -> None:
+    """With --proxy, each instance's progress is in /api/ring and a stuck one is marked on its segment."""
+    reg = Registry(etcd_client, key_prefix)
+    leases = [_join(reg, etcd_client, "gadget", iid, 1) for iid in ("g-a", "g-b")]
+    metrics = progress_metrics(("gadget", "g-a", 13, 84.0, 5.0), ("gadget", "g-b", None, 0.0, 120.0))
+    with MetricsServer(metrics) as proxy:
+        dash = _start_dashboard(
+            etcd_server.url, key_prefix, tmp_path / "dashboard.log", "--proxy", proxy.url, "--state-dir", str(tmp_path)
+        )
+        page: Page = browser.new_page()
+        try:
+
+            def instances() -> dict[str, dict[str, object]]:
+                doc = _ring(dash)
+                types = doc["controllerTypes"]
+                assert isinstance(types, list)
+                found = {i["instanceId"]: i for t in types for i in t["instances"]}
+                return found if all(i["progress"] is not None for i in found.values()) and len(found) == 2 else {}
+
+            got = wait_until(instances, timeout=15, message="progress of both instances in /api/ring")
+            assert got["g-a"]["progress"] == {
+                "measurable": True,
+                "unreconciled": 13,
+                "oldestSeconds": 84.0,
+                "stuck": True,
+                "stuckAfterSeconds": 5.0,
+            }
+            assert got["g-a"]["progressText"] == "STUCK: 13 unanswered, oldest 84s (> 5s)"
+            assert got["g-b"]["progressText"] == "not measurable"
+
+            page.goto(dash.url, wait_until="domcontentloaded")
+            seg = page.locator('section.ctype[data-type="gadget"] .seg[data-instance="g-a"]')
+            expect(seg).to_have_attribute("data-stuck", "true", timeout=15_000)
+            expect(seg.locator(".stk")).to_have_text("STUCK 13")
+            expect(seg.locator(".stk")).to_be_visible()
+            other = page.locator('section.ctype[data-type="gadget"] .seg[data-instance="g-b"]')
+            expect(other).to_have_attribute("data-stuck", "false")
+            expect(page.locator('tr[data-instance="g-b"] td.prog')).to_have_text("not measurable")
+
+            proxy.text = progress_metrics(("gadget", "g-a", 0, 0.0, 5.0), ("gadget", "g-b", None, 0.0, 120.0))
+            expect(seg).to_have_attribute("data-stuck", "false", timeout=15_000)
+            expect(page.locator('tr[data-instance="g-a"] td.prog')).to_have_text("ok")
+        finally:
+            page.close()
+            _stop(dash.proc)
+            for lease in leases:
+                etcd_client.revoke_lease(lease)
 
 
 def test_etcd_outage_is_shown_and_recovers(etcd_server_factory: Callable[[], EtcdServer], tmp_path: Path) -> None:

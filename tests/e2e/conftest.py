@@ -36,6 +36,8 @@ from controller_manager.process import ManagerProcess
 from hashing import hash_key
 from local_apiserver.process import LocalApiServerProcess
 from range_filter_proxy.process import ProxyProcess
+from rangeshard.cli.progress import Progress
+from rangeshard.cli.progress import fetch as fetch_progress
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
 from rangeshard.core.process import EtcdCluster, EtcdServer
 from rangeshard.localcluster import LocalCluster
@@ -163,6 +165,10 @@ class Cluster:
         m.hold_file = hold_file
         self.managers.append(m)
         return m
+
+    def progress(self, controller_type: str) -> dict[str, Progress]:
+        """``instance -> Progress`` of one type, as the proxy's ``/metrics`` say (a proxy with write fencing)."""
+        return {i: p for (t, i), p in fetch_progress(self.proxy.url, timeout=10).items() if t == controller_type}
 
     def snapshot(self, controller_type: str) -> Snapshot:
         with EtcdClient(EtcdConfig.from_urls(self.registry_etcd_url)) as client:
