@@ -24,6 +24,9 @@ Owns
       (the ``k8s\\0`` envelope, ``ObjectMeta``) and write bodies of any
       media type, for the write fence.
     * :mod:`rangeshard.core.clock` - the injectable monotonic clock.
+    * :mod:`rangeshard.core.backoff` - the one retry policy (``Backoff``:
+      exponential, jittered, reset after a long enough success) of every
+      retry loop.
     * :mod:`rangeshard.core.options` - command-line options the commands
       share (etcd TLS/credentials, serving).
     * :mod:`rangeshard.core.ports` - is a port free, and who holds it.
