@@ -56,6 +56,7 @@ from types import TracebackType
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
+from controller_manager import write_audit
 from rangeshard.core.errors import ConfigError
 from rangeshard.core.timestamps import format_micro_time
 
@@ -242,8 +243,6 @@ def main(argv: list[str] | None = None) -> int:
     if not args.files and not args.apiserver_audit:
         print("error: give reconcile audit FILEs and/or --apiserver-audit FILE", file=sys.stderr)
         return 2
-    from controller_manager import write_audit  # noqa: PLC0415 (it imports the controllers, which import us)
-
     stale = 0
     if args.apiserver_audit:
         try:
