@@ -32,6 +32,7 @@ The tree::
     │   └── ProxyProcessError       (range_filter_proxy.process) the proxy child did not start
     ├── LocalApiServerError         (local_apiserver.process) the API server child did not start
     ├── ProtobufError               (rangeshard.core.protobuf) a body that is not well-formed Kubernetes protobuf
+    ├── PlanError                   (registry.rebalance) no rebalance plan can be made: nothing measured (exit 2)
     └── RegistryError               anything etcd reports (mapped once, in rangeshard.core.etcd.errors)
         ├── RegistryUnavailable     etcd unreachable or too slow (retry later)
         ├── EtcdAuthFailed          etcd refused the credentials or the permission
@@ -89,6 +90,10 @@ class ControllerError(RangeshardError):
 
 class ReconcileTimeout(ControllerError):
     """A reconcile ran out of time: its own bound or the lease's fencing deadline."""
+
+
+class PlanError(RangeshardError):
+    """The rebalance planner cannot make a plan (no reconcile times, too little histogram resolution)."""
 
 
 class RegistryError(RangeshardError):
