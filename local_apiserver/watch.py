@@ -51,6 +51,7 @@ from local_apiserver.state import in_thread
 from local_apiserver.store import Store
 from rangeshard.core.errors import RegistryError, WatchCompacted
 from rangeshard.core.etcd import EtcdClient, EtcdConfig, PrefixWatch, WatchBatch, WatchEvent
+from rangeshard.core.kubeapi import event_line
 from rangeshard.core.selectors import FieldSelector, LabelSelector
 from rangeshard.core.serving import ShutdownSignal
 
@@ -127,10 +128,6 @@ class EtcdWatch:
             watch.cancel()
         if client is not None:
             client.close()
-
-
-def event_line(kind: str, obj: Obj) -> bytes:
-    return orjson.dumps({"type": kind, "object": obj}) + b"\n"
 
 
 def _bookmark(spec: ResourceSpec, revision: int, initial_end: bool = False) -> Obj:

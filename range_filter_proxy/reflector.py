@@ -45,22 +45,14 @@ MAX_LIST_PAGES = 100_000
 
 
 class Target(Protocol):
-    """What the loop feeds: a watch cache."""
+    """What the loop feeds: a watch cache (``vanished``: the resource is gone upstream; ``True``: stop)."""
 
     info: ResourceInfo
     rv: int
 
-    def install(self, objects: dict[tuple[str, str], CachedObject], resource_version: str) -> None:
-        """Replace the store by a fresh list at ``resource_version``."""
-        ...
-
-    def apply(self, event: WatchEvent) -> None:
-        """Apply one upstream watch event."""
-        ...
-
-    def vanished(self, reason: str) -> bool:
-        """The upstream no longer serves the resource (404): ``True`` if the target dropped itself (stop)."""
-        ...
+    def install(self, objects: dict[tuple[str, str], CachedObject], resource_version: str) -> None: ...
+    def apply(self, event: WatchEvent) -> None: ...
+    def vanished(self, reason: str) -> bool: ...
 
 
 async def list_pages(upstream: Upstream, info: ResourceInfo) -> tuple[dict[tuple[str, str], CachedObject], str]:

@@ -68,7 +68,6 @@ from range_filter_proxy.cached import (
     CachedObject,
     CacheSettings,
     WatchFilter,
-    event_line,
     parse_rv,
 )
 from range_filter_proxy.dispatch import DispatchIndex
@@ -80,7 +79,7 @@ from range_filter_proxy.storeindex import StoreIndex
 from range_filter_proxy.upstream import ListResult, Upstream, WatchEvent
 from range_filter_proxy.watcher import Watcher
 from range_filter_proxy.wire import OBJECT_EVENTS
-from rangeshard.core.kubeapi import expired_status, too_old_message
+from rangeshard.core.kubeapi import event_line, expired_status, too_old_message
 from rangeshard.core.loops import start_task
 
 log = logging.getLogger(__name__)

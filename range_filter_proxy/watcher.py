@@ -59,9 +59,10 @@ from typing import Any, Protocol
 
 import orjson
 
-from range_filter_proxy.cached import INITIAL_EVENTS_END, CacheSettings, WatchFilter, event_line
+from range_filter_proxy.cached import INITIAL_EVENTS_END, CacheSettings, WatchFilter
 from range_filter_proxy.metrics import LATENCY_BUCKETS, ResourceStats
 from range_filter_proxy.resources import ResourceInfo
+from rangeshard.core.kubeapi import event_line
 
 log = logging.getLogger(__name__)
 
@@ -74,13 +75,8 @@ class Source(Protocol):
     stats: ResourceStats
     rv: int
 
-    def schedule_flush(self, w: Watcher) -> None:
-        """Flush ``w`` at the end of the current event-loop turn."""
-        ...
-
-    def remove_watcher(self, w: Watcher) -> None:
-        """Unregister ``w`` (idempotent)."""
-        ...
+    def schedule_flush(self, w: Watcher) -> None: ...
+    def remove_watcher(self, w: Watcher) -> None: ...
 
 
 class DirectSink(Protocol):
