@@ -61,6 +61,7 @@ from rangeshard.core.entrypoint import reexec_if_shadowed
 # Before our imports: from a directory shadowing our packages they break (rangeshard.core.entrypoint).
 reexec_if_shadowed("controller_manager.audit")
 
+from controller_manager import write_audit  # noqa: E402
 from rangeshard.core.errors import ConfigError  # noqa: E402
 from rangeshard.core.timestamps import format_micro_time  # noqa: E402
 
@@ -247,8 +248,6 @@ def main(argv: list[str] | None = None) -> int:
     if not args.files and not args.apiserver_audit:
         print("error: give reconcile audit FILEs and/or --apiserver-audit FILE", file=sys.stderr)
         return 2
-    from controller_manager import write_audit  # noqa: PLC0415 (it imports the controllers, which import us)
-
     stale = 0
     if args.apiserver_audit:
         try:

@@ -51,10 +51,23 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from controller_manager.config import WatchdogSection
 from rangeshard.core.loops import start_thread
 
 log = logging.getLogger(__name__)
+
+
+class WatchdogSettings(Protocol):
+    """The bounds of the watchdog (the config's ``watchdog`` section satisfies it; no import of the config)."""
+
+    @property
+    def reconcile_timeouts(self) -> int: ...
+
+    @property
+    def informer_silence_seconds(self) -> float: ...
+
+    @property
+    def exit_after_seconds(self) -> float: ...
+
 
 #: Seconds between checks.
 TICK_SECONDS = 0.5
@@ -114,7 +127,7 @@ class Watched(Protocol):
     def watched_informers(self) -> Sequence[WatchedInformer]: ...
 
 
-def stuck_reasons(rt: Watched, settings: WatchdogSection, now: float, resumed_at: float | None = None) -> list[str]:
+def stuck_reasons(rt: Watched, settings: WatchdogSettings, now: float, resumed_at: float | None = None) -> list[str]:
     """Why ``rt`` is stuck at ``now`` (``time.monotonic()``); empty when it is not.
 
     ``resumed_at``: when the process last resumed from a pause; a silence counts from then at most.
@@ -143,7 +156,7 @@ class Watchdog:
 
     def __init__(
         self,
-        settings: WatchdogSection,
+        settings: WatchdogSettings,
         runtimes: Sequence[Watched],
         *,
         on_stuck: Callable[[str, bool], None] | None = None,

@@ -15,6 +15,8 @@ Modules
     bodies), ``validation``, ``defaults`` (kube's server-side defaults of
     built-in kinds), ``patch`` (merge and JSON patch), ``strategic``
     (strategic merge patch), ``store`` (the etcd storage, synchronous),
+    ``codec`` (its stored form, resource versions, continue tokens),
+    ``strategy`` (what an update stores, preconditions, pod grace periods),
     ``watch`` (etcd watch -> asyncio bridge), ``gc`` (cascading deletion),
     ``auth`` (``--token-file``, the fixed policy, TokenReview and
     SubjectAccessReview), ``middleware`` (body limit, authentication),

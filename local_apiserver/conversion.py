@@ -45,6 +45,8 @@ import orjson
 from local_apiserver.errors import bad_request
 from local_apiserver.resources import ResourceSpec
 from rangeshard.core.events import from_events_v1, to_events_v1
+from rangeshard.core.objpath import get_path as get_path  # noqa: PLC0414 (re-exported for the handlers)
+from rangeshard.core.objpath import set_path as set_path  # noqa: PLC0414 (re-exported for the handlers)
 
 Obj = dict[str, Any]
 
@@ -153,30 +155,6 @@ def keep_status(spec: ResourceSpec, current: Obj, new: Obj) -> None:
 
 
 # -- HorizontalPodAutoscaler --------------------------------------------------------------------------------------
-
-
-def _path(path: str) -> list[str]:
-    return [p for p in path.strip().lstrip(".").split(".") if p]
-
-
-def get_path(node: Any, path: str) -> Any:
-    """The value at the dotted ``path`` (a leading ``.`` allowed, as in a CRD's scale paths); None if absent."""
-    for part in _path(path):
-        if not isinstance(node, dict):
-            return None
-        node = node.get(part)
-    return node
-
-
-def set_path(node: Obj, path: str, value: Any) -> None:
-    """Set the value at the dotted ``path``; missing (or non-object) parents become objects."""
-    parts = _path(path)
-    for part in parts[:-1]:
-        child = node.get(part)
-        if not isinstance(child, dict):
-            child = node[part] = {}
-        node = child
-    node[parts[-1]] = value
 
 
 def _set_annotations(meta: Obj, annotations: Obj) -> None:

@@ -24,6 +24,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from rangeshard.core.errors import (
+    EtcdRequestTooLarge,
+    FutureRevision,
+    RegistryError,
+    RegistryUnavailable,
+    RevisionCompacted,
+)
 from rangeshard.core.kubeapi import (
     EXPIRED_CONTINUE_MESSAGE,
     ApiError,
@@ -107,3 +114,18 @@ not_acceptable = _plain(406, "NotAcceptable")
 timeout = _plain(504, "Timeout")
 unavailable = _plain(503, "ServiceUnavailable")
 invalid_request = _plain(422, "Invalid")  # an Invalid without field causes (a request option, not an object)
+
+
+def etcd_errors(e: RegistryError) -> ApiError:
+    """Translate an etcd failure into the Status kube-apiserver would answer."""
+    if isinstance(e, RevisionCompacted):
+        return gone(f"too old resource version: {e}")
+    if isinstance(e, FutureRevision):
+        return timeout("Too large resource version: the requested resourceVersion is newer than the store's")
+    if isinstance(e, EtcdRequestTooLarge):
+        # etcd's --max-request-bytes (1.5 MiB by default) is below the 3 MiB body limit, as with
+        # kube-apiserver, which answers 413 for etcd's ErrRequestTooLarge too.
+        return ApiError(413, "RequestEntityTooLarge", "Request entity too large: the object is too large for etcd")
+    if isinstance(e, RegistryUnavailable):
+        return unavailable(f"etcd is unavailable: {e}")
+    return unavailable(f"storage error: {e}")

@@ -39,7 +39,8 @@ Concurrency model
     One daemon thread (``simulated-node``) lists the pods, then follows an
     etcd watch of the pods prefix (on its own etcd client; the watch callback
     only enqueues) and keeps a heap of timers (readiness, container exit).
-    After a watch error it relists. Storage calls are synchronous.
+    After a watch error it relists, after a :class:`~rangeshard.core.backoff.Backoff`
+    (1 s doubling to 10 s; 1 s again after 10 s of following). Storage calls are synchronous.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ from typing import Any
 from local_apiserver.errors import ApiError
 from local_apiserver.resources import core_spec
 from local_apiserver.store import Obj, Store
+from rangeshard.core.backoff import Backoff
 from rangeshard.core.errors import RangeshardError, RegistryError
 from rangeshard.core.etcd import EtcdClient, EtcdConfig, WatchBatch
 from rangeshard.core.events import event_body
@@ -201,15 +203,17 @@ class SimulatedNode:
             self._thread.join(timeout=10)
 
     def _run(self) -> None:
+        backoff = Backoff(1.0, 10.0, jitter=0.2, reset_after=10.0)
         while not self._stop.is_set():
             try:
                 self._ensure_node()
+                backoff.succeeded()
                 self._follow()
             except (ApiError, RangeshardError) as e:
                 log.warning("simulated node %s: %s; retrying", self.name, e)
             except Exception:
                 log.exception("simulated node %s: unexpected error; retrying", self.name)
-            self._stop.wait(1.0)
+            self._stop.wait(backoff.next_delay())
 
     # -- the node object -----------------------------------------------------
     def _node_status(self) -> Obj:

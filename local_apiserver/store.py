@@ -6,7 +6,9 @@ Purpose
     the core group; default prefix ``/registry``), applying what
     kube-apiserver's generic registry applies: uid, creationTimestamp,
     generation, generateName, namespace existence, optimistic concurrency,
-    finalizers before deletion, status-subresource isolation.
+    finalizers before deletion, status-subresource isolation. The stored form
+    and continue tokens are :mod:`local_apiserver.codec`'s, what an update
+    stores and how long a pod terminates :mod:`local_apiserver.strategy`'s.
 
 Invariants
     * ``metadata.resourceVersion`` is never stored; it is the etcd mod revision
@@ -27,8 +29,6 @@ Concurrency model
 
 from __future__ import annotations
 
-import base64
-import binascii
 import copy
 import ipaddress
 import logging
@@ -39,43 +39,31 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
-import orjson
-
 from hashing import ShardSelector
-from local_apiserver import services
-from local_apiserver.conversion import keep_status, to_api, to_storage
+from local_apiserver import codec, services
+from local_apiserver.codec import Obj, decode_continue, encode_continue, parse_resource_version
 from local_apiserver.errors import (
     EXPIRED_CONTINUE_MESSAGE,
     ApiError,
     already_exists,
     bad_request,
     conflict,
+    etcd_errors,
     forbidden,
     gone,
-    invalid_request,
     not_found,
     timeout,
-    unavailable,
 )
 from local_apiserver.resources import ResourceSpec, ResourceTable, core_spec
-from local_apiserver.validation import (
-    apply_defaults,
-    check_body_shape,
-    check_job_update,
-    check_secret_update,
-    prepare_for_create,
-    validate_object,
-)
-from rangeshard.core.errors import (
-    EtcdRequestTooLarge,
-    FutureRevision,
-    RegistryError,
-    RegistryUnavailable,
-    RevisionCompacted,
-)
+from local_apiserver.strategy import check_precondition, pod_grace_period, prepare_update
+from local_apiserver.validation import apply_defaults, check_body_shape, prepare_for_create, validate_object
+from rangeshard.core.errors import RegistryError, RevisionCompacted
 from rangeshard.core.etcd import KV, Compare, Delete, EtcdClient, Op, Put, TxnResult, prefix_end
 from rangeshard.core.selectors import FieldSelector, LabelSelector
 from rangeshard.core.timestamps import format_time, parse_time
+
+#: ``Obj``, ``parse_resource_version`` and ``check_precondition`` are importable from here too.
+__all__ = ["ListResult", "Obj", "Store", "check_precondition", "parse_resource_version"]
 
 log = logging.getLogger(__name__)
 
@@ -85,36 +73,7 @@ _PAGE = 500
 _GENERATE_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
 INITIAL_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
 
-Obj = dict[str, Any]
 T = TypeVar("T")
-
-
-def parse_resource_version(value: str | None, what: str = "resourceVersion") -> int | None:
-    """``None``/"" -> None; a non-negative integer string -> int; anything else -> 400."""
-    if value is None or value == "":
-        return None
-    if not value.isascii() or not value.isdigit():
-        raise bad_request(f"invalid {what}: {value!r} is not a valid resource version (expected a decimal integer)")
-    rv = int(value)
-    if rv > 2**63 - 1:
-        # etcd revisions are int64: a larger value can never exist (and would overflow the request).
-        raise bad_request(f"invalid {what}: {value!r} is larger than any resource version (2^63-1)")
-    return rv
-
-
-def etcd_errors(e: RegistryError) -> ApiError:
-    """Translate an etcd failure into the Status kube-apiserver would answer."""
-    if isinstance(e, RevisionCompacted):
-        return gone(f"too old resource version: {e}")
-    if isinstance(e, FutureRevision):
-        return timeout("Too large resource version: the requested resourceVersion is newer than the store's")
-    if isinstance(e, EtcdRequestTooLarge):
-        # etcd's --max-request-bytes (1.5 MiB by default) is below the 3 MiB body limit, as with
-        # kube-apiserver, which answers 413 for etcd's ErrRequestTooLarge too.
-        return ApiError(413, "RequestEntityTooLarge", "Request entity too large: the object is too large for etcd")
-    if isinstance(e, RegistryUnavailable):
-        return unavailable(f"etcd is unavailable: {e}")
-    return unavailable(f"storage error: {e}")
 
 
 @dataclass
@@ -153,29 +112,10 @@ class Store:
     def key(self, spec: ResourceSpec, namespace: str | None, name: str) -> str:
         return f"{self.resource_prefix(spec, namespace)}{name}"
 
-    def decode(self, spec: ResourceSpec, kv: KV) -> Obj:
-        try:
-            obj = orjson.loads(kv.value)
-        except orjson.JSONDecodeError as e:
-            raise unavailable(f"corrupt object at {kv.key}: {e}") from e
-        if not isinstance(obj, dict):
-            raise unavailable(f"corrupt object at {kv.key}: not a JSON object")
-        obj.setdefault("kind", spec.kind)
-        if spec.crd is not None:
-            obj["apiVersion"] = spec.api_version  # the versions of a CRD share storage (conversion "None")
-        obj.setdefault("apiVersion", spec.api_version)
-        obj = to_api(spec, obj)
-        obj.setdefault("metadata", {})["resourceVersion"] = str(kv.mod_revision)
-        return obj
-
-    @staticmethod
-    def encode(obj: Obj) -> bytes:
-        stored = copy.copy(to_storage(obj))
-        meta = dict(stored.get("metadata") or {})
-        meta.pop("resourceVersion", None)
-        meta.pop("selfLink", None)
-        stored["metadata"] = meta
-        return orjson.dumps(stored)
+    decode = staticmethod(codec.decode)
+    encode = staticmethod(codec.encode)
+    #: The object an update of ``current`` to ``new`` stores (:func:`local_apiserver.strategy.prepare_update`).
+    merge_update = staticmethod(prepare_update)
 
     def _txn(self, compare: list[Compare], success: list[Op], what: str) -> TxnResult:
         return self._call(lambda: self.client.transaction(compare, success, what=what))
@@ -455,60 +395,6 @@ class Store:
 
         return self.guaranteed_update(spec, namespace, name, mutate)
 
-    def merge_update(self, spec: ResourceSpec, current: Obj, new: Obj, subresource: str) -> Obj:
-        """The object an update of ``current`` to ``new`` stores (kube's PrepareForUpdate + validation)."""
-        cur_meta = current["metadata"]
-        if subresource == "status":
-            result = copy.deepcopy(current)
-            if "status" in new:
-                result["status"] = new["status"]
-            else:
-                result.pop("status", None)
-            if spec.crd is not None:
-                validate_object(spec, result)  # a custom resource's status is checked against its schema too
-                apply_defaults(spec, result)
-            return result
-        new["kind"] = spec.kind
-        new["apiVersion"] = spec.api_version
-        meta = new.setdefault("metadata", {}) or {}
-        new["metadata"] = meta
-        meta["name"] = cur_meta["name"]
-        if spec.namespaced:
-            meta["namespace"] = cur_meta.get("namespace")
-        else:
-            meta.pop("namespace", None)
-        for immutable in ("uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "generation"):
-            if immutable in cur_meta:
-                meta[immutable] = cur_meta[immutable]
-            else:
-                meta.pop(immutable, None)
-        meta.pop("managedFields", None)
-        if spec.status or spec.resource == "namespaces":
-            if "status" in current:
-                new["status"] = current["status"]
-            else:
-                new.pop("status", None)
-            keep_status(spec, current, new)
-        if cur_meta.get("deletionTimestamp"):
-            added = set(meta.get("finalizers") or []) - set(cur_meta.get("finalizers") or [])
-            if added:
-                raise invalid_request(
-                    f'{spec.kind} "{cur_meta["name"]}" is invalid: metadata.finalizers: Forbidden: '
-                    "no new finalizers can be added if the object is being deleted, "
-                    f"found new finalizers {sorted(added)}"
-                )
-        if spec.resource == "jobs" and spec.group == "batch":
-            check_job_update(current, new)  # first: a changed selector is the cause, not its other symptoms
-        validate_object(spec, new)
-        apply_defaults(spec, new)
-        if spec.resource == "services" and spec.group == "":
-            services.keep_on_update(current, new)
-        if spec.resource == "secrets" and spec.group == "":
-            check_secret_update(current, new)
-        if spec.generation and _spec_changed(current, new):
-            meta["generation"] = int(cur_meta.get("generation") or 0) + 1
-        return new
-
     # -- delete --------------------------------------------------------------
     def delete(
         self,
@@ -649,61 +535,3 @@ class Store:
                 self.on_deleted(spec, obj, propagation)
             except Exception:
                 log.exception("garbage collector hook failed for %s %s", spec.resource, obj["metadata"].get("name"))
-
-
-def pod_grace_period(spec: ResourceSpec, pod: Obj, requested: int | None) -> int:
-    """Seconds of graceful termination a delete gives ``pod`` (0: remove it at once).
-
-    Only pods bound to a node and not finished terminate gracefully (nothing
-    else would ever remove them); the grace period is the request's, else the
-    pod's ``terminationGracePeriodSeconds`` (30 by default).
-    """
-    if spec.resource != "pods":
-        return 0
-    if not (pod.get("spec") or {}).get("nodeName"):
-        return 0
-    if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
-        return 0
-    if requested is None:
-        requested = (pod.get("spec") or {}).get("terminationGracePeriodSeconds", 30)
-    try:
-        return max(int(requested), 0)
-    except (TypeError, ValueError):
-        return 30
-
-
-def check_precondition(spec: ResourceSpec, name: str, current: Obj, expected: int | None) -> None:
-    """409 Conflict when the client's resourceVersion is not the stored one."""
-    if expected is None:
-        return
-    if str(expected) != current["metadata"]["resourceVersion"]:
-        raise conflict(
-            spec.group_resource,
-            name,
-            "the object has been modified; please apply your changes to the latest version and try again",
-        )
-
-
-def _spec_changed(old: Obj, new: Obj) -> bool:
-    skip = ("metadata", "status", "kind", "apiVersion")
-    return {k: v for k, v in old.items() if k not in skip} != {k: v for k, v in new.items() if k not in skip}
-
-
-def encode_continue(revision: int, start_suffix: str) -> str:
-    raw = orjson.dumps({"v": "meta.k8s.io/v1", "rv": revision, "start": start_suffix})
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
-
-
-def decode_continue(token: str) -> tuple[int, str]:
-    try:
-        padded = token + "=" * (-len(token) % 4)
-        data = orjson.loads(base64.urlsafe_b64decode(padded.encode()))
-        rv = data["rv"]
-        start = data["start"]
-        if data.get("v") != "meta.k8s.io/v1" or not isinstance(rv, int) or rv <= 0 or not isinstance(start, str):
-            raise ValueError("bad fields")
-        if "/" in start.rstrip("\0").strip("/") and start.count("/") > 1:
-            raise ValueError("bad start key")
-    except (ValueError, KeyError, TypeError, binascii.Error, orjson.JSONDecodeError) as e:
-        raise bad_request(f"continue key is not valid: {e}") from e
-    return rv, start

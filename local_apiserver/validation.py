@@ -29,12 +29,13 @@ import json
 import re
 from typing import Any
 
-from local_apiserver.conversion import METRICS_ANNOTATION, cpu_utilization_metric, get_path
+from local_apiserver.conversion import METRICS_ANNOTATION, cpu_utilization_metric
 from local_apiserver.crd import crd_defaults, crd_problems
 from local_apiserver.defaults import JOB_UID_LABEL, generate_job_selector, service_defaults, workload_defaults
 from local_apiserver.errors import bad_request, invalid
 from local_apiserver.resources import CRD_RESOURCE, ResourceSpec
 from local_apiserver.schema import apply_schema_defaults, schema_problems
+from rangeshard.core.objpath import get_path
 from rangeshard.core.selectors import LabelSelector, Requirement, label_key_problem, label_value_problem
 
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")

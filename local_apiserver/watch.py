@@ -43,13 +43,15 @@ import anyio
 import orjson
 
 from hashing import ShardSelector
+from local_apiserver.codec import Obj, parse_resource_version
 from local_apiserver.conversion import to_api
 from local_apiserver.errors import ApiError, expired_status, gone, too_old_message, unavailable
 from local_apiserver.resources import ResourceSpec
 from local_apiserver.state import in_thread
-from local_apiserver.store import Obj, Store, parse_resource_version
+from local_apiserver.store import Store
 from rangeshard.core.errors import RegistryError, WatchCompacted
 from rangeshard.core.etcd import EtcdClient, EtcdConfig, PrefixWatch, WatchBatch, WatchEvent
+from rangeshard.core.kubeapi import event_line
 from rangeshard.core.selectors import FieldSelector, LabelSelector
 from rangeshard.core.serving import ShutdownSignal
 
@@ -126,10 +128,6 @@ class EtcdWatch:
             watch.cancel()
         if client is not None:
             client.close()
-
-
-def event_line(kind: str, obj: Obj) -> bytes:
-    return orjson.dumps({"type": kind, "object": obj}) + b"\n"
 
 
 def _bookmark(spec: ResourceSpec, revision: int, initial_end: bool = False) -> Obj:

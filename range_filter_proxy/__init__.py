@@ -11,8 +11,11 @@ Modules
     ``app`` (FastAPI: the settings root ``ProxySettings``, routing, the app
     factory), ``listing`` (list/watch of cached collections: list options,
     paging, Table answers), ``passthrough`` (everything else, forwarded
-    upstream; write fencing), ``cache`` (the shared watch caches: store,
-    history, dispatch; ``CacheManager``), ``cached`` (cached objects and
+    upstream; write fencing), ``cache`` (``CacheManager``: every watch
+    cache of the proxy, discovery), ``watchcache`` (one resource's shared
+    cache: store, history, dispatch), ``reflector`` (its upstream loop: paged
+    list, watch, relist), ``shardprobe`` (is the upstream a native KEP-5866
+    server?), ``cached`` (cached objects and
     events, watch filters, settings), ``storeindex`` (the store's keys by shard
     hash bucket, so a range LIST visits its slice), ``dispatch`` (which watchers an event
     can concern, by shard range), ``watcher`` (one downstream watch and its

@@ -1,592 +1,50 @@
-"""The shared watch cache: one upstream list+watch per resource, many filtered downstream watches.
+"""All watch caches of one proxy: started on first use or from the configuration, resolved by discovery.
 
 Purpose
-    A :class:`WatchCache` keeps the current state of one resource (objects
-    with precomputed shard hashes and their JSON serialisation) and a window of
-    recent events, fed by exactly one upstream list+watch. Downstream lists and
-    watches -- each with its own namespace, label, field and ``shardSelector``
-    filter -- are answered from it, so the upstream sees one watch per
-    resource however many controller instances run. :class:`CacheManager`
-    starts caches on first use (or eagerly for configured resources) and
-    resolves resources through discovery. The values it stores are in
-    :mod:`range_filter_proxy.cached`, one downstream watch is a
-    :class:`~range_filter_proxy.watcher.Watcher`.
-
-Semantics (those of kube-apiserver's cacher, see docs/proxy.md)
-    * The history holds every event after ``history_start_rv``; a watch from
-      ``N >= history_start_rv`` replays the events with ``rv > N``; an older
-      ``N`` is answered with an ``ERROR`` event carrying a 410 ``Status``.
-    * The window keeps at least ``history_events`` events or
-      ``history_seconds`` of them, whichever is more, up to ``history_hard_cap``.
-    * A (re)list reads the upstream in pages (``limit``/``continue``, one
-      consistent snapshot) and replaces the store, clears the history (``history_start_rv``
-      becomes the list's RV) and closes every downstream watch, as kube's
-      cacher does; clients re-watch and get 410 if their RV is older.
-    * A modification that moves an object into a watcher's filter is sent as
-      ``ADDED``, out of it as ``DELETED`` (of the previous state, at the new RV).
-    * A cache started on demand whose relist gets 404 (its CRD was deleted)
-      closes its watchers, empties itself, answers 404 and is forgotten by
-      the :class:`CacheManager` with its discovery answer; a configured one
-      keeps relisting.
-    * Observers (:class:`CacheObserver`, e.g. the progress tracker of
-      :mod:`range_filter_proxy.progress`) see every applied object event and
-      every store replacement, synchronously, in the same order as the
-      watchers; an observer that raises is logged and does not stop the cache.
+    A :class:`CacheManager` holds the proxy's
+    :class:`~range_filter_proxy.watchcache.WatchCache` per resource (one
+    upstream list+watch each, :mod:`range_filter_proxy.reflector`), starts
+    one on the first request for its resource or eagerly for the configured
+    ones, answers discovery from a short-lived cache of the upstream's, and
+    reports whether the upstream filters by ``shardSelector`` itself
+    (:mod:`range_filter_proxy.shardprobe`). ``WatchCache`` is importable from
+    here too.
 
 Invariants
-    * ``rv`` never decreases between relists; every event in the history has
-      ``history_start_rv < event.rv <= rv``, in non-decreasing order.
-    * Every event is serialised at most once per variant (``ADDED``/``MODIFIED``/
-      ``DELETED`` of the current or previous object), whatever the number of watchers.
-    * A watcher's live queue holds at most ``watcher_queue_size`` events; when
-      it is full the watcher is cut off (closed) instead of blocking anybody.
+    * At most one cache per resource; a cache started on demand whose
+      resource went away upstream (404) is forgotten with the discovery answer
+      of its group/version, so the collection is passed through again.
+    * A discovery miss is asked again at most every 5 s (always, with
+      ``fresh_miss``); the configured resources are resolved with the relist
+      :class:`~rangeshard.core.backoff.Backoff` until the upstream answers.
 
 Concurrency model
-    Single event loop. Applying an upstream event, dispatching it to every
-    watcher and registering a new watcher (with its replayed backlog) are
-    synchronous (no ``await``), so no event is lost or duplicated between
-    them. One named background task per cache runs the upstream loop; each
-    downstream watch is an async generator consuming its own bounded queue,
-    or, for live events under uvicorn's httptools protocol, is written by the
-    cache's end-of-turn flush (:meth:`WatchCache.schedule_flush`: one
-    ``call_soon`` callback per event-loop turn; see
-    :mod:`range_filter_proxy.watcher`).
+    Single event loop. Discovery lookups are serialised by one lock; the
+    configuration resolver and the shardSelector probe are named background
+    tasks, ended by :meth:`CacheManager.stop`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
-import random
 import time
-from collections import deque
-from collections.abc import Callable, Iterable, Mapping
-from typing import Protocol
 
-import orjson
-
-from hashing import HashRange, range_to_selector
-from range_filter_proxy.cached import (
-    CachedEvent,
-    CachedObject,
-    CacheSettings,
-    WatchFilter,
-    event_line,
-    parse_rv,
-)
-from range_filter_proxy.dispatch import DispatchIndex
-from range_filter_proxy.errors import ApiError, UpstreamError, UpstreamGone, gone
+from range_filter_proxy.cached import CacheSettings
+from range_filter_proxy.errors import UpstreamError
 from range_filter_proxy.metrics import ProxyMetrics
 from range_filter_proxy.resources import ResourceInfo
-from range_filter_proxy.storeindex import StoreIndex
-from range_filter_proxy.upstream import ListResult, Upstream, WatchEvent
-from range_filter_proxy.watcher import Watcher
-from range_filter_proxy.wire import OBJECT_EVENTS
-from rangeshard.core.kubeapi import expired_status, too_old_message
+from range_filter_proxy.shardprobe import probe_shard_selector
+from range_filter_proxy.upstream import Upstream
+from range_filter_proxy.watchcache import WatchCache
+from rangeshard.core.backoff import Backoff
 from rangeshard.core.loops import start_task
 from rangeshard.core.rest import GVR, group_version
 
+__all__ = ["CacheManager", "WatchCache"]
+
 log = logging.getLogger(__name__)
-
-#: Objects per upstream list page (client-go's reflector pages by 500 too).
-LIST_PAGE_SIZE = 500
-#: Bound of the paging loop (500 x 100,000 = 50 million objects).
-MAX_LIST_PAGES = 100_000
-
-
-class CacheObserver(Protocol):
-    """Something that follows a cache's store (called on the event loop, synchronously; must be quick)."""
-
-    def applied(self, etype: str, obj: CachedObject, received: float) -> None:
-        """An object event was applied (``received``: its ``time.monotonic()`` arrival)."""
-
-    def replaced(self, objects: Mapping[tuple[str, str], CachedObject]) -> None:
-        """The store was replaced (a relist; ``{}`` when the resource went away)."""
-
-
-class WatchCache:
-    """The cache of one resource, fed by one upstream list+watch."""
-
-    def __init__(
-        self,
-        info: ResourceInfo,
-        upstream: Upstream,
-        metrics: ProxyMetrics,
-        settings: CacheSettings,
-        on_gone: Callable[[WatchCache], None] | None = None,
-    ) -> None:
-        self.info = info
-        #: Called once if a relist finds the resource gone upstream (404): the cache has then
-        #: closed its watchers, dropped its store and ended its upstream loop (``gone`` is set).
-        self.on_gone = on_gone
-        self.gone = False
-        self.upstream = upstream
-        self.metrics = metrics
-        self.settings = settings
-        self.objects: dict[tuple[str, str], CachedObject] = {}
-        #: ``objects``' keys by shard hash, so a select with a ``shardSelector`` visits only its
-        #: slice (:mod:`range_filter_proxy.storeindex`); updated with ``objects``, never apart.
-        self.store_index = StoreIndex()
-        self.history: deque[CachedEvent] = deque()
-        self.history_start_rv = 0
-        self.rv = 0
-        self.synced = asyncio.Event()
-        self.watchers: dict[int, Watcher] = {}
-        #: Set (and dropped) when ``rv`` advances; created only while somebody waits for it.
-        self._progress: asyncio.Event | None = None
-        #: The watchers by shard range; ``None`` after one was added or removed, rebuilt at the
-        #: next dispatch (once for a run of watch requests, never per event).
-        self._index: DispatchIndex | None = DispatchIndex(())
-        self._task: asyncio.Task[None] | None = None
-        self._label = info.gvr.label
-        #: Hot-path counters (plain integers; see range_filter_proxy.metrics).
-        self.stats = metrics.stats(self._label)
-        #: Watchers with live events for the end-of-turn flush (direct path), and whether it is scheduled.
-        self._dirty: list[Watcher] = []
-        self._flush_scheduled = False
-        self._loop: asyncio.AbstractEventLoop | None = None
-        #: History length above which eviction is considered (checked inline per event).
-        self._evict_above = min(settings.history_events, settings.history_hard_cap)
-        #: Followers of the store (:meth:`add_observer`); empty for almost every cache.
-        self.observers: list[CacheObserver] = []
-
-    # ---- lifecycle -------------------------------------------------------------------------
-
-    def start(self) -> None:
-        """Start the upstream loop (idempotent)."""
-        if self._task is None:
-            self._task = start_task(self._run(), f"watch-cache:{self.info.gvr}", what=f"watch cache {self.info.gvr}")
-
-    async def stop(self) -> None:
-        """Stop the upstream loop and close every downstream watch."""
-        for w in list(self.watchers.values()):
-            w.close("proxy shutting down")
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-
-    async def _run(self) -> None:
-        backoff = self.settings.relist_backoff_initial
-        while True:
-            try:
-                objects, listed_rv = await self._list_pages()
-                self.metrics.relists.labels(self._label).inc()
-                self._install(objects, listed_rv)
-                backoff = self.settings.relist_backoff_initial
-                await self._watch_until_gone()
-                log.info("upstream watch of %s expired (410); relisting", self.info.gvr)
-            except UpstreamError as e:
-                if e.code == 404 and self.on_gone is not None:
-                    self._drop(f"the upstream no longer serves {self.info.gvr.label}: {e}")
-                    return
-                log.warning("upstream list/watch of %s failed: %s; relisting in %.1fs", self.info.gvr, e, backoff)
-                await asyncio.sleep(backoff * (0.5 + random.random()))  # jittered backoff, not synchronisation
-                backoff = min(backoff * 2, self.settings.relist_backoff_max)
-
-    def _drop(self, reason: str) -> None:
-        """The resource is gone upstream (e.g. its CRD was deleted): end every watch, forget everything."""
-        log.info("watch cache %s dropped: %s", self.info.gvr, reason)
-        self.gone = True
-        self._reset({}, "resource no longer served by the upstream")
-        self.synced.set()  # wakes requests waiting for a first sync: they answer 404 (wait_synced)
-        if self.on_gone is not None:
-            self.on_gone(self)
-
-    async def _watch_until_gone(self) -> None:
-        """Watch from the current RV; re-watch after a clean end; return on 410; raise on failures."""
-        loop = asyncio.get_running_loop()
-        while True:
-            gauge = self.metrics.upstream_watches.labels(self._label)
-            gauge.inc()
-            started = loop.time()
-            received = 0
-            try:
-                # An HTTP upstream applies each read's events from its socket callback (no task switch per read).
-                received = await self.upstream.watch_apply(self.info.gvr, str(self.rv), self.apply)
-            except UpstreamGone:
-                return
-            finally:
-                gauge.dec()
-            if received == 0 and loop.time() - started < 1.0:
-                raise UpstreamError(f"upstream watch of {self.info.gvr} ended immediately")
-            log.debug("upstream watch of %s ended after %d events; re-watching", self.info.gvr, received)
-
-    # ---- applying upstream data (synchronous) --------------------------------------------
-
-    async def _list_pages(self) -> tuple[dict[tuple[str, str], CachedObject], str]:
-        """List upstream in pages of :data:`LIST_PAGE_SIZE` (``limit``/``continue``), storing each page as it comes.
-
-        Only one page is ever decoded at a time: listing everything in one
-        response decoded every object at once (~9x its JSON size) next to the
-        store being built, and the allocator kept that peak. At 100,000 pods
-        the proxy stayed at ~8.5x the raw JSON per object instead of ~2x.
-        An upstream that ignores ``limit`` answers everything in one page.
-        """
-        objects: dict[tuple[str, str], CachedObject] = {}
-        params = {"limit": str(LIST_PAGE_SIZE)}
-        rv = ""
-        for _ in range(MAX_LIST_PAGES):
-            listed = await self.upstream.list(self.info.gvr, params)
-            rv = rv or listed.resource_version
-            token = listed.continue_token
-            built = [CachedObject.build(item, self.info) for item in listed.items]
-            del listed  # this page's decoded objects go now, before the next page is read
-            objects.update((o.key, o) for o in built)
-            if not token:
-                return objects, rv
-            params = {"limit": str(LIST_PAGE_SIZE), "continue": token}
-        raise UpstreamError(f"{self.info.gvr}: more than {MAX_LIST_PAGES} list pages")
-
-    def replace(self, listed: ListResult) -> None:
-        """Install a fresh list: new store, empty history, every watcher closed."""
-        built = (CachedObject.build(item, self.info) for item in listed.items)
-        self._install({o.key: o for o in built}, listed.resource_version)
-
-    def _install(self, objects: dict[tuple[str, str], CachedObject], resource_version: str) -> None:
-        rv = parse_rv(resource_version) if resource_version else 0
-        self._reset(objects, "watch cache relisted")
-        self.rv = rv
-        self.history_start_rv = rv
-        self.synced.set()
-        self._notify_progress()
-        # The cached objects live long and hold no reference cycles: move them out of
-        # the cyclic collector's sight, so full collections stay cheap (seconds at 100k objects).
-        gc.freeze()
-        log.info("watch cache %s synced: %d objects at resourceVersion %d", self.info.gvr, len(objects), rv)
-
-    def _reset(self, objects: dict[tuple[str, str], CachedObject], reason: str) -> None:
-        """Close and forget every watcher (``reason``), replace the store, clear the history."""
-        for w in list(self.watchers.values()):
-            w.close(reason)
-        self.watchers.clear()
-        self._index = DispatchIndex(())
-        self.metrics.downstream_watches.labels(self._label).set(0)
-        self.objects = objects
-        self.store_index.rebuild(objects)
-        self.history.clear()
-        for observer in self.observers:
-            try:
-                observer.replaced(objects)
-            except Exception:
-                log.exception("watch cache %s: an observer failed on a relist", self.info.gvr)
-
-    def add_observer(self, observer: CacheObserver) -> None:
-        """Follow the store from now on; a synced cache hands its current store at once (``replaced``)."""
-        if observer in self.observers:
-            return
-        self.observers.append(observer)
-        if self.synced.is_set():
-            observer.replaced(self.objects)
-
-    def remove_observer(self, observer: CacheObserver) -> None:
-        with contextlib.suppress(ValueError):
-            self.observers.remove(observer)
-
-    def _observe(self, etype: str, obj: CachedObject, received: float) -> None:
-        for observer in self.observers:
-            try:
-                observer.applied(etype, obj, received)
-            except Exception:
-                log.exception("watch cache %s: an observer failed on %s %s", self.info.gvr, etype, obj.key)
-
-    def apply(self, event: WatchEvent) -> None:
-        """Apply one upstream watch event and dispatch it to every watcher."""
-        if event.type == "BOOKMARK":
-            meta = event.object.get("metadata")
-            try:
-                rv = parse_rv(meta.get("resourceVersion") if isinstance(meta, dict) else None)
-            except ValueError as e:
-                raise UpstreamError(f"{self.info.gvr}: bookmark without a valid resourceVersion") from e
-            if rv > self.rv:
-                self.rv = rv
-                self._notify_progress()
-            return
-        etype = event.type
-        if etype not in OBJECT_EVENTS:
-            raise UpstreamError(f"{self.info.gvr}: unknown watch event type {etype!r}")
-        received = time.monotonic()
-        self.stats.events_received += 1
-        objects = self.objects
-        wire, data = event.wire, event.data
-        if wire is not None and data is not None and wire.metadata is not None:
-            meta = wire.metadata
-            key = (meta.namespace, meta.name)
-            prev = objects.get(key)
-            cur = CachedObject.from_wire(wire, data, self.info, prev, event.start, event.end, event.line_type)
-        else:
-            cur = CachedObject.build(event.object, self.info, event.raw, objects)
-            key = cur.key
-            prev = objects.get(key)
-        rv = cur.rv
-        if rv <= self.rv:
-            if etype != "DELETED" or prev is None:
-                log.debug("%s: ignoring event at rv %d <= cache rv %d", self.info.gvr, rv, self.rv)
-                return
-            # A deletion reported with the object's last RV rather than the deletion's:
-            # never keep a deleted object; file the event at the current RV.
-            log.warning("%s: DELETED event at stale rv %d (cache rv %d)", self.info.gvr, rv, self.rv)
-            rv = cur.rv = self.rv
-        if etype == "DELETED":
-            if prev is not None:
-                del objects[key]
-                self.store_index.removed(key, prev.hashes)
-        elif prev is not None:
-            objects[key] = cur  # the entry keeps its key
-            self.store_index.moved(key, prev.hashes, cur.hashes)
-        else:
-            # A new entry gets the object's interned key, shared with the store index.
-            stored = cur.key
-            objects[stored] = cur
-            self.store_index.added(stored, cur.hashes)
-        if self.observers:
-            self._observe(etype, cur, received)
-        ev = CachedEvent.of(etype, rv, cur, prev, received)
-        self.rv = rv
-        history = self.history
-        history.append(ev)
-        if len(history) > self._evict_above:
-            self._evict(received)
-        self._dispatch(ev)
-        if self._progress is not None:
-            self._notify_progress()
-
-    def _evict(self, now: float) -> None:
-        s = self.settings
-        history = self.history
-        n = len(history)
-        cap, keep, seconds = s.history_hard_cap, s.history_events, s.history_seconds
-        while n and (n > cap or (n > keep and now - history[0].received > seconds)):
-            self.history_start_rv = history.popleft().rv
-            n -= 1
-
-    def _dispatch(self, ev: CachedEvent) -> None:
-        index = self._index
-        if index is None:
-            index = self._index = DispatchIndex(self.watchers.values())
-        targets = index.candidates(ev)
-        delivered = 0
-        filtered = index.size - len(targets)  # the index proved they filter it out
-        for w in targets:
-            if ev.rv <= w.after_rv:
-                continue
-            variant = w.filter.variant(ev)
-            if variant is None:
-                filtered += 1
-                continue
-            if w.offer(ev.line(variant), ev.received):
-                delivered += 1
-            else:
-                log.warning("cutting off watcher %d of %s: %d events unread", w.id, self.info.gvr, len(w.live))
-                self.metrics.slow_watchers_cut.labels(self._label).inc()
-                w.cut("watcher too slow")
-                self.remove_watcher(w)
-        stats = self.stats
-        stats.events_delivered += delivered
-        stats.events_filtered += filtered
-
-    def schedule_flush(self, w: Watcher) -> None:
-        """Flush ``w`` once the current event-loop callback is done (with every other watcher marked by then).
-
-        One flush per turn writes each dirty watcher's events as one chunk:
-        all the events of one upstream read (or of several reads handled in
-        the same turn) go out in one write per watcher.
-        """
-        self._dirty.append(w)
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            loop = self._loop
-            if loop is None:
-                loop = self._loop = asyncio.get_running_loop()
-            loop.call_soon(self._flush)
-
-    def _flush(self) -> None:
-        self._flush_scheduled = False
-        dirty, self._dirty = self._dirty, []
-        for w in dirty:
-            try:
-                w.flush()
-            except Exception:  # a broken connection must not strand the other watchers' events
-                log.exception("watch %d of %s: direct write failed; cutting it off", w.id, self.info.gvr)
-                w.cut("write failed")
-                self.remove_watcher(w)
-
-    def _notify_progress(self) -> None:
-        if self._progress is not None:
-            self._progress.set()
-            self._progress = None
-
-    # ---- reading ----------------------------------------------------------------------------
-
-    async def wait_synced(self) -> None:
-        """Wait for the first sync; 503 if it does not come in time, 404 if the resource went away upstream."""
-        if not self.synced.is_set():  # a cache that went away is synced (``_drop``)
-            try:
-                await asyncio.wait_for(self.synced.wait(), timeout=self.settings.sync_timeout)
-            except TimeoutError as e:
-                raise ApiError(
-                    503, "ServiceUnavailable", f"the watch cache of {self.info.gvr.label} is not synced yet; retry"
-                ) from e
-        if self.gone:
-            raise ApiError(404, "NotFound", f"the upstream no longer serves {self.info.gvr.label}")
-
-    async def wait_for_rv(self, rv: int, timeout: float) -> bool:
-        """Wait until the cache has seen ``rv``; ``False`` on timeout."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while self.rv < rv:
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                return False
-            if self._progress is None:
-                self._progress = asyncio.Event()
-            try:
-                await asyncio.wait_for(self._progress.wait(), timeout=remaining)
-            except TimeoutError:
-                return False
-        return True
-
-    def select(self, filt: WatchFilter) -> list[CachedObject]:
-        """The objects of the current state that pass ``filt``, ordered by (namespace, name).
-
-        With a ``shardSelector`` only the objects of the hash buckets its
-        ranges overlap are looked at (:attr:`store_index`), each through the
-        whole filter, so the answer is the scan's: at a million pods a 1/64
-        range looks at ~1.6 % of the store instead of all of it. Without one,
-        every object is. Counted in ``stats.select_examined``.
-        """
-        objects = self.objects
-        matches = filt.matches
-        if filt.shard is None:
-            keys = [k for k, o in objects.items() if matches(o)]
-            self.stats.select_examined += len(objects)
-        else:
-            keys = []
-            examined = 0
-            for k in self.store_index.candidates(filt.shard, objects):
-                examined += 1
-                if matches(objects[k]):
-                    keys.append(k)
-            self.stats.select_examined += examined
-        # Filter first, then sort only what is returned (the whole-store sort dominated LIST time),
-        # by the store's keys (sorting the objects by their ``key`` property built a tuple per object).
-        keys.sort()
-        return [objects[k] for k in keys]
-
-    async def upstream_current_rv(self) -> int:
-        """The upstream's current resourceVersion (a quorum read there)."""
-        try:
-            return parse_rv(await self.upstream.current_resource_version(self.info.gvr))
-        except ValueError as e:
-            raise UpstreamError(f"{self.info.gvr}: upstream resourceVersion is not an integer") from e
-
-    async def consistent_snapshot(self, filt: WatchFilter) -> tuple[list[CachedObject], int]:
-        """Objects and RV at least as fresh as the upstream's current RV (a consistent read).
-
-        Waits up to ``consistent_read_timeout`` for the cache; if it has not
-        caught up (no event or bookmark of this resource since), lists upstream.
-        """
-        await self.wait_synced()
-        current = await self.upstream_current_rv()
-        if await self.wait_for_rv(current, self.settings.consistent_read_timeout):
-            return self.select(filt), self.rv
-        self.metrics.consistent_read_fallbacks.labels(self._label).inc()
-        chosen, rv = await self.list_upstream(filt)
-        chosen.sort(key=lambda o: o.key)
-        return chosen, rv
-
-    async def list_upstream(
-        self, filt: WatchFilter, params: dict[str, str] | None = None
-    ) -> tuple[list[CachedObject], int]:
-        """The objects of an upstream list (``params``: its query) that pass ``filt``, in its order, and its RV."""
-        listed = await self.upstream.list(self.info.gvr, params)
-        items = [CachedObject.build(i, self.info) for i in listed.items]
-        try:
-            rv = parse_rv(listed.resource_version)
-        except ValueError as e:
-            raise UpstreamError(f"{self.info.gvr}: upstream list resourceVersion is not an integer") from e
-        return [o for o in items if filt.matches(o)], rv
-
-    async def wait_not_older_than(self, rv: int) -> None:
-        """Wait until the cache reaches ``rv``; 504 ``Timeout`` (too large resource version) if not in time."""
-        await self.wait_synced()
-        if not await self.wait_for_rv(rv, self.settings.rv_wait_timeout):
-            raise ApiError(
-                504,
-                "Timeout",
-                f"Too large resource version: {rv}, current: {self.rv}",
-                {
-                    "causes": [{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}],
-                    "retryAfterSeconds": 1,
-                },
-            )
-
-    def add_watcher(
-        self,
-        filt: WatchFilter,
-        *,
-        resume_from: int | None,
-        initial: Iterable[CachedObject] | None = None,
-        initial_rv: int | None = None,
-        bookmarks: bool,
-        initial_events_end: bool,
-        timeout: float | None,
-    ) -> Watcher:
-        """Register a watcher (synchronously, so no event slips between backlog and live queue).
-
-        Either ``resume_from`` (replay history events after that RV, 410 if it
-        is older than the window) or ``initial`` objects at ``initial_rv``
-        (sent as ``ADDED``; when ``initial`` is ``None`` the current state is used).
-        """
-        backlog: list[bytes] = []
-        if resume_from is not None:
-            if resume_from < self.history_start_rv:
-                w = Watcher(self, filt, resume_from, [], bookmarks=False, initial_events_end=None, timeout=timeout)
-                status = expired_status(too_old_message(resume_from, self.history_start_rv))
-                w.error_line = event_line("ERROR", orjson.dumps(status))
-                w.closed = True
-                return w
-            after = resume_from
-        else:
-            if initial is None:
-                objs: Iterable[CachedObject] = self.select(filt)
-                after = self.rv
-            else:
-                objs = initial
-                after = initial_rv if initial_rv is not None else self.rv
-            backlog.extend(event_line("ADDED", o.raw) for o in objs)
-            # Events the cache has already applied beyond ``after`` (when the
-            # snapshot came from elsewhere and is older than the cache) are replayed below.
-            if after < self.rv and after < self.history_start_rv:
-                raise gone(too_old_message(after, self.history_start_rv))
-        if after < self.rv:  # replay the history after ``after``
-            for ev in self.history:
-                if ev.rv > after:
-                    variant = filt.variant(ev)
-                    if variant is not None:
-                        backlog.append(ev.line(variant))
-        w = Watcher(
-            self,
-            filt,
-            after,
-            backlog,
-            bookmarks=bookmarks,
-            initial_events_end=max(after, self.rv) if initial_events_end else None,
-            timeout=timeout,
-        )
-        self.watchers[w.id] = w
-        self._index = None
-        self.metrics.downstream_watches.labels(self._label).set(len(self.watchers))
-        return w
-
-    def remove_watcher(self, w: Watcher) -> None:
-        """Unregister a watcher (idempotent)."""
-        if self.watchers.pop(w.id, None) is not None:
-            self._index = None
-            self.metrics.downstream_watches.labels(self._label).set(len(self.watchers))
 
 
 class CacheManager:
@@ -662,47 +120,12 @@ class CacheManager:
         return cache
 
     async def _probe_shard_selector(self, cache: WatchCache) -> None:
-        """Ask the upstream once whether it is a native KEP-5866 server.
-
-        Lists one object of ``cache``'s resource (after it synced, so the
-        upstream is known to answer) with a ``shardSelector`` covering the whole
-        space: a server with ``ShardedListAndWatch`` answers with
-        ``metadata.shardInfo``, any other ignores the parameter (or refuses it
-        with 400/422). Transient errors are retried with the relist backoff.
-        The answer is only reported (``/readyz?verbose``, metrics): the proxy
-        filters from its own cache either way.
-        """
-        full = range_to_selector(HashRange.full())
-        backoff = self.settings.relist_backoff_initial
-        label = cache.info.gvr.label
-        while True:
-            await cache.synced.wait()
-            try:
-                listed = await self.upstream.list(cache.info.gvr, {"limit": "1", "shardSelector": full})
-            except UpstreamError as e:
-                if e.code == 404:  # the resource went away (deleted CRD): the next cache started probes again
-                    self._probe_task = None
-                    return
-                if e.code in (400, 422):
-                    self._shard_selector_probed(
-                        False,
-                        f"not supported: the upstream refused a list of {label} with a shardSelector ({e.code}: {e})",
-                    )
-                    return
-                log.debug("probing the upstream for shardSelector support failed: %s; retrying in %.1fs", e, backoff)
-                await asyncio.sleep(backoff)  # retry backoff, not synchronisation
-                backoff = min(backoff * 2, self.settings.relist_backoff_max)
-                continue
-            supported = listed.shard_info is not None
-            self._shard_selector_probed(
-                supported,
-                f"supported: native KEP-5866 upstream (a list of {label} answered with metadata.shardInfo)"
-                if supported
-                else f"not supported: the upstream answered a list of {label} without metadata.shardInfo",
-            )
+        """Ask the upstream once whether it is a native KEP-5866 server (:mod:`range_filter_proxy.shardprobe`)."""
+        answer = await probe_shard_selector(self.upstream, cache.info, cache.synced, self.settings)
+        if answer is None:  # the resource went away (deleted CRD): the next cache started probes again
+            self._probe_task = None
             return
-
-    def _shard_selector_probed(self, supported: bool, detail: str) -> None:
+        supported, detail = answer
         self.upstream_shard_selector_detail = detail
         self.metrics.upstream_shard_selector_supported.set(1 if supported else 0)
         log.info("upstream shardSelector %s", detail)
@@ -732,7 +155,7 @@ class CacheManager:
 
         async def run() -> None:
             pending = list(specs)
-            backoff = self.settings.relist_backoff_initial
+            backoff = Backoff(self.settings.relist_backoff_initial, self.settings.relist_backoff_max)
             while pending:
                 spec = pending[0]
                 try:
@@ -742,9 +165,9 @@ class CacheManager:
                         log.error("configured resource %s cannot be cached: %s", spec, e)
                         pending.pop(0)
                         continue
-                    log.warning("cannot resolve %s yet: %s; retrying in %.1fs", spec, e, backoff)
-                    await asyncio.sleep(backoff)  # retry backoff, not synchronisation
-                    backoff = min(backoff * 2, self.settings.relist_backoff_max)
+                    delay = backoff.next_delay()
+                    log.warning("cannot resolve %s yet: %s; retrying in %.1fs", spec, e, delay)
+                    await asyncio.sleep(delay)  # retry backoff, not synchronisation
                     continue
                 self.configured.append(info.gvr)
                 self.cache_for(info, configured=True)

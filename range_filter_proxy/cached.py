@@ -31,7 +31,8 @@ import orjson
 from hashing import ObjectHashes, ShardSelector
 from range_filter_proxy.errors import UpstreamError
 from range_filter_proxy.resources import ResourceInfo
-from range_filter_proxy.wire import LINE_PREFIXES, WireObject
+from range_filter_proxy.wire import WireObject
+from rangeshard.core.kubeapi import event_line
 from rangeshard.core.selectors import FieldSelector, LabelSelector
 
 log = logging.getLogger(__name__)
@@ -219,12 +220,6 @@ class CachedObject(msgspec.Struct, eq=False, gc=False):
         obj = self.obj
         obj["metadata"] = {**obj["metadata"], "resourceVersion": str(rv)}
         return orjson.dumps(obj)
-
-
-def event_line(etype: str, raw_object: bytes | memoryview) -> bytes:
-    """One line of a JSON watch stream (one copy of the object's bytes)."""
-    prefix = LINE_PREFIXES.get(etype) or b'{"type":"' + etype.encode() + b'","object":'
-    return b"".join((prefix, raw_object, b"}\n"))
 
 
 class CachedEvent(msgspec.Struct, eq=False, gc=False):

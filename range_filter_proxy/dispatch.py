@@ -36,13 +36,10 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from hashing import ShardBy
-
-if TYPE_CHECKING:
-    from range_filter_proxy.cached import CachedEvent
-    from range_filter_proxy.watcher import Watcher
+from range_filter_proxy.cached import CachedEvent
+from range_filter_proxy.watcher import Watcher
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,11 +37,12 @@ import orjson
 from fastapi import Request, Response
 
 from hashing import SelectorSyntaxError, ShardSelector, parse_shard_selector
-from range_filter_proxy.cache import CacheManager, WatchCache
+from range_filter_proxy.cache import CacheManager
 from range_filter_proxy.cached import CachedObject, WatchFilter, parse_rv
 from range_filter_proxy.paging import ContinueToken, PageSnapshots, PagingSettings, selectors_digest
 from range_filter_proxy.resources import ResourceInfo
 from range_filter_proxy.tables import ProxyTables
+from range_filter_proxy.watchcache import WatchCache
 from range_filter_proxy.watchresponse import WatchResponse
 from rangeshard.core import fieldlabels, tables
 from rangeshard.core.fieldlabels import Extractor

@@ -74,9 +74,10 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from hashing import ObjectHashes, ShardBy
-from range_filter_proxy.cache import CacheManager, WatchCache
+from range_filter_proxy.cache import CacheManager
 from range_filter_proxy.cached import CachedObject
 from range_filter_proxy.errors import UpstreamError
+from range_filter_proxy.watchcache import WatchCache
 from rangeshard.core.etcd import EtcdConfig
 from rangeshard.core.loops import start_task
 from registry import DEFAULT_PREFIX, DEFAULT_STUCK_AFTER_SECONDS, MainResource, MembershipWatch, RegistryView, Snapshot

@@ -34,7 +34,7 @@ Invariants
       rebuilds the paths already built.
 
 Concurrency model
-    Plain mutable state of one :class:`~range_filter_proxy.cache.WatchCache`,
+    Plain mutable state of one :class:`~range_filter_proxy.watchcache.WatchCache`,
     changed and read on the proxy's event loop by synchronous code only (no
     ``await`` between an event's store update and its index update).
 """

@@ -48,8 +48,9 @@ import orjson
 from range_filter_proxy.errors import ApiError, UpstreamError, UpstreamGone, UpstreamUnavailable, bad_request
 from range_filter_proxy.resources import ResourceInfo, parse_resource_list
 from range_filter_proxy.watchstream import WatchStream, open_watch
-from range_filter_proxy.wire import LINE_PREFIXES, WireObject, decode_line
+from range_filter_proxy.wire import WireObject, decode_line
 from rangeshard.core.errors import ConfigError
+from rangeshard.core.kubeapi import WATCH_LINE_PREFIXES, watch_line_prefix
 from rangeshard.core.rest import GVR, group_version_path
 
 log = logging.getLogger(__name__)
@@ -157,7 +158,7 @@ def decode_watch_line(line: bytes, what: str) -> WatchEvent:
     if line.startswith(b'{"type":"'):
         wire = decode_line(line)
         if wire is not None:
-            prefix = LINE_PREFIXES.get(wire.type)
+            prefix = WATCH_LINE_PREFIXES.get(wire.type)
             if prefix is not None and line.startswith(prefix):
                 # The object's bytes stay inside the line: no copy. A line ending exactly
                 # in "}\n" is kube-apiserver's encoding, passed on to watchers as it is.
@@ -184,7 +185,7 @@ def decode_watch_line(line: bytes, what: str) -> WatchEvent:
         raise UpstreamError(message, code if isinstance(code, int) else 502, obj)
     raw: bytes | None = None
     if len(doc) == 2:
-        prefix = LINE_PREFIXES.get(etype) or b'{"type":"' + etype.encode() + b'","object":'
+        prefix = watch_line_prefix(etype)
         if not line.endswith(b"}"):
             line = line.rstrip()
         if line.startswith(prefix) and line.endswith(b"}"):

@@ -55,17 +55,28 @@ import time
 from bisect import bisect_left
 from collections import deque
 from collections.abc import AsyncGenerator
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import orjson
 
-from range_filter_proxy.cached import INITIAL_EVENTS_END, WatchFilter, event_line
-from range_filter_proxy.metrics import LATENCY_BUCKETS
-
-if TYPE_CHECKING:
-    from range_filter_proxy.cache import WatchCache
+from range_filter_proxy.cached import INITIAL_EVENTS_END, CacheSettings, WatchFilter
+from range_filter_proxy.metrics import LATENCY_BUCKETS, ResourceStats
+from range_filter_proxy.resources import ResourceInfo
+from rangeshard.core.kubeapi import event_line
 
 log = logging.getLogger(__name__)
+
+
+class Source(Protocol):
+    """What a watcher needs of its cache (a :class:`~range_filter_proxy.watchcache.WatchCache`)."""
+
+    info: ResourceInfo
+    settings: CacheSettings
+    stats: ResourceStats
+    rv: int
+
+    def schedule_flush(self, w: Watcher) -> None: ...
+    def remove_watcher(self, w: Watcher) -> None: ...
 
 
 class DirectSink(Protocol):
@@ -87,7 +98,7 @@ class Watcher:
 
     def __init__(
         self,
-        cache: WatchCache,
+        cache: Source,
         filt: WatchFilter,
         after_rv: int,
         backlog: list[bytes],

@@ -87,8 +87,6 @@ class WireLine(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False
 _DECODER = msgspec.json.Decoder(WireLine)
 #: The event types that carry an object (the others: BOOKMARK, ERROR).
 OBJECT_EVENTS = frozenset(("ADDED", "MODIFIED", "DELETED"))
-#: How a watch line of each type begins in kube-apiserver's encoding (``{"type":"T","object":<object>}``).
-LINE_PREFIXES = {t: b'{"type":"' + t.encode() + b'","object":' for t in ("ADDED", "MODIFIED", "DELETED", "BOOKMARK")}
 
 
 def decode_line(line: bytes) -> WireLine | None:

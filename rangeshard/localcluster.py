@@ -54,6 +54,7 @@ from local_apiserver.process import LocalApiServerProcess
 from range_filter_proxy.process import ProxyProcess
 from rangeshard.core.errors import RangeshardError
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
+from rangeshard.core.kubeapi import kubeconfig
 from rangeshard.core.process import EtcdServer, ManagedProcess, wait_ready
 from rangeshard.core.rest import GVR, group_version_path
 
@@ -282,16 +283,7 @@ class LocalCluster:
 
     def write_kubeconfig(self, path: Path, name: str) -> Path:
         """A kubeconfig (cluster, user, context: ``name``) for ``kubectl --kubeconfig PATH`` against the API server."""
-        named = {"name": name}
-        doc = {
-            "apiVersion": "v1",
-            "kind": "Config",
-            "clusters": [{**named, "cluster": {"server": self.api_url}}],
-            "users": [{**named, "user": {}}],
-            "contexts": [{**named, "context": {"cluster": name, "user": name}}],
-            "current-context": name,
-        }
-        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+        path.write_text(yaml.safe_dump(kubeconfig(self.api_url, name), sort_keys=False))
         return path
 
 

@@ -42,10 +42,11 @@ import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 from hashing import MAX_HASH, HashRange
-from rangeshard.core.errors import CompareFailed, ConfigError, RegistryError
+from rangeshard.core.errors import CompareFailed, ConfigError, PlanError, RegistryError
 from registry.models import HashHistogram, Member, Snapshot, State
 from registry.registry import Registry
 
@@ -163,6 +164,22 @@ def add_cost(hist: dict[str, Any], costs: Mapping[int, float]) -> dict[str, Any]
     return hist
 
 
+class Strategy(StrEnum):
+    """What a plan equalises (``--by``): owned objects, measured reconcile time, or key ranges."""
+
+    WORKLOAD = "workload"
+    COST = "cost"
+    RANGE = "range"
+
+    @classmethod
+    def parse(cls, value: str) -> Strategy:
+        """``--by``'s value; :class:`ConfigError` (bad input, exit 2) for anything else."""
+        try:
+            return cls(value)
+        except ValueError:
+            raise ConfigError(f"--by: {value!r} is not one of workload, range, cost") from None
+
+
 @dataclass(frozen=True)
 class Segment:
     """A slice ``[lo, hi]`` of the space holding ``count`` objects (from a histogram bucket)."""
@@ -186,7 +203,7 @@ class Plan:
     """Target keys (instance order), the moves, and predicted loads."""
 
     controller_type: str
-    by: str
+    by: Strategy
     targets: tuple[int, ...]
     moves: tuple[Move, ...]
     current_loads: tuple[int, ...]
@@ -302,8 +319,8 @@ def min_max_load(counts: Sequence[int], parts: int) -> int:
     return lo
 
 
-def _member_segments(m: Member, by: str = "workload") -> list[Segment]:
-    """One member's buckets as segments, weighed by object count or (``by="cost"``) by measured cost units.
+def _member_segments(m: Member, by: Strategy = Strategy.WORKLOAD) -> list[Segment]:
+    """One member's buckets as segments, weighed by object count or (``Strategy.COST``) by measured cost units.
 
     Without a usable histogram: its whole range with ``workloadNum`` (by
     count) or with its total cost (by cost; 0 when it publishes none).
@@ -313,7 +330,7 @@ def _member_segments(m: Member, by: str = "workload") -> list[Segment]:
         return []
     hist = m.record.histogram
     mine = _histogram_segments(hist, rng) if hist is not None else None
-    if by == "cost":
+    if by is Strategy.COST:
         units = _cost_units(hist) if hist is not None and mine is not None else None
         weighted = _gap_segments(hist, rng, units) if hist is not None and units is not None else None
         return weighted if weighted is not None else [Segment(rng.lo, rng.hi, member_cost_units(m))]
@@ -342,9 +359,9 @@ def member_cost_units(m: Member) -> int:
     return sum(units) if units is not None else 0
 
 
-def loads_of(snap: Snapshot, by: str) -> list[int]:
+def loads_of(snap: Snapshot, by: Strategy | str) -> list[int]:
     """Per owning instance: objects (``workloadNum``; also for ``range``) or measured cost units."""
-    if by == "cost":
+    if Strategy.parse(by) is Strategy.COST:
         return [member_cost_units(m) for m in owned(snap)]
     return [m.record.workload_num for m in owned(snap)]
 
@@ -391,7 +408,7 @@ def plan_by_workload(snap: Snapshot) -> Plan:
     taken, so new objects land evenly. Parked records are planned around
     (:func:`movable_runs`).
     """
-    return _plan_by_weight(snap, "workload")
+    return _plan_by_weight(snap, Strategy.WORKLOAD)
 
 
 def plan_by_cost(snap: Snapshot) -> Plan:
@@ -399,17 +416,21 @@ def plan_by_cost(snap: Snapshot) -> Plan:
 
     Each instance publishes the decayed reconcile seconds per gap bucket of
     its histogram; an instance without a usable cost histogram counts as one
-    segment with its total cost. Nothing measured yet is a :class:`ConfigError`.
+    segment with its total cost. A type none of whose instances publishes cost
+    (external controllers) or nothing measured yet is a :class:`PlanError`.
     """
-    if not any(member_cost_units(m) for m in owned(snap)):
-        raise ConfigError(
-            f"{snap.controller_type}: no reconcile cost has been measured yet (the managers publish it with "
-            "their histograms; older managers do not): use --by workload"
-        )
-    return _plan_by_weight(snap, "cost")
+    members = owned(snap)
+    if not any(member_cost_units(m) for m in members):
+        if all(m.record.histogram is None or m.record.histogram.cost is None for m in members):
+            raise PlanError(
+                f"{snap.controller_type}: this controller type has no reconcile times (its instances publish "
+                "no cost histogram, as external controllers do): use --by workload"
+            )
+        raise PlanError(f"{snap.controller_type}: no reconcile cost has been measured yet: use --by workload")
+    return _plan_by_weight(snap, Strategy.COST)
 
 
-def _plan_by_weight(snap: Snapshot, by: str) -> Plan:
+def _plan_by_weight(snap: Snapshot, by: Strategy) -> Plan:
     members = owned(snap)
     segs = [s for m in members for s in _member_segments(m, by)]
 
@@ -427,7 +448,7 @@ def _workload_targets(controller_type: str, segs: Sequence[Segment], n: int, end
     targets: list[int] = []
     if n > 1:
         if size < n:
-            raise ConfigError(f"{controller_type}: not enough histogram resolution to place {n - 1} boundaries")
+            raise PlanError(f"{controller_type}: not enough histogram resolution to place {n - 1} boundaries")
         cap = min_max_load(counts, n)
         # suffix_parts[j]: fewest parts covering segments j.. within the cap (greedy from the right).
         suffix_parts = [0] * (size + 1)
@@ -459,7 +480,7 @@ def _workload_targets(controller_type: str, segs: Sequence[Segment], n: int, end
                 elif rank == best_rank:
                     best_idx.append(idx)
             if not best_idx:
-                raise ConfigError(f"{controller_type}: cannot place boundary {i} of {n - 1}")
+                raise PlanError(f"{controller_type}: cannot place boundary {i} of {n - 1}")
             chosen = best_idx[len(best_idx) // 2]
             targets.append(segs[chosen].hi)
             start = chosen + 1
@@ -478,7 +499,7 @@ def plan_by_range(snap: Snapshot) -> Plan:
     targets = _run_targets(members, run_targets)
     segs = segments(snap)
     # Predicted loads assume objects spread evenly inside each bucket.
-    return _plan(snap, "range", members, targets, _split_segments(segs, targets))
+    return _plan(snap, Strategy.RANGE, members, targets, _split_segments(segs, targets))
 
 
 def _split_segments(segs: Sequence[Segment], keys: Sequence[int]) -> list[Segment]:
@@ -498,7 +519,7 @@ def _split_segments(segs: Sequence[Segment], keys: Sequence[int]) -> list[Segmen
     return out
 
 
-def _plan(snap: Snapshot, by: str, members: list[Member], targets: list[int], segs: Sequence[Segment]) -> Plan:
+def _plan(snap: Snapshot, by: Strategy, members: list[Member], targets: list[int], segs: Sequence[Segment]) -> Plan:
     moves = tuple(
         Move(m.instance_id, m.record.hash_key, tgt)
         for m, tgt in zip(members[:-1], targets[:-1], strict=True)
@@ -514,14 +535,16 @@ def _plan(snap: Snapshot, by: str, members: list[Member], targets: list[int], se
     )
 
 
-def make_plan(snap: Snapshot, by: str) -> Plan:
-    if by == "workload":
-        return plan_by_workload(snap)
-    if by == "range":
-        return plan_by_range(snap)
-    if by == "cost":
-        return plan_by_cost(snap)
-    raise ConfigError(f"--by: {by!r} is not one of workload, range, cost")
+_PLANNERS: dict[Strategy, Callable[[Snapshot], Plan]] = {
+    Strategy.WORKLOAD: plan_by_workload,
+    Strategy.RANGE: plan_by_range,
+    Strategy.COST: plan_by_cost,
+}
+
+
+def make_plan(snap: Snapshot, by: Strategy | str) -> Plan:
+    """The plan of ``by`` (a :class:`Strategy` or ``--by``'s text: :class:`ConfigError` if it names none)."""
+    return _PLANNERS[Strategy.parse(by)](snap)
 
 
 def handover_done(snap: Snapshot) -> bool:

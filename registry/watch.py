@@ -9,6 +9,9 @@ Purpose
     * stream error (etcd restarted, connection cut) -> re-watch from the last
       seen revision + 1 on a new connection, keeping the local state;
     * the revision was compacted meanwhile -> relist, then watch again;
+    * every retry waits as :class:`~rangeshard.core.backoff.Backoff` says:
+      ``retry_interval`` doubling to 5 s (jittered by 20 %), back to
+      ``retry_interval`` once a watch stream is established;
     * no response for ``probe_interval`` seconds -> a cheap read on the
       watch's own member checks that it still answers (a silent partition or
       a hung member does not error the stream); if not, re-watch on another
@@ -40,6 +43,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from rangeshard.core.backoff import Backoff
 from rangeshard.core.errors import RangeshardError, WatchCompacted
 from rangeshard.core.etcd import KV, EtcdClient, EtcdConfig, WatchBatch
 from rangeshard.core.loops import start_thread
@@ -92,7 +96,7 @@ class MembershipWatch:
         self.watch_prefix = self.layout.type_prefix(controller_type) if controller_type else self.layout.controllers
         self.name = name or (controller_type or "all")
         self.probe_interval = probe_interval
-        self.retry_interval = retry_interval
+        self.backoff = Backoff(retry_interval, max(retry_interval, 5.0), jitter=0.2)
         self.on_revision = on_revision
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -181,7 +185,7 @@ class MembershipWatch:
                 log.warning("membership watch %s: %s; retrying", self.name, e)
                 reconnected = True
                 self.restarts += 1
-                self._stop.wait(self.retry_interval)
+                self._stop.wait(self.backoff.next_delay())
             finally:
                 if client is not None:
                     client.close()
@@ -193,6 +197,7 @@ class MembershipWatch:
             watch = client.watch_prefix(self.watch_prefix, q.put, start_revision=self._revision + 1)
         except WatchCompacted as e:
             raise _Resync from e
+        self.backoff.succeeded()
         try:
             while not self._stop.is_set():
                 try:

@@ -28,7 +28,7 @@ from typing import Annotated, Any, NoReturn
 import typer
 
 from rangeshard.core import help_format, logs
-from rangeshard.core.errors import ConfigError, PortInUseError, RangeshardError, RegistryUnavailable
+from rangeshard.core.errors import ConfigError, PlanError, PortInUseError, RangeshardError, RegistryUnavailable
 from rangeshard.core.etcd import EtcdConfig
 from rangeshard.core.options import CaCertOpt, CertOpt, KeyOpt, PasswordOpt, UserOpt, config_from_options
 from registry import DEFAULT_PREFIX, Snapshot
@@ -62,6 +62,9 @@ def fail(error: RangeshardError) -> NoReturn:
         for problem in error.problems:
             typer.echo(f"error: {problem}", err=True)
         raise typer.Exit(2 if isinstance(error, ConfigError) else 1)
+    if isinstance(error, PlanError):
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(2)
     if isinstance(error, RegistryUnavailable):
         typer.echo(f"error: {error} (is etcd running? set --etcd or RANGESHARD_ETCD)", err=True)
         raise typer.Exit(1)

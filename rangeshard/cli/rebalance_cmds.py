@@ -9,7 +9,9 @@ Purpose
 
 Invariants
     * Invalid input (unknown instance, colliding key, empty range, key outside
-      ``[0, MAX_HASH]``, bad options) exits 2 with a message; runtime failures
+      ``[0, MAX_HASH]``, bad options) and a plan that cannot be made
+      (``PlanError``: e.g. ``--by cost`` for a type without reconcile times)
+      exit 2 with a message; runtime failures
       (etcd unreachable, handover timeout) exit 1. Never a traceback.
     * ``apply`` never prompts when stdin is not a terminal; on a terminal it
       asks once unless ``--yes``.
@@ -49,6 +51,7 @@ from registry.rebalance import (
     AutoPolicy,
     Move,
     Plan,
+    Strategy,
     apply_plan,
     loads_of,
     make_plan,
@@ -111,7 +114,7 @@ def gated(plan: Plan, min_gain: float) -> tuple[Plan, bool]:
 def show_data(snap: Snapshot) -> dict[str, Any]:
     members = owned(snap)
     loads = [m.record.workload_num for m in members]
-    costs = loads_of(snap, "cost")
+    costs = loads_of(snap, Strategy.COST)
     total_objects, total_cost = sum(loads), sum(costs)
     instances = [
         {
@@ -338,8 +341,7 @@ def auto_command(
         check_name("--type", controller_type)
         if interval <= 0 or cooldown < 0:
             raise ConfigError("auto: need --interval > 0 and --cooldown >= 0")
-        if by not in ("workload", "range", "cost"):
-            raise ConfigError(f"--by: {by!r} is not one of workload, range, cost")
+        strategy = Strategy.parse(by)
         policy = AutoPolicy(threshold, hysteresis, min_gain)
         client, reg = _registry(etcd_options)
     except RangeshardError as e:
@@ -350,8 +352,8 @@ def auto_command(
             wait = interval
             try:
                 snap = reg.snapshot(controller_type)
-                ratio = max_over_mean(loads_of(snap, by))
-                plan = make_plan(snap, by) if ratio > threshold and len(owned(snap)) > 1 else None
+                ratio = max_over_mean(loads_of(snap, strategy))
+                plan = make_plan(snap, strategy) if ratio > threshold and len(owned(snap)) > 1 else None
                 decision = policy.decide(ratio, plan)
                 if decision == "apply" and plan is not None:
                     _print_plan(console, plan)

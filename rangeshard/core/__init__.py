@@ -30,6 +30,9 @@ Owns
     * :mod:`rangeshard.core.protobuf_schema` - the decoder's table: Kubernetes'
       field numbers and Go shapes of each message.
     * :mod:`rangeshard.core.clock` - the injectable monotonic clock.
+    * :mod:`rangeshard.core.backoff` - the one retry policy (``Backoff``:
+      exponential, jittered, reset after a long enough success) of every
+      retry loop.
     * :mod:`rangeshard.core.options` - command-line options the commands
       share (etcd TLS/credentials, serving).
     * :mod:`rangeshard.core.ports` - is a port free, and who holds it.
@@ -42,7 +45,8 @@ Owns
     * :mod:`rangeshard.core.kubeapi` - Kubernetes API helpers shared by the
       two HTTP servers: ``ApiError``/``Status`` bodies, token files,
       ``UserInfo``, the request-body limit, the headers a proxy drops or
-      rewrites (``HOP_BY_HOP``, ``json_accept``).
+      rewrites (``HOP_BY_HOP``, ``json_accept``), the lines of a watch
+      stream (``event_line``).
     * :mod:`rangeshard.core.selectors` - the one label/field selector parser,
       parameterised by which fields a caller allows.
     * :mod:`rangeshard.core.fieldlabels` - the field labels kube-apiserver
@@ -50,6 +54,8 @@ Owns
       server and the proxy use the one table).
     * :mod:`rangeshard.core.rest` - resource identity (``GVR``) and the one
       parser of REST request paths and kubectl-style resource names.
+    * :mod:`rangeshard.core.objpath` - the one walker of dotted paths through
+      decoded JSON objects (``get_path``, ``set_path``, ``dig``).
 
 May import
     ``hashing`` and third-party libraries only. Never ``registry``, a

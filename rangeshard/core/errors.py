@@ -33,6 +33,7 @@ The tree::
     ├── LocalApiServerError         (local_apiserver.process) the API server child did not start
     ├── ProtobufError               (rangeshard.core.protobuf) a body that is not well-formed Kubernetes protobuf
     │   └── UnsupportedProtobuf     (rangeshard.core.protobuf_decode) a kind or field the decoder's table lacks (415)
+    ├── PlanError                   (registry.rebalance) no rebalance plan can be made: nothing measured (exit 2)
     └── RegistryError               anything etcd reports (mapped once, in rangeshard.core.etcd.errors)
         ├── RegistryUnavailable     etcd unreachable or too slow (retry later)
         ├── EtcdAuthFailed          etcd refused the credentials or the permission
@@ -90,6 +91,10 @@ class ControllerError(RangeshardError):
 
 class ReconcileTimeout(ControllerError):
     """A reconcile ran out of time: its own bound or the lease's fencing deadline."""
+
+
+class PlanError(RangeshardError):
+    """The rebalance planner cannot make a plan (no reconcile times, too little histogram resolution)."""
 
 
 class RegistryError(RangeshardError):

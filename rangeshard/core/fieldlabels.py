@@ -36,17 +36,10 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
+from rangeshard.core.objpath import get_path
+
 #: Reads one field label's value (as kube renders it) from an object in its API form.
 Extractor = Callable[[Mapping[str, Any]], str]
-
-
-def _get(obj: Mapping[str, Any], path: str) -> Any:
-    cur: Any = obj
-    for part in path.split("."):
-        if not isinstance(cur, Mapping):
-            return None
-        cur = cur.get(part)
-    return cur
 
 
 def render(value: Any) -> str:
@@ -66,34 +59,34 @@ def path(field: str, default: str = "") -> Extractor:
     """The value at a dotted JSON path, ``default`` when absent."""
 
     def extract(obj: Mapping[str, Any]) -> str:
-        value = _get(obj, field)
+        value = get_path(obj, field)
         return default if value is None else render(value)
 
     return extract
 
 
 def _boolean(field: str) -> Extractor:
-    return lambda obj: "true" if _get(obj, field) is True else "false"
+    return lambda obj: "true" if get_path(obj, field) is True else "false"
 
 
 def _integer(field: str) -> Extractor:
     def extract(obj: Mapping[str, Any]) -> str:
-        value = _get(obj, field)
+        value = get_path(obj, field)
         return str(value) if isinstance(value, int) and not isinstance(value, bool) else "0"
 
     return extract
 
 
 def _pod_ip(obj: Mapping[str, Any]) -> str:
-    ips = _get(obj, "status.podIPs")
+    ips = get_path(obj, "status.podIPs")
     if isinstance(ips, list) and ips and isinstance(ips[0], Mapping):
         return render(ips[0].get("ip"))
-    return render(_get(obj, "status.podIP"))
+    return render(get_path(obj, "status.podIP"))
 
 
 def _event_source(source_path: str, reporting_path: str) -> Extractor:
     def extract(obj: Mapping[str, Any]) -> str:
-        return render(_get(obj, f"{source_path}.component")) or render(_get(obj, reporting_path))
+        return render(get_path(obj, f"{source_path}.component")) or render(get_path(obj, reporting_path))
 
     return extract
 

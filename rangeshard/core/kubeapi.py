@@ -10,6 +10,8 @@ Purpose
       is the error a handler raises, :func:`expired_status` its ``Status``
       for a watch's ``ERROR`` event, with kube-apiserver's two messages
       (:func:`too_old_message`, :data:`EXPIRED_CONTINUE_MESSAGE`);
+    * a watch stream's lines, ``{"type":"T","object":<object>}`` (:func:`event_line`),
+      and a kubeconfig for a server (:func:`kubeconfig`);
     * bearer-token files in kube-apiserver's ``--token-auth-file`` format
       (CSV lines ``token,user,uid[,"group1,group2"]``): :func:`parse_token_file`,
       :func:`load_token_file`, :class:`UserInfo`; the one static-token
@@ -38,7 +40,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import io
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -111,6 +113,37 @@ def expired_status(message: str) -> dict[str, Any]:
 def too_old_message(requested: int, oldest: int) -> str:
     """kube-apiserver's 410 message for a watch from ``requested`` when history starts at ``oldest``."""
     return f"too old resource version: {requested} ({oldest})"
+
+
+#: How a watch line of each type begins in kube-apiserver's encoding (``{"type":"T","object":<object>}``).
+WATCH_LINE_PREFIXES = {t: b'{"type":"%b","object":' % t.encode() for t in ("ADDED", "MODIFIED", "DELETED", "BOOKMARK")}
+
+
+def watch_line_prefix(etype: str) -> bytes:
+    return WATCH_LINE_PREFIXES.get(etype) or b'{"type":"' + etype.encode() + b'","object":'
+
+
+def event_line(etype: str, obj: bytes | memoryview | Mapping[str, Any]) -> bytes:
+    """One line of a JSON watch stream; ``obj`` as its JSON bytes (copied once) or as an object to encode."""
+    raw = obj if isinstance(obj, bytes | memoryview) else orjson.dumps(obj)
+    return b"".join((watch_line_prefix(etype), raw, b"}\n"))
+
+
+def kubeconfig(server: str, name: str = "rangeshard", *, skip_tls_verify: bool = False) -> dict[str, Any]:
+    """A kubeconfig with one cluster, user and context ``name`` for ``server``, no credentials.
+
+    ``skip_tls_verify`` for a plain ``http://`` server too: the JavaScript client
+    (``@kubernetes/client-node``) refuses plain HTTP without it.
+    """
+    cluster: dict[str, Any] = {"server": server, **({"insecure-skip-tls-verify": True} if skip_tls_verify else {})}
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": name, "cluster": cluster}],
+        "users": [{"name": name, "user": {}}],
+        "contexts": [{"name": name, "context": {"cluster": name, "user": name}}],
+        "current-context": name,
+    }
 
 
 # ---- token files ----------------------------------------------------------------------------

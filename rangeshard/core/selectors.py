@@ -45,6 +45,7 @@ from typing import Any
 
 from rangeshard.core.fieldlabels import Extractor, render
 from rangeshard.core.kubeapi import ApiError
+from rangeshard.core.objpath import get_path
 
 MAX_SELECTOR_LENGTH = 16 * 1024
 
@@ -303,12 +304,7 @@ class FieldSelector:
 
 def field_value(obj: Mapping[str, Any], path: str) -> str:
     """The string a field selector compares for ``path`` in ``obj`` (missing: ``""``)."""
-    cur: Any = obj
-    for part in path.split("."):
-        if not isinstance(cur, Mapping):
-            return ""
-        cur = cur.get(part)
-    return render(cur)
+    return render(get_path(obj, path))
 
 
 def parse_field_selector(

@@ -34,6 +34,7 @@ from typing import Any
 
 import orjson
 
+from rangeshard.core.objpath import dig
 from rangeshard.core.timestamps import parse_time
 
 Obj = dict[str, Any]
@@ -152,11 +153,7 @@ def since(value: Any, now: dt.datetime) -> str:
 
 
 def _get(obj: Any, *path: str) -> Any:
-    for key in path:
-        if not isinstance(obj, dict):
-            return None
-        obj = obj.get(key)
-    return obj
+    return dig(obj, path)
 
 
 def _int(value: Any) -> int:
@@ -1146,9 +1143,7 @@ def _json_path(obj: Any, path: str) -> Any:
     for part in (p for p in text.split(".") if p):
         name, _, index = part.partition("[")
         if name:
-            if not isinstance(obj, dict):
-                return None
-            obj = obj.get(name)
+            obj = dig(obj, (name,))
         while index:
             number, _, index = index.partition("]")
             index = index.removeprefix("[")

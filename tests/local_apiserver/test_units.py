@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
+from local_apiserver.codec import decode_continue, encode_continue
 from local_apiserver.errors import ApiError
 from local_apiserver.patch import json_patch, merge_patch
-from local_apiserver.store import decode_continue, encode_continue
 from local_apiserver.strategic import strategic_merge
 from rangeshard.core.selectors import parse_field_selector, parse_label_selector
 

@@ -13,9 +13,10 @@ import weakref
 from collections.abc import Mapping
 from typing import Any
 
-from range_filter_proxy.cache import LIST_PAGE_SIZE, WatchCache
+from range_filter_proxy.cache import WatchCache
 from range_filter_proxy.cached import CacheSettings
 from range_filter_proxy.metrics import ProxyMetrics
+from range_filter_proxy.reflector import LIST_PAGE_SIZE, list_pages
 from range_filter_proxy.resources import GVR
 from range_filter_proxy.upstream import ListResult
 from tests.range_filter_proxy.fakes import INFOS, PODS, FakeUpstream
@@ -60,8 +61,8 @@ async def test_the_initial_list_is_read_in_pages_each_released_before_the_next()
     n = LIST_PAGE_SIZE * 2 + 7
     up = _PagedUpstream(n)
     cache = WatchCache(INFOS[PODS], up, ProxyMetrics(), CacheSettings())
-    objects, rv = await cache._list_pages()
-    cache._install(objects, rv)
+    objects, rv = await list_pages(up, INFOS[PODS])
+    cache.install(objects, rv)
     assert len(cache.objects) == n
     assert cache.rv == up.rv
     assert up.pages == [
@@ -80,8 +81,7 @@ async def test_an_upstream_that_ignores_limit_answers_in_one_page() -> None:
         "apiVersion": "v1",
         "metadata": {"name": "a", "namespace": "ns", "uid": "ua", "resourceVersion": "7"},
     }
-    cache = WatchCache(INFOS[PODS], up, ProxyMetrics(), CacheSettings())
-    objects, rv = await cache._list_pages()
+    objects, rv = await list_pages(up, INFOS[PODS])
     assert list(objects) == [("ns", "a")]
     assert rv == str(up.rv)
     assert up.list_calls[PODS] == 1

@@ -190,7 +190,7 @@ def test_a_thousand_disjoint_watchers_index_in_one_sweep() -> None:
 async def test_watch_requests_do_not_rebuild_the_index_each(monkeypatch: Any) -> None:
     """1,000 watchers added in a row cost one index build, at the next event (was: one build per request,
     each O(watchers^2): a thousand range watchers took minutes to register)."""
-    import range_filter_proxy.cache as cache_module  # noqa: PLC0415
+    import range_filter_proxy.watchcache as cache_module  # noqa: PLC0415
 
     builds: list[int] = []
 

@@ -133,3 +133,18 @@ def test_help_renders_flags_as_flags(args: list[str]) -> None:
     assert result.exit_code == 0, result.output
     assert "<bool>" not in result.output and "<list[" not in result.output, result.output
     assert "--help" in result.output
+
+
+def test_plan_by_cost_for_a_type_without_reconcile_times_says_so_in_one_line(
+    etcd_server: EtcdServer, etcd_client: EtcdClient, key_prefix: str
+) -> None:
+    """External controllers publish no cost histogram: ``--by cost`` says the type has none and suggests workload."""
+    _put(etcd_client, key_prefix, "gadgets", "a", MAX_HASH // 2, 17)
+    _put(etcd_client, key_prefix, "gadgets", "b", MAX_HASH, 6)
+    result = cli(
+        "rebalance", "plan", "--type", "gadgets", "--by", "cost", "--etcd", etcd_server.url, "--prefix", key_prefix
+    )
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert "gadgets: this controller type has no reconcile times" in result.stderr
+    assert "use --by workload" in result.stderr and "older managers" not in result.stderr

@@ -9,10 +9,11 @@ import pytest
 
 from controller_manager.cost import ARRIVAL_RECONCILES, MIN_SPAN_WINDOWS, CostTracker
 from hashing import MAX_HASH, HashRange
-from rangeshard.core.errors import ConfigError
+from rangeshard.core.errors import ConfigError, PlanError
 from registry.models import InstanceRecord, Snapshot, State
 from registry.rebalance import (
     COST_UNITS_PER_SECOND,
+    Strategy,
     add_cost,
     gap_histogram,
     loads_of,
@@ -248,11 +249,15 @@ def test_plan_by_cost_evens_out_measured_time_where_counts_do_not() -> None:
 
 
 def test_nothing_measured_is_a_clear_error() -> None:
-    snap = _snapshot([MAX_HASH // 2, MAX_HASH], [1, MAX_HASH - 1], {}, publish=False)
-    with pytest.raises(ConfigError, match=r"no reconcile cost has been measured yet.*--by workload"):
-        plan_by_cost(snap)
+    unpublished = _snapshot([MAX_HASH // 2, MAX_HASH], [1, MAX_HASH - 1], {}, publish=False)
+    with pytest.raises(PlanError, match=r"this controller type has no reconcile times.*--by workload"):
+        plan_by_cost(unpublished)  # no instance publishes cost (an external controller's)
+    idle = _snapshot([MAX_HASH // 2, MAX_HASH], [1, MAX_HASH - 1], {1: 0.0, MAX_HASH - 1: 0.0})
+    with pytest.raises(PlanError, match=r"no reconcile cost has been measured yet: use --by workload"):
+        plan_by_cost(idle)
     with pytest.raises(ConfigError, match="not one of workload, range, cost"):
-        make_plan(snap, "time")
+        make_plan(idle, "time")
+    assert make_plan(unpublished, Strategy.WORKLOAD).by is Strategy.WORKLOAD == "workload"
 
 
 @pytest.mark.parametrize(

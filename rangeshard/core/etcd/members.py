@@ -24,6 +24,7 @@ from typing import Any
 import grpc
 import pyetcd
 
+from rangeshard.core.backoff import Backoff
 from rangeshard.core.etcd.config import EtcdConfig, EtcdEndpoint
 from rangeshard.core.etcd.errors import details
 
@@ -51,7 +52,7 @@ class Health:
     """How one member has fared lately (see module docstring)."""
 
     def __init__(self) -> None:
-        self.failures = 0
+        self.backoff = Backoff(MEMBER_BACKOFF_INITIAL, MEMBER_BACKOFF_MAX)
         self.retry_after = 0.0
 
     def in_backoff(self, now: float) -> bool:
@@ -74,16 +75,14 @@ class Member:
 
     def failed(self, e: BaseException) -> None:
         with _health_lock:
-            h = self.health
-            h.failures += 1
-            backoff = min(MEMBER_BACKOFF_MAX, MEMBER_BACKOFF_INITIAL * 2 ** min(h.failures - 1, 10))
-            h.retry_after = time.monotonic() + backoff
+            backoff = self.health.backoff.next_delay()
+            self.health.retry_after = time.monotonic() + backoff
         log.debug("etcd member %s failed (%s); tried last for %.0fs", self.endpoint.url, details(e), backoff)
 
     def succeeded(self) -> None:
-        if self.health.failures:
+        if self.health.backoff.failures:
             with _health_lock:
-                self.health.failures = 0
+                self.health.backoff.reset()
                 self.health.retry_after = 0.0
 
 
