@@ -125,6 +125,14 @@ def decide(token: OwnerToken, owner: Ownership | None, shard_hash: int | tuple[i
     keys = (shard_hash,) if isinstance(shard_hash, int) else shard_hash or ()
     for key in keys:
         if owner.range is None or not owner.range.contains(key):
+            if owner.previous_range is not None and owner.previous_range.contains(key):
+                # The expected race of a handover (the giver's new token, what it listed before): said apart.
+                return Verdict(
+                    "OutOfRange",
+                    f"shard hash {key:#x} is outside the range {owner.range} of {token.owner}: it left in a "
+                    f"handover at revision {owner.epoch} (was {owner.previous_range}); the write acted on an "
+                    "older view",
+                )
             return Verdict("OutOfRange", f"shard hash {key:#x} is outside the range {owner.range} of {token.owner}")
     return None
 

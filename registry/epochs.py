@@ -55,6 +55,9 @@ class Ownership:
     exact: bool = True
     #: The record is parked (its process stopped for a restart within ``rejoinGraceSeconds``): nobody writes.
     parked: bool = False
+    #: The range of the instance's previous period under the same lease (``None``: none seen): a key in it but
+    #: not in ``range`` left the instance at ``epoch`` (a handover), so a write to it acted on an older view.
+    previous_range: HashRange | None = None
 
 
 class EpochTracker:
@@ -92,8 +95,17 @@ class EpochTracker:
                         epoch, exact = max(m.create_revision, pred), False
                     else:
                         epoch, exact = revision, True
+                    previous = prev.range if prev is not None and prev.lease_id == m.lease_id else None
                     owners[(ctype, m.instance_id)] = Ownership(
-                        ctype, m.instance_id, m.lease_id, m.range, m.record.is_locked, epoch, exact, m.record.is_parked
+                        ctype,
+                        m.instance_id,
+                        m.lease_id,
+                        m.range,
+                        m.record.is_locked,
+                        epoch,
+                        exact,
+                        m.record.is_parked,
+                        previous,
                     )
             self._owners = owners
             self._kvs = dict(kvs)

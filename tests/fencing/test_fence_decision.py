@@ -800,3 +800,40 @@ def test_decide_checks_every_key() -> None:
     verdict = decide(token, owner, (1, MAX_HASH))
     assert verdict is not None and verdict.reason == "OutOfRange"
     assert decide(token, owner, ()) is None and decide(token, owner, None) is None
+
+
+def test_a_key_that_left_in_a_handover_is_said_to_have_left() -> None:
+    """The giver's new token, a write of what it listed before its range shrank: told apart in the message."""
+    token = OwnerToken(CTYPE, "a", 1, 9)
+    half = MAX_HASH // 2
+    now = Ownership(CTYPE, "a", 1, HashRange(half + 1, MAX_HASH), False, 9, previous_range=HashRange(0, MAX_HASH))
+    moved = decide(token, now, 5)
+    assert moved is not None and moved.reason == "OutOfRange" and "left in a handover at revision 9" in moved.why
+    assert decide(token, now, MAX_HASH) is None
+    never = Ownership(CTYPE, "a", 1, HashRange(half + 1, MAX_HASH), False, 9)
+    verdict = decide(token, never, 5)
+    assert verdict is not None and verdict.reason == "OutOfRange" and "handover" not in verdict.why
+
+
+def test_the_tracker_remembers_the_previous_range_of_the_same_lease(
+    registry: Registry, etcd_client: EtcdClient, etcd_config: EtcdConfig, key_prefix: str
+) -> None:
+    async def scenario() -> None:
+        fence = await _started(FenceSettings(etcd_config, key_prefix))
+        try:
+            lease_a = etcd_client.grant_lease(30)
+            registry.join(CTYPE, "a", lease_a)
+            await fence.check(OwnerToken(CTYPE, "nobody", 1, 0), None)
+            first = fence.tracker.get(CTYPE, "a")
+            assert first is not None and first.range == HashRange(0, MAX_HASH)
+            registry.join(CTYPE, "b", etcd_client.grant_lease(30))  # takes the lower half
+            await fence.check(OwnerToken(CTYPE, "nobody", 1, 0), None)
+            after = fence.tracker.get(CTYPE, "a")
+            assert after is not None and after.previous_range == HashRange(0, MAX_HASH)
+            assert after.range is not None and after.range.lo > 0
+            verdict = decide(OwnerToken(CTYPE, "a", lease_a, after.epoch), after, 0)
+            assert verdict is not None and "left in a handover" in verdict.why
+        finally:
+            await fence.stop()
+
+    run(scenario())
