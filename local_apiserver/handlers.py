@@ -66,7 +66,7 @@ from local_apiserver.routing import (
     shard_param,
 )
 from local_apiserver.state import State, in_thread, json_response
-from local_apiserver.store import Obj, Store, check_precondition, parse_resource_version
+from local_apiserver.store import DRY_RUN, Obj, Store, check_precondition, parse_resource_version
 from local_apiserver.strategic import strategic_merge
 from local_apiserver.validation import check_body_shape, check_scale_body, selector_requirements
 from local_apiserver.watch import WatchRequest, watch_events
@@ -159,8 +159,10 @@ def _prepare(state: State, request: Request, target: Target, info: dict[str, str
     )
     if spec.namespaced and target.namespace is None and target.name is not None:
         raise not_found_path(f"{NOT_FOUND} ({spec.resource} are namespaced: use /namespaces/<ns>/{spec.resource})")
-    if request.query_params.get("dryRun"):
-        raise bad_request("dryRun is not supported by the local API server")
+    dry_run = request.query_params.getlist("dryRun")
+    if dry_run and (request.method not in _METHOD_VERBS or (target.name is None and request.method == "DELETE")):
+        raise bad_request("dryRun is allowed on create, update, patch and delete of one object only")
+    _dry_run(dry_run)
     _authorize(state, request, _attributes(request, target))
     table = tables.requested(request, target) if request.method == "GET" else None
     if table is None:
@@ -173,6 +175,20 @@ def _prepare(state: State, request: Request, target: Target, info: dict[str, str
 
 
 _METHOD_VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
+
+
+def _dry_run(values: list[str]) -> None:
+    """``dryRun=All`` (query or DeleteOptions): validate, default and check, write nothing; other values 400.
+
+    Set in this request's own context (every request is a task of its own), read by the store at its one
+    write edge (:data:`local_apiserver.store.DRY_RUN`). On a read it means nothing, as in kube.
+    """
+    if not values:
+        return
+    bad = [v for v in values if v != "All"]
+    if bad:
+        raise bad_request(f'Invalid dry run value: {bad[0]!r}: supported values: "All"')
+    DRY_RUN.set(True)
 
 
 def request_verb(method: str, target: Target, watch: bool) -> str:
@@ -490,7 +506,7 @@ async def _deletion(request: Request) -> _Deletion:
             problems = "; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors())
             raise bad_request(f"invalid DeleteOptions: {problems}") from e
     if options.dryRun:
-        raise bad_request("dryRun is not supported by the local API server")
+        _dry_run(options.dryRun)
     policy = request.query_params.get("propagationPolicy") or options.propagationPolicy
     if policy is not None and options.orphanDependents is not None:
         raise invalid_request("propagationPolicy: Invalid value: orphanDependents and it cannot be both set")

@@ -230,7 +230,10 @@ _FIELD_VALIDATION = _query(
     "fieldValidation instructs the server on how to handle objects in the request (POST/PUT/PATCH) containing "
     "unknown or duplicate fields. Valid values are: Ignore, Warn (the default) and Strict.",
 )
-_WRITE_PARAMS = (_query("dryRun", "not supported by the local API server"), _query("fieldManager", "ignored"))
+_WRITE_PARAMS = (
+    _query("dryRun", "All: validated, defaulted and checked, not written"),
+    _query("fieldManager", "ignored"),
+)
 
 
 def _op(action: str, gvk: Obj, op_id: str, ref: str, *, body: str | None, params: list[Obj]) -> Obj:

@@ -29,6 +29,7 @@ Concurrency model
 
 from __future__ import annotations
 
+import contextvars
 import copy
 import ipaddress
 import logging
@@ -65,6 +66,10 @@ from rangeshard.core.timestamps import format_time, parse_time
 #: ``Obj``, ``parse_resource_version`` and ``check_precondition`` are importable from here too.
 __all__ = ["ListResult", "Obj", "Store", "check_precondition", "parse_resource_version"]
 
+
+#: Set for the request being served when it asked ``dryRun=All``: the store validates, defaults and checks
+#: its guards as for a real write, and writes nothing (no revision, no watch event, no hook).
+DRY_RUN: contextvars.ContextVar[bool] = contextvars.ContextVar("rangeshard_dry_run", default=False)
 log = logging.getLogger(__name__)
 
 DEFAULT_PREFIX = "/registry"
@@ -118,7 +123,10 @@ class Store:
     merge_update = staticmethod(prepare_update)
 
     def _txn(self, compare: list[Compare], success: list[Op], what: str) -> TxnResult:
-        return self._call(lambda: self.client.transaction(compare, success, what=what))
+        # A dry run (``?dryRun=All``) checks the guards (name free, namespace active, object unchanged) and
+        # writes nothing: every write of the store goes through here, so nothing else needs to know.
+        ops = [] if DRY_RUN.get() else success
+        return self._call(lambda: self.client.transaction(compare, ops, what=what))
 
     def _call(self, fn: Callable[[], T]) -> T:
         try:
@@ -265,6 +273,8 @@ class Store:
                 raise already_exists(spec.group_resource, str(meta["name"]))
         else:
             raise conflict(spec.group_resource, str(meta["name"]), "the namespace kept changing; please retry")
+        if DRY_RUN.get():
+            return obj  # nothing was written: no resourceVersion, no hook, no default ServiceAccount
         meta["resourceVersion"] = str(result.revision)
         if self.on_created is not None:
             self.on_created(spec, obj)
@@ -480,7 +490,7 @@ class Store:
             dmeta["finalizers"] = finalizers
         if not self._put_marked(kv, desired):
             return None
-        if self.on_deleted is not None and "foregroundDeletion" in finalizers:
+        if self.on_deleted is not None and not DRY_RUN.get() and "foregroundDeletion" in finalizers:
             self.on_deleted(spec, desired, "Foreground")  # the GC deletes the pod's dependents first
         return desired
 
@@ -503,7 +513,7 @@ class Store:
             and finalizers == list(meta.get("finalizers") or [])
             and not meta.get("deletionGracePeriodSeconds")
         ):
-            if spec.resource == "namespaces" and self.on_deleted is not None:
+            if spec.resource == "namespaces" and self.on_deleted is not None and not DRY_RUN.get():
                 self.on_deleted(spec, current, "Background")
             return current
         desired = copy.deepcopy(current)
@@ -516,7 +526,11 @@ class Store:
             desired.setdefault("status", {})["phase"] = "Terminating"
         if not self._put_marked(kv, desired):
             return None
-        if self.on_deleted is not None and (spec.resource == "namespaces" or "foregroundDeletion" in finalizers):
+        if (
+            self.on_deleted is not None
+            and not DRY_RUN.get()
+            and (spec.resource == "namespaces" or "foregroundDeletion" in finalizers)
+        ):
             # The GC empties a terminating namespace / deletes a foreground owner's dependents.
             self.on_deleted(spec, desired, "Foreground")
         return desired
@@ -530,7 +544,7 @@ class Store:
             raise conflict(spec.group_resource, name, "the object has been modified")
 
     def _deleted(self, spec: ResourceSpec, obj: Obj, propagation: str) -> None:
-        if self.on_deleted is not None:
+        if self.on_deleted is not None and not DRY_RUN.get():
             try:
                 self.on_deleted(spec, obj, propagation)
             except Exception:
