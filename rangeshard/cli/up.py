@@ -409,7 +409,7 @@ def _start_managers(
         proc = cluster.add_manager(
             f"m{i}",
             cfg_path,
-            log=state_dir / f"manager-{i}.log",
+            log=state_dir / f"manager-m{i}.log",
             instance_prefix=f"m{i}",
             audit=state_dir / f"audit-m{i}.jsonl",
         )
@@ -438,7 +438,7 @@ def _print_summary(console: Console, cluster: LocalCluster, state_dir: Path, kub
     console.print(f"  local API       {cluster.api_url}   kubectl --kubeconfig {kubeconfig} get pods -A")
     console.print(f"  proxy           {cluster.proxy_url}   (write fencing on)")
     console.print(f"  API audit log   {state_dir / 'apiserver-audit.jsonl'}")
-    console.print(f"  managers        {managers} (logs {state_dir}/manager-*.log, config {state_dir}/manager-m*.yaml)")
+    console.print(f"  managers        {managers} (logs {state_dir}/manager-m*.log, config {state_dir}/manager-m*.yaml)")
     console.print(f"  registry        RANGESHARD_ETCD={cluster.etcd_url} rangeshard registry list --watch")
     extra_cfg = state_dir / "manager.yaml"
     console.print(f"  more managers   rangeshard controller-manager --config {extra_cfg} --instance-prefix extra")
