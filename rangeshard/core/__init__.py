@@ -43,6 +43,9 @@ Owns
       server and the proxy use the one table).
     * :mod:`rangeshard.core.rest` - resource identity (``GVR``) and the one
       parser of REST request paths and kubectl-style resource names.
+    * :mod:`rangeshard.core.requestinfo` - the one request classifier
+      (kube's ``RequestInfo`` verb, resource, subresource, is-write,
+      is-watch).
 
 May import
     ``hashing`` and third-party libraries only. Never ``registry``, a
