@@ -82,13 +82,13 @@ from controller_manager.metrics import Metrics
 from controller_manager.probes import Prober, ProbeResult, pick_port
 from controller_manager.sharding import ShardInstance
 from hashing import HashRange, ShardBy, range_to_selector
+from rangeshard.core import relay
 from rangeshard.core.etcd import EtcdConfig
-from rangeshard.core.kubeapi import HOP_BY_HOP, WRITE_METHODS, expired_status, json_accept, status_object
-from rangeshard.core.listoptions import parse_bool
+from rangeshard.core.kubeapi import expired_status, status_object
 from rangeshard.core.loops import start_thread
-from rangeshard.core.ownertoken import SHARD_BY_HEADER, OwnerToken, shard_by_agent
+from rangeshard.core.ownertoken import OwnerToken
 from rangeshard.core.process import terminate
-from rangeshard.core.rest import parse_rest_path
+from rangeshard.core.requestinfo import classify
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +100,7 @@ _EXPIRED = expired_status("rangeshard: the instance's range changed; relist")
 #: The watch event a reset watch and a stale resume end with (every client library relists on it).
 _EXPIRED_EVENT = orjson.dumps({"type": "ERROR", "object": _EXPIRED}) + b"\n"
 #: Response headers not copied to the controller (the relay sets its own length or chunking).
-_NOT_RELAYED = HOP_BY_HOP | {"content-length", "content-encoding"}
+_NOT_RELAYED = relay.HOP_BY_HOP | {"content-length", "content-encoding"}
 
 
 class _Server(ThreadingHTTPServer):
@@ -346,15 +346,12 @@ def _handler(endpoint: Endpoint) -> type[BaseHTTPRequestHandler]:
             split = urlsplit(self.path)
             query = parse_qsl(split.query, keep_blank_values=True)
             params = dict(query)
-            found = parse_rest_path(split.path)
+            info = classify(self.command, split.path, params)
+            found = info.path
             rule = endpoint.rules.get(found.gvr.label) if found is not None else None
             sharded = rule is not None
             sharded_get = sharded and found is not None and found.collection and self.command == "GET"
-            headers = [(k, v) for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP]
-            headers = [(k, json_accept(v) if k.lower() == "accept" else v) for k, v in headers]
-            auth = endpoint.auth_header()
-            if auth is not None:
-                headers = [(k, v) for k, v in headers if k.lower() != "authorization"] + [("Authorization", auth)]
+            headers = relay.request_headers(self.headers.items(), authorization=endpoint.auth_header())
             body = self._body()
             watch = False
             generation = -1
@@ -362,10 +359,7 @@ def _handler(endpoint: Endpoint) -> type[BaseHTTPRequestHandler]:
                 if "shardSelector" in params:
                     self._status(400, "BadRequest", "shardSelector is set by rangeshard for this resource")
                     return
-                try:
-                    watch = found.watch_prefix or bool(parse_bool(params, "watch"))
-                except Exception:  # the proxy answers the 400
-                    watch = False
+                watch = info.is_watch
                 generation = endpoint.generation()
                 if watch and not endpoint.fresh(params.get("resourceVersion", "")):
                     self._expired()
@@ -378,17 +372,11 @@ def _handler(endpoint: Endpoint) -> type[BaseHTTPRequestHandler]:
                     query = [(k, v) for k, v in query if k != "fieldSelector"]
                     query.append(("fieldSelector", f"{fields},{_NOTHING}" if fields else _NOTHING))
             target = split.path + ("?" + urlencode(query) if query else "")
-            if rule is not None and self.command in WRITE_METHODS:
+            write_rule = relay.write_rule(endpoint.rules, info)
+            if write_rule is not None:
                 with endpoint.write() as token:
                     if token is not None:
-                        # The owner token, the client's own agent, then the rule again for the audit log.
-                        agent = self.headers.get("User-Agent", "")
-                        drop = ("user-agent", SHARD_BY_HEADER.lower())
-                        headers = [(k, v) for k, v in headers if k.lower() not in drop]
-                        headers.append(
-                            ("User-Agent", " ".join(filter(None, (token.user_agent(), agent, shard_by_agent(rule)))))
-                        )
-                        headers.append((SHARD_BY_HEADER, rule.value))
+                        headers = relay.declare(headers, token, write_rule)
                     self._relay(target, headers, body, stream=False)
                 return
             self._relay(

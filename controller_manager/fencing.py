@@ -44,7 +44,6 @@ from kubernetes.client.exceptions import ApiException
 
 from hashing import ShardBy
 from rangeshard.core.errors import ControllerError
-from rangeshard.core.kubeapi import WRITE_METHODS
 from rangeshard.core.ownertoken import (
     SHARD_BY_HEADER,
     SHARD_HASH_HEADER,
@@ -53,7 +52,8 @@ from rangeshard.core.ownertoken import (
     format_shard_hash,
     plain_user_agent,
 )
-from rangeshard.core.rest import parse_rest_path
+from rangeshard.core.relay import write_rule
+from rangeshard.core.requestinfo import classify, is_write
 
 
 class WriteFenced(ControllerError):
@@ -103,13 +103,12 @@ class FencedApiClient(k8s.ApiClient):  # type: ignore[misc,unused-ignore]
         _request_timeout: Any = None,
     ) -> Any:
         token = self.token
-        if method in WRITE_METHODS:
+        if is_write(method):
             extra: dict[str, str] = {}
             shard_hash = getattr(self._local, "shard_hash", None)
             if shard_hash is not None:
                 extra[SHARD_HASH_HEADER] = shard_hash
-            target = parse_rest_path(urlsplit(url).path) if self.rules else None
-            rule = self.rules.get(target.gvr.label) if target is not None else None
+            rule = write_rule(self.rules, classify(method, urlsplit(url).path, {})) if self.rules else None
             if rule is not None:
                 extra[SHARD_BY_HEADER] = rule.value
             if extra:

@@ -34,8 +34,11 @@ Owns
       written and read in one place.
     * :mod:`rangeshard.core.kubeapi` - Kubernetes API helpers shared by the
       two HTTP servers: ``ApiError``/``Status`` bodies, token files,
-      ``UserInfo``, the request-body limit, the headers a proxy drops or
-      rewrites (``HOP_BY_HOP``, ``json_accept``).
+      ``UserInfo``, the request-body limit.
+    * :mod:`rangeshard.core.relay` - the relay rules of the proxy's
+      pass-through and the external endpoint, sans I/O: which headers pass
+      (``HOP_BY_HOP``, ``json_accept``, ``Authorization``), which writes
+      carry the owner token, the shard-rule declaration.
     * :mod:`rangeshard.core.selectors` - the one label/field selector parser,
       parameterised by which fields a caller allows.
     * :mod:`rangeshard.core.fieldlabels` - the field labels kube-apiserver
