@@ -89,6 +89,7 @@ from rangeshard.core.loops import start_thread
 from rangeshard.core.ownertoken import OwnerToken
 from rangeshard.core.process import terminate
 from rangeshard.core.requestinfo import classify
+from rangeshard.core.tokenfile import BearerTokenFile
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +153,8 @@ class Endpoint:
         #: The shard rule of each ``shard`` resource, by ``resource.group`` label (lists, watches and writes).
         self.rules: dict[str, ShardBy] = {s.label: s.rule for s in section.shard}
         self.drain_seconds = section.drain_seconds
-        self.token_file = token_file
+        #: The manager's token for the proxy (``proxy.tokenFile``), replacing the controller's own.
+        self.token_file = BearerTokenFile(token_file) if token_file is not None else None
         self.client = httpx.Client(base_url=proxy_url, verify=ca_cert or True, timeout=httpx.Timeout(30.0, read=None))
         host, _, port = section.listen.rpartition(":")
         self.server = _Server((host.strip("[]"), int(port)), _handler(self))
@@ -264,13 +266,7 @@ class Endpoint:
         return range_to_selector(allowed, rule.path) if allowed is not None else None
 
     def auth_header(self) -> str | None:
-        if self.token_file is None:
-            return None
-        try:
-            return "Bearer " + Path(self.token_file).read_text().strip()
-        except OSError as e:
-            log.warning("%s: cannot read the proxy token file: %s", self.name, e)
-            return None
+        return self.token_file.authorization() if self.token_file is not None else None
 
     def register(self, watch: _Watch, generation: int) -> None:
         """Track an open watch; one whose request began before the last reset is cut at once.

@@ -25,7 +25,6 @@ import secrets
 import signal
 import socket
 import threading
-from pathlib import Path
 from typing import Any
 
 from kubernetes import client as k8s
@@ -37,9 +36,9 @@ from controller_manager.external import ExternalRuntime
 from controller_manager.fencing import FencedApiClient
 from controller_manager.metrics import Metrics, StatusServer
 from controller_manager.plugins import controller_type, resolve_controllers
-from rangeshard.core.errors import ConfigError
 from rangeshard.core.etcd import EtcdConfig
 from rangeshard.core.loops import start_thread
+from rangeshard.core.tokenfile import BearerTokenFile
 
 log = logging.getLogger(__name__)
 
@@ -48,43 +47,6 @@ def default_instance_prefix() -> str:
     host = socket.gethostname().lower().split(".")[0]
     host = "".join(c if c.isalnum() or c == "-" else "-" for c in host).strip("-") or "host"
     return f"{host[:40]}-{os.getpid()}-{secrets.token_hex(2)}"
-
-
-class TokenFile:
-    """A bearer token read from a file and re-read when the file changes.
-
-    Projected ServiceAccount tokens are rotated by the kubelet; the official
-    client calls this hook before each request (``refresh_api_key_hook``), so
-    a stat per request keeps the token current. The token is never logged.
-    """
-
-    def __init__(self, path: str) -> None:
-        self.path = Path(path)
-        self._mtime: float | None = None
-        self.token = ""
-        self._read(initial=True)
-
-    def _read(self, initial: bool = False) -> None:
-        try:
-            stat = self.path.stat()
-            if stat.st_mtime == self._mtime:
-                return
-            token = self.path.read_text().strip()
-        except OSError as e:
-            if initial:
-                raise ConfigError(f"proxy.tokenFile: cannot read {self.path}: {e.strerror}") from e
-            log.warning("proxy.tokenFile %s unreadable (%s); keeping the previous token", self.path, e.strerror)
-            return
-        if not token:
-            if initial:
-                raise ConfigError(f"proxy.tokenFile: {self.path} is empty")
-            return
-        self._mtime = stat.st_mtime
-        self.token = token
-
-    def __call__(self, cfg: Any) -> None:
-        self._read()
-        cfg.api_key = {"BearerToken": self.token}
 
 
 def api_client_for(url: str, token_file: str | None = None, ca_cert: str | None = None) -> Any:
@@ -97,10 +59,14 @@ def api_client_for(url: str, token_file: str | None = None, ca_cert: str | None 
     if ca_cert:
         cfg.ssl_ca_cert = ca_cert
     if token_file:
-        source = TokenFile(token_file)
+        source = BearerTokenFile(token_file)
+
+        def refresh(configuration: Any) -> None:  # called by the client before each request
+            configuration.api_key = {"BearerToken": source.token}
+
         cfg.api_key = {"BearerToken": source.token}
         cfg.api_key_prefix = {"BearerToken": "Bearer"}
-        cfg.refresh_api_key_hook = source  # type: ignore[assignment]  # typed as None upstream
+        cfg.refresh_api_key_hook = refresh  # type: ignore[assignment]  # typed as None upstream
     return FencedApiClient(cfg)
 
 

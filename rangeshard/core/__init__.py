@@ -39,6 +39,8 @@ Owns
       pass-through and the external endpoint, sans I/O: which headers pass
       (``HOP_BY_HOP``, ``json_accept``, ``Authorization``), which writes
       carry the owner token, the shard-rule declaration.
+    * :mod:`rangeshard.core.tokenfile` - the one reader of a bearer token
+      file (re-read when rotated, the last good token kept).
     * :mod:`rangeshard.core.selectors` - the one label/field selector parser,
       parameterised by which fields a caller allows.
     * :mod:`rangeshard.core.fieldlabels` - the field labels kube-apiserver
