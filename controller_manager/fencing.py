@@ -19,6 +19,9 @@ Purpose
       ``ApiException``): the reconcile stops at its first fenced write, and
       the runtime drops the key (docs/reliability.md).
 
+    :func:`api_client_for` builds one for the proxy (its token file, read by
+    :class:`rangeshard.core.tokenfile.BearerTokenFile`, and CA).
+
 Invariants
     * One client per controller instance: the token in the User-Agent is
       that instance's.
@@ -54,6 +57,7 @@ from rangeshard.core.ownertoken import (
 )
 from rangeshard.core.relay import write_rule
 from rangeshard.core.requestinfo import classify, is_write
+from rangeshard.core.tokenfile import BearerTokenFile
 
 
 class WriteFenced(ControllerError):
@@ -135,3 +139,24 @@ def _raise_if_fenced(token: OwnerToken | None, body: Any) -> None:
     reason = fence_reason(status)
     if reason is not None:
         raise WriteFenced(token, reason, str(status.get("message") or "write fenced"))
+
+
+def api_client_for(url: str, token_file: str | None = None, ca_cert: str | None = None) -> Any:
+    """An official-client ApiClient for the proxy (bearer token and CA if configured)."""
+    cfg = k8s.Configuration()
+    cfg.host = url.rstrip("/")
+    cfg.retries = 0
+    # Enough connections for the workers plus one list/watch per informer.
+    cfg.connection_pool_maxsize = 64
+    if ca_cert:
+        cfg.ssl_ca_cert = ca_cert
+    if token_file:
+        source = BearerTokenFile(token_file)
+
+        def refresh(configuration: Any) -> None:  # called by the client before each request
+            configuration.api_key = {"BearerToken": source.token}
+
+        cfg.api_key = {"BearerToken": source.token}
+        cfg.api_key_prefix = {"BearerToken": "Bearer"}
+        cfg.refresh_api_key_hook = refresh  # type: ignore[assignment]  # typed as None upstream
+    return FencedApiClient(cfg)

@@ -17,7 +17,7 @@ import pytest
 
 from controller_manager.config import ExternalSection
 from controller_manager.external import Endpoint
-from controller_manager.manager import api_client_for
+from controller_manager.fencing import api_client_for
 from rangeshard.core.errors import ConfigError
 from rangeshard.core.tokenfile import BearerTokenFile
 
