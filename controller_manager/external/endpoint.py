@@ -81,7 +81,8 @@ class _Watch:
         self.response: UpstreamResponse | None = None
 
     def cut(self) -> None:
-        self.loop.call_soon_threadsafe(self._abort)
+        with contextlib.suppress(RuntimeError):  # the loop already ended: nothing is relayed any more
+            self.loop.call_soon_threadsafe(self._abort)
 
     def _abort(self) -> None:
         if self.response is not None:

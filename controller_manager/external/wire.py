@@ -69,10 +69,6 @@ class Request:
         self.body = body
         self.keep_alive = keep_alive
 
-    def header(self, name: str) -> str | None:
-        """The first value of header ``name`` (lower case), or ``None``."""
-        return next((v for k, v in self.headers if k.lower() == name), None)
-
 
 class Response:
     """The answer to one :class:`Request`: :meth:`start`, :meth:`write` (any number), :meth:`end`."""
@@ -95,15 +91,13 @@ class Response:
         except ValueError:
             phrase = ""
         lines = [f"HTTP/1.1 {status} {phrase}", *(f"{k}: {v}" for k, v in headers)]
-        if self._no_body or status in (204, 304) or status < 200:
-            if self._no_body and length is not None and status >= 200 and status not in (204, 304):
-                lines.append(f"Content-Length: {length}")  # an answer to HEAD: the length of what GET sends
-            self._no_body = True
-        elif length is not None:
-            lines.append(f"Content-Length: {length}")
-        else:
+        bodiless = status < 200 or status in (204, 304)
+        if length is not None and not bodiless:
+            lines.append(f"Content-Length: {length}")  # an answer to HEAD too: the length of what GET sends
+        elif not (bodiless or self._no_body):
             self._chunked = True
             lines.append("Transfer-Encoding: chunked")
+        self._no_body = self._no_body or bodiless
         if not self._conn.keep_alive:
             lines.append("Connection: close")
         self._head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
