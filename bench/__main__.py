@@ -477,6 +477,9 @@ def render_sidecar(sc: dict[str, Any], console: Console) -> None:
                 ["manager, built-in controllers", _spread(s["builtInRssMiB"]), _spread(s["builtInStartSeconds"]), "-"],
                 ["proxy (pods cached)", _spread(s["proxyRssMiB"]), _spread(s["proxyStartSeconds"]), "-"],
                 *[[f"peer: {name}", mib, "-", "-"] for name, mib in sc["peersMiB"].items()],
+                ["profile: bare interpreter", _spread(s["interpreterRssMiB"]), "-", "-"],
+                ["profile: + etcd client (gRPC), one call", _spread(s["withEtcdClientRssMiB"]), "-", "-"],
+                ["profile: + httpx, YAML, config models", _spread(s["withConfigStackRssMiB"]), "-", "-"],
             ],
         )
     )  # fmt: skip

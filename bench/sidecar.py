@@ -21,7 +21,10 @@ Purpose
       ``events`` patches of a ConfigMap; per event, the arrival through the
       endpoint (and the hop) minus the arrival straight from the proxy;
     * **100 watches**: the manager's RSS with ``watches`` open watches of one
-      client through its endpoint, minus before.
+      client through its endpoint, minus before;
+    * **what the RSS is made of** (:func:`profile`): a fresh interpreter,
+      then with the etcd client (gRPC) after one call, then with httpx,
+      YAML and the config models.
 
     ``summary`` holds min/median/max of the runs for each number, with the
     issue's targets and the peers' published per-shard memory.
@@ -294,6 +297,31 @@ class _Run:
         self.api.close()
 
 
+#: What a sidecar's RSS is made of: each snippet adds to the one before, in a fresh interpreter.
+_PROFILE = {
+    "interpreter": "pass",
+    "etcdClient": "from rangeshard.core.etcd import EtcdClient, EtcdConfig\n"
+    "EtcdClient(EtcdConfig.from_urls([{url!r}])).revision()",
+    "configStack": "import sys; sys.modules.setdefault('httpx._main', None)\n"
+    "import httpx, yaml, controller_manager.config",
+}
+
+
+def profile(etcd_url: str) -> dict[str, float]:
+    """RSS in MiB of a fresh interpreter, then with an etcd client (gRPC) that made one call, then with the
+    httpx, YAML and pydantic (the config models) every manager needs: what the sidecar's memory is made of."""
+    out: dict[str, float] = {}
+    code = ""
+    for name, snippet in _PROFILE.items():
+        code += snippet.format(url=etcd_url) + "\n"
+        report = "print([l for l in open('/proc/self/status') if l.startswith('VmRSS')][0].split()[1])"
+        done = subprocess.run(
+            [sys.executable, "-P", "-c", code + report], capture_output=True, text=True, timeout=60, check=True
+        )
+        out[f"{name}RssMiB"] = round(int(done.stdout.strip()) / 1024, 1)
+    return out
+
+
 def _one(cluster: BenchCluster, workdir: Path, index: int, requests: int, events: int, watches: int) -> dict[str, Any]:
     run = _Run(cluster, workdir, index)
     try:
@@ -304,6 +332,7 @@ def _one(cluster: BenchCluster, workdir: Path, index: int, requests: int, events
         out["latency"] = run.requests(proc.pid, requests)
         out["watch"] = run.watch_events(events)
         out["watches"] = run.many_watches(proc.pid, watches)
+        out["profile"] = profile(cluster.etcd_url)
         out["builtIn"] = run.builtin()
         out["proxy"] = run.second_proxy()
         log.info("sidecar run %s: %s", index, out)
@@ -335,6 +364,9 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, list[float]]:
         "watchEventAddedP99Ms": lambda r: r["watch"]["eventAddedP99Ms"],
         "hopWatchEventAddedP50Ms": lambda r: r["watch"]["hopEventAddedP50Ms"],
         "hundredWatchesMiB": lambda r: r["watches"]["addedMiB"],
+        "interpreterRssMiB": lambda r: r["profile"]["interpreterRssMiB"],
+        "withEtcdClientRssMiB": lambda r: r["profile"]["etcdClientRssMiB"],
+        "withConfigStackRssMiB": lambda r: r["profile"]["configStackRssMiB"],
     }
     for what in ("get", "list"):
         for q in ("P50", "P99"):
