@@ -717,9 +717,9 @@ def main(argv: list[str] | None = None) -> int:
                 lambda: sidecar.run(
                     cluster,
                     workdir / "sidecar",
-                    runs=3,
-                    requests=100 if quick else 500,
-                    events=50 if quick else 200,
+                    runs=1 if quick else 3,
+                    requests=50 if quick else 500,
+                    events=30 if quick else 200,
                     watches=100,
                 ),
             )
