@@ -2,25 +2,14 @@
 
 Purpose
     :class:`Endpoint` serves the URL the controller's kubeconfig names and
-    relays each request to the range filter proxy
-    (:mod:`controller_manager.external.wire`: its sockets), as
+    relays each request to the range filter proxy over its sockets
+    (:mod:`controller_manager.external.wire`), as
     :func:`rangeshard.core.requestinfo.classify` reads it and
-    :mod:`rangeshard.core.relay`'s rules forward it:
-
-    * a list or watch of a ``shard`` resource gets the ``shardSelector`` of
-      the instance's allowed range (:class:`ServingState.served_selector`),
-      or a field selector that matches nothing while it may serve nothing; a
-      selector of the client's own is a 400;
-    * a watch from a resourceVersion not handed out in the current serving
-      period, and every open watch at a reset, ends with an ``ERROR`` event
-      carrying a ``410 Expired`` Status (every client library relists);
-    * a write to a ``shard`` resource carries the owner token and declares
-      its shard rule (:func:`rangeshard.core.relay.declare`), counted as in
-      flight for the drain;
-    * ``watch`` is parsed as every server of ours parses it: ``watch=tRuE``
-      is the same 400;
-    * with ``proxy.tokenFile`` the manager's token replaces the
-      controller's ``Authorization``.
+    :mod:`rangeshard.core.relay`'s rules forward it; what a list, a watch
+    and a write of a ``shard`` resource become is the package's docstring
+    (:mod:`controller_manager.external`). ``watch=tRuE`` is the 400 every
+    server of ours answers; with ``proxy.tokenFile`` the manager's token
+    replaces the controller's ``Authorization``.
 
 Invariants
     * Everything else passes unchanged: method, path and query as sent,
