@@ -16,7 +16,10 @@ Purpose
     * :mod:`bench.scaleout` -- reconcile throughput with 1, 2, 4 managers,
       join-to-active, SIGKILL-to-takeover;
     * :mod:`bench.balance` -- owned objects per instance after joins and
-      after the plans of ``rangeshard rebalance`` (``--by workload``/``range``).
+      after the plans of ``rangeshard rebalance`` (``--by workload``/``range``);
+    * :mod:`bench.sidecar` -- what an external-only manager costs beside the
+      controller it shards (memory, start, the endpoint's added latency),
+      against the floor of one more hop (:mod:`bench.hop`).
 
 Invariants
     Benchmarks only listen on and connect to loopback; every process they

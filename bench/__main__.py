@@ -43,7 +43,7 @@ from rangeshard.core.logs import configure_logging
 
 log = logging.getLogger(__name__)
 
-SECTIONS = ("balance", "cache", "throughput", "fanout", "scaleout", "rolling", "external", "scale")
+SECTIONS = ("balance", "cache", "throughput", "fanout", "scaleout", "rolling", "external", "sidecar", "scale")
 
 
 def machine() -> dict[str, Any]:
@@ -349,6 +349,8 @@ def render(result: dict[str, Any], console: Console) -> None:
                 ],
             )
         )
+    if "sidecar" in result:
+        render_sidecar(result["sidecar"], console)
     if "rolling" in result:
         console.print(
             _table(
@@ -455,6 +457,58 @@ def render(result: dict[str, Any], console: Console) -> None:
         render_scale(result["scale"], console)
     for name, err in result.get("errors", {}).items():
         console.print(f"[red]section {name} failed:[/red] {err.splitlines()[-1] if err else ''}")
+
+
+def _spread(values: list[float]) -> str:
+    return " / ".join(f"{v:g}" for v in values)
+
+
+def render_sidecar(sc: dict[str, Any], console: Console) -> None:
+    """The tables of the ``sidecar`` section (min / median / max of its runs)."""
+    s, t = sc["summary"], sc["targets"]
+    runs = len(sc["runs"])
+    console.print(
+        _table(
+            f"Sidecar: RSS 2 s after ready and spawn -> /readyz (min / median / max of {runs} runs)",
+            ["process", "RSS MiB", "start s", "target"],
+            [
+                ["external-only manager", _spread(s["externalOnlyRssMiB"]), _spread(s["externalOnlyStartSeconds"]),
+                 f"<= {t['externalOnlyRssMiB']} MiB, <= {t['externalOnlyStartSeconds']} s"],
+                ["manager, built-in controllers", _spread(s["builtInRssMiB"]), _spread(s["builtInStartSeconds"]), "-"],
+                ["proxy (pods cached)", _spread(s["proxyRssMiB"]), _spread(s["proxyStartSeconds"]), "-"],
+                *[[f"peer: {name}", mib, "-", "-"] for name, mib in sc["peersMiB"].items()],
+                ["profile: bare interpreter", _spread(s["interpreterRssMiB"]), "-", "-"],
+                ["profile: + etcd client (gRPC), one call", _spread(s["withEtcdClientRssMiB"]), "-", "-"],
+                ["profile: + httpx, YAML, config models", _spread(s["withConfigStackRssMiB"]), "-", "-"],
+            ],
+        )
+    )  # fmt: skip
+    console.print(
+        _table(
+            f"Sidecar: the endpoint's added latency, {sc['runs'][0]['latency']['requests']} requests each way "
+            f"(target p50 <= {t['addedP50Ms']} ms, p99 <= {t['addedP99Ms']} ms)",
+            ["request", "proxy p50", "endpoint p50", "added p50", "hop added p50", "proxy p99", "added p99",
+             "hop added p99"],
+            [
+                [what, *(_spread(s[f"{what}{k}Ms"]) for k in
+                         ("ProxyP50", "EndpointP50", "AddedP50", "HopAddedP50", "ProxyP99", "AddedP99", "HopAddedP99"))]
+                for what in ("get", "list")
+            ],
+        )
+    )  # fmt: skip
+    console.print(
+        _table(
+            "Sidecar: relaying (hop: a byte-for-byte relay process, the floor of any extra hop)",
+            ["CPU ms per request", "watch event added p50 ms", "p99 ms", "hop: event added p50", "100 watches MiB",
+             "targets"],
+            [[
+                _spread(s["endpointCpuMsPerRequest"]), _spread(s["watchEventAddedP50Ms"]),
+                _spread(s["watchEventAddedP99Ms"]), _spread(s["hopWatchEventAddedP50Ms"]),
+                _spread(s["hundredWatchesMiB"]),
+                f"event p50 <= {t['watchEventAddedP50Ms']} ms, 100 watches <= {t['hundredWatchesMiB']} MiB",
+            ]],
+        )
+    )  # fmt: skip
 
 
 def render_scale(sc: dict[str, Any], console: Console) -> None:
@@ -569,6 +623,7 @@ def main(argv: list[str] | None = None) -> int:
         rolling,
         scale,
         scaleout,
+        sidecar,
         throughput,
     )
     from bench.common import BenchCluster  # noqa: PLC0415
@@ -611,7 +666,7 @@ def main(argv: list[str] | None = None) -> int:
         ),
     )
     measured_balance = "balance" in sections and not quick  # the measured part (by cost) needs ~2 min
-    clustered = ("fanout", "scaleout", "rolling", "external")
+    clustered = ("fanout", "scaleout", "rolling", "external", "sidecar")
     if any(s in sections for s in clustered) or measured_balance:
         cluster = BenchCluster(workdir / "cluster")
         try:
@@ -655,6 +710,17 @@ def main(argv: list[str] | None = None) -> int:
                     work_ms=20,
                     requests=50 if quick else 500,
                     io_bound=not quick,
+                ),
+            )
+            guarded(
+                "sidecar",
+                lambda: sidecar.run(
+                    cluster,
+                    workdir / "sidecar",
+                    runs=1 if quick else 3,
+                    requests=50 if quick else 500,
+                    events=30 if quick else 200,
+                    watches=100,
                 ),
             )
         except Exception:

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from controller_manager.audit import AuditLog
 from controller_manager.controller import Controller, ControllerRuntime, ReconcileContext, Requeue
-from controller_manager.manager import api_client_for
+from controller_manager.fencing import api_client_for
 from controller_manager.metrics import Metrics
 from controller_manager.process import ManagerProcess
 from controller_manager.resources import Resource

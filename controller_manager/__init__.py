@@ -24,8 +24,9 @@ Purpose
     * :mod:`controller_manager.plugins` - which class runs a configured controller
     * :mod:`controller_manager.resources` - the resources a controller watches
     * :mod:`controller_manager.manager` - the process
-    * :mod:`controller_manager.external` - external controllers: the endpoint
-      that shards an unmodified controller, and its child process
+    * :mod:`controller_manager.external` - external controllers (a package:
+      runtime, serving state, endpoint, its sockets, child process): the
+      endpoint that shards an unmodified controller, and its child process
     * :mod:`controller_manager.probes` - liveness probes of external children
       (kubelet's ``httpGet``/``exec`` semantics)
     * :mod:`controller_manager.watchdog` - stuck built-in controllers: not

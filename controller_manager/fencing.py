@@ -19,6 +19,9 @@ Purpose
       ``ApiException``): the reconcile stops at its first fenced write, and
       the runtime drops the key (docs/reliability.md).
 
+    :func:`api_client_for` builds one for the proxy (its token file, read by
+    :class:`rangeshard.core.tokenfile.BearerTokenFile`, and CA).
+
 Invariants
     * One client per controller instance: the token in the User-Agent is
       that instance's.
@@ -44,7 +47,6 @@ from kubernetes.client.exceptions import ApiException
 
 from hashing import ShardBy
 from rangeshard.core.errors import ControllerError
-from rangeshard.core.kubeapi import WRITE_METHODS
 from rangeshard.core.ownertoken import (
     SHARD_BY_HEADER,
     SHARD_HASH_HEADER,
@@ -53,7 +55,9 @@ from rangeshard.core.ownertoken import (
     format_shard_hash,
     plain_user_agent,
 )
-from rangeshard.core.rest import parse_rest_path
+from rangeshard.core.relay import write_rule
+from rangeshard.core.requestinfo import classify, is_write
+from rangeshard.core.tokenfile import BearerTokenFile
 
 
 class WriteFenced(ControllerError):
@@ -103,13 +107,12 @@ class FencedApiClient(k8s.ApiClient):  # type: ignore[misc,unused-ignore]
         _request_timeout: Any = None,
     ) -> Any:
         token = self.token
-        if method in WRITE_METHODS:
+        if is_write(method):
             extra: dict[str, str] = {}
             shard_hash = getattr(self._local, "shard_hash", None)
             if shard_hash is not None:
                 extra[SHARD_HASH_HEADER] = shard_hash
-            target = parse_rest_path(urlsplit(url).path) if self.rules else None
-            rule = self.rules.get(target.gvr.label) if target is not None else None
+            rule = write_rule(self.rules, classify(method, urlsplit(url).path, {})) if self.rules else None
             if rule is not None:
                 extra[SHARD_BY_HEADER] = rule.value
             if extra:
@@ -136,3 +139,24 @@ def _raise_if_fenced(token: OwnerToken | None, body: Any) -> None:
     reason = fence_reason(status)
     if reason is not None:
         raise WriteFenced(token, reason, str(status.get("message") or "write fenced"))
+
+
+def api_client_for(url: str, token_file: str | None = None, ca_cert: str | None = None) -> Any:
+    """An official-client ApiClient for the proxy (bearer token and CA if configured)."""
+    cfg = k8s.Configuration()
+    cfg.host = url.rstrip("/")
+    cfg.retries = 0
+    # Enough connections for the workers plus one list/watch per informer.
+    cfg.connection_pool_maxsize = 64
+    if ca_cert:
+        cfg.ssl_ca_cert = ca_cert
+    if token_file:
+        source = BearerTokenFile(token_file)
+
+        def refresh(configuration: Any) -> None:  # called by the client before each request
+            configuration.api_key = {"BearerToken": source.token}
+
+        cfg.api_key = {"BearerToken": source.token}
+        cfg.api_key_prefix = {"BearerToken": "Bearer"}
+        cfg.refresh_api_key_hook = refresh  # type: ignore[assignment]  # typed as None upstream
+    return FencedApiClient(cfg)

@@ -29,22 +29,19 @@ import secrets
 import signal
 import socket
 import threading
-from pathlib import Path
-from typing import Any
-
-from kubernetes import client as k8s
+from typing import TYPE_CHECKING, Any
 
 from controller_manager.audit import AuditLog
-from controller_manager.config import ManagerConfig
-from controller_manager.controller import ControllerRuntime
+from controller_manager.config import ControllerSection, ManagerConfig
 from controller_manager.external import ExternalRuntime
-from controller_manager.fencing import FencedApiClient
 from controller_manager.metrics import Metrics, StatusServer
 from controller_manager.plugins import controller_type, resolve_controllers
 from controller_manager.watchdog import Watchdog
-from rangeshard.core.errors import ConfigError
 from rangeshard.core.etcd import EtcdConfig
 from rangeshard.core.loops import start_thread
+
+if TYPE_CHECKING:
+    from controller_manager.controller import Controller, ControllerRuntime
 
 log = logging.getLogger(__name__)
 
@@ -53,60 +50,6 @@ def default_instance_prefix() -> str:
     host = socket.gethostname().lower().split(".")[0]
     host = "".join(c if c.isalnum() or c == "-" else "-" for c in host).strip("-") or "host"
     return f"{host[:40]}-{os.getpid()}-{secrets.token_hex(2)}"
-
-
-class TokenFile:
-    """A bearer token read from a file and re-read when the file changes.
-
-    Projected ServiceAccount tokens are rotated by the kubelet; the official
-    client calls this hook before each request (``refresh_api_key_hook``), so
-    a stat per request keeps the token current. The token is never logged.
-    """
-
-    def __init__(self, path: str) -> None:
-        self.path = Path(path)
-        self._mtime: float | None = None
-        self.token = ""
-        self._read(initial=True)
-
-    def _read(self, initial: bool = False) -> None:
-        try:
-            stat = self.path.stat()
-            if stat.st_mtime == self._mtime:
-                return
-            token = self.path.read_text().strip()
-        except OSError as e:
-            if initial:
-                raise ConfigError(f"proxy.tokenFile: cannot read {self.path}: {e.strerror}") from e
-            log.warning("proxy.tokenFile %s unreadable (%s); keeping the previous token", self.path, e.strerror)
-            return
-        if not token:
-            if initial:
-                raise ConfigError(f"proxy.tokenFile: {self.path} is empty")
-            return
-        self._mtime = stat.st_mtime
-        self.token = token
-
-    def __call__(self, cfg: Any) -> None:
-        self._read()
-        cfg.api_key = {"BearerToken": self.token}
-
-
-def api_client_for(url: str, token_file: str | None = None, ca_cert: str | None = None) -> Any:
-    """An official-client ApiClient for the proxy (bearer token and CA if configured)."""
-    cfg = k8s.Configuration()
-    cfg.host = url.rstrip("/")
-    cfg.retries = 0
-    # Enough connections for the workers plus one list/watch per informer.
-    cfg.connection_pool_maxsize = 64
-    if ca_cert:
-        cfg.ssl_ca_cert = ca_cert
-    if token_file:
-        source = TokenFile(token_file)
-        cfg.api_key = {"BearerToken": source.token}
-        cfg.api_key_prefix = {"BearerToken": "Bearer"}
-        cfg.refresh_api_key_hook = source  # type: ignore[assignment]  # typed as None upstream
-    return FencedApiClient(cfg)
 
 
 class ControllerManager:
@@ -158,36 +101,43 @@ class ControllerManager:
                     )
                 )
                 continue
-            cls = classes[name]
-            # One client per instance: its User-Agent is that instance's owner token.
-            api_client = api_client_for(config.proxy.url, config.proxy.token_file, config.proxy.ca_cert)
-            self.api_clients.append(api_client)
-            self.runtimes.append(
-                ControllerRuntime(
-                    cls,
-                    controller_type=controller_type(name, cls),
-                    api_client=api_client,
-                    workers=section.workers,
-                    audit=self.audit,
-                    reconcile_delay=section.reconcile_delay_seconds,
-                    reconcile_hold_file=section.reconcile_hold_file,
-                    cost_window=config.cost_window_seconds,
-                    **common,
-                )
-            )
+            self.runtimes.append(self._in_process(name, classes[name], section, common))
         self.watchdog = Watchdog(
             config.watchdog,
-            [rt for rt in self.runtimes if isinstance(rt, ControllerRuntime)],
+            [rt for rt in self.runtimes if not isinstance(rt, ExternalRuntime)],
             on_stuck=lambda name, stuck: self.metrics.stuck.labels(name).set(1 if stuck else 0),
         )
         for rt in self.runtimes:
-            if isinstance(rt, ControllerRuntime):
+            if not isinstance(rt, ExternalRuntime):
                 self.metrics.stuck.labels(rt.name).set(0)
         self.status: StatusServer | None = None
         if config.metrics is not None:
             self.status = StatusServer(
                 self.metrics, self.ready, config.metrics.host, config.metrics.port, detail=self.not_ready
             )
+
+    def _in_process(
+        self, name: str, cls: type[Controller], section: ControllerSection, common: dict[str, Any]
+    ) -> ControllerRuntime:
+        """The runtime of a ``Controller`` class: the framework and the official client are loaded here only."""
+        from controller_manager.controller import ControllerRuntime  # noqa: PLC0415 (not for external-only managers)
+        from controller_manager.fencing import api_client_for  # noqa: PLC0415
+
+        proxy = self.config.proxy
+        # One client per instance: its User-Agent is that instance's owner token.
+        api_client = api_client_for(proxy.url, proxy.token_file, proxy.ca_cert)
+        self.api_clients.append(api_client)
+        return ControllerRuntime(
+            cls,
+            controller_type=controller_type(name, cls),
+            api_client=api_client,
+            workers=section.workers,
+            audit=self.audit,
+            reconcile_delay=section.reconcile_delay_seconds,
+            reconcile_hold_file=section.reconcile_hold_file,
+            cost_window=self.config.cost_window_seconds,
+            **common,
+        )
 
     def ready(self) -> bool:
         return all(rt.ready for rt in self.runtimes) and not self.watchdog.reasons()

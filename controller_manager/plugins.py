@@ -21,6 +21,10 @@ Invariants
     * The registry type of a controller is its class's ``name`` (the config
       key when the class does not define one).
 
+    * The controller framework (and with it the official Kubernetes client)
+      is imported only to resolve an entry that runs a class: a config of
+      ``external`` entries only loads none of it.
+
 Concurrency model
     Pure functions called at start-up on the main thread; importing runs user
     module code once (Python's import cache).
@@ -34,12 +38,12 @@ import re
 from collections.abc import Mapping
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from controller_manager.controller import Controller
-from controller_manager.controllers import CONTROLLERS
-from controller_manager.resources import Resource
 from rangeshard.core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from controller_manager.controller import Controller
 
 ENTRY_POINT_GROUP = "rangeshard.controllers"
 """The entry-point group installed plugins declare (``name = "module:Class"``)."""
@@ -59,9 +63,16 @@ def _entry_points() -> dict[str, list[metadata.EntryPoint]]:
     return found
 
 
+def _builtins() -> Mapping[str, type[Controller]]:
+    """The built-in controllers; the framework (and the official client) is imported only when a class is needed."""
+    from controller_manager.controllers import CONTROLLERS  # noqa: PLC0415 (not for external-only managers)
+
+    return CONTROLLERS
+
+
 def available() -> dict[str, str]:
     """Names a bare config entry may use, with where each comes from (for messages and ``--help``)."""
-    out = {name: f"built-in {cls.__module__}:{cls.__qualname__}" for name, cls in CONTROLLERS.items()}
+    out = {name: f"built-in {cls.__module__}:{cls.__qualname__}" for name, cls in _builtins().items()}
     for name, eps in _entry_points().items():
         out.setdefault(name, f"entry point {eps[0].value}")
     return out
@@ -88,6 +99,9 @@ def import_target(target: str) -> Any:
 
 def check_controller_class(obj: Any, what: str) -> type[Controller]:
     """``obj`` if it is a usable Controller subclass; :class:`_Problem` otherwise."""
+    from controller_manager.controller import Controller  # noqa: PLC0415 (see _builtins)
+    from controller_manager.resources import Resource  # noqa: PLC0415
+
     if not (inspect.isclass(obj) and issubclass(obj, Controller)):
         raise _Problem(f"{what} is not a Controller subclass (controller_manager.controller.Controller)")
     if inspect.isabstract(obj):
@@ -99,7 +113,7 @@ def check_controller_class(obj: Any, what: str) -> type[Controller]:
 
 
 def _resolve_one(name: str, target: str | None, eps: Mapping[str, list[metadata.EntryPoint]]) -> type[Controller]:
-    builtin = CONTROLLERS.get(name)
+    builtin = _builtins().get(name)
     if target is not None:
         cls = check_controller_class(import_target(target), f"class {target!r}")
         if builtin is not None and cls is not builtin:
@@ -135,7 +149,7 @@ def resolve_controllers(sections: Mapping[str, Any], source: str | Path | None =
     Raises :class:`ConfigError` listing ``FILE: controllers.<name>: problem`` for every bad entry.
     """
     prefix = f"{source}: " if source is not None else ""
-    eps = _entry_points()
+    eps: dict[str, list[metadata.EntryPoint]] | None = None  # read once, and only if a class is needed
     resolved: dict[str, type[Controller]] = {}
     problems: list[str] = []
     types: dict[str, str] = {}
@@ -145,6 +159,7 @@ def resolve_controllers(sections: Mapping[str, Any], source: str | Path | None =
                 # An external program, not a class (controller_manager.external): its name is its type.
                 cls, kind, whose = None, name, ""
             else:
+                eps = _entry_points() if eps is None else eps
                 cls = _resolve_one(name, getattr(section, "class_", None), eps)
                 kind, whose = controller_type(name, cls), " (the class's name)"
             if not _TYPE_RE.match(kind):

@@ -70,6 +70,7 @@ from local_apiserver.store import DRY_RUN, Obj, Store, check_precondition, parse
 from local_apiserver.strategic import strategic_merge
 from local_apiserver.validation import check_body_shape, check_scale_body, selector_requirements
 from local_apiserver.watch import WatchRequest, watch_events
+from rangeshard.core import requestinfo
 from rangeshard.core.kubeapi import Attributes, UserInfo, forbidden, unauthorized
 from rangeshard.core.listoptions import ListQuery, parse_bool
 from rangeshard.core.protobuf_decode import decode_delete_options
@@ -160,7 +161,9 @@ def _prepare(state: State, request: Request, target: Target, info: dict[str, str
     if spec.namespaced and target.namespace is None and target.name is not None:
         raise not_found_path(f"{NOT_FOUND} ({spec.resource} are namespaced: use /namespaces/<ns>/{spec.resource})")
     dry_run = request.query_params.getlist("dryRun")
-    if dry_run and (request.method not in _METHOD_VERBS or (target.name is None and request.method == "DELETE")):
+    if dry_run and (
+        request.method not in requestinfo.WRITE_METHODS or (target.name is None and request.method == "DELETE")
+    ):
         raise bad_request("dryRun is allowed on create, update, patch and delete of one object only")
     _dry_run(dry_run)
     _authorize(state, request, _attributes(request, target))
@@ -172,9 +175,6 @@ def _prepare(state: State, request: Request, target: Target, info: dict[str, str
     if target.watch_path or (request.method == "GET" and target.name is None):
         query = ListQuery.parse(request.query_params, watch_path=target.watch_path)
     return Call(state, request, target, store, table, query)
-
-
-_METHOD_VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
 
 
 def _dry_run(values: list[str]) -> None:
@@ -192,14 +192,8 @@ def _dry_run(values: list[str]) -> None:
 
 
 def request_verb(method: str, target: Target, watch: bool) -> str:
-    """The verb kube-apiserver derives for a request (authorization, metrics and the handler use it)."""
-    if target.watch_path or (method == "GET" and target.name is None and watch):
-        return "watch"
-    if method in ("GET", "HEAD"):
-        return "get" if target.name is not None else "list"
-    if method == "DELETE" and target.name is None:
-        return "deletecollection"
-    return _METHOD_VERBS.get(method, method.lower())
+    """The verb kube-apiserver derives for a request (:func:`rangeshard.core.requestinfo.verb`)."""
+    return requestinfo.verb(method, named=target.name is not None, watch=watch, watch_prefix=target.watch_path)
 
 
 def derive_verb(method: str, target: Target, query: ListQuery | None) -> str:
@@ -208,7 +202,7 @@ def derive_verb(method: str, target: Target, query: ListQuery | None) -> str:
         if method != "GET" or target.subresource:
             raise method_not_allowed("watch is only allowed with GET on a collection or object")
         return "watch"
-    if method not in ("GET", "POST", "DELETE") and (target.name is None or method not in _METHOD_VERBS):
+    if method not in ("GET", "POST", "DELETE") and (target.name is None or not requestinfo.is_write(method)):
         refused = "is not allowed on a collection" if target.name is None else "is not supported"
         raise method_not_allowed(f"{method} {refused}")
     return request_verb(method, target, False)

@@ -64,15 +64,13 @@ from range_filter_proxy.watchresponse import ProxyApp
 from rangeshard.core.errors import ConfigError
 from rangeshard.core.kubeapi import DEFAULT_MAX_BODY_BYTES, ApiError, BodyLimit, status_object
 from rangeshard.core.kubeapi import Attributes as AuthAttributes
-from rangeshard.core.listoptions import parse_bool
 from rangeshard.core.loops import probe_loop_lag, start_task
-from rangeshard.core.rest import parse_resource_name, parse_rest_path
+from rangeshard.core.requestinfo import classify
+from rangeshard.core.rest import parse_resource_name
 from rangeshard.core.serving import ShutdownSignal
 
 log = logging.getLogger(__name__)
 
-#: Authorization verbs of pass-through methods (any other method's verb is its lowercase name).
-_PASSTHROUGH_VERBS = {"POST": "create", "PUT": "update"}
 _ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 
 
@@ -216,41 +214,40 @@ class Proxy:
 
     async def dispatch(self, request: Request) -> Response:
         """Serve a cacheable collection GET from the cache; pass everything else through."""
-        if request.method == "GET":
-            cp = parse_rest_path(request.url.path)
-            if cp is not None and cp.collection and not cp.watch_prefix:
-                # A shard-filtered request is served from a cache or by an upstream that knows the
-                # resource (which answers 404 otherwise), never passed through on a stale or failed discovery:
-                # an upstream without shardSelector support would answer it unfiltered.
-                sharded = "shardSelector" in request.query_params
-                try:
-                    info = await self.manager.resource_info(
-                        cp.gvr.group, cp.gvr.version, cp.gvr.resource, fresh_miss=sharded
-                    )
-                except UpstreamError as e:
-                    if sharded:
-                        raise UpstreamUnavailable(
-                            f"discovery of {cp.gvr.group or 'core'}/{cp.gvr.version} failed ({e}); a request with a "
-                            "shardSelector is not passed through unfiltered"
-                        ) from e
-                    log.warning("discovery of %s failed: %s; passing through", cp.gvr.api_version, e)
-                    info = None
-                if info is not None and info.cacheable and (cp.namespace is None or info.namespaced):
-                    watch = bool(parse_bool(request.query_params, "watch"))
-                    attrs = AuthAttributes(
-                        verb="watch" if watch else "list",
-                        resource=info.gvr.resource,
-                        group=info.gvr.group,
-                        version=info.gvr.version,
-                        namespace=cp.namespace or "",
-                    )
-                    await self.auth.check(request.headers.get("authorization"), attrs)
-                    return await self.collections.serve(request, info, cp.namespace)
+        what = classify(request.method, request.url.path, request.query_params)
+        cp = what.path
+        if request.method == "GET" and cp is not None and cp.collection and not cp.watch_prefix:
+            # A shard-filtered request is served from a cache or by an upstream that knows the
+            # resource (which answers 404 otherwise), never passed through on a stale or failed discovery:
+            # an upstream without shardSelector support would answer it unfiltered.
+            sharded = "shardSelector" in request.query_params
+            try:
+                info = await self.manager.resource_info(
+                    cp.gvr.group, cp.gvr.version, cp.gvr.resource, fresh_miss=sharded
+                )
+            except UpstreamError as e:
+                if sharded:
+                    raise UpstreamUnavailable(
+                        f"discovery of {cp.gvr.group or 'core'}/{cp.gvr.version} failed ({e}); a request with a "
+                        "shardSelector is not passed through unfiltered"
+                    ) from e
+                log.warning("discovery of %s failed: %s; passing through", cp.gvr.api_version, e)
+                info = None
+            if info is not None and info.cacheable and (cp.namespace is None or info.namespaced):
+                if what.invalid is not None:
+                    raise what.invalid
+                attrs = AuthAttributes(
+                    verb=what.verb,
+                    resource=info.gvr.resource,
+                    group=info.gvr.group,
+                    version=info.gvr.version,
+                    namespace=cp.namespace or "",
+                )
+                await self.auth.check(request.headers.get("authorization"), attrs)
+                return await self.collections.serve(request, info, cp.namespace)
         if self.auth.mode is AuthMode.STATIC:
-            method = request.method.upper()
-            verb = _PASSTHROUGH_VERBS.get(method, method.lower())
             await self.auth.check(
-                request.headers.get("authorization"), AuthAttributes(verb=verb, path=request.url.path)
+                request.headers.get("authorization"), AuthAttributes(verb=what.verb, path=request.url.path)
             )
         return await self.passthrough.forward(request)
 

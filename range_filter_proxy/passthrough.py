@@ -10,8 +10,10 @@ Purpose
     pass unchanged.
 
 Invariants
-    * Hop-by-hop headers are dropped both ways; protobuf is removed from the
-      ``Accept`` header (the proxy answers JSON only).
+    * What passes is :mod:`rangeshard.core.relay`'s rules (the external
+      endpoint follows the same ones): hop-by-hop headers are dropped both
+      ways; protobuf is removed from the ``Accept`` header (the proxy answers
+      JSON only); the shard rule of a write is the one it declares.
     * In ``static`` auth mode the client's token stays here: the proxy's own
       credentials are used upstream; in ``delegate`` mode the proxy's own are
       never added.
@@ -43,17 +45,18 @@ from range_filter_proxy.fencing import WriteFence, write_keys
 from range_filter_proxy.listing import json_response
 from range_filter_proxy.metrics import ProxyMetrics
 from range_filter_proxy.upstream import Upstream
-from rangeshard.core.kubeapi import HOP_BY_HOP, WRITE_METHODS, RequestTooLarge, json_accept, status_object
+from rangeshard.core import relay
+from rangeshard.core.kubeapi import RequestTooLarge, status_object
 from rangeshard.core.ownertoken import (
     FENCED_HEADER,
     SHARD_BY_HEADER,
     SHARD_HASH_HEADER,
     OwnerToken,
-    declared_shard_by,
     fenced_status,
     parse_shard_hash,
 )
 from rangeshard.core.protobuf import ProtobufError, read_write_body
+from rangeshard.core.requestinfo import is_write
 from rangeshard.core.rest import parse_rest_path
 from rangeshard.core.serving import ShutdownSignal, retrieve_outcome, until_shutdown
 
@@ -92,7 +95,7 @@ class PassThrough:
             return None
         self.metrics.fencing_checks.inc()
         try:
-            rule = declared_shard_by(request.headers.get(SHARD_BY_HEADER), request.headers.get("user-agent"))
+            rule = relay.declared_rule(request.headers)
         except ValueError as e:
             return json_response(400, status_object(400, "BadRequest", f"{SHARD_BY_HEADER}: {e}"))
         target = parse_rest_path(request.url.path)
@@ -138,26 +141,23 @@ class PassThrough:
 
     async def forward(self, request: Request) -> Response:
         """The upstream's answer to ``request``, relayed as a stream (or the 409 of a fenced write)."""
-        if self.fence is not None and request.method in WRITE_METHODS:
+        if self.fence is not None and is_write(request.method):
             fenced = await self.fence_write(request, self.fence)
             if fenced is not None:
                 return fenced
         self.metrics.passthrough_requests.labels(request.method).inc()
-        headers: list[tuple[str, str]] = []
-        for key, value in request.headers.items():
-            k = key.lower()
-            if k in HOP_BY_HOP:
-                continue
-            if k == "authorization" and self.auth_mode is AuthMode.STATIC:
-                continue  # the client's static token means nothing upstream; the proxy's own credentials are used
-            headers.append((key, json_accept(value) if k == "accept" else value))
+        # In static mode the client's token means nothing upstream: the proxy's own credentials are used.
+        headers = relay.request_headers(
+            request.headers.items(), client_authorization=self.auth_mode is not AuthMode.STATIC
+        )
         raw_path = request.scope.get("raw_path") or request.url.path.encode()
         target = raw_path.decode("latin-1")
         query = request.scope.get("query_string") or b""
         if query:
             target += "?" + query.decode("latin-1")
-        has_body = request.method not in ("GET", "HEAD", "OPTIONS") or "content-length" in request.headers
-        body: AsyncIterator[bytes] | None = request.stream() if has_body else None
+        body: AsyncIterator[bytes] | None = (
+            request.stream() if relay.has_body(request.method, request.headers) else None
+        )
         try:
             resp = await self.upstream.forward(
                 request.method, target, headers, body, own_credentials=self.auth_mode is not AuthMode.DELEGATE
@@ -169,7 +169,7 @@ class PassThrough:
             if isinstance(too_large, RequestTooLarge):
                 raise too_large from e
             raise
-        out_headers = {k: v for k, v in resp.headers.multi_items() if k.lower() not in HOP_BY_HOP}
+        out_headers = dict(relay.response_headers(resp.headers.multi_items()))
         open_id = id(resp)
         self.open_responses[open_id] = (request.method, target[:200], time.monotonic())
 
@@ -182,7 +182,7 @@ class PassThrough:
             closing.add_done_callback(retrieve_outcome)
             await asyncio.shield(closing)
 
-        async def relay() -> AsyncIterator[bytes]:
+        async def relayed() -> AsyncIterator[bytes]:
             # The raw stream, not ``resp.aiter_raw()``: that one closes the answer itself when the body
             # ends, where a cancellation could cut the close short; ``close`` shields it.
             stream = resp.stream
@@ -195,7 +195,7 @@ class PassThrough:
                 await close()
 
         return StreamingResponse(
-            until_shutdown(relay(), self.shutdown),
+            until_shutdown(relayed(), self.shutdown),
             status_code=resp.status_code,
             headers=out_headers,
             background=BackgroundTask(close),

@@ -8,7 +8,8 @@ Owns
 
 Modules
     ``main`` (the application, logging, exit codes), ``components`` (the
-    component servers as subcommands), ``up`` and ``updown`` (``rangeshard
+    component servers as subcommands), ``manager`` (``rangeshard
+    controller-manager``, registered alone when asked for), ``up`` and ``updown`` (``rangeshard
     up``: port plan, readiness, demo), ``state`` (``status`` / ``down`` and
     the state directory), ``registry_cmds`` (``rangeshard registry``),
     ``rebalance_cmds`` (``rangeshard rebalance``), ``deploy_cmds``
@@ -19,4 +20,16 @@ Modules
 May import
     Everything: the components, ``registry``, ``rangeshard.core``,
     ``hashing`` and the dashboard. Nothing imports it (import-linter).
+
+Invariants
+    * httpx's own command line (``httpx._main``: rich, pygments, click,
+      about 4 MiB once imported) is never loaded by a process that entered
+      here: httpx imports it whenever those packages are installed, as they
+      are with Typer, and nothing of ours runs it.
 """
+
+from __future__ import annotations
+
+import sys
+
+sys.modules.setdefault("httpx._main", None)  # type: ignore[arg-type]  # see Invariants

@@ -130,8 +130,15 @@ def _register_subcommands(argv: list[str]) -> None:
 
     Importing the servers (FastAPI, the kubernetes client) costs about a second,
     so ``rangeshard registry list`` and friends skip it; ``--help`` without a
-    command still lists everything.
+    command still lists everything. ``controller-manager`` registers itself
+    alone: a manager (a sidecar beside every replica of a controller, issue
+    39) loads no other command's code (tables, the other servers).
     """
+    if _requested_command(argv) == "controller-manager":
+        from rangeshard.cli.manager import controller_manager_command  # noqa: PLC0415
+
+        app.command("controller-manager")(controller_manager_command)
+        return
     from rangeshard.cli import deploy_cmds, rebalance_cmds, registry_cmds, state, up  # noqa: PLC0415
 
     app.add_typer(registry_cmds.app, name="registry")

@@ -44,9 +44,14 @@ Owns
       written and read in one place.
     * :mod:`rangeshard.core.kubeapi` - Kubernetes API helpers shared by the
       two HTTP servers: ``ApiError``/``Status`` bodies, token files,
-      ``UserInfo``, the request-body limit, the headers a proxy drops or
-      rewrites (``HOP_BY_HOP``, ``json_accept``), the lines of a watch
-      stream (``event_line``).
+      ``UserInfo``, the static-token authenticator and kube's 401/403, the
+      request-body limit, the lines of a watch stream (``event_line``).
+    * :mod:`rangeshard.core.relay` - the relay rules of the proxy's
+      pass-through and the external endpoint, sans I/O: which headers pass
+      (``HOP_BY_HOP``, ``json_accept``, ``Authorization``), which writes
+      carry the owner token, the shard-rule declaration.
+    * :mod:`rangeshard.core.tokenfile` - the one reader of a bearer token
+      file (re-read when rotated, the last good token kept).
     * :mod:`rangeshard.core.selectors` - the one label/field selector parser,
       parameterised by which fields a caller allows.
     * :mod:`rangeshard.core.fieldlabels` - the field labels kube-apiserver
@@ -56,6 +61,9 @@ Owns
       parser of REST request paths and kubectl-style resource names.
     * :mod:`rangeshard.core.objpath` - the one walker of dotted paths through
       decoded JSON objects (``get_path``, ``set_path``, ``dig``).
+    * :mod:`rangeshard.core.requestinfo` - the one request classifier
+      (kube's ``RequestInfo`` verb, resource, subresource, is-write,
+      is-watch).
 
 May import
     ``hashing`` and third-party libraries only. Never ``registry``, a

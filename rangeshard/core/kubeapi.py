@@ -287,18 +287,6 @@ def forbidden(user: UserInfo, attrs: Attributes, reason: str = "") -> ApiError:
 #: kube-apiserver's limit of a request body (``MaxRequestBodyBytes``).
 DEFAULT_MAX_BODY_BYTES = 3 * 1024 * 1024
 
-#: Headers a proxy never forwards (RFC 9110 hop-by-hop, and ``host``), lower case.
-HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-connection", "proxy-authenticate", "proxy-authorization"})
-HOP_BY_HOP |= {"te", "trailer", "transfer-encoding", "upgrade", "host"}
-#: The HTTP methods that write.
-WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
-
-
-def json_accept(value: str) -> str:
-    """Protobuf out of an ``Accept`` header (a proxy answering JSON only): client-go sends both and takes JSON."""
-    kept = [p for p in value.split(",") if "protobuf" not in p]
-    return ",".join(kept).strip() or "application/json"
-
 
 class RequestTooLarge(ApiError):
     """The request body is larger than the configured limit (413)."""

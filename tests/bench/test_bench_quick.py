@@ -6,7 +6,8 @@ upstream watch however many range watchers it serves and the direct mode one
 per watcher; every event reaches exactly one proxy watcher; the ranges of a
 LIST partition the cache; managers reconcile, join and take over; balance
 plans keep every object; in ``scale``, the managers' caches partition the
-ReplicaSets and the proxy's range watchers and 1/64 LISTs partition the pods.
+ReplicaSets and the proxy's range watchers and 1/64 LISTs partition the pods;
+in ``sidecar``, every watch event arrives through the endpoint.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ def test_every_section_present_without_errors(result: dict[str, Any]) -> None:
         "balance",
         "rolling",
         "external",
+        "sidecar",
         "scale",
     )
     for section in sections:
@@ -185,6 +187,19 @@ def test_external_kopf_operator_handles_everything_with_one_and_three_instances(
     for what in ("get", "list"):
         for via in ("Proxy", "Endpoint"):
             assert 0 < lat[f"{what}{via}P50Ms"] <= lat[f"{what}{via}P99Ms"], lat
+
+
+def test_sidecar_measures_every_process_and_relays_every_event(result: dict[str, Any]) -> None:
+    sc = result["sidecar"]
+    for run in sc["runs"]:
+        for what in ("externalOnly", "builtIn", "proxy"):
+            assert run[what]["rssMiB"] > 0 and run[what]["startSeconds"] > 0, (what, run[what])
+        assert run["watch"]["events"] == 30, "every patch arrived through the proxy, the endpoint and the hop"
+        assert run["watches"]["watches"] == 100 and run["watches"]["rssAfterMiB"] > 0
+        assert 0 < run["profile"]["interpreterRssMiB"] < run["profile"]["etcdClientRssMiB"]
+        for what in ("get", "list"):
+            assert 0 < run["latency"][f"{what}EndpointP50Ms"] <= run["latency"][f"{what}EndpointP99Ms"]
+    assert set(sc["summary"]["externalOnlyRssMiB"]) and sc["targets"]["externalOnlyRssMiB"] == 55
 
 
 @pytest.mark.slow

@@ -11,7 +11,7 @@ import pytest
 from controller_manager.config import load_config
 from hashing import NAMESPACE_PATH, OWNER_PATH, UID_PATH, ShardBy
 from rangeshard.core.errors import ConfigError
-from rangeshard.core.kubeapi import json_accept as _json_accept
+from rangeshard.core.relay import json_accept as _json_accept
 from rangeshard.core.rest import parse_rest_path
 
 HEAD = """

@@ -1,11 +1,10 @@
-"""The external endpoint's serving-period bookkeeping and its watch cut, without a cluster.
+"""The external endpoint without a cluster: its serving periods, its watch cut and what each request becomes.
 
 * A watch may resume only from a resourceVersion handed out (by a list or a
   watch event) since the last reset; anything else is a 410 and the client
   relists. Answers cut under an older range never count.
-* A reset ends a relayed watch even when the upstream is silent: the cut
-  shuts the socket down (closing the response alone does not wake a read
-  blocked in another thread).
+* A reset ends a relayed watch at once, even when the upstream is silent,
+  and nothing of the range served before is relayed after it.
 * A request for a range the endpoint serves nothing of gets a selector
   that matches nothing; a client's own ``shardSelector`` is a 400.
 * Every write to a ``shard`` resource (create, update, patch, delete, and
@@ -13,27 +12,40 @@
   the start of its User-Agent, followed by the client's own; reads, other
   resources, Events, Leases and discovery pass the client's User-Agent
   unchanged.
+* ``watch=tRuE`` is the 400 every server of ours answers; the manager's
+  token replaces the client's, and survives a moment of an unreadable file.
+* Everything else passes unchanged: chunked answers stream, ``HEAD``, bodies,
+  keep-alive; an unreachable proxy is a 503 Status.
 
 The shard instance is an in-memory stand-in with the two attributes the
-endpoint reads (``allowed``, ``epoch``); the upstream is a real local socket
-(a plain HTTP server standing in for the proxy, or ``httpx.MockTransport``).
+endpoint reads (``allowed``, ``epoch``); the upstream is a real local HTTP
+server standing in for the proxy.
 """
 
 from __future__ import annotations
 
-import socket
+import json
+import os
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from controller_manager.config import ExternalSection
-from controller_manager.external import Endpoint, _Watch
+from controller_manager.external import Endpoint
+from controller_manager.external.serving import ISSUED_MAX
 from hashing import MAX_HASH, HashRange, ShardBy
 from rangeshard.core.ownertoken import OwnerToken
+from rangeshard.core.requestinfo import classify
+from tests.helpers import wait_until
+
+CONFIGMAPS = "/api/v1/namespaces/a/configmaps"
 
 
 @dataclass
@@ -42,162 +54,82 @@ class FakeShard:
     epoch: int = 0
 
 
-def _endpoint(upstream: str = "http://127.0.0.1:9") -> tuple[Endpoint, FakeShard]:
-    shard = FakeShard()
-    section = ExternalSection.model_validate({"shard": [{"resource": "configmaps", "by": "uid"}]})
-    return Endpoint("ext", section, shard, proxy_url=upstream), shard  # type: ignore[arg-type]
+@dataclass
+class Seen:
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: bytes
 
 
-def test_a_watch_resumes_only_from_a_resource_version_of_the_current_serving_period() -> None:
-    ep, _ = _endpoint()
-    try:
-        assert ep.fresh("") and ep.fresh("0"), "no resourceVersion carries no state"
-        assert not ep.fresh("17"), "never handed out"
-        gen = ep.generation()
-        ep.issued("17", gen)
-        ep.issued("", gen)  # ignored
-        assert ep.fresh("17")
-        ep.reset_watches("range changed")
-        assert not ep.fresh("17"), "a list of the old range must not seed a watch of the new one"
-        ep.issued("18", gen)  # answered after the reset, but cut under the old range
-        assert not ep.fresh("18")
-        ep.issued("19", ep.generation())
-        assert ep.fresh("19")
-    finally:
-        ep.stop()
+Respond = Callable[[BaseHTTPRequestHandler, Seen], None]
 
 
-def test_issued_resource_versions_are_bounded() -> None:
-    from controller_manager import external  # noqa: PLC0415
-
-    ep, _ = _endpoint()
-    try:
-        gen = ep.generation()
-        for i in range(external._ISSUED_MAX + 10):
-            ep.issued(str(i), gen)
-        assert not ep.fresh("0" + "1"), "the oldest were dropped"
-        assert ep.fresh(str(external._ISSUED_MAX + 9))
-    finally:
-        ep.stop()
+def answer(handler: BaseHTTPRequestHandler, status: int, body: bytes, **headers: str) -> None:
+    handler.send_response(status)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(body)))
+    for k, v in headers.items():
+        handler.send_header(k.replace("_", "-"), v)
+    handler.end_headers()
+    handler.wfile.write(body)
 
 
-def _silent_upstream() -> tuple[socket.socket, threading.Event]:
-    """A server that answers a streaming 200 and then sends nothing until told to stop."""
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen()
-    done = threading.Event()
-
-    def serve() -> None:
-        conn, _ = server.accept()
-        with conn:
-            conn.recv(65536)
-            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
-            done.wait(30)
-
-    threading.Thread(target=serve, daemon=True).start()
-    return server, done
+def chunk(handler: BaseHTTPRequestHandler, data: bytes) -> None:
+    handler.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+    handler.wfile.flush()
 
 
-def test_a_reset_cuts_a_silent_watch_at_once() -> None:
-    server, done = _silent_upstream()
-    port = server.getsockname()[1]
-    client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=httpx.Timeout(30.0, read=None))
-    try:
-        response = client.send(client.build_request("GET", "/api/v1/configmaps?watch=true"), stream=True)
-        watch = _Watch(response)
-        ended = threading.Event()
-        errors: list[Any] = []
-
-        def read() -> None:
-            try:
-                for _ in response.iter_lines():
-                    pass
-            except Exception as e:  # the cut may surface as a read error; either way the relay ends
-                errors.append(e)
-            ended.set()
-
-        threading.Thread(target=read, daemon=True).start()
-        time.sleep(0.2)  # let the reader block in recv (scenario time)
-        assert not ended.is_set(), "the upstream sent nothing: the read must still be blocked"
-        watch.cut()
-        assert ended.wait(5), "the cut did not end a read blocked on a silent upstream"
-        assert watch.reset
-    finally:
-        done.set()
-        client.close()
-        server.close()
+def start_chunked(handler: BaseHTTPRequestHandler) -> None:
+    handler.send_response(200)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Transfer-Encoding", "chunked")
+    handler.end_headers()
+    handler.wfile.flush()
 
 
-def test_selectors_for_nothing_and_for_a_range() -> None:
-    ep, shard = _endpoint()
-    try:
-        assert ep.served_selector(ShardBy.UID) is None, "locked or between ranges: nothing"
-        shard.allowed = HashRange(0, 2**62 - 1)
-        selector = ep.served_selector(ShardBy.UID)
-        assert selector is not None and selector.startswith("shardRange(object.metadata.uid,")
-    finally:
-        ep.stop()
+def event(name: str, rv: str) -> bytes:
+    obj = {"kind": "ConfigMap", "metadata": {"name": name, "resourceVersion": rv}}
+    return json.dumps({"type": "ADDED", "object": obj}).encode() + b"\n"
 
 
-def test_the_endpoint_refuses_a_clients_own_shard_selector_and_serves_nothing_while_locked() -> None:
-    """Through the real HTTP server: 400 Status for a client's selector; nothing while no range is allowed."""
-    seen: list[str] = []
-
-    def upstream(request: httpx.Request) -> httpx.Response:
-        seen.append(str(request.url))
-        return httpx.Response(200, json={"kind": "ConfigMapList", "metadata": {"resourceVersion": "5"}, "items": []})
-
-    ep, _ = _endpoint()
-    ep.client = httpx.Client(base_url="http://upstream.invalid", transport=httpx.MockTransport(upstream))
-    ep.start()
-    try:
-        with httpx.Client(base_url=ep.url, timeout=10) as c:
-            bad = c.get("/api/v1/namespaces/a/configmaps", params={"shardSelector": "x"})
-            assert bad.status_code == 400 and bad.json()["kind"] == "Status"
-            ok = c.get("/api/v1/namespaces/a/configmaps", params={"fieldSelector": "metadata.name=x"})
-            assert ok.status_code == 200
-            assert "rangeshard-serves-nothing" in seen[-1] and "metadata.name%3Dx" in seen[-1], seen[-1]
-            # The list's resourceVersion was handed out in this serving period: a watch may resume from it.
-            assert ep.fresh("5")
-            other = c.get("/api/v1/namespaces/a/pods")
-            assert other.status_code == 200 and "fieldSelector" not in seen[-1], "other resources pass through"
-            stale = c.get("/api/v1/namespaces/a/configmaps", params={"watch": "true", "resourceVersion": "4"})
-            assert stale.status_code == 200
-            (line,) = stale.text.splitlines()
-            assert '"type":"ERROR"' in line and '"code":410' in line, line
-    finally:
-        ep.stop()
+def default_respond(handler: BaseHTTPRequestHandler, seen: Seen) -> None:
+    if seen.method == "GET" and "/configmaps" in seen.path and "/configmaps/" not in seen.path:
+        body = b'{"kind":"ConfigMapList","metadata":{"resourceVersion":"5"},"items":[]}'
+    else:
+        body = b'{"kind":"Status","apiVersion":"v1","status":"Success"}'
+    answer(handler, 200, body)
 
 
-class _Upstream:
-    """A real local HTTP server standing in for the proxy: records (method, path, User-Agent), answers 200 JSON."""
+class Upstream:
+    """A real local HTTP server standing in for the proxy: records each request, answers with ``respond``."""
 
-    def __init__(self) -> None:
-        self.seen: list[tuple[str, str, str | None]] = []
-        #: The ``X-Rangeshard-Shard-By`` header of each request, in the order of ``seen``.
-        self.rules: list[str | None] = []
-        seen, rules = self.seen, self.rules
+    def __init__(self, respond: Respond = default_respond) -> None:
+        self.seen: list[Seen] = []
+        self.respond = respond
+        self.connections = 0
+        upstream = self
 
         class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def setup(self) -> None:
+                super().setup()
+                upstream.connections += 1
+
             def _answer(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
-                self.rfile.read(length)
-                seen.append((self.command, self.path, self.headers.get("User-Agent")))
-                rules.append(self.headers.get("X-Rangeshard-Shard-By"))
-                body = b'{"kind":"Status","apiVersion":"v1","status":"Success"}'
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                seen = Seen(self.command, self.path, dict(self.headers.items()), self.rfile.read(length))
+                upstream.seen.append(seen)
+                upstream.respond(self, seen)
 
-            do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _answer  # noqa: N815
+            do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = do_HEAD = _answer  # noqa: N815
 
             def log_message(self, format: str, *args: Any) -> None:
                 pass
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
@@ -207,13 +139,186 @@ class _Upstream:
         self.server.server_close()
 
 
-def test_writes_to_a_shard_resource_carry_the_owner_token_and_other_requests_pass_unchanged() -> None:
-    """Through the real endpoint to a real upstream socket: which requests get the owner token in their User-Agent."""
-    upstream = _Upstream()
-    section = ExternalSection.model_validate({"shard": [{"resource": "gadgets.bars.example.org", "by": "uid"}]})
-    ep = Endpoint("ext", section, FakeShard(allowed=HashRange(0, MAX_HASH)), proxy_url=upstream.url)  # type: ignore[arg-type]
+def _section(resource: str = "configmaps") -> ExternalSection:
+    return ExternalSection.model_validate({"shard": [{"resource": resource, "by": "uid"}]})
+
+
+@pytest.fixture
+def upstream() -> Iterator[Upstream]:
+    up = Upstream()
+    try:
+        yield up
+    finally:
+        up.close()
+
+
+def _endpoint(upstream: str, shard: FakeShard | None = None, **kwargs: Any) -> Endpoint:
+    ep = Endpoint("ext", _section(), shard or FakeShard(), proxy_url=upstream, **kwargs)
+    ep.start()
+    return ep
+
+
+# ---- serving periods, without sockets --------------------------------------------------------
+
+
+def test_a_watch_resumes_only_from_a_resource_version_of_the_current_serving_period() -> None:
+    ep = Endpoint("ext", _section(), FakeShard(), proxy_url="http://127.0.0.1:9")
+    state = ep.state
+    try:
+        assert state.fresh("") and state.fresh("0"), "no resourceVersion carries no state"
+        assert not state.fresh("17"), "never handed out"
+        gen = state.generation()
+        state.issued("17", gen)
+        state.issued("", gen)  # ignored
+        assert state.fresh("17")
+        state.reset_watches("range changed")
+        assert not state.fresh("17"), "a list of the old range must not seed a watch of the new one"
+        state.issued("18", gen)  # answered after the reset, but cut under the old range
+        assert not state.fresh("18")
+        state.issued("19", state.generation())
+        assert state.fresh("19")
+    finally:
+        ep.stop()
+
+
+def test_issued_resource_versions_are_bounded() -> None:
+    ep = Endpoint("ext", _section(), FakeShard(), proxy_url="http://127.0.0.1:9")
+    try:
+        gen = ep.state.generation()
+        for i in range(ISSUED_MAX + 10):
+            ep.state.issued(str(i), gen)
+        assert not ep.state.fresh("0" + "1"), "the oldest were dropped"
+        assert ep.state.fresh(str(ISSUED_MAX + 9))
+    finally:
+        ep.stop()
+
+
+def test_selectors_for_nothing_and_for_a_range() -> None:
+    shard = FakeShard()
+    ep = Endpoint("ext", _section(), shard, proxy_url="http://127.0.0.1:9")
+    try:
+        assert ep.state.served_selector(ShardBy.UID) is None, "locked or between ranges: nothing"
+        shard.allowed = HashRange(0, 2**62 - 1)
+        selector = ep.state.served_selector(ShardBy.UID)
+        assert selector is not None and selector.startswith("shardRange(object.metadata.uid,")
+    finally:
+        ep.stop()
+
+
+# ---- through the endpoint ------------------------------------------------------------------------
+
+
+def test_a_reset_cuts_a_silent_watch_at_once() -> None:
+    done = threading.Event()
+
+    def silent(handler: BaseHTTPRequestHandler, seen: Seen) -> None:
+        start_chunked(handler)
+        done.wait(30)
+
+    up = Upstream(silent)
+    ep = _endpoint(up.url, FakeShard(allowed=HashRange(0, MAX_HASH)))
+    try:
+        with (
+            httpx.Client(base_url=ep.url, timeout=10) as c,
+            c.stream("GET", CONFIGMAPS, params={"watch": "true"}) as resp,
+        ):
+            assert resp.status_code == 200
+            wait_until(lambda: len(up.seen) == 1, 10, "the watch reached the upstream")
+            time.sleep(0.2)  # the relay waits on a silent upstream (scenario time)
+            ep.state.reset_watches("range changed")
+            lines = list(resp.iter_lines())
+        assert len(lines) == 1 and '"code":410' in lines[0] and '"type":"ERROR"' in lines[0], lines
+        assert "shardSelector=shardRange" in up.seen[0].path
+    finally:
+        done.set()
+        ep.stop()
+        up.close()
+
+
+def test_watch_events_are_relayed_their_versions_issued_and_nothing_after_a_cut() -> None:
+    go_on = threading.Event()
+
+    def events(handler: BaseHTTPRequestHandler, seen: Seen) -> None:
+        start_chunked(handler)
+        chunk(handler, event("a", "6") + event("b", "7")[:20])  # an event split over two chunks
+        chunk(handler, event("b", "7")[20:])
+        go_on.wait(10)
+        for i in range(50):  # sent after the cut: none may reach the client
+            try:
+                chunk(handler, event(f"late{i}", str(100 + i)))
+            except OSError:
+                return
+            time.sleep(0.01)
+
+    up = Upstream(events)
+    ep = _endpoint(up.url, FakeShard(allowed=HashRange(0, MAX_HASH)))
+    try:
+        with (
+            httpx.Client(base_url=ep.url, timeout=10) as c,
+            c.stream("GET", CONFIGMAPS, params={"watch": "1", "resourceVersion": "0"}) as resp,
+        ):
+            lines = resp.iter_lines()
+            first = [json.loads(next(lines)) for _ in range(2)]
+            assert [e["object"]["metadata"]["name"] for e in first] == ["a", "b"]
+            assert ep.state.fresh("6") and ep.state.fresh("7"), "a watch may resume from a relayed event"
+            ep.state.reset_watches("range changed")
+            go_on.set()
+            rest = list(lines)
+        assert len(rest) == 1 and '"code":410' in rest[0], rest
+        assert not ep.state.fresh("7")
+    finally:
+        go_on.set()
+        ep.stop()
+        up.close()
+
+
+def test_the_endpoint_refuses_a_clients_own_shard_selector_and_serves_nothing_while_locked(upstream: Upstream) -> None:
+    """400 Status for a client's selector; nothing while no range is allowed; a stale resume is a 410 event."""
+    ep = _endpoint(upstream.url)
+    try:
+        with httpx.Client(base_url=ep.url, timeout=10) as c:
+            bad = c.get(CONFIGMAPS, params={"shardSelector": "x"})
+            assert bad.status_code == 400 and bad.json()["kind"] == "Status"
+            ok = c.get(CONFIGMAPS, params={"fieldSelector": "metadata.name=x"})
+            assert ok.status_code == 200 and ok.json()["kind"] == "ConfigMapList"
+            assert "rangeshard-serves-nothing" in upstream.seen[-1].path
+            assert "metadata.name%3Dx" in upstream.seen[-1].path, upstream.seen[-1].path
+            assert "accept-encoding" not in {k.lower() for k in upstream.seen[-1].headers}, "the list is read"
+            # The list's resourceVersion was handed out in this serving period: a watch may resume from it.
+            assert ep.state.fresh("5")
+            other = c.get("/api/v1/namespaces/a/pods")
+            assert other.status_code == 200 and upstream.seen[-1].path == "/api/v1/namespaces/a/pods"
+            stale = c.get(CONFIGMAPS, params={"watch": "true", "resourceVersion": "4"})
+            assert stale.status_code == 200
+            (line,) = stale.text.splitlines()
+            assert '"type":"ERROR"' in line and '"code":410' in line, line
+    finally:
+        ep.stop()
+
+
+def test_watch_true_in_odd_case_is_the_400_of_every_server(upstream: Upstream) -> None:
+    """The endpoint used to take ``tRuE`` for a watch (its own parser); now the classifier's 400, as the proxy's."""
+    ep = _endpoint(upstream.url, FakeShard(allowed=HashRange(0, MAX_HASH)))
+    expected = classify("GET", CONFIGMAPS, {"watch": "tRuE"}).invalid
+    assert expected is not None
+    try:
+        with httpx.Client(base_url=ep.url, timeout=10) as c:
+            for path in (CONFIGMAPS, "/api/v1/namespaces/a/pods"):  # sharded or not
+                resp = c.get(path, params={"watch": "tRuE"})
+                assert resp.status_code == 400 and resp.json()["message"] == expected.message, resp.text
+        assert upstream.seen == [], "refused at the endpoint"
+    finally:
+        ep.stop()
+
+
+def test_writes_to_a_shard_resource_carry_the_owner_token_and_other_requests_pass_unchanged(
+    upstream: Upstream,
+) -> None:
+    """Which requests get the owner token in their User-Agent, and the declared rule."""
+    section = _section("gadgets.bars.example.org")
+    ep = Endpoint("ext", section, FakeShard(allowed=HashRange(0, MAX_HASH)), proxy_url=upstream.url)
     token = OwnerToken("gadget", "m-1", 0xABC, 4)
-    ep.on_token(token)
+    ep.state.on_token(token)
     ep.start()
     child_ua = "kopf/1.37.2"
     gadgets = "/apis/bars.example.org/v1/namespaces/a/gadgets"
@@ -238,24 +343,26 @@ def test_writes_to_a_shard_resource_carry_the_owner_token_and_other_requests_pas
             ]
         assert all(r.status_code == 200 for r in tagged + untagged), [r.text for r in tagged + untagged]
         assert len(upstream.seen) == len(tagged) + len(untagged)
-        for method, path, agent in upstream.seen[:n_tagged]:
+        for seen in upstream.seen[:n_tagged]:
+            agent = seen.headers.get("User-Agent")
             # The token first, then the client's own agent, then the declared rule (for the audit log).
-            assert agent == f"{token.user_agent()} {child_ua} rangeshard-shard-by/uid", (method, path, agent)
+            assert agent == f"{token.user_agent()} {child_ua} rangeshard-shard-by/uid", (seen.method, agent)
             assert OwnerToken.parse(agent) == token
-        assert [(m, p.split("?")[0]) for m, p, _ in upstream.seen[:n_tagged]] == [
+            assert seen.headers.get("X-Rangeshard-Shard-By") == "uid"
+        assert [(s.method, s.path.split("?")[0]) for s in upstream.seen[:n_tagged]] == [
             ("POST", gadgets),
             ("PUT", f"{gadgets}/g1"),
             ("PUT", f"{gadgets}/g1/status"),
             ("PATCH", f"{gadgets}/g1/status"),
             ("DELETE", f"{gadgets}/g1"),
         ]
-        for method, path, agent in upstream.seen[n_tagged:]:
-            assert agent == child_ua, (method, path, agent)
-        assert upstream.rules == ["uid"] * n_tagged + [None] * (len(upstream.seen) - n_tagged), upstream.rules
-        assert ep.writes_in_flight == 0, "every write ended"
+        assert upstream.seen[0].body == b'{"metadata":{"name":"g1"}}', "the body as sent"
+        for seen in upstream.seen[n_tagged:]:
+            assert seen.headers.get("User-Agent") == child_ua, seen
+            assert "X-Rangeshard-Shard-By" not in seen.headers
+        assert ep.state.writes_in_flight == 0, "every write ended"
     finally:
         ep.stop()
-        upstream.close()
 
 
 def test_a_watch_that_opens_across_a_reset_is_cut_at_once() -> None:
@@ -266,28 +373,113 @@ def test_a_watch_that_opens_across_a_reset_is_cut_at_once() -> None:
     the list's resourceVersion as fresh, the selector already the new range), and the watch, never
     cut, resumed from an empty list: the controller never saw the objects of its range.
     """
-    ep, shard = _endpoint()
-    resets: list[str] = []
+    shard = FakeShard()
+    holder: list[Endpoint] = []
 
-    def upstream(request: httpx.Request) -> httpx.Response:
-        if request.url.params.get("watch") == "true":
+    def respond(handler: BaseHTTPRequestHandler, seen: Seen) -> None:
+        if "watch=true" in seen.path:
             shard.allowed = HashRange(0, MAX_HASH)
-            ep.reset_watches("the instance may now serve its range")  # lands while the request is upstream
-            resets.append(str(request.url))
-            event = b'{"type":"ADDED","object":{"kind":"ConfigMap","metadata":{"name":"a","resourceVersion":"6"}}}\n'
-            return httpx.Response(200, content=event, headers={"Content-Type": "application/json"})
-        return httpx.Response(200, json={"kind": "ConfigMapList", "metadata": {"resourceVersion": "5"}, "items": []})
+            holder[0].state.reset_watches("the instance may now serve its range")  # lands while upstream
+            start_chunked(handler)
+            chunk(handler, event("a", "6"))
+            chunk(handler, b"")
+            return
+        default_respond(handler, seen)
 
-    ep.client = httpx.Client(base_url="http://upstream.invalid", transport=httpx.MockTransport(upstream))
-    ep.start()
+    up = Upstream(respond)
+    ep = _endpoint(up.url, shard)
+    holder.append(ep)
     try:
         with httpx.Client(base_url=ep.url, timeout=10) as c:
-            assert c.get("/api/v1/namespaces/a/configmaps").status_code == 200  # locked: serves nothing
-            assert ep.fresh("5")
-            watch = c.get("/api/v1/namespaces/a/configmaps", params={"watch": "true", "resourceVersion": "5"})
-            assert resets, "the watch reached the upstream"
+            assert c.get(CONFIGMAPS).status_code == 200  # locked: serves nothing
+            assert ep.state.fresh("5")
+            watch = c.get(CONFIGMAPS, params={"watch": "true", "resourceVersion": "5"})
+            assert any("watch=true" in s.path for s in up.seen), "the watch reached the upstream"
             lines = watch.text.splitlines()
             assert len(lines) == 1 and '"type":"ERROR"' in lines[0] and '"code":410' in lines[0], lines
-            assert not ep.fresh("5"), "after the reset the empty list seeds no watch: the client relists"
+            assert not ep.state.fresh("5"), "after the reset the empty list seeds no watch: the client relists"
+    finally:
+        ep.stop()
+        up.close()
+
+
+def test_the_managers_token_replaces_the_clients_and_outlives_an_unreadable_file(
+    upstream: Upstream, tmp_path: Path
+) -> None:
+    token = tmp_path / "token"
+    token.write_text("manager-token\n")
+    ep = _endpoint(upstream.url, token_file=str(token))
+    try:
+        with httpx.Client(base_url=ep.url, timeout=10, headers={"Authorization": "Bearer child"}) as c:
+            assert c.get("/api/v1/namespaces/a/pods").status_code == 200
+            token.unlink()  # a rotation in progress
+            assert c.get("/api/v1/namespaces/a/pods").status_code == 200
+            token.write_text("rotated\n")
+            st = token.stat()
+            os.utime(token, (st.st_atime, st.st_mtime + 10))
+            assert c.get("/api/v1/namespaces/a/pods").status_code == 200
+        assert [s.headers.get("Authorization") for s in upstream.seen] == [
+            "Bearer manager-token",
+            "Bearer manager-token",
+            "Bearer rotated",
+        ]
+    finally:
+        ep.stop()
+
+
+def test_everything_else_passes_unchanged() -> None:
+    """Chunked answers stream as they come, HEAD, status and headers, request bodies, one kept-alive connection."""
+    release = threading.Event()
+
+    def respond(handler: BaseHTTPRequestHandler, seen: Seen) -> None:
+        if seen.path.startswith("/api/v1/namespaces/a/pods/p/log"):
+            start_chunked(handler)
+            chunk(handler, b"line 1\n")
+            release.wait(10)
+            chunk(handler, b"line 2\n")
+            chunk(handler, b"")
+        elif seen.method == "HEAD":
+            handler.send_response(200)
+            handler.send_header("Content-Length", "1234")
+            handler.end_headers()
+        elif seen.method == "POST":
+            answer(handler, 201, seen.body, X_Upstream="yes")
+        else:
+            answer(handler, 404, b'{"kind":"Status","code":404}', Warning='299 - "deprecated"')
+
+    up = Upstream(respond)
+    ep = _endpoint(up.url)
+    try:
+        with httpx.Client(base_url=ep.url, timeout=10) as c:
+            with c.stream("GET", "/api/v1/namespaces/a/pods/p/log", params={"follow": "true"}) as resp:
+                pieces = resp.iter_text()
+                assert next(pieces) == "line 1\n", "streamed before the answer ended"
+                release.set()
+                assert "".join(pieces) == "line 2\n"
+            head = c.head("/api/v1/namespaces/a/pods/p")
+            assert head.status_code == 200 and head.headers["content-length"] == "1234" and head.content == b""
+
+            def body() -> Iterator[bytes]:
+                yield b'{"metadata":'
+                yield b'{"name":"x"}}'
+
+            created = c.post("/api/v1/namespaces/a/pods", content=body())  # a chunked request body
+            assert created.status_code == 201 and created.json() == {"metadata": {"name": "x"}}
+            assert created.headers["x-upstream"] == "yes"
+            missing = c.get("/api/v1/namespaces/a/pods/none?pretty=1&x=a%20b")
+            assert missing.status_code == 404 and missing.headers["warning"] == '299 - "deprecated"'
+        assert up.seen[-1].path == "/api/v1/namespaces/a/pods/none?pretty=1&x=a%20b", "the query as sent"
+        assert up.connections <= 2, f"connections to the proxy are reused ({up.connections}; HEAD uses its own)"
+    finally:
+        release.set()
+        ep.stop()
+        up.close()
+
+
+def test_an_unreachable_proxy_is_a_503_status() -> None:
+    ep = _endpoint("http://127.0.0.1:9")
+    try:
+        resp = httpx.get(f"{ep.url}/api/v1/namespaces/a/pods", timeout=10)
+        assert resp.status_code == 503 and resp.json()["reason"] == "ServiceUnavailable"
     finally:
         ep.stop()

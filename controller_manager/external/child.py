@@ -1,0 +1,213 @@
+"""The external controller's process: started with its kubeconfig, restarted with backoff, probed, stopped.
+
+Purpose
+    With ``command`` the manager also runs the controller (:class:`Child`):
+    ``KUBECONFIG`` names a kubeconfig for the endpoint (no credentials of
+    the manager inside), ``RANGESHARD_INSTANCE_ID`` and
+    ``RANGESHARD_CONTROLLER_TYPE`` are set, its output goes to the manager's
+    log prefixed with ``[<name>]``, it is restarted with backoff when it
+    exits and stopped (SIGTERM, then SIGKILL) on shutdown. ``$(NAME)`` in
+    ``command`` is replaced by those variables (:func:`expand`, the kubelet's
+    spelling). With ``livenessProbe`` a :class:`~controller_manager.probes.Prober`
+    probes each run of it; ``failureThreshold`` failures in a row SIGKILL
+    the process (WARNING with the probe's answer) and the restart loop starts
+    it again with the same backoff.
+
+Invariants
+    * The controller dies with the manager (``PR_SET_PDEATHSIG``): no orphans.
+    * A run that lasted more than a minute resets the backoff (1 s, doubling to 30 s).
+
+Concurrency model
+    A supervisor thread (``external-<name>-child``) starts each run and
+    copies its output; with a probe, the prober's thread
+    (``external-<name>-liveness``), whose failure action only signals the
+    run it was given.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import os
+import re
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from controller_manager.config import LivenessProbeSection
+from controller_manager.probes import Prober, ProbeResult, pick_port
+from rangeshard.core.loops import start_thread
+from rangeshard.core.process import popen, terminate
+
+log = logging.getLogger(__name__)
+
+
+class Child:
+    """The external controller's process, restarted with backoff (see module docstring)."""
+
+    def __init__(
+        self,
+        name: str,
+        command: list[str],
+        endpoint_url: str,
+        *,
+        controller_type: str,
+        instance_id: str,
+        liveness_probe: LivenessProbeSection | None = None,
+        on_restart: Callable[[], None] | None = None,
+        on_probe: Callable[[ProbeResult], None] | None = None,
+    ) -> None:
+        self.name = name
+        self.command = command
+        self.controller_type = controller_type
+        self.instance_id = instance_id
+        self._dir = Path(tempfile.mkdtemp(prefix=f"rangeshard-external-{name}-"))
+        self.kubeconfig = self._dir / "kubeconfig"
+        self.kubeconfig.write_text(yaml.safe_dump(_kubeconfig(endpoint_url), sort_keys=False))
+        #: The variables the manager sets for the controller (also ``$(NAME)`` in ``command``, see :func:`expand`).
+        self.variables = {
+            "KUBECONFIG": str(self.kubeconfig),
+            "RANGESHARD_INSTANCE_ID": instance_id,
+            "RANGESHARD_CONTROLLER_TYPE": controller_type,
+        }
+        self.prober: Prober | None = None
+        if liveness_probe is not None:
+            action = liveness_probe.http_get
+            port = (action.port or pick_port(action.host)) if action is not None else None
+            if port is not None:
+                self.variables["RANGESHARD_PROBE_PORT"] = str(port)
+            env = {**os.environ, **self.variables}
+            self.prober = Prober(name, liveness_probe, port=port, env=env, on_result=on_probe)
+        self._on_restart = on_restart
+        self.proc: subprocess.Popen[bytes] | None = None
+        #: Monotonic time since when the controller has not been running (``None`` while it runs).
+        self._down_since: float | None = time.monotonic()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def down_for(self) -> float | None:
+        """Seconds the controller has not been running (``None``: it runs)."""
+        if self.running:
+            return None
+        since = self._down_since
+        return time.monotonic() - since if since is not None else 0.0
+
+    def start(self) -> None:
+        if self.prober is not None:
+            self.prober.start()
+        self._thread = start_thread(f"external-{self.name}-child", self._run, what=f"external {self.name}: child")
+
+    def _run(self) -> None:
+        backoff = 1.0
+        command = [expand(arg, self.variables) for arg in self.command]
+        while not self._stop.is_set():
+            env = {**os.environ, **self.variables}
+            try:
+                # Dies with the manager (PR_SET_PDEATHSIG); this thread waits for it, so it outlives the child.
+                self.proc = popen(
+                    command,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    env=env,
+                )
+            except OSError as e:
+                log.error("%s: cannot start %s: %s", self.name, self.command[0], e)
+            else:
+                started = time.monotonic()
+                self._down_since = None
+                proc = self.proc
+                log.info("%s: started %s (pid %s)", self.name, " ".join(command), proc.pid)
+                if self.prober is not None:
+                    self.prober.watch(functools.partial(self._liveness_failed, proc))
+                self._copy_output(proc)
+                code = proc.wait()
+                if self.prober is not None:
+                    self.prober.unwatch()
+                self._down_since = time.monotonic()
+                if self._stop.is_set():
+                    return
+                if time.monotonic() - started > 60:
+                    backoff = 1.0
+                log.warning("%s: the controller exited with code %s; restarting in %.0fs", self.name, code, backoff)
+                if self._on_restart is not None:
+                    self._on_restart()
+            self._stop.wait(backoff)
+            backoff = min(backoff * 2, 30.0)
+
+    def _copy_output(self, proc: subprocess.Popen[bytes]) -> None:
+        out = proc.stdout
+        if out is None:
+            return
+        with out:  # closed at the child's end: each restart opens a new pipe
+            for raw in out:
+                log.info("[%s] %s", self.name, raw.decode("utf-8", "replace").rstrip())
+
+    def _liveness_failed(self, proc: subprocess.Popen[bytes], result: ProbeResult, failures: int) -> None:
+        """The prober's failure action (its thread): SIGKILL this run's process; :meth:`_run` restarts it."""
+        log.warning(
+            "%s: liveness probe failed %d times (%s): killing the controller (SIGKILL)",
+            self.name,
+            failures,
+            result.answer,
+        )
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGKILL)  # a no-op once the run ended and was reaped
+
+    def stop(self, grace: float = 10.0) -> None:
+        self._stop.set()
+        if self.prober is not None:
+            self.prober.stop()
+        if self.proc is not None:
+            terminate(self.proc, grace)
+        if self._thread is not None:
+            self._thread.join(5)
+
+
+_VARIABLE_RE = re.compile(r"(\$?)\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
+
+
+def expand(arg: str, variables: Mapping[str, str]) -> str:
+    """``$(NAME)`` in a command argument replaced by the manager's variable ``NAME``, as the kubelet spells it.
+
+    Only the variables the manager sets for the controller are expanded
+    (``KUBECONFIG``, ``RANGESHARD_*``); any other ``$(...)`` stays as written,
+    and ``$$(NAME)`` is the escape for a literal ``$(NAME)``. No shell is involved.
+    """
+
+    def one(found: re.Match[str]) -> str:
+        escaped, name = found.group(1), found.group(2)
+        if escaped:
+            return found.group(0)[1:]
+        return variables.get(name, found.group(0))
+
+    return _VARIABLE_RE.sub(one, arg)
+
+
+def _kubeconfig(url: str) -> dict[str, Any]:
+    """A kubeconfig for the endpoint: plain HTTP on loopback, no credentials.
+
+    ``insecure-skip-tls-verify`` has no meaning for an ``http://`` server, but
+    the JavaScript client (``@kubernetes/client-node``) refuses plain HTTP
+    without it ("HTTP protocol is not allowed when skipTLSVerify is not set").
+    """
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "rangeshard", "cluster": {"server": url, "insecure-skip-tls-verify": True}}],
+        "users": [{"name": "rangeshard", "user": {}}],
+        "contexts": [{"name": "rangeshard", "context": {"cluster": "rangeshard", "user": "rangeshard"}}],
+        "current-context": "rangeshard",
+    }

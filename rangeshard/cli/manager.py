@@ -1,0 +1,68 @@
+"""``rangeshard controller-manager``: run the controllers of a config file.
+
+Purpose
+    Loads and validates the config file (exit 2, one ``FILE: field.path:
+    problem`` line per problem) and runs the manager until SIGTERM/SIGINT.
+    The CLI registers this command alone when it is the one asked for
+    (:func:`rangeshard.cli.main._register_subcommands`): a manager, often a
+    sidecar beside every replica of a controller, loads none of the other
+    servers' code.
+
+Concurrency model
+    Main thread; the manager runs its own threads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from controller_manager.config import load_config, with_overrides
+from controller_manager.manager import ControllerManager
+from rangeshard.cli.common import fail
+from rangeshard.core.errors import RangeshardError
+from rangeshard.core.process import end_process
+
+
+def controller_manager_command(
+    config: Annotated[Path, typer.Option("--config", "-c", help="Manager config file (YAML).")],
+    audit_log: Annotated[
+        Path | None, typer.Option("--audit-log", help="Append one JSON line per reconcile to this file.")
+    ] = None,
+    etcd: Annotated[
+        str | None, typer.Option("--etcd", help="Override etcd endpoints of the config (URL[,URL...]).")
+    ] = None,
+    proxy: Annotated[str | None, typer.Option("--proxy", help="Override the proxy URL of the config.")] = None,
+    instance_prefix: Annotated[
+        str | None,
+        typer.Option(
+            "--instance-prefix",
+            help="This manager's stable identity (its instance ids are <prefix>-<controller type>): in "
+            "Kubernetes the StatefulSet pod name ($(POD_NAME)); by hand, any name a restarted process reuses. "
+            "With rejoinGraceSeconds > 0 a restart with the same prefix takes its range back (no split, no "
+            "handover). Overrides instanceIdPrefix of the config; default: host-pid-random, a new identity per "
+            "process.",
+        ),
+    ] = None,
+) -> None:
+    """Run the controllers of a config file, each as one sharded instance."""
+    try:
+        cfg = with_overrides(load_config(config), etcd=etcd, proxy=proxy)
+        manager = ControllerManager(
+            cfg, audit_path=str(audit_log) if audit_log else None, instance_prefix=instance_prefix
+        )
+    except RangeshardError as e:
+        fail(e)
+    # A crash of the process (SIGSEGV, SIGABRT, ...) prints every thread's Python stack to stderr
+    # (the manager's log), so a rare crash at exit can be told apart from the rest.
+    with contextlib.suppress(ValueError, OSError, AttributeError):  # stderr without a file descriptor
+        faulthandler.enable()
+    code = manager.run_until_signal()
+    if code != 0:
+        typer.echo(f"error: {manager.fatal()}", err=True)
+    # Stopped and flushed: leave without interpreter finalization (see end_process).
+    end_process(1 if code else 0)
