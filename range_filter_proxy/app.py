@@ -246,9 +246,21 @@ class Proxy:
                 await self.auth.check(request.headers.get("authorization"), attrs)
                 return await self.collections.serve(request, info, cp.namespace)
         if self.auth.mode is AuthMode.STATIC:
-            await self.auth.check(
-                request.headers.get("authorization"), AuthAttributes(verb=what.verb, path=request.url.path)
+            target = what.path
+            attrs = (
+                AuthAttributes(verb=what.verb, path=request.url.path)
+                if target is None
+                else AuthAttributes(  # a resource request: named as kube-apiserver names it (its 403 too)
+                    verb=what.verb,
+                    resource=target.gvr.resource,
+                    group=target.gvr.group,
+                    version=target.gvr.version,
+                    namespace=target.namespace or "",
+                    name=target.name or "",
+                    subresource=target.subresource,
+                )
             )
+            await self.auth.check(request.headers.get("authorization"), attrs)
         return await self.passthrough.forward(request)
 
 

@@ -235,3 +235,12 @@ def test_proxy_static_mode(
         assert client.get("/api/v1", headers=bearer(tokens.nobody)).status_code == 200  # discovery
         assert_status(client.post(path, json=pod("s"), headers=bearer(tokens.reader)), 403, "Forbidden")
         assert client.post(path, json=pod("s"), headers=bearer(tokens.admin)).status_code == 201
+        # One wording of a 403 in both servers (issue 40): the object's name and subresource are named.
+        status = f"{path}/s/status"
+        by_proxy = assert_status(client.put(status, json=pod("s"), headers=bearer(tokens.reader)), 403, "Forbidden")
+        expected = (
+            f'pods "s" is forbidden: User "reader" cannot update resource "pods/status" in API group "" '
+            f'in the namespace "{namespace}"'
+        )
+        assert by_proxy["message"] == expected, by_proxy
+        assert by_proxy["details"] == {"kind": "pods", "name": "s"}
