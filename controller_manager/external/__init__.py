@@ -34,6 +34,9 @@ Purpose
       (HTTP/1.1 in and out, on one event loop)
     * :mod:`controller_manager.external.child` - ``Child``: the controller's
       process, its restarts and its liveness probe
+    * :mod:`controller_manager.external.workload` - ``MainObjects``: the
+      main resource's objects the endpoint served, as the instance's
+      published workload (so ``rebalance --by workload`` sees external types)
 
 May import
     What :mod:`controller_manager` may (never the proxy: it talks to it over

@@ -33,6 +33,7 @@ import functools
 import logging
 import socket
 import threading
+from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
 import orjson
@@ -40,6 +41,7 @@ import orjson
 from controller_manager.config import ExternalSection
 from controller_manager.external.serving import ServingState, Shard
 from controller_manager.external.wire import Request, Response, Server, UpstreamError, UpstreamPool, UpstreamResponse
+from controller_manager.external.workload import MainObjects
 from hashing import ShardBy
 from rangeshard.core import relay
 from rangeshard.core.kubeapi import ApiError, expired_status
@@ -93,6 +95,9 @@ class Endpoint:
     ) -> None:
         self.name = name
         self.state = ServingState(name, shard, {s.label: s.rule for s in section.shard}, section.drain_seconds)
+        #: The main resource's objects the controller was served: the instance's workload (rebalance).
+        self.main_label = section.main_resource.label
+        self.main = MainObjects(section.main_resource.rule)
         #: The manager's token for the proxy (``proxy.tokenFile``), replacing the controller's own.
         self.token_file = BearerTokenFile(token_file) if token_file is not None else None
         self.upstream = UpstreamPool(proxy_url, ca_cert=ca_cert)
@@ -198,10 +203,12 @@ class Endpoint:
             query = [(k, v) for k, v in query if k != "fieldSelector"]
             query.append(("fieldSelector", f"{fields},{NOTHING}" if fields else NOTHING))
         target = f"{path}?{urlencode(query)}"
+        main = info.resource is not None and info.resource.label == self.main_label
         if info.is_watch:
-            await self._watch(request, response, target, list(headers), generation)
+            await self._watch(request, response, target, list(headers), generation, main)
         else:
-            await self._list(request, response, target, list(headers), generation)
+            namespace = info.path.namespace if info.path is not None else None
+            await self._list(request, response, target, list(headers), generation, (main, namespace))
 
     async def _send(
         self, request: Request, response: Response, target: str, headers: relay.Headers
@@ -228,9 +235,16 @@ class Endpoint:
             upstream.close()
 
     async def _list(
-        self, request: Request, response: Response, target: str, headers: relay.Headers, generation: int
+        self,
+        request: Request,
+        response: Response,
+        target: str,
+        headers: relay.Headers,
+        generation: int,
+        main: tuple[bool, str | None] = (False, None),
     ) -> None:
-        """A list of a ``shard`` resource: its resourceVersion recorded before the answer goes out."""
+        """A list of a ``shard`` resource: its resourceVersion (and, of the main resource, its objects) recorded
+        before the answer goes out (``main``: whether it is the main resource, and the list's namespace)."""
         upstream = await self._send(request, response, target, headers)
         if upstream is None:
             return
@@ -239,12 +253,21 @@ class Endpoint:
         finally:
             upstream.close()
         if upstream.status == 200:
-            self.state.issued(_resource_version(body, "metadata"), generation)
+            doc = _decoded(body)
+            self.state.issued(_resource_version(doc, "metadata"), generation)
+            if main[0] and generation == self.state.generation():
+                self.main.listed(doc, main[1])
         response.start(upstream.status, relay.response_headers(upstream.headers, framed=True), len(body))
         response.write(body)
 
     async def _watch(
-        self, request: Request, response: Response, target: str, headers: relay.Headers, generation: int
+        self,
+        request: Request,
+        response: Response,
+        target: str,
+        headers: relay.Headers,
+        generation: int,
+        main: bool = False,
     ) -> None:
         """A watch of a ``shard`` resource, relayed event by event until it ends or a reset cuts it."""
         watch = _Watch(asyncio.get_running_loop())
@@ -263,13 +286,15 @@ class Endpoint:
                     response.write(body)
                     return
                 response.start(200, relay.response_headers(upstream.headers, framed=True), None)
-                await self._events(upstream, response, watch, generation)
+                await self._events(upstream, response, watch, generation, main)
             finally:
                 upstream.close()
         finally:
             self.state.forget(watch)
 
-    async def _events(self, upstream: UpstreamResponse, response: Response, watch: _Watch, generation: int) -> None:
+    async def _events(
+        self, upstream: UpstreamResponse, response: Response, watch: _Watch, generation: int, main: bool = False
+    ) -> None:
         pending = b""
         try:
             async for pieces in upstream.pieces():
@@ -278,20 +303,25 @@ class Endpoint:
                 pending, data = data[end:], data[:end]
                 if not data:
                     continue
-                if not self._deliver(watch, generation, data, response):
+                if not self._deliver(watch, generation, data, response, main):
                     break
                 await response.drain()
             if pending and not watch.reset:  # the last event, without a line end
-                self._deliver(watch, generation, pending + b"\n", response)
+                self._deliver(watch, generation, pending + b"\n", response, main)
         except UpstreamError as e:
             if not watch.reset:
                 log.debug("%s: upstream watch ended: %s", self.name, e)
         if watch.reset:  # cut: nothing more of the range served before is relayed
             response.write(EXPIRED_EVENT)
 
-    def _deliver(self, watch: _Watch, generation: int, data: bytes, response: Response) -> bool:
-        versions = [_resource_version(line, "object", "metadata") for line in data.split(b"\n") if line.strip()]
-        return self.state.deliver(watch, generation, versions, functools.partial(response.write, data))
+    def _deliver(self, watch: _Watch, generation: int, data: bytes, response: Response, main: bool = False) -> bool:
+        events = [_decoded(line) for line in data.split(b"\n") if line.strip()]
+        versions = [_resource_version(ev, "object", "metadata") for ev in events]
+        delivered = self.state.deliver(watch, generation, versions, functools.partial(response.write, data))
+        if delivered and main:
+            for ev in events:
+                self.main.event(ev)
+        return delivered
 
 
 def _status(response: Response, error: ApiError) -> None:
@@ -300,12 +330,16 @@ def _status(response: Response, error: ApiError) -> None:
     response.write(body)
 
 
-def _resource_version(data: bytes, *path: str) -> str:
-    """``<path>.resourceVersion`` of a JSON list (path ``metadata``) or watch event (``object, metadata``), or ""."""
+def _decoded(data: bytes) -> Any:
+    """A JSON list or watch event, decoded once (``None`` when it is not JSON)."""
     try:
-        found = orjson.loads(data)
-        for key in (*path, "resourceVersion"):
-            found = found.get(key, {})
-    except (orjson.JSONDecodeError, AttributeError):
-        return ""
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+
+
+def _resource_version(found: Any, *path: str) -> str:
+    """``<path>.resourceVersion`` of a decoded list (path ``metadata``) or watch event (``object, metadata``), or ""."""
+    for key in (*path, "resourceVersion"):
+        found = found.get(key) if isinstance(found, dict) else None
     return found if isinstance(found, str) else ""

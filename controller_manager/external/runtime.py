@@ -81,7 +81,7 @@ class ExternalRuntime:
                 synced=lambda epoch: endpoint is not None and endpoint.state.synced(epoch),
                 on_epoch=lambda: endpoint.state.on_epoch() if endpoint is not None else None,
                 on_allowed=lambda: endpoint.state.on_allowed() if endpoint is not None else None,
-                workload=lambda _rng: (0, None),
+                workload=lambda rng: endpoint.main.workload(rng) if endpoint is not None else (0, None),
                 on_state=lambda s: metrics.set_state(controller_type, instance_id, s),
                 on_token=lambda t: endpoint.state.on_token(t) if endpoint is not None else None,
                 host=host,
