@@ -93,6 +93,11 @@ class Metrics:
             "failing its liveness probe (WARNING in the log says which)",
             "type",
         )
+        self.external_up = gauge(
+            "rangeshard_external_child_up",
+            "1 while the external controller the manager runs (`command`) is running, 0 while it restarts",
+            "type",
+        )
         self.external_probes = counter(
             "rangeshard_external_liveness_probes_total",
             "Liveness probes of an external controller the manager runs, by result (successful, failed)",

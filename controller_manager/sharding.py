@@ -89,7 +89,7 @@ from rangeshard.core.errors import AlreadyRegistered, CompareFailed, NotRegister
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
 from rangeshard.core.loops import start_thread
 from rangeshard.core.ownertoken import OwnerToken
-from registry import LeaseKeeper, MainResource, MembershipWatch, Registry, RegistryView, Snapshot, State
+from registry import ChildInfo, LeaseKeeper, MainResource, MembershipWatch, Registry, RegistryView, Snapshot, State
 
 log = logging.getLogger(__name__)
 
@@ -123,8 +123,11 @@ class ShardInstance:
         drained: Callable[[], bool] | None = None,
         main_resource: MainResource | None = None,
         stuck_after_seconds: float | None = None,
+        child_info: Callable[[], ChildInfo | None] | None = None,
     ) -> None:
         self.etcd_config = etcd_config
+        #: An external controller's process as its manager runs it, published with every heartbeat.
+        self.child_info = child_info
         #: Published in the record at every join: the proxy measures this type's progress on it.
         self.main_resource = main_resource
         self.stuck_after_seconds = stuck_after_seconds
@@ -572,6 +575,7 @@ class ShardInstance:
                 workload_num=count,
                 state=state,
                 histogram=histogram,
+                child=self.child_info() if self.child_info is not None else None,
             )
         except NotRegistered as e:
             log.info("%s: heartbeat found no record: %s", self.name, e)

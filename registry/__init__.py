@@ -29,6 +29,7 @@ Concurrency model
 from registry.lease import LeaseKeeper
 from registry.models import (
     DEFAULT_STUCK_AFTER_SECONDS,
+    ChildInfo,
     HashHistogram,
     InstanceRecord,
     MainResource,
@@ -42,6 +43,7 @@ from registry.watch import MembershipWatch, RegistryView
 __all__ = [
     "DEFAULT_PREFIX",
     "DEFAULT_STUCK_AFTER_SECONDS",
+    "ChildInfo",
     "HashHistogram",
     "InstanceRecord",
     "Layout",

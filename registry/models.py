@@ -127,6 +127,27 @@ class HashHistogram(BaseModel):
 DEFAULT_STUCK_AFTER_SECONDS = 120.0
 
 
+class ChildInfo(BaseModel):
+    """The process of an external controller its manager runs (``external.command``), heartbeated with the record."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True, frozen=True)
+
+    name: str = ""
+    pid: int | None = None
+    #: ``running`` or ``restarting`` (between an exit and the next start, in the restart backoff).
+    state: str = "running"
+    restarts: int = 0
+    last_exit: int | None = Field(default=None, alias="lastExit")
+
+    def describe(self) -> str:
+        """``running pid 123, 2 restarts, last exit -9`` (one cell of ``registry list -o wide``)."""
+        head = f"running pid {self.pid}" if self.state == "running" and self.pid else self.state
+        parts = [head, f"{self.restarts} restart{'s' if self.restarts != 1 else ''}"]
+        if self.last_exit is not None:
+            parts.append(f"last exit {self.last_exit}")
+        return ", ".join(parts)
+
+
 class MainResource(BaseModel):
     """The main resource of a controller type and the shard rule that places its objects.
 
@@ -187,6 +208,9 @@ class InstanceRecord(BaseModel):
     )
     main_resource: Annotated[MainResource | None, BeforeValidator(_lenient_main)] = Field(
         default=None, alias="mainResource", description="the type's main resource (progress is measured on it)"
+    )
+    child: ChildInfo | None = Field(
+        default=None, description="an external controller's process, as its manager runs it (`command`)"
     )
     stuck_after_seconds: Annotated[float | None, BeforeValidator(_lenient_seconds)] = Field(
         default=None,

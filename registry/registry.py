@@ -47,7 +47,7 @@ from rangeshard.core.errors import (
     RangeshardError,
 )
 from rangeshard.core.etcd import KV, Compare, Delete, EtcdClient, Put
-from registry.models import InstanceRecord, MainResource, Member, Snapshot, State, check_name, now
+from registry.models import ChildInfo, InstanceRecord, MainResource, Member, Snapshot, State, check_name, now
 
 log = logging.getLogger(__name__)
 
@@ -410,11 +410,13 @@ class Registry:
         workload_num: int | None = None,
         state: State | None = None,
         histogram: dict[str, object] | None = None,
+        child: ChildInfo | None = None,
     ) -> InstanceRecord:
-        """Refresh heartbeat time, workload, state; the last instance normalizes its key to MAX_HASH."""
+        """Refresh heartbeat time, workload, state (and an external child's info); the last instance normalizes
+        its key to MAX_HASH."""
         owned = [m for m in self.snapshot(controller_type).members if m.range is not None]
         is_last = bool(owned) and owned[-1].instance_id == instance_id
-        given = {"workload_num": workload_num, "state": state, "histogram": histogram}
+        given = {"workload_num": workload_num, "state": state, "histogram": histogram, "child": child}
 
         def mutate(rec: InstanceRecord) -> InstanceRecord:
             changes: dict[str, object] = {"heartbeat_at": now(), **{k: v for k, v in given.items() if v is not None}}

@@ -92,6 +92,9 @@ class Child:
         self._down_since: float | None = time.monotonic()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        #: Restarts so far and the last exit code (``None``: none yet), for the registry record and metrics.
+        self.restarts = 0
+        self.last_exit: int | None = None
 
     @property
     def running(self) -> bool:
@@ -103,6 +106,18 @@ class Child:
             return None
         since = self._down_since
         return time.monotonic() - since if since is not None else 0.0
+
+    def info(self) -> dict[str, Any]:
+        """What the registry record says of the child: pid, running or restarting, restarts, last exit."""
+        proc = self.proc
+        running = proc is not None and proc.poll() is None
+        return {
+            "name": self.name,
+            "pid": proc.pid if running and proc is not None else None,
+            "state": "running" if running else "restarting",
+            "restarts": self.restarts,
+            "lastExit": self.last_exit,
+        }
 
     def start(self) -> None:
         if self.prober is not None:
@@ -137,8 +152,10 @@ class Child:
                 if self.prober is not None:
                     self.prober.unwatch()
                 self._down_since = time.monotonic()
+                self.last_exit = code
                 if self._stop.is_set():
                     return
+                self.restarts += 1
                 if time.monotonic() - started > 60:
                     backoff = 1.0
                 log.warning("%s: the controller exited with code %s; restarting in %.0fs", self.name, code, backoff)

@@ -36,6 +36,7 @@ from controller_manager.metrics import Metrics
 from controller_manager.sharding import ShardInstance
 from rangeshard.core.etcd import EtcdConfig
 from rangeshard.core.loops import start_thread
+from registry import ChildInfo
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +70,10 @@ class ExternalRuntime:
         self.instance_id = instance_id
         self.lease_ttl = lease_ttl
         endpoint: Endpoint | None = None
+        child: Child | None = None
+
+        def child_info() -> ChildInfo | None:
+            return ChildInfo.model_validate(child.info()) if child is not None else None
 
         def make_shard() -> ShardInstance:
             return ShardInstance(
@@ -91,6 +96,7 @@ class ExternalRuntime:
                 drained=lambda: endpoint is not None and endpoint.state.drained(),
                 main_resource=section.published_main(),
                 stuck_after_seconds=stuck_after_seconds,
+                child_info=child_info,
             )
 
         self._make_shard = make_shard
@@ -104,7 +110,7 @@ class ExternalRuntime:
             ca_cert=proxy_ca_cert,
         )
         self.endpoint = endpoint
-        self.child = (
+        child = (
             Child(
                 name,
                 list(section.command),
@@ -120,6 +126,9 @@ class ExternalRuntime:
             if section.command
             else None
         )
+        self.child = child
+        if child is not None:
+            metrics.external_up.labels(controller_type).set_function(lambda: 1.0 if child.running else 0.0)
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._supervisor: threading.Thread | None = None

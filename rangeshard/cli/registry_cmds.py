@@ -44,7 +44,7 @@ from rangeshard.cli.state import DEFAULT_STATE_DIR, StateDirOpt, proxy_from_stat
 from rangeshard.cli.tables import Output, OutputOpt, table_console
 from rangeshard.core.errors import RangeshardError
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
-from registry import MembershipWatch, Registry, RegistryView, Snapshot
+from registry import ChildInfo, MembershipWatch, Registry, RegistryView, Snapshot
 from registry.models import check_name
 
 app = typer.Typer(help="Inspect the instance registry in etcd.", no_args_is_help=True)
@@ -111,6 +111,8 @@ def rows(
                     "ageSeconds": round(now - rec.started_at, 1) if rec.started_at else None,
                     "host": rec.host,
                     "pid": rec.pid,
+                    # An external controller's process (pid, running/restarting, restarts, last exit).
+                    "child": rec.child.model_dump(mode="json", by_alias=True) if rec.child is not None else None,
                     # Parked: seconds left of its rejoin grace (its lease's TTL when known).
                     "parkedSecondsLeft": (
                         (ttl if ttl is not None else max(0, round((rec.parked_until or now) - now)))
@@ -165,7 +167,13 @@ def render(
             ("AGE", "right"),
         ]
         if wide:
-            columns += [("HOST", "left"), ("PID", "right"), ("LEASE", "right"), ("PROGRESS", "left")]
+            columns += [
+                ("HOST", "left"),
+                ("PID", "right"),
+                ("LEASE", "right"),
+                ("CHILD", "left"),
+                ("PROGRESS", "left"),
+            ]
         for col, justify in columns:
             table.add_column(col, justify=justify)
         for r in (r for r in data if r["controllerType"] == ctype):
@@ -188,6 +196,7 @@ def render(
                         r["host"] or "-",
                         str(r["pid"] or "-"),
                         f"{r['leaseId']:x}" if r["leaseId"] else "-",
+                        ChildInfo.model_validate(r["child"]).describe() if r["child"] else "-",
                         _progress_cell(progress, ctype, r["instanceId"]),
                     )
                     if wide
