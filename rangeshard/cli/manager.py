@@ -16,16 +16,18 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
+import os
 from pathlib import Path
 from typing import Annotated
 
+import orjson
 import typer
 
 from controller_manager.config import load_config, with_overrides
 from controller_manager.manager import ControllerManager
 from rangeshard.cli.common import fail
 from rangeshard.core.errors import RangeshardError
-from rangeshard.core.process import end_process
+from rangeshard.core.process import end_process, process_start_time
 
 
 def controller_manager_command(
@@ -48,6 +50,14 @@ def controller_manager_command(
             "process.",
         ),
     ] = None,
+    state_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--state-dir",
+            help="Record this manager in a rangeshard up state directory (DIR/managers/<name>.json), so "
+            "`rangeshard status --state-dir DIR` lists it beside what `up` started; removed when it stops.",
+        ),
+    ] = None,
 ) -> None:
     """Run the controllers of a config file, each as one sharded instance."""
     try:
@@ -61,8 +71,34 @@ def controller_manager_command(
     # (the manager's log), so a rare crash at exit can be told apart from the rest.
     with contextlib.suppress(ValueError, OSError, AttributeError):  # stderr without a file descriptor
         faulthandler.enable()
-    code = manager.run_until_signal()
+    record = _record(state_dir, instance_prefix, manager) if state_dir is not None else None
+    try:
+        code = manager.run_until_signal()
+    finally:
+        if record is not None:
+            record.unlink(missing_ok=True)
     if code != 0:
         typer.echo(f"error: {manager.fatal()}", err=True)
     # Stopped and flushed: leave without interpreter finalization (see end_process).
     end_process(1 if code else 0)
+
+
+def _record(state_dir: Path, name: str | None, manager: ControllerManager) -> Path:
+    """Write ``DIR/managers/<name>.json`` (the fields of ``rangeshard.cli.state.Component``) for ``status``."""
+    pid = os.getpid()
+    url = manager.status.url if manager.status is not None else None
+    doc = {
+        "name": f"manager {name or pid} (by hand)",
+        "kind": "manager",
+        "pid": pid,
+        "startTime": process_start_time(pid),
+        "port": manager.status.port if manager.status is not None else None,
+        "url": url,
+        "healthUrl": f"{url}/readyz" if url else None,
+    }
+    path = state_dir / "managers" / f"{name or pid}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_bytes(orjson.dumps(doc))
+    tmp.replace(path)
+    return path

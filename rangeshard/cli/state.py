@@ -46,6 +46,13 @@ from rich.text import Text
 
 from rangeshard.cli.progress import Progress, ProgressUnavailable, describe, fetch, style
 from rangeshard.cli.tables import Output, OutputOpt, table_console
+from rangeshard.core.errors import RangeshardError
+from rangeshard.core.etcd import EtcdClient, EtcdConfig
+from rangeshard.core.process import process_start_time
+from registry import DEFAULT_PREFIX, ChildInfo, Registry
+
+#: Managers started by hand with ``--state-dir`` record themselves here (``<name>.json``), for ``status``.
+MANAGERS_DIR = "managers"
 
 STATE_FILE = "up.json"
 ComponentKind = Literal["etcd", "apiserver", "proxy", "manager"]
@@ -85,21 +92,6 @@ class UpState(BaseModel):
     components: list[Component]
 
 
-def process_start_time(pid: int) -> int | None:
-    """Field 22 of ``/proc/PID/stat`` (clock ticks since boot), or None when the process is gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat.rsplit(")", 1)[-1].split()
-    if not fields or fields[0] == "Z":  # a zombie has exited already
-        return None
-    try:
-        return int(fields[19])
-    except (IndexError, ValueError):
-        return None
-
-
 def alive(pid: int | None, start_time: int | None) -> bool:
     """The process exists and is the one recorded (same start time when one was recorded)."""
     if pid is None:
@@ -121,6 +113,15 @@ def read_state(state_dir: Path) -> UpState | None:
         return UpState.model_validate_json((state_dir / STATE_FILE).read_bytes())
     except (OSError, ValidationError):
         return None
+
+
+def hand_managers(state_dir: Path) -> list[Component]:
+    """The managers started by hand with ``--state-dir`` (``DIR/managers/*.json``; unreadable files skipped)."""
+    found = []
+    for path in sorted((state_dir / MANAGERS_DIR).glob("*.json")):
+        with contextlib.suppress(OSError, ValidationError):
+            found.append(Component.model_validate_json(path.read_bytes()))
+    return found
 
 
 def remove_state(state_dir: Path) -> None:
@@ -202,6 +203,24 @@ def _progress(state: UpState) -> tuple[list[tuple[str, str, Progress]], str | No
     return [(t, i, p) for (t, i), p in sorted(found.items())], None
 
 
+def _children(state: UpState) -> tuple[list[tuple[str, str, ChildInfo]], str | None]:
+    """``[(type, instance, child)]``: the external controllers the managers run, from the registry records."""
+    etcd = next((c for c in state.components if c.kind == "etcd" and c.url), None)
+    if etcd is None or etcd.url is None or not alive(etcd.pid, etcd.start_time):
+        return [], "no running etcd recorded"
+    try:
+        with EtcdClient(EtcdConfig.from_urls(etcd.url, timeout=3.0)) as client:
+            _rev, snaps = Registry(client, DEFAULT_PREFIX).snapshots()
+    except RangeshardError as e:
+        return [], f"the registry cannot be read: {e}"
+    return [
+        (ctype, m.instance_id, m.record.child)
+        for ctype, snap in sorted(snaps.items())
+        for m in snap.members
+        if m.record.child is not None
+    ], None
+
+
 def status_command(state_dir: StateDirOpt = DEFAULT_STATE_DIR, output: OutputOpt = Output.table) -> None:
     """Show each component ``up`` started in the state dir (pid, port, healthy or not) and each instance's progress.
 
@@ -212,6 +231,11 @@ def status_command(state_dir: StateDirOpt = DEFAULT_STATE_DIR, output: OutputOpt
     unhealthy, or an instance is stuck; 3 no ``up`` recorded in the state dir.
     """
     state = read_state(state_dir)
+    by_hand = hand_managers(state_dir)
+    if state is None and by_hand:  # managers started by hand only: no up recorded
+        state = UpState(up_pid=0, detached=True, components=[])
+    if state is not None:
+        state = state.model_copy(update={"components": [*state.components, *by_hand]})
     if state is None:
         if output is Output.json:
             sys.stdout.write(orjson.dumps({"stateDir": str(state_dir), "components": []}).decode() + "\n")
@@ -220,6 +244,7 @@ def status_command(state_dir: StateDirOpt = DEFAULT_STATE_DIR, output: OutputOpt
         raise typer.Exit(3)
     rows = [(c, *component_health(c)) for c in state.components]
     progress, progress_error = _progress(state)
+    children, _children_error = _children(state)
     stuck = [(t, i) for t, i, p in progress if p.stuck]
     if output is Output.json:
         doc = {
@@ -231,6 +256,10 @@ def status_command(state_dir: StateDirOpt = DEFAULT_STATE_DIR, output: OutputOpt
                 for c, h, d in rows
             ],
             "progress": [{"controllerType": t, "instanceId": i, **p.to_json()} for t, i, p in progress],
+            "children": [
+                {"controllerType": ctype, "instanceId": instance, **child.model_dump(mode="json", by_alias=True)}
+                for ctype, instance, child in children
+            ],
             "progressError": progress_error,
             "stuck": [f"{t}/{i}" for t, i in stuck],
         }
@@ -243,6 +272,13 @@ def status_command(state_dir: StateDirOpt = DEFAULT_STATE_DIR, output: OutputOpt
             cells = [c.name, str(c.pid or "-"), str(c.port or "-"), "yes" if healthy else "no", detail]
             table.add_row(*cells, *((c.url or "-",) if output is Output.wide else ()))
         table_console().print(table)
+        if children:
+            kids = Table(title="external controllers", title_justify="left")
+            for col in ("TYPE", "INSTANCE", "CHILD"):
+                kids.add_column(col)
+            for ctype, instance, child in children:
+                kids.add_row(ctype, instance, child.describe())
+            table_console().print(kids)
         _print_progress(progress, progress_error)
     if not all(h for _, h, _ in rows) or stuck:
         raise typer.Exit(1)

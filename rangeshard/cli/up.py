@@ -66,7 +66,6 @@ from rangeshard.cli.state import (
     ComponentKind,
     StateDirOpt,
     UpState,
-    process_start_time,
     read_state,
     remove_state,
     running_components,
@@ -77,7 +76,7 @@ from rangeshard.cli.updown import PortPlan, choose_port, demo_summary, plan_port
 from rangeshard.core.errors import ConfigError, RangeshardError
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
 from rangeshard.core.loops import start_thread
-from rangeshard.core.process import EtcdServer
+from rangeshard.core.process import EtcdServer, process_start_time
 from registry import DEFAULT_PREFIX, MembershipWatch, RegistryView
 
 if TYPE_CHECKING:

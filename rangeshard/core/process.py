@@ -594,3 +594,18 @@ class EtcdCluster:
         for m in self.members:
             m.resume()
             m.stop()
+
+
+def process_start_time(pid: int) -> int | None:
+    """Field 22 of ``/proc/PID/stat`` (clock ticks since boot), or None when the process is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[-1].split()
+    if not fields or fields[0] == "Z":  # a zombie has exited already
+        return None
+    try:
+        return int(fields[19])
+    except (IndexError, ValueError):
+        return None

@@ -88,6 +88,6 @@ def test_a_manager_with_an_in_process_controller_still_loads_the_client(
     tmp_path: Path, etcd_server: EtcdServer, key_prefix: str
 ) -> None:
     # No proxy answers: it never gets ready, but the client is loaded when the manager is built.
-    result = _modules(tmp_path, etcd_server, key_prefix, {"replicaset": {"workers": 1}}, wait=1.0)
+    result = _modules(tmp_path, etcd_server, key_prefix, {"replicaset": {"workers": 1}}, wait=8.0)
     assert _loaded(result["modules"], "kubernetes"), "the check sees the client when it is there"
     assert "controller_manager.controller" in result["modules"]

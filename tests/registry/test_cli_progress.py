@@ -12,9 +12,9 @@ import os
 from pathlib import Path
 
 from rangeshard.cli.progress import Progress, describe, parse
-from rangeshard.cli.state import Component, UpState, process_start_time, write_state
+from rangeshard.cli.state import Component, UpState, write_state
 from rangeshard.core.etcd import EtcdClient
-from rangeshard.core.process import EtcdServer
+from rangeshard.core.process import EtcdServer, process_start_time
 from registry import Registry
 from tests.helpers import MetricsServer, progress_metrics
 from tests.registry.test_cli import run
