@@ -180,7 +180,9 @@ class ControllerManager:
                 rt.shard.rejoin_grace = 0.0  # a real leave: a stuck manager's range goes to its neighbours now
 
         def leave(rt: ControllerRuntime | ExternalRuntime) -> Any:
-            return (lambda: rt.stop(join_timeout=1.0)) if wedged and isinstance(rt, ControllerRuntime) else rt.stop
+            if wedged and not isinstance(rt, ExternalRuntime):
+                return lambda: rt.stop(join_timeout=1.0)
+            return rt.stop
 
         threads = [start_thread(f"leave-{rt.name}", leave(rt), daemon=False) for rt in self.runtimes]
         for t in threads:
