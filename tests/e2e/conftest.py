@@ -19,6 +19,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import threading
 import uuid
 from collections.abc import Iterable, Iterator
@@ -238,6 +239,22 @@ class Cluster:
         """Every log this cluster's processes wrote: managers, proxy, local API server."""
         paths = [m.log for m in self.managers] + [Path(self.proxy.log_path), Path(self.apiserver.log_path)]
         return [p for p in paths if p.exists()]
+
+    def assert_no_stale_owner_writes(self) -> None:
+        """``python -m controller_manager.audit --apiserver-audit`` over the API server's log: 0 stale-owner writes.
+
+        Run as a user runs it (the module entry point), on the log of a ``fenced_cluster``.
+        """
+        audit = self.workdir / "apiserver-audit.jsonl"
+        check = subprocess.run(
+            [sys.executable, "-m", "controller_manager.audit", "--apiserver-audit", str(audit)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert check.returncode == 0, check.stdout + check.stderr
+        assert " 0 stale-owner write(s)" in check.stdout, check.stdout
 
     def assert_no_tracebacks(self) -> None:
         """Expected events (kills, timeouts, disconnects, fencing) are log lines, never a ``Traceback``.

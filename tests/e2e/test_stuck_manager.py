@@ -22,8 +22,6 @@ two instances reconcile one key at once (the reconcile audit).
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from typing import Any
 
@@ -77,16 +75,7 @@ def _active(cluster: Cluster, n: int) -> bool:
 
 
 def _no_stale_owner_writes(cluster: Cluster) -> None:
-    audit = cluster.workdir / "apiserver-audit.jsonl"
-    check = subprocess.run(
-        [sys.executable, "-m", "controller_manager.audit", "--apiserver-audit", str(audit)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert check.returncode == 0, check.stdout + check.stderr
-    assert " 0 stale-owner write(s)" in check.stdout, check.stdout
+    cluster.assert_no_stale_owner_writes()
 
 
 def test_a_hanging_reconcile_is_named_stuck_and_clears(fenced_cluster: Cluster) -> None:
