@@ -103,9 +103,23 @@ def test_three_managers_own_secrets_and_services(api: Any, rangeshard_namespace:
     # range holds no Certificate.
     snapshot = managers.snapshot()
     assert len(snapshot) == 3
-    reconciled: dict[str, set[str]] = {}
-    for r in managers.audit_records():
-        reconciled.setdefault(r.key, set()).add(r.instance_id)
+
+    def by_key() -> dict[str, set[str]]:
+        found: dict[str, set[str]] = {}
+        for r in managers.audit_records():
+            found.setdefault(r.key, set()).add(r.instance_id)
+        return found
+
+    def owners_recorded() -> dict[str, set[str]] | None:
+        # A reconcile is recorded when it ends, after its last write: the children may exist a moment before.
+        found = by_key()
+        for name, cert in certs.items():
+            member = snapshot.owner_of(hash_key(cert["metadata"]["uid"]))
+            if member is None or member.instance_id not in found.get(f"{ns}/{name}", set()):
+                return None
+        return found
+
+    reconciled = wait_until(owners_recorded, 30, "every Certificate's reconcile recorded by its owner") or by_key()
     owners = set()
     for name, cert in certs.items():
         member = snapshot.owner_of(hash_key(cert["metadata"]["uid"]))

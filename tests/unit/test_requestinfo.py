@@ -119,8 +119,10 @@ async def test_the_proxys_pass_through_authorizes_a_collection_get_as_list() -> 
         listed = await client.get("/api/v1/namespaces/a/configmaps", headers=bearer)  # not cached: passed through
         got = await client.get("/api/v1/namespaces/a/configmaps/c", headers=bearer)
         watched = await client.get("/api/v1/namespaces/a/configmaps", params={"watch": "1"}, headers=bearer)
-    assert (
-        listed.status_code == 403 and 'cannot list path "/api/v1/namespaces/a/configmaps"' in listed.json()["message"]
-    )
-    assert got.status_code == 403 and 'cannot get path "/api/v1/namespaces/a/configmaps/c"' in got.json()["message"]
-    assert watched.status_code == 403 and "cannot watch path" in watched.json()["message"]
+    # Worded as kube-apiserver words it (resource attributes, the object's name when there is one).
+    where = 'in API group "" in the namespace "a"'
+    assert listed.status_code == 403
+    assert listed.json()["message"] == f'configmaps is forbidden: User "bob" cannot list resource "configmaps" {where}'
+    assert got.status_code == 403
+    assert got.json()["message"] == f'configmaps "c" is forbidden: User "bob" cannot get resource "configmaps" {where}'
+    assert watched.status_code == 403 and 'cannot watch resource "configmaps"' in watched.json()["message"]
