@@ -49,6 +49,10 @@ from controller_manager.resources import Resource, object_key, raw_request
 from hashing import HashRange, range_to_selector
 from rangeshard.core.loops import start_thread
 
+#: Objects per page of a list (as the proxy's cache lists its upstream: issue 27's memory fix).
+LIST_PAGE_SIZE = 500
+#: Bound of the paging loop (500 x 100,000 = 50 million objects).
+MAX_LIST_PAGES = 100_000
 log = logging.getLogger(__name__)
 
 _iter_lines: Callable[[Any], Iterator[str]] = iter_resp_lines
@@ -79,6 +83,8 @@ class Informer:
         self.name = name
         self.watch_timeout = watch_timeout
         self.request_timeout = request_timeout
+        #: Objects per list page (``limit``); the proxy serves pages from its cache.
+        self.page_size = LIST_PAGE_SIZE
         self._api = api_client
         self._lock = threading.Lock()
         self._store: dict[str, dict[str, Any]] = {}
@@ -167,16 +173,29 @@ class Informer:
             backoff = min(backoff * 2, 5.0)
 
     def _list_once(self, selector: str, epoch: int) -> str:
-        resp = self._get(selector, self.request_timeout)  # a urllib3 response (see raw_request)
-        if resp.status != 200:
-            raise ApiException(status=resp.status, reason=resp.data[:300].decode("utf-8", "replace"))
-        body = orjson.loads(resp.data)
-        items = {object_key(o): o for o in body.get("items") or []}
-        for o in items.values():
-            o.setdefault("apiVersion", self.resource.api_version)
-            o.setdefault("kind", self.resource.kind)
+        """List the range in pages of :data:`LIST_PAGE_SIZE` (``limit``/``continue``), as the proxy's cache lists
+        its upstream: no single answer holds the whole range in memory. The pages are one consistent list at the
+        first page's resourceVersion; an expired ``continue`` (410) fails the list and the loop relists."""
+        items: dict[str, dict[str, Any]] = {}
+        rv = ""
+        token = ""
+        for _ in range(MAX_LIST_PAGES):
+            resp = self._get(selector, self.request_timeout, limit=self.page_size, **{"continue": token})
+            if resp.status != 200:
+                raise ApiException(status=resp.status, reason=resp.data[:300].decode("utf-8", "replace"))
+            body = orjson.loads(resp.data)
+            for o in body.get("items") or []:
+                o.setdefault("apiVersion", self.resource.api_version)
+                o.setdefault("kind", self.resource.kind)
+                items[object_key(o)] = o
+            meta = body.get("metadata") or {}
+            rv = str(meta.get("resourceVersion") or rv)
+            token = str(meta.get("continue") or "")
+            if not token:
+                break
+        else:
+            raise ApiException(status=500, reason=f"more than {MAX_LIST_PAGES} pages of {self.page_size}")
         self._replace(items, epoch)
-        rv = str((body.get("metadata") or {}).get("resourceVersion") or "")
         log.debug("informer %s: listed %s objects at rv %s (epoch %s)", self.name, len(items), rv, epoch)
         return rv
 

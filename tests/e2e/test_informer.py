@@ -54,6 +54,7 @@ def test_informer_lists_watches_and_relists_its_range(cluster: Cluster) -> None:
     informer = Informer(
         proxy_api, REPLICASETS, path=UID_PATH, range_source=lambda: current[0], on_event=on_event, name="t-rs"
     )
+    informer.page_size = 2  # lists in pages of 2 (limit/continue): several pages per list here
     informer.start()
     try:
         wait_until(lambda: informer.synced_epoch == 1, 20, "the first list")
