@@ -46,6 +46,7 @@ from hashing import ShardBy
 from rangeshard.core import relay
 from rangeshard.core.kubeapi import ApiError, expired_status
 from rangeshard.core.loops import start_thread
+from rangeshard.core.ownertoken import FENCED_HEADER
 from rangeshard.core.requestinfo import RequestInfo, classify
 from rangeshard.core.tokenfile import BearerTokenFile
 
@@ -173,7 +174,12 @@ class Endpoint:
         with self.state.write() as token:
             if token is not None:
                 headers = relay.declare(headers, token, write_rule)
-            await self._relay(request, response, request.target, headers)
+            fenced = await self._relay(request, response, request.target, headers)
+        if fenced == "StaleEpoch" and token is not None:
+            # The proxy saw a registry change our views folded away (a range that changed and changed back):
+            # take a fresh epoch (a reset, then a new token), as an in-process controller does. Without it the
+            # child's writes would be fenced with this token until the next range change.
+            self.state.shard.write_fenced(token, stale_epoch=True)
 
     async def _sharded_read(
         self,
@@ -220,11 +226,17 @@ class Endpoint:
             _status(response, ApiError(503, "ServiceUnavailable", f"the range filter proxy cannot be reached: {e}"))
             return None
 
-    async def _relay(self, request: Request, response: Response, target: str, headers: relay.Headers) -> None:
-        """Pass the answer on as it comes: status, headers, body (its length kept, else chunked)."""
+    async def _relay(self, request: Request, response: Response, target: str, headers: relay.Headers) -> str | None:
+        """Pass the answer on as it comes: status, headers, body (its length kept, else chunked).
+
+        Returns the fencing reason when the proxy fenced the request (its ``409`` with ``X-Rangeshard-Fenced``).
+        """
         upstream = await self._send(request, response, target, headers)
         if upstream is None:
-            return
+            return None
+        fenced = None
+        if upstream.status == 409:
+            fenced = next((v for k, v in upstream.headers if k.lower() == FENCED_HEADER.lower()), None)
         try:
             response.start(upstream.status, relay.response_headers(upstream.headers, framed=True), upstream.length)
             async for pieces in upstream.pieces():
@@ -233,6 +245,7 @@ class Endpoint:
                 await response.drain()
         finally:
             upstream.close()
+        return fenced
 
     async def _list(
         self,

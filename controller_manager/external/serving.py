@@ -55,6 +55,10 @@ class Shard(Protocol):
     @property
     def epoch(self) -> int: ...
 
+    def write_fenced(self, token: OwnerToken | None, stale_epoch: bool) -> bool:
+        """A write made with ``token`` was fenced (``stale_epoch``: take a fresh epoch); True the first time."""
+        ...
+
 
 class Watch(Protocol):
     """An open watch of a ``shard`` resource."""

@@ -29,7 +29,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -483,3 +483,47 @@ def test_an_unreachable_proxy_is_a_503_status() -> None:
         assert resp.status_code == 503 and resp.json()["reason"] == "ServiceUnavailable"
     finally:
         ep.stop()
+
+
+@dataclass
+class FencingShard(FakeShard):
+    """A shard instance that records what the endpoint tells it of fenced writes."""
+
+    fenced: list[tuple[OwnerToken | None, bool]] = field(default_factory=list)
+
+    def write_fenced(self, token: OwnerToken | None, stale_epoch: bool) -> bool:
+        self.fenced.append((token, stale_epoch))
+        return True
+
+
+def test_a_write_fenced_for_a_stale_epoch_makes_the_instance_take_a_fresh_epoch() -> None:
+    """As an in-process controller does: else the child's writes stay fenced until the range changes again."""
+
+    def respond(handler: BaseHTTPRequestHandler, seen: Seen) -> None:
+        if "stale" in seen.path:
+            answer(handler, 409, b'{"kind":"Status","code":409}', X_Rangeshard_Fenced="StaleEpoch")
+        elif "locked" in seen.path:
+            answer(handler, 409, b'{"kind":"Status","code":409}', X_Rangeshard_Fenced="Locked")
+        elif "conflict" in seen.path:
+            answer(handler, 409, b'{"kind":"Status","code":409,"reason":"Conflict"}')
+        else:
+            answer(handler, 200, b"{}")
+
+    upstream = Upstream(respond)
+    shard = FencingShard(allowed=HashRange(0, MAX_HASH))
+    ep = Endpoint("ext", _section("configmaps"), shard, proxy_url=upstream.url)  # type: ignore[arg-type]
+    token = OwnerToken("ext", "m-1", 0xABC, 4)
+    ep.state.on_token(token)
+    ep.start()
+    try:
+        with httpx.Client(base_url=ep.url, timeout=10) as c:
+            cms = "/api/v1/namespaces/a/configmaps"
+            answers = [c.put(f"{cms}/{name}", json={"metadata": {"name": name}}) for name in ("stale", "locked")]
+            answers.append(c.put(f"{cms}/conflict", json={"metadata": {"name": "conflict"}}))
+            answers.append(c.put(f"{cms}/fine", json={"metadata": {"name": "fine"}}))
+        assert [a.status_code for a in answers] == [409, 409, 409, 200]
+        assert answers[0].headers["X-Rangeshard-Fenced"] == "StaleEpoch"  # relayed to the child as it came
+        assert shard.fenced == [(token, True)]  # only the stale epoch asks for a fresh one
+    finally:
+        ep.stop()
+        upstream.close()
