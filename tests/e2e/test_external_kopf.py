@@ -70,9 +70,8 @@ def _set_size(api: Any, size: int) -> None:
         custom.patch_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, f"g{i}", {"spec": {"size": size}})
 
 
-def test_a_kopf_operator_sharded_unmodified(fenced_cluster: Cluster) -> None:
-    cluster = fenced_cluster
-    api = cluster.api
+def install_gadgets(api: Any, namespace: str) -> Any:
+    """The example's Gadget CRD installed and served, and ``namespace`` created; a ``CustomObjectsApi``."""
     crd = yaml.safe_load((EXAMPLE / "crd.yaml").read_text())
     k8s.ApiextensionsV1Api(api).create_custom_resource_definition(crd)
     custom = k8s.CustomObjectsApi(api)
@@ -85,7 +84,14 @@ def test_a_kopf_operator_sharded_unmodified(fenced_cluster: Cluster) -> None:
         return True
 
     wait_until(served, 30, "the Gadget CRD served")
-    create_namespace(api, NS)
+    create_namespace(api, namespace)
+    return custom
+
+
+def test_a_kopf_operator_sharded_unmodified(fenced_cluster: Cluster) -> None:
+    cluster = fenced_cluster
+    api = cluster.api
+    custom = install_gadgets(api, NS)
     for i in range(N):
         body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Gadget", "metadata": {"name": f"g{i}"}}
         custom.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, {**body, "spec": {"size": 1}})

@@ -24,7 +24,7 @@ import yaml
 from kubernetes import client as k8s
 
 from tests.e2e.conftest import Cluster
-from tests.e2e.kube import create_namespace
+from tests.e2e.test_external_kopf import install_gadgets
 from tests.helpers import wait_until
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "kopf-gadgets"
@@ -54,19 +54,7 @@ def _started(log: str) -> list[tuple[str, int]]:
 
 def test_the_kopf_examples_probe_restarts_a_wedged_kopf(cluster: Cluster) -> None:
     api = cluster.api
-    crd = yaml.safe_load((EXAMPLE / "crd.yaml").read_text())
-    k8s.ApiextensionsV1Api(api).create_custom_resource_definition(crd)
-    custom = k8s.CustomObjectsApi(api)
-
-    def served() -> bool:
-        try:
-            custom.list_namespaced_custom_object(GROUP, VERSION, "default", PLURAL)
-        except k8s.ApiException:
-            return False
-        return True
-
-    wait_until(served, 30, "the Gadget CRD served")
-    create_namespace(api, NS)
+    custom = install_gadgets(api, NS)
 
     entry = _example_entry()
     probe = entry["external"]["livenessProbe"]

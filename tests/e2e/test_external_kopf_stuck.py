@@ -23,8 +23,7 @@ from kubernetes import client as k8s
 
 from hashing import hash_key
 from tests.e2e.conftest import Cluster, Manager, dump_logs
-from tests.e2e.kube import create_namespace
-from tests.e2e.test_external_kopf import EXAMPLE, GROUP, PLURAL, VERSION, _controllers
+from tests.e2e.test_external_kopf import EXAMPLE, GROUP, PLURAL, VERSION, _controllers, install_gadgets
 from tests.helpers import wait_until
 
 NS = "ks"
@@ -65,18 +64,7 @@ def test_a_sigstopped_kopf_is_named_stuck_with_its_count(fenced_cluster: Cluster
     api = cluster.api
     crd = yaml.safe_load((EXAMPLE / "crd.yaml").read_text())
     assert crd["spec"]["versions"][0]["subresources"] == {"status": {}}
-    k8s.ApiextensionsV1Api(api).create_custom_resource_definition(crd)
-    custom = k8s.CustomObjectsApi(api)
-
-    def served() -> bool:
-        try:
-            custom.list_namespaced_custom_object(GROUP, VERSION, "default", PLURAL)
-        except k8s.ApiException:
-            return False
-        return True
-
-    wait_until(served, 30, "the Gadget CRD served")
-    create_namespace(api, NS)
+    custom = install_gadgets(api, NS)
     for i in range(N):
         body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Gadget", "metadata": {"name": f"g{i}"}}
         custom.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, {**body, "spec": {"size": 1}})
