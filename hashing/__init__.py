@@ -16,7 +16,8 @@ Invariants
 Modules
     ``keys`` (FNV-1a, ``hash_key``), ``rules`` (``ShardBy``: the one shard
     rule, which hash places an object, for reads, the write fence and the
-    audit alike; ``ObjectHashes``), ``ranges`` (``HashRange`` and
+    audit alike -- ``uid``, ``owner``, ``namespace``, ``root`` through ``via``
+    kinds; ``ObjectHashes``), ``ranges`` (``HashRange`` and
     splitting), ``selector`` (the KEP-5866 ``shardSelector`` grammar: parse,
     print canonically, match).
 
@@ -36,7 +37,19 @@ from hashing.keys import (
     object_hash_key,
 )
 from hashing.ranges import HashRange, derive_ranges, split_largest
-from hashing.rules import NAMESPACE_PATH, OWNER_PATH, PATHS, UID_PATH, ObjectHashes, ShardBy
+from hashing.rules import (
+    MAX_CHAIN,
+    NAMESPACE_PATH,
+    OWNER_PATH,
+    PATHS,
+    ROOT_PATH,
+    UID_PATH,
+    ObjectHashes,
+    ShardBy,
+    canonical_via,
+    root_path,
+    root_via,
+)
 from hashing.selector import (
     SelectorSyntaxError,
     ShardRange,
@@ -50,10 +63,12 @@ from hashing.selector import (
 __all__ = [
     "FNV_OFFSET_BASIS",
     "FNV_PRIME",
+    "MAX_CHAIN",
     "MAX_HASH",
     "NAMESPACE_PATH",
     "OWNER_PATH",
     "PATHS",
+    "ROOT_PATH",
     "UID_PATH",
     "UINT64_SPACE",
     "HashRange",
@@ -62,6 +77,7 @@ __all__ = [
     "ShardBy",
     "ShardRange",
     "ShardSelector",
+    "canonical_via",
     "controller_owner_uid",
     "derive_ranges",
     "fnv1a_64",
@@ -70,6 +86,8 @@ __all__ = [
     "parse_shard_selector",
     "range_to_selector",
     "ranges_to_selector",
+    "root_path",
+    "root_via",
     "selector_to_ranges",
     "split_largest",
 ]

@@ -14,7 +14,20 @@ Purpose
     ``owner``               the ``uid`` of the ownerReference with             matches **every** range: an orphan
                             ``controller: true``                               stays visible, so it can be adopted
     ``namespace``           ``metadata.namespace``                             matches no range (cluster-scoped)
+    ``root``                the ``uid`` of the top of the object's chain of    matches no range (not yet created)
+                            controller ownerReferences through the ``via``
+                            kinds (the object itself without a controller
+                            owner); resolved by the proxy's caches
     ======================  =================================================  =====================================
+
+    ``root`` is parameterised by the kinds a chain may pass through (``via``,
+    resources as ``resource.group``): its selector path names them,
+    ``object.metadata.ownerReferences.root(replicasets.apps).uid``
+    (:func:`root_path`, :func:`root_via`). Only a component that sees the
+    intermediate objects can resolve it (the proxy: :mod:`range_filter_proxy.rootchain`);
+    :attr:`ObjectHashes.root` holds the resolved hash; computed from the
+    object alone it is the chain of one step (the controller owner's uid, else
+    the object's own).
 
     :class:`ObjectHashes` holds the three 64-bit hashes of one object, so an
     object is hashed once and judged under any rule.
@@ -26,6 +39,8 @@ Invariants
       value is absent): the key lies in an instance's int64 range exactly when
       the 64-bit hash lies in that range's selector term.
     * ``r.matches_absent`` is true only for ``owner``.
+    * ``root_via(root_path(v)) == canonical_via(v)``; a root path is spelled
+      canonically (``via`` sorted, without duplicates), so one chain has one path.
 
 Concurrency model
     Immutable values and pure functions (the hash cache is a thread-safe
@@ -36,7 +51,8 @@ from __future__ import annotations
 
 import enum
 import functools
-from collections.abc import Mapping
+import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,8 +61,63 @@ from hashing.keys import controller_owner_uid, fnv1a_64
 UID_PATH = "object.metadata.uid"
 NAMESPACE_PATH = "object.metadata.namespace"
 OWNER_PATH = "object.metadata.ownerReferences.controller.uid"
-#: Every path a selector may name.
-PATHS = (UID_PATH, NAMESPACE_PATH, OWNER_PATH)
+#: The root path without ``via`` kinds (a chain of one step: the controller owner, else the object).
+ROOT_PATH = "object.metadata.ownerReferences.root.uid"
+#: Every fixed path a selector may name (plus the root paths with ``via``, :func:`root_path`).
+PATHS = (UID_PATH, NAMESPACE_PATH, OWNER_PATH, ROOT_PATH)
+#: The longest chain of controller owners followed (cycles and longer chains stop there).
+MAX_CHAIN = 8
+_ROOT_PREFIX = "object.metadata.ownerReferences.root("
+_ROOT_SUFFIX = ").uid"
+_VIA_RE = re.compile(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*")
+
+
+def canonical_via(via: Iterable[str]) -> tuple[str, ...]:
+    """``via`` kinds as a root path spells them: ``resource.group`` (version dropped), sorted, each once.
+
+    ``ValueError`` naming the entry for anything that is not a lowercase
+    resource name (``replicasets.apps``, ``replicasets.v1.apps``, ``pods``).
+    """
+    out: set[str] = set()
+    for entry in via:
+        name = entry.strip() if isinstance(entry, str) else ""
+        if not name or not _VIA_RE.fullmatch(name):
+            raise ValueError(f"via entry {entry!r} is not a resource like replicasets.apps")
+        resource, _, rest = name.partition(".")
+        version, dot, group = rest.partition(".")
+        if dot and re.fullmatch(r"v[0-9]+((alpha|beta)[0-9]+)?", version):
+            name = f"{resource}.{group}"
+        elif not dot and re.fullmatch(r"v[0-9]+((alpha|beta)[0-9]+)?", version):
+            name = resource  # pods.v1: the core group
+        out.add(name)
+    return tuple(sorted(out))
+
+
+def root_path(via: Iterable[str] = ()) -> str:
+    """The selector path of the ``root`` rule through ``via`` (``ValueError`` for a bad entry)."""
+    kinds = canonical_via(via)
+    if not kinds:
+        return ROOT_PATH
+    return _ROOT_PREFIX + ",".join(kinds) + _ROOT_SUFFIX
+
+
+def root_via(path: str) -> tuple[str, ...] | None:
+    """The ``via`` kinds of a root path; ``None`` when ``path`` is not a root path (or not canonical)."""
+    if path == ROOT_PATH:
+        return ()
+    if not (path.startswith(_ROOT_PREFIX) and path.endswith(_ROOT_SUFFIX)):
+        return None
+    inner = path[len(_ROOT_PREFIX) : -len(_ROOT_SUFFIX)]
+    try:
+        kinds = canonical_via(inner.split(","))
+    except ValueError:
+        return None
+    return kinds if root_path(kinds) == path else None
+
+
+def is_path(path: str) -> bool:
+    """Whether ``path`` is one a selector may name (a fixed path or a canonical root path)."""
+    return path in PATHS or root_via(path) is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +127,15 @@ class ObjectHashes:
     uid: int | None
     namespace: int | None
     owner: int | None
+    #: The hash of the root uid (``by: root``): from the object alone the chain of one step (the
+    #: controller owner's, else its own uid); a resolver that sees further sets it (:meth:`with_root`).
+    root: int | None = None
+
+    def with_root(self, root: int | None) -> ObjectHashes:
+        """These hashes with ``root`` set (``self`` when it is already that)."""
+        if root == self.root:
+            return self
+        return ObjectHashes(self.uid, self.namespace, self.owner, root)
 
     @classmethod
     def of(cls, obj: Mapping[str, Any], namespace: str | None = None) -> ObjectHashes:
@@ -85,10 +165,13 @@ class ObjectHashes:
 def _object_hashes(uid: str | None, namespace: str | None, owner: str | None) -> ObjectHashes:
     # Objects are updated far more often than created: the same strings give the same
     # (immutable) value, so an update neither hashes nor builds it again.
+    uid_hash = fnv1a_64(uid) if uid is not None else None
+    owner_hash = fnv1a_64(owner) if owner is not None else None
     return ObjectHashes(
-        fnv1a_64(uid) if uid is not None else None,
+        uid_hash,
         fnv1a_64(namespace) if namespace is not None else None,
-        fnv1a_64(owner) if owner is not None else None,
+        owner_hash,
+        owner_hash if owner_hash is not None else uid_hash,  # the root seen from the object alone
     )
 
 
@@ -98,10 +181,11 @@ class ShardBy(enum.Enum):
     UID = "uid"
     OWNER = "owner"
     NAMESPACE = "namespace"
+    ROOT = "root"
 
     @property
     def path(self) -> str:
-        """The ``shardSelector`` path of this rule."""
+        """The ``shardSelector`` path of this rule (``root``: without ``via``; see :func:`root_path`)."""
         return _PATH_OF[self]
 
     @property
@@ -120,6 +204,8 @@ class ShardBy(enum.Enum):
         try:
             return _RULE_OF[path]
         except KeyError:
+            if root_via(path) is not None:
+                return ShardBy.ROOT
             raise ValueError(f"unsupported path {path!r}; supported: {', '.join(PATHS)}") from None
 
     @classmethod
@@ -136,10 +222,16 @@ class ShardBy(enum.Enum):
             return hashes.uid
         if self is ShardBy.OWNER:
             return hashes.owner
+        if self is ShardBy.ROOT:
+            return hashes.root
         return hashes.namespace
 
     def key(self, obj: Mapping[str, Any], namespace: str | None = None) -> int | None:
-        """The 63-bit key of ``obj`` under this rule (``None``: the value is absent; see :attr:`matches_absent`)."""
+        """The 63-bit key of ``obj`` under this rule (``None``: the value is absent; see :attr:`matches_absent`).
+
+        ``root`` from the object alone is the chain of one step (its controller
+        owner's uid, else its own): only a resolver sees further up.
+        """
         value = self.hash64(ObjectHashes.of(obj, namespace))
         return value >> 1 if value is not None else None
 
@@ -151,5 +243,10 @@ class ShardBy(enum.Enum):
         return start <= value < end
 
 
-_PATH_OF = {ShardBy.UID: UID_PATH, ShardBy.OWNER: OWNER_PATH, ShardBy.NAMESPACE: NAMESPACE_PATH}
+_PATH_OF = {
+    ShardBy.UID: UID_PATH,
+    ShardBy.OWNER: OWNER_PATH,
+    ShardBy.NAMESPACE: NAMESPACE_PATH,
+    ShardBy.ROOT: ROOT_PATH,
+}
 _RULE_OF = {path: rule for rule, path in _PATH_OF.items()}

@@ -38,7 +38,7 @@ from typing import Any
 
 from hashing.keys import UINT64_SPACE
 from hashing.ranges import HashRange
-from hashing.rules import PATHS, UID_PATH, ObjectHashes, ShardBy
+from hashing.rules import PATHS, UID_PATH, ObjectHashes, ShardBy, is_path
 
 _MAX_SELECTOR_LENGTH = 16 * 1024
 _MAX_TERMS = 256
@@ -57,7 +57,7 @@ class ShardRange:
     end: int
 
     def __post_init__(self) -> None:
-        if self.path not in PATHS:
+        if not is_path(self.path):
             raise ValueError(f"unsupported path {self.path!r}; supported: {', '.join(PATHS)}")
         if not (0 <= self.start < self.end <= UINT64_SPACE):
             raise ValueError(f"invalid range [{self.start:#x}, {self.end:#x}): need 0 <= start < end <= 2**64")
@@ -117,6 +117,13 @@ class ShardSelector:
                 return v is None or start <= v < end
 
             return owner_in
+        if rule is ShardBy.ROOT:
+
+            def root_in(h: ObjectHashes) -> bool:
+                v = h.root
+                return v is not None and start <= v < end
+
+            return root_in
         if rule is ShardBy.UID:
 
             def uid_in(h: ObjectHashes) -> bool:
@@ -138,7 +145,7 @@ class ShardSelector:
 
 _TERM_RE = re.compile(
     r"""\s*shardRange\s*\(\s*
-        (?P<path>[A-Za-z_][A-Za-z0-9_.]*)\s*,\s*
+        (?P<path>[A-Za-z_][A-Za-z0-9_.]*(?:\([A-Za-z0-9_.,-]*\)[A-Za-z0-9_.]*)?)\s*,\s*
         (?P<start>'[^']*'|"[^"]*"|[^,)\s]+)\s*,\s*
         (?P<end>'[^']*'|"[^"]*"|[^,)\s]+)\s*
         \)\s*""",
@@ -189,9 +196,10 @@ def parse_shard_selector(text: str) -> ShardSelector:
                 f"at offset {pos}: expected shardRange(<path>, '0x<start>', '0x<end>'), got {snippet!r}"
             )
         path = m.group("path")
-        if path not in PATHS:
+        if not is_path(path):
             raise SelectorSyntaxError(
-                f"at offset {m.start('path')}: unsupported path {path!r}; supported: {', '.join(PATHS)}"
+                f"at offset {m.start('path')}: unsupported path {path!r}; supported: {', '.join(PATHS)}, "
+                "or object.metadata.ownerReferences.root(<resource.group>,...).uid (via kinds sorted, each once)"
             )
         start = _parse_bound(m.group("start"), "hexStart", m.start("start"))
         end = _parse_bound(m.group("end"), "hexEnd", m.start("end"))

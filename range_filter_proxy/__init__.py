@@ -13,7 +13,9 @@ Modules
     paging, Table answers), ``passthrough`` (everything else, forwarded
     upstream; write fencing), ``cache`` (``CacheManager``: every watch
     cache of the proxy, discovery), ``watchcache`` (one resource's shared
-    cache: store, history, dispatch), ``reflector`` (its upstream loop: paged
+    cache: store, history, dispatch), ``rootchain`` (placement by owner
+    chain, ``by: root``: each object's root through the via caches, and the
+    moves when an intermediate is re-parented), ``reflector`` (its upstream loop: paged
     list, watch, relist), ``shardprobe`` (is the upstream a native KEP-5866
     server?), ``cached`` (cached objects and
     events, watch filters, settings), ``storeindex`` (the store's keys by shard

@@ -32,9 +32,10 @@ import logging
 import time
 
 from range_filter_proxy.cached import CacheSettings
-from range_filter_proxy.errors import UpstreamError
+from range_filter_proxy.errors import ApiError, UpstreamError
 from range_filter_proxy.metrics import ProxyMetrics
 from range_filter_proxy.resources import ResourceInfo
+from range_filter_proxy.rootchain import RootChain
 from range_filter_proxy.shardprobe import probe_shard_selector
 from range_filter_proxy.upstream import Upstream
 from range_filter_proxy.watchcache import WatchCache
@@ -64,6 +65,7 @@ class CacheManager:
         #: saw it (:meth:`_probe_shard_selector`), for ``/readyz?verbose``.
         self.upstream_shard_selector_detail = "not probed yet (no watch cache has synced)"
         self._probe_task: asyncio.Task[None] | None = None
+        self._chain_lock = asyncio.Lock()
 
     async def resource_info(
         self, group: str, version: str, resource: str, *, fresh_miss: bool = False
@@ -129,6 +131,43 @@ class CacheManager:
         self.upstream_shard_selector_detail = detail
         self.metrics.upstream_shard_selector_supported.set(1 if supported else 0)
         log.info("upstream shardSelector %s", detail)
+
+    async def ensure_chain(self, cache: WatchCache, via: tuple[str, ...]) -> None:
+        """Place ``cache``'s objects by their root through ``via`` (``by: root``), starting the via caches.
+
+        One chain per resource: a request for another ``via`` than the one in
+        place is refused (400), as the cache holds one root per object.
+        """
+        chain = cache.chain
+        if chain is None:
+            async with self._chain_lock:
+                if cache.chain is None:
+                    via_caches = []
+                    for name in via:
+                        resource, _, group = name.partition(".")
+                        try:
+                            info = await self.resolve_spec(resource, None, group)
+                        except UpstreamError as e:
+                            raise ApiError(
+                                400 if e.code in (404, 422) else 503,
+                                "BadRequest" if e.code in (404, 422) else "ServiceUnavailable",
+                                f"shardSelector root path: via {name}: {e}",
+                            ) from e
+                        if info.gvr != cache.info.gvr:
+                            via_caches.append(self.cache_for(info))
+                    for c in via_caches:
+                        await c.wait_synced()
+                    await cache.wait_synced()
+                    cache.set_chain(RootChain(cache, via, via_caches))
+                    log.info("%s placed by root through [%s]", cache.info.gvr.label, ", ".join(via))
+            chain = cache.chain
+        if chain is not None and chain.via != via:
+            raise ApiError(
+                400,
+                "BadRequest",
+                f"{cache.info.gvr.label} are placed by root through [{', '.join(chain.via)}] on this proxy; "
+                f"a second chain (through [{', '.join(via)}]) is not supported",
+            )
 
     def _forget(self, cache: WatchCache) -> None:
         gvr = cache.info.gvr

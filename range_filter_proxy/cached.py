@@ -233,6 +233,9 @@ class CachedEvent(msgspec.Struct, eq=False, gc=False):
     #: ``prev`` exists and agrees with ``cur`` on everything but field selectors look at
     #: (namespace, labels, hashes): then a filter without field selector matches both or neither.
     stable: bool = False
+    #: A move of a root-placed object (:mod:`range_filter_proxy.rootchain`): the object did not
+    #: change, its root did; watchers get ``ADDED_AT``/``DELETED_PREV`` or nothing, never ``MODIFIED``.
+    moved: bool = False
     #: Serialisations by variant, made on first use (most events only ever need one).
     _lines: dict[str, bytes] | None = None
 
@@ -248,7 +251,7 @@ class CachedEvent(msgspec.Struct, eq=False, gc=False):
         return cls(etype, rv, cur, prev, received, stable)
 
     def line(self, variant: str) -> bytes:
-        """``ADDED``/``MODIFIED``/``DELETED`` of ``cur``, or ``DELETED_PREV`` (prev at this rv)."""
+        """``ADDED``/``MODIFIED``/``DELETED`` of ``cur``; ``DELETED_PREV``/``ADDED_AT``: prev/cur at this rv."""
         cur = self.cur
         if variant == cur.line_type:
             return cur.data  # the upstream's own line (see CachedObject)
@@ -259,6 +262,8 @@ class CachedEvent(msgspec.Struct, eq=False, gc=False):
         if cached is None:
             if variant == "DELETED_PREV" and self.prev is not None:
                 cached = event_line("DELETED", self.prev.at_rv(self.rv))
+            elif variant == "ADDED_AT":
+                cached = event_line("ADDED", self.cur.at_rv(self.rv))
             else:
                 cached = event_line(variant, self.cur.raw)
             lines[variant] = cached
@@ -309,6 +314,11 @@ class WatchFilter:
     def variant(self, ev: CachedEvent) -> str | None:
         """Which form of ``ev`` this filter's watcher gets, or ``None`` (filtered out)."""
         matches = self.matches
+        if ev.moved:  # only the root changed: in or out of this filter, or nothing
+            cur_ok = matches(ev.cur)
+            if cur_ok == (ev.prev is not None and matches(ev.prev)):
+                return None
+            return "ADDED_AT" if cur_ok else "DELETED_PREV"
         if ev.type == "DELETED":
             return "DELETED" if matches(ev.cur) else None
         if ev.stable and self.fields.empty:

@@ -161,18 +161,28 @@ def shard_hash_of(declared: int | None, body: Any, cached: Any) -> tuple[int | N
 
 
 def write_keys(
-    rule: ShardBy | None, declared: int | None, body: Any, cached: Any, namespace: str | None = None
+    rule: ShardBy | None,
+    declared: int | None,
+    body: Any,
+    cached: Any,
+    namespace: str | None = None,
+    root_key: Callable[[Any], int | None] | None = None,
 ) -> tuple[tuple[int, ...], Verdict | None]:
     """The shard keys a write must own (see module docstring), or a ``ShardHashMismatch`` verdict.
 
     ``namespace`` is the request path's (a body may leave its own out).
+    ``root_key`` resolves the ``root`` key of an object through the proxy's
+    owner chain of the resource (:mod:`range_filter_proxy.rootchain`); without
+    one, ``root`` is the chain of one step (:meth:`hashing.ShardBy.key`).
     """
     if rule is None:
         key, verdict = shard_hash_of(declared, body, cached)
         return ((key,) if key is not None else ()), verdict
     keys: list[int] = []
     for obj in (_object(body), _object(cached)):
-        key = rule.key(obj, namespace) if obj is not None else None
+        if obj is None:
+            continue
+        key = root_key(obj) if root_key is not None and rule is ShardBy.ROOT else rule.key(obj, namespace)
         if key is not None and key not in keys:
             keys.append(key)
     if declared is not None:

@@ -37,6 +37,7 @@ import orjson
 from fastapi import Request, Response
 
 from hashing import SelectorSyntaxError, ShardSelector, parse_shard_selector
+from hashing.rules import root_via
 from range_filter_proxy.cache import CacheManager
 from range_filter_proxy.cached import CachedObject, WatchFilter, parse_rv
 from range_filter_proxy.paging import ContinueToken, PageSnapshots, PagingSettings, selectors_digest
@@ -168,6 +169,13 @@ class CollectionServer:
             except ValueError as e:
                 raise bad_request(str(e)) from e
         cache = self.manager.cache_for(info)
+        shard = opts.filter.shard
+        if shard is not None:
+            vias = {v for v in (root_via(p) for p in shard.paths) if v is not None}
+            if len(vias) > 1:
+                raise bad_request("shardSelector: root paths with different via kinds in one selector")
+            for via in vias:
+                await self.manager.ensure_chain(cache, via)
         if opts.query.watch:
             watch = await self._watch(cache, opts)
             if table is not None:

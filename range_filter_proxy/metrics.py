@@ -176,6 +176,17 @@ class ProxyMetrics:
             buckets=LOOP_LAG_BUCKETS,
             registry=self.registry,
         )
+        self.root_moves = counter(
+            "root_moves",
+            "Cached objects whose root (by: root) moved with an intermediate object, sent as DELETED/ADDED",
+            "resource",
+        )
+        self.root_late_events = counter(
+            "root_late_events",
+            "Upstream events of a root-placed resource that arrived after a move forced past their"
+            " resourceVersion (filed at the cache's resourceVersion)",
+            "resource",
+        )
         self.fencing_reads = counter(
             "fencing_registry_reads",
             "Linearizable registry reads of write fencing (one per batch of concurrent writes)",

@@ -121,14 +121,17 @@ class PassThrough:
                     e,
                 )
         cached: Any = None
-        if target is not None and target.name is not None:
+        root_key = None
+        if target is not None:
             cache = self.manager.caches.get(target.gvr)
-            if cache is not None:
+            if cache is not None and target.name is not None:
                 hit = cache.objects.get((target.namespace or "", target.name))
                 cached = hit.obj if hit is not None else None
+            if cache is not None and cache.chain is not None:
+                root_key = cache.chain.key_of_object
         declared = parse_shard_hash(request.headers.get(SHARD_HASH_HEADER))
         namespace = target.namespace if target is not None else None
-        keys, verdict = write_keys(rule, declared, body, cached, namespace)
+        keys, verdict = write_keys(rule, declared, body, cached, namespace, root_key)
         if verdict is None:
             verdict = await fence.check(token, keys)
         if verdict is None:

@@ -68,6 +68,7 @@ from typing import Protocol
 
 import orjson
 
+from hashing import ShardBy
 from range_filter_proxy.cached import (
     CachedEvent,
     CachedObject,
@@ -80,6 +81,7 @@ from range_filter_proxy.errors import ApiError, UpstreamError, gone
 from range_filter_proxy.metrics import ProxyMetrics
 from range_filter_proxy.reflector import reflect
 from range_filter_proxy.resources import ResourceInfo
+from range_filter_proxy.rootchain import RootChain
 from range_filter_proxy.storeindex import StoreIndex
 from range_filter_proxy.upstream import ListResult, Upstream, WatchEvent
 from range_filter_proxy.watcher import Watcher
@@ -88,6 +90,10 @@ from rangeshard.core.kubeapi import event_line, expired_status, too_old_message
 from rangeshard.core.loops import start_task
 
 log = logging.getLogger(__name__)
+
+
+def _root_paths(paths: Iterable[str]) -> list[str]:
+    return [p for p in paths if ShardBy.of_path(p) is ShardBy.ROOT]
 
 
 class CacheObserver(Protocol):
@@ -126,6 +132,11 @@ class WatchCache:
         self.history: deque[CachedEvent] = deque()
         self.history_start_rv = 0
         self.rv = 0
+        #: The largest resourceVersion of the upstream's own events and bookmarks (``rv`` may be
+        #: ahead of it only by a root move filed before the upstream got there).
+        self.upstream_rv = 0
+        #: The placement by owner chain of this cache's objects (``by: root``), once asked for.
+        self.chain: RootChain | None = None
         self.synced = asyncio.Event()
         self.watchers: dict[int, Watcher] = {}
         #: Set (and dropped) when ``rv`` advances; created only while somebody waits for it.
@@ -172,8 +183,10 @@ class WatchCache:
     def install(self, objects: dict[tuple[str, str], CachedObject], resource_version: str) -> None:
         """Install a fresh list (the upstream loop's): new store, empty history, every watcher closed."""
         rv = parse_rv(resource_version) if resource_version else 0
+        if self.chain is not None:
+            self.chain.place_all(objects)
         self._reset(objects, "watch cache relisted")
-        self.rv = rv
+        self.rv = self.upstream_rv = rv
         self.history_start_rv = rv
         self.synced.set()
         self._notify_progress()
@@ -237,6 +250,9 @@ class WatchCache:
                 rv = parse_rv(meta.get("resourceVersion") if isinstance(meta, dict) else None)
             except ValueError as e:
                 raise UpstreamError(f"{self.info.gvr}: bookmark without a valid resourceVersion") from e
+            if self.chain is not None and self.chain.pending:
+                self.chain.release(rv, inclusive=True)
+            self.upstream_rv = max(self.upstream_rv, rv)
             if rv > self.rv:
                 self.rv = rv
                 self._notify_progress()
@@ -258,14 +274,29 @@ class WatchCache:
             key = cur.key
             prev = objects.get(key)
         rv = cur.rv
-        if rv <= self.rv:
+        chain = self.chain
+        if rv <= self.upstream_rv:
             if etype != "DELETED" or prev is None:
-                log.debug("%s: ignoring event at rv %d <= cache rv %d", self.info.gvr, rv, self.rv)
+                log.debug("%s: ignoring event at rv %d <= cache rv %d", self.info.gvr, rv, self.upstream_rv)
                 return
             # A deletion reported with the object's last RV rather than the deletion's:
             # never keep a deleted object; file the event at the current RV.
             log.warning("%s: DELETED event at stale rv %d (cache rv %d)", self.info.gvr, rv, self.rv)
             rv = cur.rv = self.rv
+        else:
+            self.upstream_rv = rv
+            if chain is not None:
+                if chain.pending:
+                    chain.release(rv)  # the moves of intermediates' events before this one go first
+                    prev = objects.get(key)  # as a move may have left it
+                if rv <= self.rv:  # a move was filed past this event's RV (its hold ran out)
+                    self.metrics.root_late_events.labels(self._label).inc()
+                    rv = cur.rv = self.rv
+        if chain is not None:
+            # The root as the chain resolves it now; a deletion leaves the ranges that hold it (prev's root).
+            cur = chain.place(etype, cur)
+            if etype == "DELETED" and prev is not None:
+                cur.hashes = prev.hashes
         if etype == "DELETED":
             if prev is not None:
                 del objects[key]
@@ -289,6 +320,54 @@ class WatchCache:
         self._dispatch(ev)
         if self._progress is not None:
             self._notify_progress()
+
+    # ---- placement by owner chain ------------------------------------------------------------
+
+    def set_chain(self, chain: RootChain) -> None:
+        """Place this cache's objects by ``chain`` from now on (every object re-filed, no event sent)."""
+        chain.start()
+        chain.place_all(self.objects)
+        self.store_index.rebuild(self.objects)
+        self.chain = chain
+        chain.started_rv = self.rv
+
+    def move(self, keys: Iterable[tuple[str, str]], rv: int) -> None:
+        """Re-place ``keys`` by their chain at ``rv`` (at least the cache's): a move of each whose root changed.
+
+        A moved object is sent as ``DELETED`` to the watches of the range it
+        left and ``ADDED`` to those of the range it entered, both at the
+        move's resourceVersion (:attr:`CachedEvent.moved`); the history keeps
+        the move so a watch resumed before it replays it.
+        """
+        chain = self.chain
+        if chain is None:
+            return
+        if rv > self.rv:
+            self.rv = rv
+            self._notify_progress()
+        rv = self.rv
+        objects = self.objects
+        now = time.monotonic()
+        moved = 0
+        for key in sorted(keys):
+            prev = objects.get(key)
+            if prev is None:
+                continue
+            cur = chain.rooted(key, prev)
+            if cur is prev:
+                continue
+            objects[key] = cur
+            self.store_index.moved(key, prev.hashes, cur.hashes)
+            ev = CachedEvent.of("MODIFIED", rv, cur, prev, now)
+            ev.moved = True
+            self.history.append(ev)
+            self._dispatch(ev)
+            moved += 1
+        if moved:
+            self.metrics.root_moves.labels(self._label).inc(moved)
+            log.debug("%s: %d objects moved with their root at rv %d", self.info.gvr, moved, rv)
+            if len(self.history) > self._evict_above:
+                self._evict(now)
 
     def _evict(self, now: float) -> None:
         s = self.settings
@@ -440,6 +519,8 @@ class WatchCache:
         """The objects of an upstream list (``params``: its query) that pass ``filt``, in its order, and its RV."""
         listed = await self.upstream.list(self.info.gvr, params)
         items = [CachedObject.build(i, self.info) for i in listed.items]
+        if self.chain is not None:
+            items = [self.chain.resolved(o) for o in items]
         try:
             rv = parse_rv(listed.resource_version)
         except ValueError as e:
@@ -479,9 +560,13 @@ class WatchCache:
         """
         backlog: list[bytes] = []
         if resume_from is not None:
-            if resume_from < self.history_start_rv:
+            # A root-placed watch cannot be replayed from before its chain placed the history's objects.
+            oldest = self.history_start_rv
+            if self.chain is not None and filt.shard is not None and _root_paths(filt.shard.paths):
+                oldest = max(oldest, self.chain.started_rv)
+            if resume_from < oldest:
                 w = Watcher(self, filt, resume_from, [], bookmarks=False, initial_events_end=None, timeout=timeout)
-                status = expired_status(too_old_message(resume_from, self.history_start_rv))
+                status = expired_status(too_old_message(resume_from, oldest))
                 w.error_line = event_line("ERROR", orjson.dumps(status))
                 w.closed = True
                 return w

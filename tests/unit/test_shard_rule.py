@@ -14,6 +14,7 @@ from hashing import (
     NAMESPACE_PATH,
     OWNER_PATH,
     PATHS,
+    ROOT_PATH,
     UID_PATH,
     HashRange,
     ObjectHashes,
@@ -36,13 +37,18 @@ def _obj(uid: str | None = None, namespace: str | None = None, owner: str | None
 
 
 def test_rules_paths_and_names() -> None:
-    assert {r.value: r.path for r in ShardBy} == {"uid": UID_PATH, "owner": OWNER_PATH, "namespace": NAMESPACE_PATH}
+    assert {r.value: r.path for r in ShardBy} == {
+        "uid": UID_PATH,
+        "owner": OWNER_PATH,
+        "namespace": NAMESPACE_PATH,
+        "root": ROOT_PATH,
+    }
     assert {r.path for r in ShardBy} == set(PATHS)
     for rule in ShardBy:
         assert ShardBy.of_path(rule.path) is rule
         assert ShardBy.parse(rule.value) is rule
         assert ShardBy.parse(f" {rule.value} ") is rule
-    with pytest.raises(ValueError, match=r"unknown shard rule 'label'; one of: uid, owner, namespace"):
+    with pytest.raises(ValueError, match=r"unknown shard rule 'label'; one of: uid, owner, namespace, root"):
         ShardBy.parse("label")
     with pytest.raises(ValueError, match="unsupported path"):
         ShardBy.of_path("object.metadata.name")
