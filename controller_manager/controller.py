@@ -61,7 +61,7 @@ from controller_manager.resources import Resource, controller_ref, object_key, r
 from controller_manager.sharding import ShardInstance
 from controller_manager.watchdog import ReconcileTracker
 from controller_manager.workqueue import WorkQueue
-from hashing import HashRange, ShardBy, hash_key
+from hashing import MAX_CHAIN, HashRange, ShardBy, hash_key, root_path
 from rangeshard.core.clock import MONOTONIC, Clock
 from rangeshard.core.errors import ControllerError, ReconcileTimeout
 from rangeshard.core.etcd import EtcdConfig
@@ -168,6 +168,11 @@ class Controller(ABC):
     name: ClassVar[str]
     main: ClassVar[Resource]
     dependents: ClassVar[tuple[Resource, ...]] = ()
+    #: Resources read further down than the dependents, each placed by the root of its chain of
+    #: controller owners through the ``via`` kinds (``by: root``): ``((PODS, ("replicasets.apps",)),)``
+    #: gives a Deployment controller exactly the pods of its own Deployments. An event of one
+    #: enqueues the main object at the top of its chain (found in the informers).
+    chained: ClassVar[tuple[tuple[Resource, tuple[str, ...]], ...]] = ()
     #: CustomResourceDefinition manifests (dicts) the runtime creates at start when they are missing
     #: (needs ``create`` on customresourcedefinitions; without it, install them yourself).
     crds: ClassVar[tuple[dict[str, Any], ...]] = ()
@@ -287,21 +292,26 @@ class ControllerRuntime:
         )
         # The main resource by its own uid, each dependent by its controller owner's uid: the same
         # rules its informers read with are declared with every write (the proxy's fence applies them).
-        handlers: list[tuple[Resource, ShardBy, Callable[[str, dict[str, Any]], None]]] = [
-            (controller_cls.main, ShardBy.UID, self._on_main),
+        # Chained resources (read two levels down) by their root through their via kinds.
+        handlers: list[tuple[Resource, ShardBy, str, Callable[[str, dict[str, Any]], None]]] = [
+            (controller_cls.main, ShardBy.UID, ShardBy.UID.path, self._on_main),
             *(
-                (dep, ShardBy.OWNER, functools.partial(self._on_dependent, resource=dep))
+                (dep, ShardBy.OWNER, ShardBy.OWNER.path, functools.partial(self._on_dependent, resource=dep))
                 for dep in controller_cls.dependents
+            ),
+            *(
+                (res, ShardBy.ROOT, root_path(via), functools.partial(self._on_chained, resource=res))
+                for res, via in controller_cls.chained
             ),
         ]
         if isinstance(api_client, FencedApiClient):
-            api_client.set_rules({resource.gvr.label: rule for resource, rule, _ in handlers})
+            api_client.set_rules({resource.gvr.label: rule for resource, rule, _, _ in handlers})
         self.informers: dict[str, Informer] = {}
-        for resource, rule, on_event in handlers:
+        for resource, _rule, path, on_event in handlers:
             self.informers[resource.name] = Informer(
                 api_client,
                 resource,
-                path=rule.path,
+                path=path,
                 range_source=self.shard.informer_range,
                 on_event=on_event,
                 name=f"{self.name}-{resource.name}",
@@ -374,6 +384,30 @@ class ControllerRuntime:
         self.controller.on_dependent_event(event, resource, obj)
         for key in self.controller.owner_keys(resource, obj):
             self.queue.add(key)
+
+    def _on_chained(self, event: str, obj: dict[str, Any], *, resource: Resource) -> None:
+        self.controller.on_dependent_event(event, resource, obj)
+        key = self._main_key_above(obj)
+        if key is not None:
+            self.queue.add(key)
+
+    def _main_key_above(self, obj: dict[str, Any]) -> str | None:
+        """The key of the main object at the top of ``obj``'s controller chain, found in the informers."""
+        main = self.controller.main
+        current: dict[str, Any] | None = obj
+        for _ in range(MAX_CHAIN):
+            if current is None:
+                return None
+            ref = controller_ref(current)
+            if ref is None or not ref.get("name"):
+                return None
+            ns = (current.get("metadata") or {}).get("namespace")
+            key = f"{ns}/{ref['name']}" if ns else str(ref["name"])
+            if ref.get("kind") == main.kind:
+                return key
+            above = next((i for i in self.informers.values() if i.resource.kind == ref.get("kind")), None)
+            current = above.get(key) if above is not None else None
+        return None
 
     # -- workers ----------------------------------------------------------------
     def install_crds(self, timeout: float = 10.0) -> None:

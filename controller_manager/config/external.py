@@ -22,7 +22,7 @@ from pydantic import (
 )
 
 from controller_manager.config.common import Section, field_error
-from hashing import ShardBy
+from hashing import ShardBy, root_path
 from rangeshard.core.rest import parse_resource_name
 from registry.models import MainResource
 
@@ -40,11 +40,20 @@ class ShardResourceSection(Section):
         "`deployments.apps`, `gadgets.bars.example.org`; `plural.version.group` (`deployments.v1.apps`) "
         "names the same resource (every version of it is sharded).",
     )
-    by: Literal["uid", "owner", "namespace"] = Field(
+    by: Literal["uid", "owner", "namespace", "root"] = Field(
         "uid",
         description="What places an object in the hash space (the one shard rule, `hashing.ShardBy`): its own "
         "`uid`; its controller `owner`'s uid (an object without a controller owner is seen by every instance, "
-        "so orphans can be adopted); or its `namespace`. Reads and the proxy's write fence use the same rule.",
+        "so orphans can be adopted); its `namespace`; or its `root`: the uid of the top of its chain of "
+        "controller owners through the `via` kinds (itself without a controller owner), resolved by the proxy "
+        "from its caches, so a pod lands with its Deployment. Reads and the proxy's write fence use the same rule.",
+    )
+    via: list[str] = Field(
+        default_factory=list,
+        description="`by: root` only: the kinds a chain of controller owners may pass through, as kubectl names "
+        "them (`replicasets.apps`; `[replicasets.apps]` puts a pod with the Deployment of its ReplicaSet). The "
+        "first owner of another kind is the root; an intermediate the proxy has not cached yet counts as the "
+        "root until it appears (its dependents then move). Chains stop after 8 owners.",
     )
     main: bool = Field(
         False,
@@ -67,10 +76,37 @@ class ShardResourceSection(Section):
     def _by(cls, value: str) -> str:
         return ShardBy.parse(value).value
 
+    @field_validator("via")
+    @classmethod
+    def _via(cls, value: list[str]) -> list[str]:
+        out: list[str] = []
+        for i, name in enumerate(value):
+            if not isinstance(name, str) or not _RESOURCE_RE.match(name):
+                raise ValueError(f"[{i}] must be plural or plural.group in lowercase (e.g. replicasets.apps)")
+            resource, _version, group = parse_resource_name(name)
+            label = f"{resource}.{group}" if group else resource
+            if label in out:
+                raise ValueError(f"{label!r} is listed twice")
+            out.append(label)
+        return out
+
+    @model_validator(mode="after")
+    def _via_needs_root(self) -> ShardResourceSection:
+        if self.via and self.by != "root":
+            raise ValueError(f"via: only for by: root (this entry is by: {self.by})")
+        if self.resource in self.via:
+            raise ValueError(f"via: {self.resource} cannot pass through itself")
+        return self
+
     @property
     def label(self) -> str:
         """``plural.group`` (``plural`` for the core group): how requests name the resource."""
         return self.resource
+
+    @property
+    def path(self) -> str:
+        """The ``shardSelector`` path of this entry's rule (``root``: through its ``via`` kinds)."""
+        return root_path(self.via) if self.rule is ShardBy.ROOT else self.rule.path
 
     @property
     def rule(self) -> ShardBy:

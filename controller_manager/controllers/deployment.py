@@ -12,8 +12,10 @@ Purpose
       down; both 0 means unavailable 1), old ReplicaSets scaled down as new
       pods become available (:mod:`controller_manager.controllers.rollout`);
     * ``Recreate``: every old ReplicaSet scaled to 0 and its pods gone (also
-      terminating ones: read from the API, pods are not in this controller's
-      caches) before the new one scales up;
+      terminating ones) before the new one scales up; the pods come from this
+      controller's pod informer, which holds exactly the pods of its own
+      Deployments (``chained``: placed by the root of their owner chain through
+      ``replicasets.apps``), so its pod cache falls as 1/N with N instances;
     * revisions: ``deployment.kubernetes.io/revision`` on the ReplicaSets (the
       newest template gets the highest, also after ``kubectl rollout undo``)
       and on the Deployment; old ReplicaSets with no pods are deleted beyond
@@ -66,7 +68,7 @@ from controller_manager.controllers.rollout import (
     rs_replicas,
     synced,
 )
-from controller_manager.resources import DEPLOYMENTS, REPLICASETS, Resource, controller_ref
+from controller_manager.resources import DEPLOYMENTS, PODS, REPLICASETS, Resource, controller_ref
 from hashing import fnv1a_64
 
 MERGE = "application/merge-patch+json"
@@ -121,6 +123,8 @@ class DeploymentController(Controller):
     name: ClassVar[str] = "deployment"
     main: ClassVar[Resource] = DEPLOYMENTS
     dependents: ClassVar[tuple[Resource, ...]] = (REPLICASETS,)
+    #: Its pods, two levels down: Deployment -> ReplicaSet -> Pod, placed with the Deployment.
+    chained: ClassVar[tuple[tuple[Resource, tuple[str, ...]], ...]] = ((PODS, ("replicasets.apps",)),)
 
     def __init__(self, runtime: ControllerRuntime) -> None:
         super().__init__(runtime)
@@ -238,23 +242,19 @@ class DeploymentController(Controller):
     def _old_pods_remain(self, d: dict[str, Any], old: list[dict[str, Any]], ctx: ReconcileContext) -> bool:
         """Whether pods of old ReplicaSets still exist (terminating ones too): Recreate waits for them.
 
-        Pods are the ReplicaSets' dependents (hashed by their uids), not in this
-        controller's caches, so this reads them from the API.
+        Read from the pod informer (``chained``): it holds the pods whose chain of
+        controller owners leads to this instance's Deployments, terminating ones
+        included until they are gone; their deletion enqueues the Deployment again.
         """
         uids = {rs["metadata"]["uid"] for rs in old}
         if not uids:
             return False
-        match = ((d.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
-        pods = self.core.list_namespaced_pod(
-            d["metadata"]["namespace"],
-            label_selector=",".join(f"{k}={v}" for k, v in sorted(match.items())),
-            _request_timeout=ctx.timeout(),
-            _preload_content=False,
-        )
+        ns = d["metadata"]["namespace"]
         return any(
-            (controller_ref(pod) or {}).get("uid") in uids
+            (pod.get("metadata") or {}).get("namespace") == ns
+            and (controller_ref(pod) or {}).get("uid") in uids
             and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
-            for pod in orjson.loads(pods.data).get("items") or []
+            for pod in self.rt.store(PODS).items()
         )
 
     # -- writes --------------------------------------------------------------------

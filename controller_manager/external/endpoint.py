@@ -95,7 +95,13 @@ class Endpoint:
         ca_cert: str | None = None,
     ) -> None:
         self.name = name
-        self.state = ServingState(name, shard, {s.label: s.rule for s in section.shard}, section.drain_seconds)
+        self.state = ServingState(
+            name,
+            shard,
+            {s.label: s.rule for s in section.shard},
+            section.drain_seconds,
+            paths={s.label: s.path for s in section.shard},
+        )
         #: The main resource's objects the controller was served: the instance's workload (rebalance).
         self.main_label = section.main_resource.label
         self.main = MainObjects(section.main_resource.rule)
@@ -201,7 +207,9 @@ class Endpoint:
             response.write(EXPIRED_EVENT)
             return
         query = list(params.items())
-        selector = self.state.served_selector(rule)
+        selector = self.state.served_selector(
+            rule, self.state.paths.get(info.resource.label) if info.resource else None
+        )
         if selector is not None:
             query.append(("shardSelector", selector))
         else:

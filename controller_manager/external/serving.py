@@ -72,11 +72,20 @@ class Watch(Protocol):
 class ServingState:
     """The serving-period bookkeeping of one endpoint (see module docstring)."""
 
-    def __init__(self, name: str, shard: Shard, rules: Mapping[str, ShardBy], drain_seconds: float) -> None:
+    def __init__(
+        self,
+        name: str,
+        shard: Shard,
+        rules: Mapping[str, ShardBy],
+        drain_seconds: float,
+        paths: Mapping[str, str] | None = None,
+    ) -> None:
         self.name = name
         self.shard = shard
         #: The shard rule of each ``shard`` resource, by ``resource.group`` label.
         self.rules = dict(rules)
+        #: The selector path of each ``shard`` resource whose rule has parameters (``root`` with ``via``).
+        self.paths = dict(paths or {})
         self.drain_seconds = drain_seconds
         self._lock = threading.Lock()
         self._watches: set[Watch] = set()
@@ -113,10 +122,13 @@ class ServingState:
             return self.writes_in_flight == 0 and time.monotonic() - self.cut_at >= self.drain_seconds
 
     # -- serving periods -----------------------------------------------------------
-    def served_selector(self, rule: ShardBy) -> str | None:
-        """The shardSelector of what the instance serves now by ``rule`` (``None``: nothing)."""
+    def served_selector(self, rule: ShardBy, path: str | None = None) -> str | None:
+        """The shardSelector of what the instance serves now by ``rule`` (``None``: nothing).
+
+        ``path`` is the rule's selector path when it has parameters (``root`` through its ``via`` kinds).
+        """
         allowed = self.shard.allowed
-        return range_to_selector(allowed, rule.path) if allowed is not None else None
+        return range_to_selector(allowed, path or rule.path) if allowed is not None else None
 
     def generation(self) -> int:
         """The serving period: bumped by every reset (a request records it before it picks its selector)."""

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from controller_manager.config import load_config
+from controller_manager.config import ExternalSection, load_config
 from hashing import NAMESPACE_PATH, OWNER_PATH, UID_PATH, ShardBy
 from rangeshard.core.errors import ConfigError
 from rangeshard.core.relay import json_accept as _json_accept
@@ -127,7 +127,38 @@ def test_resource_of(path: str, expected: tuple[str, bool] | None) -> None:
 
 
 def test_paths_and_accept() -> None:
-    assert {r.value: r.path for r in ShardBy} == {"uid": UID_PATH, "owner": OWNER_PATH, "namespace": NAMESPACE_PATH}
+    assert {r.value: r.path for r in ShardBy} == {
+        "uid": UID_PATH,
+        "owner": OWNER_PATH,
+        "namespace": NAMESPACE_PATH,
+        "root": "object.metadata.ownerReferences.root.uid",
+    }
     client_go = "application/vnd.kubernetes.protobuf, application/json"
     assert _json_accept(client_go) == "application/json"
     assert _json_accept("application/vnd.kubernetes.protobuf") == "application/json"
+
+
+def test_by_root_through_via_kinds() -> None:
+    """``{resource: pods, by: root, via: [replicasets.apps]}``: the root path names the via kinds."""
+    section = ExternalSection.model_validate(
+        {
+            "shard": [
+                {"resource": "deployments.apps", "main": True},
+                {"resource": "pods", "by": "root", "via": ["replicasets.v1.apps"]},
+                {"resource": "jobs.batch", "by": "root"},
+            ]
+        }
+    )
+    pods, jobs = section.shard[1], section.shard[2]
+    assert pods.rule is ShardBy.ROOT and pods.via == ["replicasets.apps"]
+    assert pods.path == "object.metadata.ownerReferences.root(replicasets.apps).uid"
+    assert jobs.path == "object.metadata.ownerReferences.root.uid"  # no via: the controller owner, else itself
+    assert section.shard[0].path == UID_PATH
+    for bad, message in (
+        ({"resource": "pods", "by": "owner", "via": ["replicasets.apps"]}, "only for by: root"),
+        ({"resource": "pods", "by": "root", "via": ["ReplicaSets"]}, "lowercase"),
+        ({"resource": "pods", "by": "root", "via": ["replicasets.apps", "replicasets.v1.apps"]}, "listed twice"),
+        ({"resource": "pods", "by": "root", "via": ["pods"]}, "cannot pass through itself"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            ExternalSection.model_validate({"shard": [bad]})
