@@ -17,7 +17,11 @@ Purpose
     ``rangeshard-shard-by/<rule>`` product token of its User-Agent, which the
     external endpoint adds to every write it tags): ``uid`` the object's own
     uid, ``owner`` its controller ownerReference's uid (its own uid when it
-    has none), ``namespace`` its namespace. A write that declares no rule is
+    has none), ``namespace`` its namespace, ``root`` the top of its chain of
+    controller ownerReferences as the log's objects show it (every owner the
+    log saw is followed, at most ``hashing.MAX_CHAIN``; the proxy follows only
+    the ``via`` kinds, so a chain through a kind outside them is keyed higher
+    here than there: a conservative check). A write that declares no rule is
     keyed as the type's informers shard: for a write to the type's main
     resource the object's own uid; for a write to one of its dependents (or
     by an unknown type) the uid of the object's controller ownerReference,
@@ -51,7 +55,7 @@ from typing import Any
 
 import orjson
 
-from hashing import ShardBy, controller_owner_uid
+from hashing import MAX_CHAIN, ShardBy, controller_owner_uid
 from rangeshard.core.errors import ConfigError
 from rangeshard.core.ownertoken import OwnerToken, declared_shard_by
 
@@ -154,7 +158,21 @@ def _shard_key(
     if rule is ShardBy.UID or (rule is None and resource == MAIN_RESOURCES.get(token.controller_type)):
         return uid
     owner = owner_of.get(uid) if uid is not None else None
+    if rule is ShardBy.ROOT and owner:
+        return _root(owner, owner_of)
     return owner or uid
+
+
+def _root(uid: str, owner_of: Mapping[str, str | None]) -> str:
+    """The top of ``uid``'s chain of controller owners as the log shows it (at most ``MAX_CHAIN`` steps)."""
+    seen = {uid}
+    for _ in range(MAX_CHAIN):
+        above = owner_of.get(uid)
+        if not above or above in seen:
+            return uid
+        seen.add(above)
+        uid = above
+    return uid
 
 
 def check(events: Iterable[Mapping[str, Any]]) -> Report:

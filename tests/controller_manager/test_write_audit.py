@@ -168,3 +168,31 @@ def test_namespace_and_owner_rules_key_by_namespace_and_owner() -> None:
 def test_main_resources_are_the_built_in_controllers_own() -> None:
     """write_audit names the built-ins' main resources itself (importing the controllers closed an import circle)."""
     assert {name: cls.main.name for name, cls in CONTROLLERS.items()} == MAIN_RESOURCES
+
+
+def test_root_rule_keys_a_pod_by_the_top_of_its_owner_chain() -> None:
+    """By ``root``, two pods of two ReplicaSets of one Deployment share the Deployment's key."""
+    rs1 = {"metadata": {"name": "r1", "uid": "r1", "ownerReferences": [{"uid": "d1", "controller": True}]}}
+    rs2 = {"metadata": {"name": "r2", "uid": "r2", "ownerReferences": [{"uid": "d1", "controller": True}]}}
+    cycle = {"metadata": {"name": "c1", "uid": "c1", "ownerReferences": [{"uid": "c2", "controller": True}]}}
+    cycle2 = {"metadata": {"name": "c2", "uid": "c2", "ownerReferences": [{"uid": "c1", "controller": True}]}}
+    events = [
+        _event(None, "create", "replicasets", "r1", "r1", code=201, responseObject=rs1),
+        _event(None, "create", "replicasets", "r2", "r2", code=201, responseObject=rs2),
+        _event(None, "create", "replicasets", "c1", "c1", code=201, responseObject=cycle),
+        _event(None, "create", "replicasets", "c2", "c2", code=201, responseObject=cycle2),
+        _event(RS_X, "update", "pods", "p1", "p1", responseObject=_pod("p1", "p1", "r1")),
+        _event(RS_Y, "update", "pods", "p2", "p2", responseObject=_pod("p2", "p2", "r2")),
+        _event(RS_X, "update", "pods", "p1", "p1", responseObject=_pod("p1", "p1", "r1")),
+        _event(RS_X, "update", "pods", "p3", "p3", responseObject=_pod("p3", "p3", "c1")),
+    ]
+    writers = [RS_X, RS_Y, RS_X, RS_X]
+    for e, token in zip(events[4:], writers, strict=True):
+        e["userAgent"] = _declared(token, "root")
+    report = check(events)
+    # p1 and p2 are both under d1: X, Y, X on d1 is a stale owner; by owner they were two keys.
+    assert [s.shard_key for s in report.stale] == ["d1"]
+    assert report.shard_keys == 2  # d1, and the cycle c1 -> c2 -> c1 stops at a uid of the cycle
+    for e, token in zip(events[4:], writers, strict=True):
+        e["userAgent"] = _declared(token, "owner")
+    assert check(events).stale == []
