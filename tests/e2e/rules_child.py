@@ -20,6 +20,17 @@ Modes (argv[1]), namespace or label in argv[2]:
     first, deleting extra ones), and ``status.replicas`` /
     ``observedGeneration`` by a PUT of its status (a ReplicaSet of a
     Deployment: the write the fence used to refuse).
+``tree LABEL``
+    Reads two levels down (``deployments.apps`` by ``uid``,
+    ``replicasets.apps`` by ``owner``, ``pods`` by ``root`` through
+    ``replicasets.apps``): for every Deployment labelled ``tree=LABEL`` (any
+    namespace), writes the number of pods it sees under it (through the
+    ReplicaSets it sees) into the annotation ``rules.test/pods``, and marks
+    each such pod with the annotation ``rules.test/tree`` (a pod write the
+    fence judges by the Deployment's key). A ConfigMap ``tree-<instance>`` in
+    LABEL's namespace counts the pods it sees and the *foreign* ones (whose
+    chain does not lead to a Deployment it sees): always 0 if the proxy places
+    pods with their Deployment.
 ``namespace LABEL``
     Namespace-sharded: for every ConfigMap labelled ``app=LABEL`` in any
     namespace, sets ``data.done`` to ``data.want`` and creates (once) a
@@ -152,7 +163,43 @@ def namespace_pass(label):
                 raise
 
 
-PASSES = {"deploy": deploy_pass, "replicaset": replicaset_pass, "namespace": namespace_pass}
+def tree_pass(label):
+    deployments = apps.list_deployment_for_all_namespaces(label_selector=f"tree={label}").items
+    replicasets = apps.list_replica_set_for_all_namespaces().items
+    pods = core.list_pod_for_all_namespaces().items
+    rs_owner = {rs.metadata.uid: controller_uid(rs) for rs in replicasets}
+    mine = {d.metadata.uid: d for d in deployments}
+    count = {uid: 0 for uid in mine}
+    foreign = 0
+    for p in pods:
+        owner = controller_uid(p)
+        top = rs_owner.get(owner) if owner is not None else None
+        if top in mine:
+            count[top] += 1
+            if (p.metadata.annotations or {}).get("rules.test/tree") != me:
+                body = {"metadata": {"annotations": {"rules.test/tree": me}}}
+                core.patch_namespaced_pod(p.metadata.name, p.metadata.namespace, body)
+        elif owner is not None and owner in rs_owner and rs_owner[owner] is None:
+            pass  # a pod of an orphan ReplicaSet: its root is the ReplicaSet, none of our Deployments
+        else:
+            foreign += 1
+    for uid, d in mine.items():
+        if (d.metadata.annotations or {}).get("rules.test/pods") != str(count[uid]):
+            body = {"metadata": {"annotations": {"rules.test/pods": str(count[uid]), BY: me}}}
+            apps.patch_namespaced_deployment(d.metadata.name, d.metadata.namespace, body)
+    seen = {"pods": str(sum(count.values())), "foreign": str(foreign)}
+    name = f"tree-{me}"
+    try:
+        cm = core.read_namespaced_config_map(name, label)
+        if cm.data != seen:
+            core.patch_namespaced_config_map(name, label, {"data": seen})
+    except ApiException as e:
+        if e.status != 404:
+            raise
+        core.create_namespaced_config_map(label, {"metadata": {"name": name, "labels": {"tree": "seen"}}, "data": seen})
+
+
+PASSES = {"deploy": deploy_pass, "replicaset": replicaset_pass, "namespace": namespace_pass, "tree": tree_pass}
 
 while True:
     try:
