@@ -166,7 +166,7 @@ def _shard_key(
 def _root(uid: str, owner_of: Mapping[str, str | None]) -> str:
     """The top of ``uid``'s chain of controller owners as the log shows it (at most ``MAX_CHAIN`` steps)."""
     seen = {uid}
-    for _ in range(MAX_CHAIN):
+    for _ in range(MAX_CHAIN - 1):  # ``uid`` (an owner) is the first of at most MAX_CHAIN
         above = owner_of.get(uid)
         if not above or above in seen:
             return uid

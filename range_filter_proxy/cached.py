@@ -236,6 +236,9 @@ class CachedEvent(msgspec.Struct, eq=False, gc=False):
     #: A move of a root-placed object (:mod:`range_filter_proxy.rootchain`): the object did not
     #: change, its root did; watchers get ``ADDED_AT``/``DELETED_PREV`` or nothing, never ``MODIFIED``.
     moved: bool = False
+    #: An upstream event filed at the cache's RV because a root move was forced past its own RV
+    #: (:mod:`range_filter_proxy.rootchain`): also sent to watches that start at exactly that RV.
+    late: bool = False
     #: Serialisations by variant, made on first use (most events only ever need one).
     _lines: dict[str, bytes] | None = None
 

@@ -30,7 +30,9 @@ Order of a move (:meth:`RootChain.intermediate_changed`)
     at or past ``r``, or at the latest ``hold_seconds`` after the event
     (then the dependent's resourceVersion advances to ``r``; an upstream event
     of the dependent with a smaller one arriving later is filed at the cache's
-    resourceVersion and counted in ``range_filter_proxy_root_late_events_total``).
+    resourceVersion, also sent to watches started at exactly that
+    resourceVersion -- a resumed watch may get it twice, never miss it -- and
+    counted in ``range_filter_proxy_root_late_events_total``).
     A move whose ``r`` the dependent's stream has already passed is filed at
     once, at the stream's resourceVersion. So the dependent's watch stream
     stays ordered by resourceVersion, and a list at resourceVersion N shows
@@ -159,7 +161,7 @@ class RootChain:
         nodes = self._nodes
         seen = {uid} if uid else set()
         current = owner
-        for _ in range(MAX_CHAIN):
+        for _ in range(MAX_CHAIN - 1):  # the owner is the first of at most MAX_CHAIN
             if current not in nodes or current in seen:
                 return current
             seen.add(current)
@@ -316,6 +318,9 @@ class RootChain:
         while pending and (pending[0][0] < before or (inclusive and pending[0][0] == before)):
             rv, _, keys = pending.pop(0)
             self.dependent.move(keys, rv)
+        if not pending and self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     def _release_due(self) -> None:
         self._timer = None

@@ -275,6 +275,7 @@ class WatchCache:
             prev = objects.get(key)
         rv = cur.rv
         chain = self.chain
+        late = False
         if rv <= self.upstream_rv:
             if etype != "DELETED" or prev is None:
                 log.debug("%s: ignoring event at rv %d <= cache rv %d", self.info.gvr, rv, self.upstream_rv)
@@ -292,6 +293,7 @@ class WatchCache:
                 if rv <= self.rv:  # a move was filed past this event's RV (its hold ran out)
                     self.metrics.root_late_events.labels(self._label).inc()
                     rv = cur.rv = self.rv
+                    late = True
         if chain is not None:
             # The root as the chain resolves it now; a deletion leaves the ranges that hold it (prev's root).
             cur = chain.place(etype, cur)
@@ -312,6 +314,7 @@ class WatchCache:
         if self.observers:
             self._observe(etype, cur, received)
         ev = CachedEvent.of(etype, rv, cur, prev, received)
+        ev.late = late
         self.rv = rv
         history = self.history
         history.append(ev)
@@ -386,7 +389,7 @@ class WatchCache:
         delivered = 0
         filtered = index.size - len(targets)  # the index proved they filter it out
         for w in targets:
-            if ev.rv <= w.after_rv:
+            if ev.rv <= w.after_rv and not (ev.late and ev.rv == w.after_rv):
                 continue
             variant = w.filter.variant(ev)
             if variant is None:
@@ -585,7 +588,7 @@ class WatchCache:
                 raise gone(too_old_message(after, self.history_start_rv))
         if after < self.rv:  # replay the history after ``after``
             for ev in self.history:
-                if ev.rv > after:
+                if ev.rv > after or (ev.late and ev.rv == after):
                     variant = filt.variant(ev)
                     if variant is not None:
                         backlog.append(ev.line(variant))
