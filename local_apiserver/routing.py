@@ -32,7 +32,7 @@ import orjson
 import yaml
 from fastapi import Request
 
-from hashing import SelectorSyntaxError, ShardSelector, parse_shard_selector
+from hashing import SelectorSyntaxError, ShardSelector, parse_shard_selector, root_via
 from local_apiserver import resources
 from local_apiserver.errors import bad_request, not_acceptable, not_found_path, unsupported_media_type
 from local_apiserver.resources import ResourceSpec
@@ -267,6 +267,13 @@ def shard_param(request: Request) -> ShardSelector | None:
     if text is None or text == "":
         return None
     try:
-        return parse_shard_selector(text)
+        selector = parse_shard_selector(text)
     except SelectorSyntaxError as e:
         raise bad_request(f"invalid shard selector: {e}") from e
+    for path in selector.paths:
+        if root_via(path):  # a chain through other kinds: only the proxy holds them
+            raise bad_request(
+                f"invalid shard selector: path {path} follows owner chains, which only the range filter proxy "
+                "resolves (from its caches); send it through the proxy"
+            )
+    return selector

@@ -293,3 +293,63 @@ def test_a_manager_declares_the_rule_of_each_resource_it_shards(stack: Stack) ->
         ("POST", f"/api/v1/namespaces/{ns}/configmaps", None),
         ("DELETE", f"/api/v1/namespaces/{ns}/pods/p", "owner"),
     ]
+
+
+def test_a_root_write_is_judged_by_the_top_of_the_owner_chain(
+    stack: Stack, etcd_client: EtcdClient, key_prefix: str
+) -> None:
+    """A pod of a ReplicaSet (in b's range) of a Deployment (in a's): by root it is a's, by owner b's."""
+    token = _token_of_upper_half(etcd_client, key_prefix)
+    ns = f"t-{uuid.uuid4().hex[:6]}"
+    with httpx.Client(base_url=stack.proxy, timeout=10) as http:
+        assert http.post("/api/v1/namespaces", json={"metadata": {"name": ns}}).status_code == 201
+        deps = f"/apis/apps/v1/namespaces/{ns}/deployments"
+        owners: dict[bool, tuple[str, str]] = {}
+        for i in range(64):  # a Deployment on each side
+            dep = http.post(
+                deps, json={**_rs(f"d{i}", ("x", "x")), "metadata": {"name": f"d{i}"}, "kind": "Deployment"}
+            )
+            assert dep.status_code == 201, dep.text
+            owners.setdefault(_in_a(dep.json()["metadata"]["uid"]), (f"d{i}", dep.json()["metadata"]["uid"]))
+            if len(owners) == 2:
+                break
+        rss = f"/apis/apps/v1/namespaces/{ns}/replicasets"
+        mine_rs = theirs_rs = None
+        for i in range(64):  # a ReplicaSet in b's range under a's Deployment, and one under b's
+            made = http.post(rss, json=_rs(f"rs{i}", owners[True] if mine_rs is None else owners[False]))
+            assert made.status_code == 201, made.text
+            if mine_rs is None and not _in_a(made.json()["metadata"]["uid"]):
+                mine_rs = made.json()
+            elif mine_rs is not None:
+                theirs_rs = made.json()
+                break
+        assert mine_rs is not None and theirs_rs is not None
+        pods = f"/api/v1/namespaces/{ns}/pods"
+
+        def pod(name: str, rs: dict[str, Any]) -> dict[str, Any]:
+            ref = {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": rs["metadata"]["name"]}
+            ref |= {"uid": rs["metadata"]["uid"], "controller": True}
+            spec = {"containers": [{"name": "c", "image": "i"}]}
+            return {"metadata": {"name": name, "ownerReferences": [ref]}, "spec": spec}
+
+        # A reader by root makes the proxy resolve pods through replicasets.apps.
+        path = "object.metadata.ownerReferences.root(replicasets.apps).uid"
+        whole = f"shardRange({path}, '0x0000000000000000', '0x10000000000000000')"
+        assert http.get(pods, params={"shardSelector": whole}).status_code == 200
+        root = {"User-Agent": token.user_agent(), SHARD_BY_HEADER: "root"}
+        made = http.post(pods, json=pod("p-mine", mine_rs), headers=root)
+        assert made.status_code == 201, made.text  # a create: judged by the chain of its body's owner
+        refused = http.post(pods, json=pod("p-theirs", theirs_rs), headers=root)
+        assert refused.status_code == 409 and refused.headers[FENCED_HEADER] == "OutOfRange", refused.text
+        wait_until(lambda: http.get(f"{pods}/p-mine").status_code == 200, 10, "the pod")
+        patch = {"metadata": {"annotations": {"x": "y"}}}
+        merge = {"Content-Type": "application/merge-patch+json"}
+        wait_until(
+            lambda: http.get(pods, params={"shardSelector": whole}).json()["items"], 10, "the proxy's cache of pods"
+        )
+        ok = http.patch(f"{pods}/p-mine", json=patch, headers={**root, **merge})
+        assert ok.status_code == 200, ok.text
+        by_owner = http.patch(
+            f"{pods}/p-mine", json=patch, headers={**merge, "User-Agent": token.user_agent(), SHARD_BY_HEADER: "owner"}
+        )
+        assert by_owner.status_code == 409 and by_owner.headers[FENCED_HEADER] == "OutOfRange", by_owner.text

@@ -320,6 +320,24 @@ def test_shard_selector_filters_lists(kube: Any, namespace: str) -> None:
     assert got_a | got_b == uids and not got_a & got_b
 
 
+def test_root_paths_one_step_here_chains_only_through_the_proxy(http: httpx.Client, namespace: str) -> None:
+    """``root.uid`` (no via) is the chain of one step, as everywhere; a chain through other kinds is 400 here."""
+    for i in range(4):
+        http.post(f"/api/v1/namespaces/{namespace}/configmaps", json={"metadata": {"name": f"r{i}"}})
+    whole = "'0x0000000000000000', '0x10000000000000000'"
+    one_step = http.get(
+        f"/api/v1/namespaces/{namespace}/configmaps",
+        params={"shardSelector": f"shardRange(object.metadata.ownerReferences.root.uid, {whole})"},
+    )
+    assert one_step.status_code == 200 and len(one_step.json()["items"]) == 4
+    chained = http.get(
+        f"/api/v1/namespaces/{namespace}/configmaps",
+        params={"shardSelector": f"shardRange(object.metadata.ownerReferences.root(replicasets.apps).uid, {whole})"},
+    )
+    assert chained.status_code == 400 and chained.json()["kind"] == "Status"
+    assert "only the range filter proxy" in chained.json()["message"]
+
+
 def test_send_initial_events_ends_with_an_annotated_bookmark(http: httpx.Client, namespace: str) -> None:
     for name in ("i1", "i2"):
         http.post(f"/api/v1/namespaces/{namespace}/configmaps", json={"metadata": {"name": name}})
