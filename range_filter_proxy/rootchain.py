@@ -41,7 +41,7 @@ Order of a move (:meth:`RootChain.intermediate_changed`)
 Invariants
     * ``_nodes`` holds exactly the objects of the via caches (uid -> controller
       owner uid), ``_via_children`` its inverse; ``_deps`` exactly the
-      dependent cache's objects (key -> (uid, controller owner uid)),
+      dependent cache's objects (key -> controller owner uid, one string per owner),
       ``_dep_children`` its inverse.
     * For every dependent object ``o`` in the store with no move pending,
       ``o.hashes.root == fnv1a_64(root_uid(o))``.
@@ -129,7 +129,9 @@ class RootChain:
         #: The uids each via cache holds (a relist of one replaces its share only).
         self._node_uids: dict[int, set[str]] = {}
         #: Dependent objects: key -> (uid, controller owner uid); and owner uid -> keys.
-        self._deps: dict[Key, tuple[str | None, str | None]] = {}
+        self._deps: dict[Key, str | None] = {}
+        #: One string per owner uid, shared by the records of its dependents (memory: one per owner).
+        self._owner_strings: dict[str, str] = {}
         self._dep_children: dict[str, set[Key]] = {}
         #: Moves waiting for the dependent's stream: (rv, queued at, keys), in rv order.
         self.pending: list[tuple[int, float, set[Key]]] = []
@@ -176,15 +178,19 @@ class RootChain:
         root = self.root_uid(uid, owner)
         return fnv1a_64(root) if root else None
 
+    def _placed(self, obj: CachedObject, owner: str | None) -> CachedObject:
+        """``obj`` with the root of its controller ``owner`` (its own uid's hash without one)."""
+        if owner is None:
+            return _with_root(obj, obj.hashes.uid)
+        return _with_root(obj, fnv1a_64(self.root_uid(None, owner) or owner))
+
     def rooted(self, key: Key, obj: CachedObject) -> CachedObject:
-        """A stored dependent object with the root its recorded references resolve to now."""
-        uid, owner = self._deps.get(key, (None, None))
-        return _with_root(obj, self.root_hash(uid, owner))
+        """A stored dependent object with the root its recorded owner resolves to now."""
+        return self._placed(obj, self._deps.get(key))
 
     def resolved(self, obj: CachedObject) -> CachedObject:
         """``obj`` with its root set, not recorded (objects of an upstream list the cache does not keep)."""
-        uid, owner = refs_of(obj)
-        return _with_root(obj, self.root_hash(uid, owner))
+        return self._placed(obj, refs_of(obj)[1])
 
     def key_of_object(self, obj: Any) -> int | None:
         """The 63-bit ``root`` key of a decoded object (a write's body or cached object: the write fence's)."""
@@ -200,20 +206,23 @@ class RootChain:
     def place(self, etype: str, obj: CachedObject) -> CachedObject:
         """Record a dependent object's event and return it with its root (``DELETED``: forgotten)."""
         key = obj.key
-        uid, owner = refs_of(obj)
+        owner = refs_of(obj)[1]
+        if owner is not None:
+            owner = self._owner_strings.setdefault(owner, owner)
         old = self._deps.pop(key, None)
-        if old is not None and old[1] is not None:
-            self._unlink(old[1], key)
+        if old is not None:
+            self._unlink(old, key)
         if etype != "DELETED":
-            self._deps[key] = (uid, owner)
+            self._deps[key] = owner
             if owner is not None:
                 self._dep_children.setdefault(owner, set()).add(key)
-        return _with_root(obj, self.root_hash(uid, owner))
+        return self._placed(obj, owner)
 
     def place_all(self, objects: dict[Key, CachedObject]) -> None:
         """A new store of the dependent (its relist, or the chain's start): every object placed, in place."""
         self._deps.clear()
         self._dep_children.clear()
+        self._owner_strings.clear()
         self.pending.clear()
         for key, o in objects.items():
             objects[key] = self.place("ADDED", o)
@@ -224,6 +233,7 @@ class RootChain:
             keys.discard(key)
             if not keys:
                 del self._dep_children[owner]
+                self._owner_strings.pop(owner, None)
 
     # ---- the via caches (through their _ViaObserver) -------------------------------------------
 

@@ -314,7 +314,8 @@ class WatchCache:
         if self.observers:
             self._observe(etype, cur, received)
         ev = CachedEvent.of(etype, rv, cur, prev, received)
-        ev.late = late
+        if late:
+            ev.late = True
         self.rv = rv
         history = self.history
         history.append(ev)
