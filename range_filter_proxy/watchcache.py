@@ -169,6 +169,8 @@ class WatchCache:
         """Stop the upstream loop and close every downstream watch."""
         for w in list(self.watchers.values()):
             w.close("proxy shutting down")
+        if self.chain is not None:
+            self.chain.stop()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
