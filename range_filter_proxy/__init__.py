@@ -13,7 +13,8 @@ Modules
     paging, Table answers), ``passthrough`` (everything else, forwarded
     upstream; write fencing), ``cache`` (``CacheManager``: every watch
     cache of the proxy, discovery), ``watchcache`` (one resource's shared
-    cache: store, history, dispatch), ``rootchain`` (placement by owner
+    cache: store, history, dispatch), ``freshreads`` (its reads as fresh
+    as the upstream: consistent snapshots, "not older than N"), ``rootchain`` (placement by owner
     chain, ``by: root``: each object's root through the via caches, and the
     moves when an intermediate is re-parented), ``reflector`` (its upstream loop: paged
     list, watch, relist), ``shardprobe`` (is the upstream a native KEP-5866

@@ -40,6 +40,7 @@ from hashing import SelectorSyntaxError, ShardSelector, parse_shard_selector
 from hashing.rules import root_via
 from range_filter_proxy.cache import CacheManager
 from range_filter_proxy.cached import CachedObject, WatchFilter, parse_rv
+from range_filter_proxy.freshreads import consistent_snapshot, list_upstream, upstream_current_rv, wait_not_older_than
 from range_filter_proxy.paging import ContinueToken, PageSnapshots, PagingSettings, selectors_digest
 from range_filter_proxy.resources import ResourceInfo
 from range_filter_proxy.tables import ProxyTables
@@ -207,9 +208,9 @@ class CollectionServer:
             body = await self._list_upstream(cache, opts)
         else:
             if opts.resource_version is None:
-                items, rv = await cache.consistent_snapshot(opts.filter)
+                items, rv = await consistent_snapshot(cache, opts.filter)
             else:
-                await cache.wait_not_older_than(opts.resource_version)
+                await wait_not_older_than(cache, opts.resource_version)
                 items, rv = cache.select(opts.filter), cache.rv
             if opts.query.limit is None:
                 body = list_body(info, items, rv, opts)
@@ -226,7 +227,7 @@ class CollectionServer:
             params["resourceVersion"] = opts.query.resource_version
         if opts.query.resource_version_match is not None:
             params["resourceVersionMatch"] = opts.query.resource_version_match
-        chosen, rv = await cache.list_upstream(opts.filter, params)
+        chosen, rv = await list_upstream(cache, opts.filter, params)
         return list_body(cache.info, chosen, rv, opts)
 
     async def _watch(self, cache: WatchCache, opts: ListOptions) -> WatchResponse:
@@ -239,16 +240,14 @@ class CollectionServer:
         resume_from: int | None = None
         if opts.query.send_initial_events:
             if rv is None:
-                initial, initial_rv = await cache.consistent_snapshot(filt)
+                initial, initial_rv = await consistent_snapshot(cache, filt)
             elif rv != 0:
-                await cache.wait_not_older_than(rv)
+                await wait_not_older_than(cache, rv)
         elif opts.query.send_initial_events is False:
-            if rv is None:
-                resume_from = max(await cache.upstream_current_rv(), cache.rv)
-            else:
-                resume_from = cache.rv if rv == 0 else rv
+            current = max(await upstream_current_rv(cache), cache.rv) if rv is None else cache.rv
+            resume_from = rv if rv else current  # 0 and unset: from now
         elif rv is None:
-            initial, initial_rv = await cache.consistent_snapshot(filt)
+            initial, initial_rv = await consistent_snapshot(cache, filt)
         elif rv != 0:
             resume_from = rv
         w = cache.add_watcher(

@@ -247,17 +247,7 @@ class WatchCache:
     def apply(self, event: WatchEvent) -> None:
         """Apply one upstream watch event and dispatch it to every watcher."""
         if event.type == "BOOKMARK":
-            meta = event.object.get("metadata")
-            try:
-                rv = parse_rv(meta.get("resourceVersion") if isinstance(meta, dict) else None)
-            except ValueError as e:
-                raise UpstreamError(f"{self.info.gvr}: bookmark without a valid resourceVersion") from e
-            if self.chain is not None and self.chain.pending:
-                self.chain.release(rv, inclusive=True)
-            self.upstream_rv = max(self.upstream_rv, rv)
-            if rv > self.rv:
-                self.rv = rv
-                self._notify_progress()
+            self._bookmark(event)
             return
         etype = event.type
         if etype not in OBJECT_EVENTS:
@@ -276,9 +266,10 @@ class WatchCache:
             key = cur.key
             prev = objects.get(key)
         rv = cur.rv
-        chain = self.chain
-        late = False
-        if rv <= self.upstream_rv:
+        fresh = rv > self.upstream_rv
+        if fresh:
+            self.upstream_rv = rv
+        else:
             if etype != "DELETED" or prev is None:
                 log.debug("%s: ignoring event at rv %d <= cache rv %d", self.info.gvr, rv, self.upstream_rv)
                 return
@@ -286,21 +277,9 @@ class WatchCache:
             # never keep a deleted object; file the event at the current RV.
             log.warning("%s: DELETED event at stale rv %d (cache rv %d)", self.info.gvr, rv, self.rv)
             rv = cur.rv = self.rv
-        else:
-            self.upstream_rv = rv
-            if chain is not None:
-                if chain.pending:
-                    chain.release(rv)  # the moves of intermediates' events before this one go first
-                    prev = objects.get(key)  # as a move may have left it
-                if rv <= self.rv:  # a move was filed past this event's RV (its hold ran out)
-                    self.metrics.root_late_events.labels(self._label).inc()
-                    rv = cur.rv = self.rv
-                    late = True
-        if chain is not None:
-            # The root as the chain resolves it now; a deletion leaves the ranges that hold it (prev's root).
-            cur = chain.place(etype, cur)
-            if etype == "DELETED" and prev is not None:
-                cur.hashes = prev.hashes
+        late = False
+        if self.chain is not None:
+            rv, prev, cur, late = self._placed(self.chain, etype, key, rv, prev, cur, fresh)
         if etype == "DELETED":
             if prev is not None:
                 del objects[key]
@@ -319,15 +298,58 @@ class WatchCache:
         if late:
             ev.late = True
         self.rv = rv
-        history = self.history
-        history.append(ev)
-        if len(history) > self._evict_above:
-            self._evict(received)
-        self._dispatch(ev)
+        self._file(ev, received)
         if self._progress is not None:
             self._notify_progress()
 
+    def _bookmark(self, event: WatchEvent) -> None:
+        meta = event.object.get("metadata")
+        try:
+            rv = parse_rv(meta.get("resourceVersion") if isinstance(meta, dict) else None)
+        except ValueError as e:
+            raise UpstreamError(f"{self.info.gvr}: bookmark without a valid resourceVersion") from e
+        if self.chain is not None and self.chain.pending:
+            self.chain.release(rv, inclusive=True)
+        self.upstream_rv = max(self.upstream_rv, rv)
+        if rv > self.rv:
+            self.rv = rv
+            self._notify_progress()
+
+    def _file(self, ev: CachedEvent, now: float) -> None:
+        """Keep ``ev`` in the history (evicting the oldest past the window) and dispatch it."""
+        history = self.history
+        history.append(ev)
+        if len(history) > self._evict_above:
+            self._evict(now)
+        self._dispatch(ev)
+
     # ---- placement by owner chain ------------------------------------------------------------
+
+    def _placed(
+        self,
+        chain: RootChain,
+        etype: str,
+        key: tuple[str, str],
+        rv: int,
+        prev: CachedObject | None,
+        cur: CachedObject,
+        fresh: bool,
+    ) -> tuple[int, CachedObject | None, CachedObject, bool]:
+        """An event of a root-placed cache: pending moves before it, its RV, its root (see rootchain)."""
+        late = False
+        if fresh:
+            if chain.pending:
+                chain.release(rv)  # the moves of intermediates' events before this one go first
+                prev = self.objects.get(key)  # as a move may have left it
+            if rv <= self.rv:  # a move was filed past this event's RV (its hold ran out)
+                self.metrics.root_late_events.labels(self._label).inc()
+                rv = cur.rv = self.rv
+                late = True
+        # The root as the chain resolves it now; a deletion leaves the ranges that hold it (prev's root).
+        cur = chain.place(etype, cur)
+        if etype == "DELETED" and prev is not None:
+            cur.hashes = prev.hashes
+        return rv, prev, cur, late
 
     def set_chain(self, chain: RootChain) -> None:
         """Place this cache's objects by ``chain`` from now on (every object re-filed, no event sent)."""
@@ -366,14 +388,11 @@ class WatchCache:
             self.store_index.moved(key, prev.hashes, cur.hashes)
             ev = CachedEvent.of("MODIFIED", rv, cur, prev, now)
             ev.moved = True
-            self.history.append(ev)
-            self._dispatch(ev)
+            self._file(ev, now)
             moved += 1
         if moved:
             self.metrics.root_moves.labels(self._label).inc(moved)
             log.debug("%s: %d objects moved with their root at rv %d", self.info.gvr, moved, rv)
-            if len(self.history) > self._evict_above:
-                self._evict(now)
 
     def _evict(self, now: float) -> None:
         s = self.settings
@@ -496,56 +515,6 @@ class WatchCache:
         # by the store's keys (sorting the objects by their ``key`` property built a tuple per object).
         keys.sort()
         return [objects[k] for k in keys]
-
-    async def upstream_current_rv(self) -> int:
-        """The upstream's current resourceVersion (a quorum read there)."""
-        try:
-            return parse_rv(await self.upstream.current_resource_version(self.info.gvr))
-        except ValueError as e:
-            raise UpstreamError(f"{self.info.gvr}: upstream resourceVersion is not an integer") from e
-
-    async def consistent_snapshot(self, filt: WatchFilter) -> tuple[list[CachedObject], int]:
-        """Objects and RV at least as fresh as the upstream's current RV (a consistent read).
-
-        Waits up to ``consistent_read_timeout`` for the cache; if it has not
-        caught up (no event or bookmark of this resource since), lists upstream.
-        """
-        await self.wait_synced()
-        current = await self.upstream_current_rv()
-        if await self.wait_for_rv(current, self.settings.consistent_read_timeout):
-            return self.select(filt), self.rv
-        self.metrics.consistent_read_fallbacks.labels(self._label).inc()
-        chosen, rv = await self.list_upstream(filt)
-        chosen.sort(key=lambda o: o.key)
-        return chosen, rv
-
-    async def list_upstream(
-        self, filt: WatchFilter, params: dict[str, str] | None = None
-    ) -> tuple[list[CachedObject], int]:
-        """The objects of an upstream list (``params``: its query) that pass ``filt``, in its order, and its RV."""
-        listed = await self.upstream.list(self.info.gvr, params)
-        items = [CachedObject.build(i, self.info) for i in listed.items]
-        if self.chain is not None:
-            items = [self.chain.resolved(o) for o in items]
-        try:
-            rv = parse_rv(listed.resource_version)
-        except ValueError as e:
-            raise UpstreamError(f"{self.info.gvr}: upstream list resourceVersion is not an integer") from e
-        return [o for o in items if filt.matches(o)], rv
-
-    async def wait_not_older_than(self, rv: int) -> None:
-        """Wait until the cache reaches ``rv``; 504 ``Timeout`` (too large resource version) if not in time."""
-        await self.wait_synced()
-        if not await self.wait_for_rv(rv, self.settings.rv_wait_timeout):
-            raise ApiError(
-                504,
-                "Timeout",
-                f"Too large resource version: {rv}, current: {self.rv}",
-                {
-                    "causes": [{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}],
-                    "retryAfterSeconds": 1,
-                },
-            )
 
     def add_watcher(
         self,

@@ -12,6 +12,7 @@ from hashing import MAX_HASH, OWNER_PATH, UID_PATH, HashRange, fnv1a_64, parse_s
 from range_filter_proxy.cache import CacheManager, WatchCache
 from range_filter_proxy.cached import INITIAL_EVENTS_END, CacheSettings, WatchFilter
 from range_filter_proxy.errors import UpstreamUnavailable
+from range_filter_proxy.freshreads import consistent_snapshot
 from range_filter_proxy.metrics import ProxyMetrics
 from range_filter_proxy.watcher import Watcher
 from rangeshard.core.selectors import parse_field_selector, parse_label_selector
@@ -243,17 +244,17 @@ async def test_consistent_read_waits_for_cache_or_falls_back_to_upstream() -> No
     fake.create(PODS, "a")
     cache, metrics = await _started(fake, consistent_read_timeout=0.2)
     fake.create(PODS, "b")
-    items, rv = await cache.consistent_snapshot(WatchFilter())
+    items, rv = await consistent_snapshot(cache, WatchFilter())
     assert [o.name for o in items] == ["a", "b"] and rv == fake.rv
     assert _metric(metrics, "range_filter_proxy_consistent_read_fallbacks_total", resource="pods") == 0
     fake.bump()  # another resource changed: the pod cache cannot know it is current
     lists = fake.list_calls[PODS]
-    items, rv = await cache.consistent_snapshot(WatchFilter())
+    items, rv = await consistent_snapshot(cache, WatchFilter())
     assert rv == fake.rv and fake.list_calls[PODS] == lists + 1
     assert _metric(metrics, "range_filter_proxy_consistent_read_fallbacks_total", resource="pods") == 1
     fake.bump()
     fake.bookmark(PODS)  # a bookmark proves freshness: no fallback
-    items, rv = await cache.consistent_snapshot(WatchFilter())
+    items, rv = await consistent_snapshot(cache, WatchFilter())
     assert rv == fake.rv and fake.list_calls[PODS] == lists + 1
     await cache.stop()
 
