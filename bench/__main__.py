@@ -43,7 +43,18 @@ from rangeshard.core.logs import configure_logging
 
 log = logging.getLogger(__name__)
 
-SECTIONS = ("balance", "cache", "throughput", "fanout", "scaleout", "rolling", "external", "sidecar", "scale")
+SECTIONS = (
+    "balance",
+    "cache",
+    "throughput",
+    "fanout",
+    "scaleout",
+    "rolling",
+    "external",
+    "sidecar",
+    "scale",
+    "chains",
+)
 
 
 def machine() -> dict[str, Any]:
@@ -455,6 +466,8 @@ def render(result: dict[str, Any], console: Console) -> None:
         )
     if "scale" in result:
         render_scale(result["scale"], console)
+    if "chains" in result:
+        render_chains(result["chains"], console)
     for name, err in result.get("errors", {}).items():
         console.print(f"[red]section {name} failed:[/red] {err.splitlines()[-1] if err else ''}")
 
@@ -598,6 +611,50 @@ def render_scale(sc: dict[str, Any], console: Console) -> None:
     )
 
 
+def render_chains(ch: dict[str, Any], console: Console) -> None:
+    """The tables of the ``chains`` section."""
+    console.print(
+        _table(
+            f"Chains: the built-in deployment controller's pod cache, {ch['deployments']} Deployments x "
+            f"{ch['podsPerReplicaSet']} pods (by root through replicasets.apps; target pods/N +- 10 %)",
+            ["managers", "pods per manager", "ideal pods/N", "deviation %", "within 10 %", "today (unsharded)",
+             "start -> synced s"],
+            [
+                [r["managers"], " / ".join(map(str, r["podsPerManager"])), r["idealPodsPerManager"],
+                 " / ".join(f"{d:+g}" for d in r["deviationPercent"]), r["withinTolerance"],
+                 r["todayPodsPerManager"], r["startToSyncedSeconds"]]
+                for r in ch["managers"]
+            ],
+        )
+    )  # fmt: skip
+    ev = ch["events"]
+    rows = [ev["unsharded"], *ev["root"], ev["unshardedAfter"]]
+    console.print(
+        _table(
+            f"Chains: every pod touched once, pod watches on the proxy (root / unsharded proxy CPU per event at "
+            f"{ev['comparedAtWatches']} watches: {ev['cpuPerEventRootOverUnsharded']})",
+            ["watches", "selector", "MODIFIED per watch", "ideal per watch", "proxy delivered", "churn s",
+             "proxy cpu s", "idle cpu/s", "cpu ms per pod event (over idle)"],
+            [
+                [r["watches"], r["mode"], " / ".join(map(str, r["modifiedPerWatch"])), r["idealPerWatch"],
+                 r["proxyEventsDelivered"], r["churnSeconds"], r["proxyCpuSeconds"], r["proxyIdleCpuPerSecond"],
+                 r["proxyCpuMsPerPodEvent"]]
+                for r in rows
+            ],
+        )
+    )  # fmt: skip
+    rp = ev["root"][-1].get("reparent")
+    if rp:
+        console.print(
+            _table(
+                f"Chains: {rp['replicaSetsReparented']} ReplicaSets re-parented to other Deployments "
+                f"({rp['podsUnderThem']} pods under them), {ev['root'][-1]['watches']} root watches",
+                ["expected moves", "DELETED", "ADDED", "exact"],
+                [[rp["expectedMoves"], rp["deleted"], rp["added"], rp["exact"]]],
+            )
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench", description="rangeshard benchmarks (see bench/README.md)")
     p.add_argument("--quick", action="store_true", help="CI-sized run (< 60 s on 2 cores)")
@@ -606,6 +663,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workdir", type=Path, help="keep logs and data here (default: a temporary directory)")
     p.add_argument("--scale-replicasets", type=int, help="scale section: ReplicaSets (default 20000; quick 40)")
     p.add_argument("--scale-pods", type=int, help="scale section: pods the proxy caches (default 1000000; quick 2000)")
+    p.add_argument(
+        "--chains-deployments", type=int, help="chains section: Deployments (x 3 pods; default 2000; quick 30)"
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="log progress (INFO)")
     args = p.parse_args(argv)
     configure_logging("info" if args.verbose else "warning")
@@ -617,6 +677,7 @@ def main(argv: list[str] | None = None) -> int:
     from bench import (  # noqa: PLC0415 (after logging setup)
         balance,
         cache,
+        chains,
         costbalance,
         external,
         fanout,
@@ -663,6 +724,17 @@ def main(argv: list[str] | None = None) -> int:
         "scale",
         lambda: scale.run(
             workdir / "scale", quick=quick, rs_objects=args.scale_replicasets, pod_objects=args.scale_pods
+        ),
+    )
+    guarded(
+        "chains",
+        lambda: chains.run(
+            workdir / "chains",
+            deployments=args.chains_deployments or (30 if quick else 2000),
+            counts=[1, 2] if quick else [1, 2, 4],
+            reparent=10 if quick else 100,
+            idle_seconds=1.0 if quick else 5.0,
+            rate=0.0 if quick else 75.0,
         ),
     )
     measured_balance = "balance" in sections and not quick  # the measured part (by cost) needs ~2 min
