@@ -58,7 +58,7 @@ from controller_manager.fencing import FencedApiClient, WriteFenced
 from controller_manager.informer import Informer
 from controller_manager.metrics import Metrics
 from controller_manager.resources import Resource, controller_ref, object_key, raw_request
-from controller_manager.sharding import ShardInstance
+from controller_manager.sharding import ShardHost, ShardInstance, ShardSettings
 from controller_manager.watchdog import ReconcileTracker
 from controller_manager.workqueue import WorkQueue
 from hashing import MAX_CHAIN, HashRange, ShardBy, hash_key, root_path
@@ -68,8 +68,8 @@ from rangeshard.core.etcd import EtcdConfig
 from rangeshard.core.loops import start_thread
 from rangeshard.core.ownertoken import OwnerToken
 from rangeshard.core.rest import GVR
-from registry.models import MainResource
 from registry.rebalance import add_cost, gap_histogram, histogram
+from registry.models import MainResource
 
 log = logging.getLogger(__name__)
 
@@ -214,7 +214,7 @@ def _uid_hash(uid: str) -> int:
     return hash_key(uid.encode().decode())
 
 
-class ControllerRuntime:
+class ControllerRuntime(ShardHost):
     """Runs one controller type in this process as one registered instance (see module docstring)."""
 
     def __init__(
@@ -265,30 +265,26 @@ class ControllerRuntime:
         self._fenced_tokens: set[OwnerToken | None] = set()  # one log line per fenced epoch
         self.controller = controller_cls(self)
         self.shard = ShardInstance(
-            etcd_config=etcd_config,
-            registry_prefix=registry_prefix,
-            controller_type=self.name,
-            instance_id=instance_id,
-            lease_ttl=lease_ttl,
-            reconcile_timeout=reconcile_timeout,
-            synced=self._synced,
-            on_epoch=self._reset_informers,
-            on_allowed=self._resync_now,
-            workload=self._workload,
-            on_state=lambda s: metrics.set_state(self.name, instance_id, s),
-            on_token=api_client.set_token if isinstance(api_client, FencedApiClient) else None,
-            host=host,
-            pid=pid,
-            on_count=lambda event: metrics.handover.labels(self.name, event).inc(),
-            rejoin_grace=rejoin_grace,
-            # Published in the record: the proxy measures progress on the main resource (by uid).
-            main_resource=MainResource(
-                group=controller_cls.main.group,
-                version=controller_cls.main.version,
-                resource=controller_cls.main.name,
-                by=ShardBy.UID,
+            ShardSettings(
+                etcd_config=etcd_config,
+                registry_prefix=registry_prefix,
+                controller_type=self.name,
+                instance_id=instance_id,
+                lease_ttl=lease_ttl,
+                reconcile_timeout=reconcile_timeout,
+                hostname=host,
+                pid=pid,
+                rejoin_grace=rejoin_grace,
+                # Published in the record: the proxy measures progress on the main resource (by uid).
+                main_resource=MainResource(
+                    group=controller_cls.main.group,
+                    version=controller_cls.main.version,
+                    resource=controller_cls.main.name,
+                    by=ShardBy.UID,
+                ),
+                stuck_after_seconds=stuck_after_seconds,
             ),
-            stuck_after_seconds=stuck_after_seconds,
+            self,
         )
         # The main resource by its own uid, each dependent by its controller owner's uid: the same
         # rules its informers read with are declared with every write (the proxy's fence applies them).
@@ -347,14 +343,29 @@ class ControllerRuntime:
             if self._gone.get(key) == key_hash:
                 del self._gone[key]
 
-    def _synced(self, epoch: int) -> bool:
+    # -- the shard instance's host (ShardHost) -----------------------------------
+    def synced(self, epoch: int) -> bool:
         return all(i.synced_epoch == epoch for i in self.informers.values())
 
-    def _reset_informers(self) -> None:
+    def on_epoch(self) -> None:
         for inf in self.informers.values():
             inf.reset()
 
-    def _workload(self, rng: HashRange) -> tuple[int, dict[str, Any] | None]:
+    def on_allowed(self) -> None:
+        for obj in self.informers[self.controller.main.name].items():
+            self.queue.add(object_key(obj))
+
+    def on_state(self, state: str) -> None:
+        self.metrics.set_state(self.name, self.instance_id, state)
+
+    def on_token(self, token: OwnerToken) -> None:
+        if isinstance(self.api_client, FencedApiClient):
+            self.api_client.set_token(token)
+
+    def on_count(self, event: str) -> None:
+        self.metrics.handover.labels(self.name, event).inc()
+
+    def workload(self, rng: HashRange) -> tuple[int, dict[str, Any] | None]:
         uids = [(obj.get("metadata") or {}).get("uid") for obj in self.informers[self.controller.main.name].items()]
         keys = [_uid_hash(uid) for uid in uids if uid]
         hist = gap_histogram(keys, rng)
@@ -448,13 +459,9 @@ class ControllerRuntime:
         for inf in self.informers.values():
             inf.stop()
 
-    def _resync_now(self) -> None:
-        for obj in self.informers[self.controller.main.name].items():
-            self.queue.add(object_key(obj))
-
     def _resync(self) -> None:
         while not self._stop.wait(self.resync_period):
-            self._resync_now()
+            self.on_allowed()
 
     def _worker(self) -> None:
         while not self._stop.is_set():
@@ -551,7 +558,7 @@ class ControllerRuntime:
                     self.name,
                     key,
                     time.monotonic() - t0,
-                    self.shard.reconcile_timeout,
+                    self.shard.settings.reconcile_timeout,
                     what,
                 )
             else:

@@ -3,13 +3,14 @@
 The last tests run one reconcile through the worker's step
 (``ControllerRuntime._process``) with a controller whose reconcile raises, and
 a stand-in for the shard instance (the four members ``_process`` uses:
-``try_begin`` accepts, ``end``, ``clock``, ``reconcile_timeout``): what is
+``try_begin`` accepts, ``end``, ``clock``, ``settings.reconcile_timeout``): what is
 logged at which level, and which counter moves (issue 25).
 """
 
 from __future__ import annotations
 
 import logging
+from types import SimpleNamespace
 
 import pytest
 import urllib3
@@ -110,13 +111,13 @@ class _Shard:
     """What ``_process`` uses of a ShardInstance: every key accepted, each end recorded."""
 
     clock = MONOTONIC
-    reconcile_timeout = 5.0
+    settings = SimpleNamespace(reconcile_timeout=5.0)
 
     def __init__(self) -> None:
         self.ended: list[str] = []
 
     def try_begin(self, key: str, key_hash: int) -> float:
-        return self.clock.monotonic() + self.reconcile_timeout
+        return self.clock.monotonic() + self.settings.reconcile_timeout
 
     def end(self, key: str) -> None:
         self.ended.append(key)
