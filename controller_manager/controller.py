@@ -68,7 +68,7 @@ from rangeshard.core.etcd import EtcdConfig
 from rangeshard.core.loops import start_thread
 from rangeshard.core.ownertoken import OwnerToken
 from rangeshard.core.rest import GVR
-from registry.rebalance import add_cost, gap_histogram, histogram
+from registry.histogram import add_cost, gap_histogram, histogram
 from registry.models import MainResource
 
 log = logging.getLogger(__name__)

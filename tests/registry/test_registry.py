@@ -406,7 +406,8 @@ def test_watch_rewatches_when_the_stream_ends_without_an_error(
 
 def test_apply_plan_replans_a_move_that_lost_a_race(registry: Registry, leases: Callable[[int], int]) -> None:
     """A heartbeat landing between set-key's read and its guarded write fails the move; apply retries it."""
-    from registry.rebalance import Move, Plan, apply_plan  # noqa: PLC0415
+    from registry.apply import apply_plan  # noqa: PLC0415
+    from registry.rebalance import Move, Plan  # noqa: PLC0415
 
     class Racing(Registry):
         """Our Registry with one concurrent write injected, and the managers' unlock done by hand."""
