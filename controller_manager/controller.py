@@ -286,9 +286,20 @@ class ControllerRuntime(ShardHost):
             ),
             self,
         )
-        # The main resource by its own uid, each dependent by its controller owner's uid: the same
-        # rules its informers read with are declared with every write (the proxy's fence applies them).
-        # Chained resources (read two levels down) by their root through their via kinds.
+        self.informers = self._informers(controller_cls, api_client)
+        for informed, inf in self.informers.items():
+            metrics.informer_objects.labels(self.name, informed).set_function(inf.__len__)
+        self._threads: list[threading.Thread] = []
+        self._stop = threading.Event()
+        metrics.set_state(self.name, instance_id, "init")
+
+    def _informers(self, controller_cls: type[Controller], api_client: Any) -> dict[str, Informer]:
+        """One informer per resource, restricted to this instance's range; the shard rules declared to the proxy.
+
+        The main resource by its own uid, each dependent by its controller owner's uid: the same rules
+        its informers read with are declared with every write (the proxy's fence applies them).
+        Chained resources (read two levels down) by their root through their via kinds.
+        """
         handlers: list[tuple[Resource, ShardBy, str, Callable[[str, dict[str, Any]], None]]] = [
             (controller_cls.main, ShardBy.UID, ShardBy.UID.path, self._on_main),
             *(
@@ -302,9 +313,8 @@ class ControllerRuntime(ShardHost):
         ]
         if isinstance(api_client, FencedApiClient):
             api_client.set_rules({resource.gvr.label: rule for resource, rule, _, _ in handlers})
-        self.informers: dict[str, Informer] = {}
-        for resource, _rule, path, on_event in handlers:
-            self.informers[resource.name] = Informer(
+        return {
+            resource.name: Informer(
                 api_client,
                 resource,
                 path=path,
@@ -312,11 +322,8 @@ class ControllerRuntime(ShardHost):
                 on_event=on_event,
                 name=f"{self.name}-{resource.name}",
             )
-        for informed, inf in self.informers.items():
-            metrics.informer_objects.labels(self.name, informed).set_function(inf.__len__)
-        self._threads: list[threading.Thread] = []
-        self._stop = threading.Event()
-        metrics.set_state(self.name, instance_id, "init")
+            for resource, _rule, path, on_event in handlers
+        }
 
     @property
     def watched_informers(self) -> list[Informer]:
@@ -498,6 +505,10 @@ class ControllerRuntime(ShardHost):
             else:
                 self._forget_gone(key, key_hash)
             return
+        self._reconcile(key, key_hash, deadline)
+
+    def _reconcile(self, key: str, key_hash: int, deadline: float) -> None:
+        """One claimed reconcile: run it, sort out how it ended, then account for it (audit, release, metrics)."""
         ctx = ReconcileContext(key, deadline, self.shard.clock)
         in_flight = self.metrics.in_flight.labels(self.name)
         start = audit_now()
@@ -522,51 +533,8 @@ class ControllerRuntime(ShardHost):
                 self.controller.reconcile(key, ctx)
             self.queue.forget(key)
             self._forget_gone(key, key_hash)
-        except WriteFenced as e:
-            # Loss of ownership: drop the key (no retry; the owner has it, or a relist brings it back).
-            result = "fenced"
-            self.queue.forget(key)
-            self._forget_gone(key, key_hash)
-            self.metrics.fenced_writes.labels(self.name, e.reason).inc()
-            if self.shard.write_fenced(e.token, stale_epoch=e.reason == "StaleEpoch"):
-                with self._uids_lock:
-                    first = e.token not in self._fenced_tokens
-                    self._fenced_tokens.add(e.token)
-                if first:
-                    log.warning("%s: %s (key %s dropped)", self.name, e, key)
-        except Requeue as r:
-            result = "requeue"
-            if r.after is not None:
-                self.queue.add_after(key, r.after)
-            else:
-                self.queue.add_rate_limited(key)
-        except ApiException as e:
-            result = "conflict" if e.status == 409 else "error"
-            self.metrics.reconcile_errors.labels(self.name, "conflict" if e.status == 409 else "api").inc()
-            if e.status != 409:
-                log.warning("%s: reconcile %s: API error %s %s", self.name, key, e.status, (e.reason or "")[:200])
-            self.queue.add_rate_limited(key)
         except Exception as e:
-            what = timed_out(e)
-            if what is not None:
-                # An expected operational event (a slow API server, a deadline near the lease's end):
-                # one WARNING line, no traceback.
-                result = "timeout"
-                self.metrics.reconcile_errors.labels(self.name, "timeout").inc()
-                log.warning(
-                    "%s: reconcile %s timed out after %.2fs (reconcile timeout %.2fs): %s",
-                    self.name,
-                    key,
-                    time.monotonic() - t0,
-                    self.shard.settings.reconcile_timeout,
-                    what,
-                )
-            else:
-                result = "error"
-                self.metrics.reconcile_errors.labels(self.name, "exception").inc()
-                log.debug("%s: reconcile %s failed", self.name, key, exc_info=True)
-                log.error("%s: reconcile %s failed: %s: %s (traceback at DEBUG)", self.name, key, type(e).__name__, e)
-            self.queue.add_rate_limited(key)
+            result = self._failed(key, key_hash, e, time.monotonic() - t0)
         finally:
             end = audit_now()
             if self.audit is not None:
@@ -580,6 +548,51 @@ class ControllerRuntime(ShardHost):
             self.metrics.reconcile_cpu_seconds_total.labels(self.name).inc(max(0.0, time.thread_time() - cpu0))
             self.metrics.reconciles.labels(self.name, result).inc()
             self.metrics.reconcile_seconds.labels(self.name).observe(took)
+
+    def _failed(self, key: str, key_hash: int, e: Exception, took: float) -> str:
+        """Requeue (or drop) a key whose reconcile raised ``e``, count and log it; return the result label."""
+        if isinstance(e, WriteFenced):
+            # Loss of ownership: drop the key (no retry; the owner has it, or a relist brings it back).
+            self.queue.forget(key)
+            self._forget_gone(key, key_hash)
+            self.metrics.fenced_writes.labels(self.name, e.reason).inc()
+            if self.shard.write_fenced(e.token, stale_epoch=e.reason == "StaleEpoch"):
+                with self._uids_lock:
+                    first = e.token not in self._fenced_tokens
+                    self._fenced_tokens.add(e.token)
+                if first:
+                    log.warning("%s: %s (key %s dropped)", self.name, e, key)
+            return "fenced"
+        if isinstance(e, Requeue):
+            if e.after is not None:
+                self.queue.add_after(key, e.after)
+            else:
+                self.queue.add_rate_limited(key)
+            return "requeue"
+        self.queue.add_rate_limited(key)
+        if isinstance(e, ApiException):
+            self.metrics.reconcile_errors.labels(self.name, "conflict" if e.status == 409 else "api").inc()
+            if e.status != 409:
+                log.warning("%s: reconcile %s: API error %s %s", self.name, key, e.status, (e.reason or "")[:200])
+            return "conflict" if e.status == 409 else "error"
+        what = timed_out(e)
+        if what is not None:
+            # An expected operational event (a slow API server, a deadline near the lease's end):
+            # one WARNING line, no traceback.
+            self.metrics.reconcile_errors.labels(self.name, "timeout").inc()
+            log.warning(
+                "%s: reconcile %s timed out after %.2fs (reconcile timeout %.2fs): %s",
+                self.name,
+                key,
+                took,
+                self.shard.settings.reconcile_timeout,
+                what,
+            )
+            return "timeout"
+        self.metrics.reconcile_errors.labels(self.name, "exception").inc()
+        log.debug("%s: reconcile %s failed", self.name, key, exc_info=e)
+        log.error("%s: reconcile %s failed: %s: %s (traceback at DEBUG)", self.name, key, type(e).__name__, e)
+        return "error"
 
     @property
     def ready(self) -> bool:
