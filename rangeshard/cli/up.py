@@ -75,8 +75,9 @@ from rangeshard.cli.tables import table_console
 from rangeshard.cli.updown import PortPlan, choose_port, demo_summary, plan_ports, wait_healthy
 from rangeshard.core.errors import ConfigError, RangeshardError
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
+from rangeshard.core.etcdserver import EtcdServer
 from rangeshard.core.loops import start_thread
-from rangeshard.core.process import EtcdServer, process_start_time
+from rangeshard.core.process import process_start_time
 from registry import DEFAULT_PREFIX, MembershipWatch, RegistryView
 
 if TYPE_CHECKING:

@@ -16,7 +16,8 @@ import pytest
 from hashing import MAX_HASH, HashRange
 from rangeshard.core.errors import AlreadyRegistered, CompareFailed, ConfigError, LeaseLost, NotRegistered
 from rangeshard.core.etcd import EtcdClient, EtcdConfig, PrefixWatch
-from rangeshard.core.process import EtcdServer, popen
+from rangeshard.core.etcdserver import EtcdServer
+from rangeshard.core.process import popen
 from registry import LeaseKeeper, MembershipWatch, Registry, RegistryView, Snapshot, State
 from tests.helpers import wait_until
 from tests.relay import TcpRelay
