@@ -45,6 +45,7 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -64,7 +65,6 @@ from controller_manager.workqueue import WorkQueue
 from hashing import MAX_CHAIN, HashRange, ShardBy, hash_key, root_path
 from rangeshard.core.clock import MONOTONIC, Clock
 from rangeshard.core.errors import ControllerError, ReconcileTimeout
-from rangeshard.core.etcd import EtcdConfig
 from rangeshard.core.loops import start_thread
 from rangeshard.core.ownertoken import OwnerToken
 from rangeshard.core.rest import GVR
@@ -222,27 +222,19 @@ class ControllerRuntime(ShardHost):
         controller_cls: type[Controller],
         *,
         api_client: Any,
-        controller_type: str | None = None,
-        etcd_config: EtcdConfig,
-        registry_prefix: str,
-        instance_id: str,
+        shard: ShardSettings,
         workers: int,
-        lease_ttl: int,
-        reconcile_timeout: float,
         metrics: Metrics,
         audit: AuditLog | None = None,
         resync_period: float = 30.0,
-        host: str | None = None,
-        pid: int | None = None,
         reconcile_delay: float = 0.0,
         reconcile_hold_file: str | None = None,
-        rejoin_grace: float = 0.0,
         cost_window: float = 300.0,
-        stuck_after_seconds: float | None = None,
     ) -> None:
+        """``shard``: the instance's settings; its ``main_resource`` is set here, from the controller class."""
         self.api_client = api_client
-        self.name = controller_type or controller_cls.name
-        self.instance_id = instance_id
+        self.name = shard.controller_type
+        self.instance_id = shard.instance_id
         self.workers = workers
         self.metrics = metrics
         self.audit = audit
@@ -264,34 +256,16 @@ class ControllerRuntime(ShardHost):
         self._uids_lock = threading.Lock()
         self._fenced_tokens: set[OwnerToken | None] = set()  # one log line per fenced epoch
         self.controller = controller_cls(self)
-        self.shard = ShardInstance(
-            ShardSettings(
-                etcd_config=etcd_config,
-                registry_prefix=registry_prefix,
-                controller_type=self.name,
-                instance_id=instance_id,
-                lease_ttl=lease_ttl,
-                reconcile_timeout=reconcile_timeout,
-                hostname=host,
-                pid=pid,
-                rejoin_grace=rejoin_grace,
-                # Published in the record: the proxy measures progress on the main resource (by uid).
-                main_resource=MainResource(
-                    group=controller_cls.main.group,
-                    version=controller_cls.main.version,
-                    resource=controller_cls.main.name,
-                    by=ShardBy.UID,
-                ),
-                stuck_after_seconds=stuck_after_seconds,
-            ),
-            self,
-        )
+        # Published in the record: the proxy measures progress on the main resource (by uid).
+        main = controller_cls.main
+        main_resource = MainResource(group=main.group, version=main.version, resource=main.name, by=ShardBy.UID)
+        self.shard = ShardInstance(replace(shard, main_resource=main_resource), self)
         self.informers = self._informers(controller_cls, api_client)
         for informed, inf in self.informers.items():
             metrics.informer_objects.labels(self.name, informed).set_function(inf.__len__)
         self._threads: list[threading.Thread] = []
         self._stop = threading.Event()
-        metrics.set_state(self.name, instance_id, "init")
+        metrics.set_state(self.name, self.instance_id, "init")
 
     def _informers(self, controller_cls: type[Controller], api_client: Any) -> dict[str, Informer]:
         """One informer per resource, restricted to this instance's range; the shard rules declared to the proxy.

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from dataclasses import replace
 from typing import Any
 
 from controller_manager.config import ExternalSection
@@ -36,7 +37,6 @@ from controller_manager.external.endpoint import Endpoint
 from controller_manager.metrics import Metrics
 from controller_manager.sharding import ShardHost, ShardInstance, ShardSettings
 from hashing import HashRange
-from rangeshard.core.etcd import EtcdConfig
 from rangeshard.core.loops import start_thread
 from rangeshard.core.ownertoken import OwnerToken
 from registry import ChildInfo
@@ -54,38 +54,18 @@ class ExternalRuntime(ShardHost):
         name: str,
         section: ExternalSection,
         *,
-        controller_type: str,
         proxy_url: str,
         proxy_token_file: str | None,
         proxy_ca_cert: str | None,
-        etcd_config: EtcdConfig,
-        registry_prefix: str,
-        instance_id: str,
-        lease_ttl: int,
-        reconcile_timeout: float,
+        shard: ShardSettings,
         metrics: Metrics,
-        host: str | None = None,
-        pid: int | None = None,
-        rejoin_grace: float = 0.0,
-        stuck_after_seconds: float | None = None,
     ) -> None:
-        self.name = controller_type
-        self.instance_id = instance_id
-        self.lease_ttl = lease_ttl
+        """``shard``: the instance's settings; its ``main_resource`` is set here, from the section."""
+        self.name = controller_type = shard.controller_type
+        self.instance_id = instance_id = shard.instance_id
+        self.lease_ttl = shard.lease_ttl
         self.metrics = metrics
-        self._settings = ShardSettings(
-            etcd_config=etcd_config,
-            registry_prefix=registry_prefix,
-            controller_type=controller_type,
-            instance_id=instance_id,
-            lease_ttl=lease_ttl,
-            reconcile_timeout=reconcile_timeout,
-            hostname=host,
-            pid=pid,
-            rejoin_grace=rejoin_grace,
-            main_resource=section.published_main(),
-            stuck_after_seconds=stuck_after_seconds,
-        )
+        self._settings = replace(shard, main_resource=section.published_main())
         self.shard = ShardInstance(self._settings, self)
         self.endpoint = Endpoint(
             controller_type,

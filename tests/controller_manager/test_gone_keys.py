@@ -17,6 +17,7 @@ from typing import Any
 from controller_manager.controller import ControllerRuntime
 from controller_manager.controllers.replicaset import ReplicaSetController
 from controller_manager.metrics import Metrics
+from controller_manager.sharding import ShardSettings
 from hashing import hash_key
 from rangeshard.core.etcd import EtcdConfig
 
@@ -34,12 +35,15 @@ def _runtime(etcd_config: EtcdConfig, key_prefix: str) -> ControllerRuntime:
     return ControllerRuntime(
         ReplicaSetController,
         api_client=api,
-        etcd_config=etcd_config,
-        registry_prefix=key_prefix,
-        instance_id="t0",
+        shard=ShardSettings(
+            etcd_config=etcd_config,
+            registry_prefix=key_prefix,
+            controller_type="replicaset",
+            instance_id="t0",
+            lease_ttl=5,
+            reconcile_timeout=5.0,
+        ),
         workers=1,
-        lease_ttl=5,
-        reconcile_timeout=5.0,
         metrics=Metrics(),
     )
 

@@ -21,6 +21,7 @@ from urllib3.exceptions import ConnectTimeoutError, MaxRetryError, ProtocolError
 from controller_manager.controller import ControllerRuntime, ReconcileContext, timed_out
 from controller_manager.controllers.replicaset import ReplicaSetController
 from controller_manager.metrics import Metrics
+from controller_manager.sharding import ShardSettings
 from hashing import hash_key
 from rangeshard.core.clock import MONOTONIC
 from rangeshard.core.errors import ReconcileTimeout
@@ -128,12 +129,15 @@ def _reconcile_once(etcd_config: EtcdConfig, key_prefix: str, error: BaseExcepti
     rt = ControllerRuntime(
         _broken(error),
         api_client=k8s.ApiClient(k8s.Configuration(host="http://127.0.0.1:9")),  # never called
-        etcd_config=etcd_config,
-        registry_prefix=key_prefix,
-        instance_id="t0",
+        shard=ShardSettings(
+            etcd_config=etcd_config,
+            registry_prefix=key_prefix,
+            controller_type="replicaset",
+            instance_id="t0",
+            lease_ttl=5,
+            reconcile_timeout=5.0,
+        ),
         workers=1,
-        lease_ttl=5,
-        reconcile_timeout=5.0,
         metrics=metrics,
     )
     shard = _Shard()
