@@ -14,18 +14,16 @@ from types import SimpleNamespace
 
 import pytest
 import urllib3
-from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import ConnectTimeoutError, MaxRetryError, ProtocolError, ReadTimeoutError
 
 from controller_manager.controller import ControllerRuntime, ReconcileContext, timed_out
 from controller_manager.controllers.replicaset import ReplicaSetController
-from controller_manager.metrics import Metrics
-from controller_manager.sharding import ShardSettings
 from hashing import hash_key
 from rangeshard.core.clock import MONOTONIC
 from rangeshard.core.errors import ReconcileTimeout
 from rangeshard.core.etcd import EtcdConfig
+from tests.helpers import offline_runtime
 
 
 class _Clock:
@@ -125,21 +123,7 @@ class _Shard:
 
 
 def _reconcile_once(etcd_config: EtcdConfig, key_prefix: str, error: BaseException) -> tuple[ControllerRuntime, _Shard]:
-    metrics = Metrics()
-    rt = ControllerRuntime(
-        _broken(error),
-        api_client=k8s.ApiClient(k8s.Configuration(host="http://127.0.0.1:9")),  # never called
-        shard=ShardSettings(
-            etcd_config=etcd_config,
-            registry_prefix=key_prefix,
-            controller_type="replicaset",
-            instance_id="t0",
-            lease_ttl=5,
-            reconcile_timeout=5.0,
-        ),
-        workers=1,
-        metrics=metrics,
-    )
+    rt = offline_runtime(_broken(error), etcd_config, key_prefix)
     shard = _Shard()
     rt.shard = shard  # type: ignore[assignment]
     # A key the runtime can hash: a deleted object's (the informer is not started, its store stays empty).
