@@ -24,7 +24,10 @@ DATA_TABLES = {
 }
 
 #: Known offenders being shrunk elsewhere; an entry whose offence is gone must be removed (see the last test).
-ALLOWED: set[str] = set()
+ALLOWED = {
+    # The proxy's watch cache: the engineer working on range_filter_proxy/ splits it (issue 40).
+    "range_filter_proxy/watchcache.py",
+}
 
 
 def _modules() -> list[Path]:
