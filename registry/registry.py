@@ -215,7 +215,8 @@ class Registry:
             record = _newcomer(
                 snap, {"instance_id": instance_id, "started_at": stamp, "heartbeat_at": stamp, **published}
             )
-            if self._put_if_type_unchanged(snap, record, lease_id, f"joining {controller_type}/{instance_id}"):
+            put = Put(self.layout.record_key(controller_type, instance_id), record.to_json(), lease_id)
+            if self._put_if_type_unchanged(snap, [put], f"joining {controller_type}/{instance_id}"):
                 log.info(
                     "joined %s as %s with key %s (giver %s) after %s attempt(s)",
                     controller_type,
@@ -231,14 +232,11 @@ class Registry:
             _pause(attempt)
         raise CompareFailed(f"joining {controller_type}/{instance_id}: lost {_MAX_ATTEMPTS} races in a row")
 
-    def _put_if_type_unchanged(self, snap: Snapshot, record: InstanceRecord, lease_id: int, what: str) -> bool:
-        """Write ``record`` on ``lease_id`` if no record of its type changed since ``snap`` was read."""
+    def _put_if_type_unchanged(self, snap: Snapshot, puts: list[Put], what: str) -> bool:
+        """Write ``puts`` in one transaction if no record of ``snap``'s type changed since it was read."""
         prefix = self.layout.type_prefix(snap.controller_type)
-        key = self.layout.record_key(snap.controller_type, record.instance_id)
         return self.client.transaction(
-            compare=[Compare.mod(prefix, "<", snap.revision + 1, prefix=True)],
-            success=[Put(key, record.to_json(), lease_id)],
-            what=what,
+            compare=[Compare.mod(prefix, "<", snap.revision + 1, prefix=True)], success=puts, what=what
         ).succeeded
 
     def _unpark(self, member: Member, lease_id: int, published: dict[str, Any]) -> Member | None:
@@ -285,7 +283,6 @@ class Registry:
         ``lease_id``.
         """
         what = f"parking {controller_type}/{instance_id}"
-        prefix = self.layout.type_prefix(controller_type)
         for attempt in range(_MAX_ATTEMPTS):
             snap = self.snapshot(controller_type)
             me = snap.get(instance_id)
@@ -298,12 +295,7 @@ class Registry:
             for r in receivers:
                 unlocked = r.record.evolve(is_locked=False, giver=None)
                 puts.append(Put(r.key, unlocked.to_json(), r.lease_id))
-            ok = self.client.transaction(
-                compare=[Compare.mod(prefix, "<", snap.revision + 1, prefix=True)],
-                success=puts,
-                what=what,
-            ).succeeded
-            if ok:
+            if self._put_if_type_unchanged(snap, puts, what):
                 log.info(
                     "%s: key %s kept for %.0fs%s",
                     what,
@@ -526,16 +518,10 @@ class Registry:
             return me, receiver
         lock: dict[str, object] = {"is_locked": True, "state": State.LOCKED, "giver": giver.instance_id}
         moved = me.record.evolve(hash_key=new_key, **(lock if receiver is me else {}))
-        prefix = self.layout.type_prefix(controller_type)
         puts = [Put(me.key, moved.to_json(), me.lease_id)]
         if receiver is not me:
             puts.append(Put(receiver.key, receiver.record.evolve(**lock).to_json(), receiver.lease_id))
-        ok = self.client.transaction(
-            compare=[Compare.mod(prefix, "<", snap.revision + 1, prefix=True)],
-            success=puts,
-            what=f"moving the key of {controller_type}/{instance_id}",
-        ).succeeded
-        if not ok:
+        if not self._put_if_type_unchanged(snap, puts, f"moving the key of {controller_type}/{instance_id}"):
             raise CompareFailed(f"moving the key of {controller_type}/{instance_id}: the registry changed concurrently")
         log.info(
             "moved %s/%s key %s -> %s; %s locked until %s drains",
