@@ -89,7 +89,7 @@ from hashing import HashRange
 from rangeshard.core.clock import MONOTONIC, Clock
 from rangeshard.core.errors import AlreadyRegistered, CompareFailed, NotRegistered, RangeshardError
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
-from rangeshard.core.loops import start_thread
+from rangeshard.core.loops import join_thread, start_thread
 from rangeshard.core.ownertoken import OwnerToken
 from registry import ChildInfo, LeaseKeeper, MainResource, MembershipWatch, Registry, RegistryView, Snapshot, State
 
@@ -271,8 +271,7 @@ class ShardInstance:
             log.warning("%s: leaving with %s reconcile(s) still running: %s", self.name, len(left), sorted(left))
         self._stop.set()
         self._events.put("stop")
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=self.settings.lease_ttl + 5)
+        join_thread(self._thread, self.settings.lease_ttl + 5)
         if self.watch is not None:
             self.watch.stop()
         parked = False
