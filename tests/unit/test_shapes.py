@@ -25,8 +25,9 @@ DATA_TABLES = {
 
 #: Known offenders being shrunk elsewhere; an entry whose offence is gone must be removed (see the last test).
 ALLOWED = {
-    # The proxy's watch cache: the engineer working on range_filter_proxy/ splits it (issue 40).
+    # The proxy's watch cache: the engineer working on range_filter_proxy/ shrinks it (issue 40).
     "range_filter_proxy/watchcache.py",
+    "range_filter_proxy/watchcache.py::apply",
 }
 
 
