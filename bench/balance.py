@@ -40,8 +40,9 @@ import uuid
 from typing import Any
 
 from hashing import HashRange, hash_key, split_largest
+from registry.histogram import gap_histogram, histogram
 from registry.models import InstanceRecord, Snapshot, State
-from registry.rebalance import Plan, gap_histogram, histogram, make_plan
+from registry.rebalance import Plan, make_plan
 
 #: The controller type of the synthetic registry snapshots.
 CONTROLLER_TYPE = "bench"

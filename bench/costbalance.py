@@ -40,7 +40,8 @@ from controller_manager.audit import read_records
 from controller_manager.process import ManagerProcess
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
 from registry import Registry
-from registry.rebalance import apply_plan, make_plan, max_over_mean, owned
+from registry.apply import apply_plan
+from registry.rebalance import make_plan, max_over_mean, owned
 
 log = logging.getLogger(__name__)
 

@@ -45,6 +45,7 @@ from controller_manager.fencing import api_client_for
 from controller_manager.metrics import Metrics
 from controller_manager.process import ManagerProcess
 from controller_manager.resources import Resource
+from controller_manager.sharding import ShardSettings
 from rangeshard.core.etcd import EtcdConfig
 from rangeshard.core.logs import configure_logging
 
@@ -128,16 +129,19 @@ def main(argv: list[str] | None = None) -> int:
     rt = ControllerRuntime(
         SleepController,
         api_client=api,
-        etcd_config=EtcdConfig.from_urls(args.etcd),
-        registry_prefix=args.registry_prefix,
-        instance_id=args.instance,
+        shard=ShardSettings(
+            etcd_config=EtcdConfig.from_urls(args.etcd),
+            registry_prefix=args.registry_prefix,
+            controller_type=SleepController.name,
+            instance_id=args.instance,
+            lease_ttl=args.lease_ttl,
+            reconcile_timeout=args.reconcile_timeout,
+            rejoin_grace=args.rejoin_grace,
+        ),
         workers=args.workers,
-        lease_ttl=args.lease_ttl,
-        reconcile_timeout=args.reconcile_timeout,
         metrics=Metrics(),
         audit=audit,
         resync_period=args.resync_seconds,
-        rejoin_grace=args.rejoin_grace,
         cost_window=args.cost_window,
     )
     faulthandler.register(signal.SIGUSR1)  # the benchmark asks for every thread's stack when a stop hangs

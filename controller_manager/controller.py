@@ -45,6 +45,7 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -58,18 +59,17 @@ from controller_manager.fencing import FencedApiClient, WriteFenced
 from controller_manager.informer import Informer
 from controller_manager.metrics import Metrics
 from controller_manager.resources import Resource, controller_ref, object_key, raw_request
-from controller_manager.sharding import ShardInstance
+from controller_manager.sharding import ShardHost, ShardInstance, ShardSettings
 from controller_manager.watchdog import ReconcileTracker
 from controller_manager.workqueue import WorkQueue
 from hashing import MAX_CHAIN, HashRange, ShardBy, hash_key, root_path
 from rangeshard.core.clock import MONOTONIC, Clock
 from rangeshard.core.errors import ControllerError, ReconcileTimeout
-from rangeshard.core.etcd import EtcdConfig
 from rangeshard.core.loops import start_thread
 from rangeshard.core.ownertoken import OwnerToken
 from rangeshard.core.rest import GVR
+from registry.histogram import add_cost, gap_histogram, histogram
 from registry.models import MainResource
-from registry.rebalance import add_cost, gap_histogram, histogram
 
 log = logging.getLogger(__name__)
 
@@ -214,7 +214,7 @@ def _uid_hash(uid: str) -> int:
     return hash_key(uid.encode().decode())
 
 
-class ControllerRuntime:
+class ControllerRuntime(ShardHost):
     """Runs one controller type in this process as one registered instance (see module docstring)."""
 
     def __init__(
@@ -222,27 +222,19 @@ class ControllerRuntime:
         controller_cls: type[Controller],
         *,
         api_client: Any,
-        controller_type: str | None = None,
-        etcd_config: EtcdConfig,
-        registry_prefix: str,
-        instance_id: str,
+        shard: ShardSettings,
         workers: int,
-        lease_ttl: int,
-        reconcile_timeout: float,
         metrics: Metrics,
         audit: AuditLog | None = None,
         resync_period: float = 30.0,
-        host: str | None = None,
-        pid: int | None = None,
         reconcile_delay: float = 0.0,
         reconcile_hold_file: str | None = None,
-        rejoin_grace: float = 0.0,
         cost_window: float = 300.0,
-        stuck_after_seconds: float | None = None,
     ) -> None:
+        """``shard``: the instance's settings; its ``main_resource`` is set here, from the controller class."""
         self.api_client = api_client
-        self.name = controller_type or controller_cls.name
-        self.instance_id = instance_id
+        self.name = shard.controller_type
+        self.instance_id = shard.instance_id
         self.workers = workers
         self.metrics = metrics
         self.audit = audit
@@ -264,35 +256,24 @@ class ControllerRuntime:
         self._uids_lock = threading.Lock()
         self._fenced_tokens: set[OwnerToken | None] = set()  # one log line per fenced epoch
         self.controller = controller_cls(self)
-        self.shard = ShardInstance(
-            etcd_config=etcd_config,
-            registry_prefix=registry_prefix,
-            controller_type=self.name,
-            instance_id=instance_id,
-            lease_ttl=lease_ttl,
-            reconcile_timeout=reconcile_timeout,
-            synced=self._synced,
-            on_epoch=self._reset_informers,
-            on_allowed=self._resync_now,
-            workload=self._workload,
-            on_state=lambda s: metrics.set_state(self.name, instance_id, s),
-            on_token=api_client.set_token if isinstance(api_client, FencedApiClient) else None,
-            host=host,
-            pid=pid,
-            on_count=lambda event: metrics.handover.labels(self.name, event).inc(),
-            rejoin_grace=rejoin_grace,
-            # Published in the record: the proxy measures progress on the main resource (by uid).
-            main_resource=MainResource(
-                group=controller_cls.main.group,
-                version=controller_cls.main.version,
-                resource=controller_cls.main.name,
-                by=ShardBy.UID,
-            ),
-            stuck_after_seconds=stuck_after_seconds,
-        )
-        # The main resource by its own uid, each dependent by its controller owner's uid: the same
-        # rules its informers read with are declared with every write (the proxy's fence applies them).
-        # Chained resources (read two levels down) by their root through their via kinds.
+        # Published in the record: the proxy measures progress on the main resource (by uid).
+        main = controller_cls.main
+        main_resource = MainResource(group=main.group, version=main.version, resource=main.name, by=ShardBy.UID)
+        self.shard = ShardInstance(replace(shard, main_resource=main_resource), self)
+        self.informers = self._informers(controller_cls, api_client)
+        for informed, inf in self.informers.items():
+            metrics.informer_objects.labels(self.name, informed).set_function(inf.__len__)
+        self._threads: list[threading.Thread] = []
+        self._stop = threading.Event()
+        metrics.set_state(self.name, self.instance_id, "init")
+
+    def _informers(self, controller_cls: type[Controller], api_client: Any) -> dict[str, Informer]:
+        """One informer per resource, restricted to this instance's range; the shard rules declared to the proxy.
+
+        The main resource by its own uid, each dependent by its controller owner's uid: the same rules
+        its informers read with are declared with every write (the proxy's fence applies them).
+        Chained resources (read two levels down) by their root through their via kinds.
+        """
         handlers: list[tuple[Resource, ShardBy, str, Callable[[str, dict[str, Any]], None]]] = [
             (controller_cls.main, ShardBy.UID, ShardBy.UID.path, self._on_main),
             *(
@@ -306,9 +287,8 @@ class ControllerRuntime:
         ]
         if isinstance(api_client, FencedApiClient):
             api_client.set_rules({resource.gvr.label: rule for resource, rule, _, _ in handlers})
-        self.informers: dict[str, Informer] = {}
-        for resource, _rule, path, on_event in handlers:
-            self.informers[resource.name] = Informer(
+        return {
+            resource.name: Informer(
                 api_client,
                 resource,
                 path=path,
@@ -316,11 +296,8 @@ class ControllerRuntime:
                 on_event=on_event,
                 name=f"{self.name}-{resource.name}",
             )
-        for informed, inf in self.informers.items():
-            metrics.informer_objects.labels(self.name, informed).set_function(inf.__len__)
-        self._threads: list[threading.Thread] = []
-        self._stop = threading.Event()
-        metrics.set_state(self.name, instance_id, "init")
+            for resource, _rule, path, on_event in handlers
+        }
 
     @property
     def watched_informers(self) -> list[Informer]:
@@ -347,14 +324,29 @@ class ControllerRuntime:
             if self._gone.get(key) == key_hash:
                 del self._gone[key]
 
-    def _synced(self, epoch: int) -> bool:
+    # -- the shard instance's host (ShardHost) -----------------------------------
+    def synced(self, epoch: int) -> bool:
         return all(i.synced_epoch == epoch for i in self.informers.values())
 
-    def _reset_informers(self) -> None:
+    def on_epoch(self) -> None:
         for inf in self.informers.values():
             inf.reset()
 
-    def _workload(self, rng: HashRange) -> tuple[int, dict[str, Any] | None]:
+    def on_allowed(self) -> None:
+        for obj in self.informers[self.controller.main.name].items():
+            self.queue.add(object_key(obj))
+
+    def on_state(self, state: str) -> None:
+        self.metrics.set_state(self.name, self.instance_id, state)
+
+    def on_token(self, token: OwnerToken) -> None:
+        if isinstance(self.api_client, FencedApiClient):
+            self.api_client.set_token(token)
+
+    def on_count(self, event: str) -> None:
+        self.metrics.handover.labels(self.name, event).inc()
+
+    def workload(self, rng: HashRange) -> tuple[int, dict[str, Any] | None]:
         uids = [(obj.get("metadata") or {}).get("uid") for obj in self.informers[self.controller.main.name].items()]
         keys = [_uid_hash(uid) for uid in uids if uid]
         hist = gap_histogram(keys, rng)
@@ -448,13 +440,9 @@ class ControllerRuntime:
         for inf in self.informers.values():
             inf.stop()
 
-    def _resync_now(self) -> None:
-        for obj in self.informers[self.controller.main.name].items():
-            self.queue.add(object_key(obj))
-
     def _resync(self) -> None:
         while not self._stop.wait(self.resync_period):
-            self._resync_now()
+            self.on_allowed()
 
     def _worker(self) -> None:
         while not self._stop.is_set():
@@ -491,6 +479,10 @@ class ControllerRuntime:
             else:
                 self._forget_gone(key, key_hash)
             return
+        self._reconcile(key, key_hash, deadline)
+
+    def _reconcile(self, key: str, key_hash: int, deadline: float) -> None:
+        """One claimed reconcile: run it, sort out how it ended, then account for it (audit, release, metrics)."""
         ctx = ReconcileContext(key, deadline, self.shard.clock)
         in_flight = self.metrics.in_flight.labels(self.name)
         start = audit_now()
@@ -515,51 +507,8 @@ class ControllerRuntime:
                 self.controller.reconcile(key, ctx)
             self.queue.forget(key)
             self._forget_gone(key, key_hash)
-        except WriteFenced as e:
-            # Loss of ownership: drop the key (no retry; the owner has it, or a relist brings it back).
-            result = "fenced"
-            self.queue.forget(key)
-            self._forget_gone(key, key_hash)
-            self.metrics.fenced_writes.labels(self.name, e.reason).inc()
-            if self.shard.write_fenced(e.token, stale_epoch=e.reason == "StaleEpoch"):
-                with self._uids_lock:
-                    first = e.token not in self._fenced_tokens
-                    self._fenced_tokens.add(e.token)
-                if first:
-                    log.warning("%s: %s (key %s dropped)", self.name, e, key)
-        except Requeue as r:
-            result = "requeue"
-            if r.after is not None:
-                self.queue.add_after(key, r.after)
-            else:
-                self.queue.add_rate_limited(key)
-        except ApiException as e:
-            result = "conflict" if e.status == 409 else "error"
-            self.metrics.reconcile_errors.labels(self.name, "conflict" if e.status == 409 else "api").inc()
-            if e.status != 409:
-                log.warning("%s: reconcile %s: API error %s %s", self.name, key, e.status, (e.reason or "")[:200])
-            self.queue.add_rate_limited(key)
         except Exception as e:
-            what = timed_out(e)
-            if what is not None:
-                # An expected operational event (a slow API server, a deadline near the lease's end):
-                # one WARNING line, no traceback.
-                result = "timeout"
-                self.metrics.reconcile_errors.labels(self.name, "timeout").inc()
-                log.warning(
-                    "%s: reconcile %s timed out after %.2fs (reconcile timeout %.2fs): %s",
-                    self.name,
-                    key,
-                    time.monotonic() - t0,
-                    self.shard.reconcile_timeout,
-                    what,
-                )
-            else:
-                result = "error"
-                self.metrics.reconcile_errors.labels(self.name, "exception").inc()
-                log.debug("%s: reconcile %s failed", self.name, key, exc_info=True)
-                log.error("%s: reconcile %s failed: %s: %s (traceback at DEBUG)", self.name, key, type(e).__name__, e)
-            self.queue.add_rate_limited(key)
+            result = self._failed(key, key_hash, e, time.monotonic() - t0)
         finally:
             end = audit_now()
             if self.audit is not None:
@@ -573,6 +522,51 @@ class ControllerRuntime:
             self.metrics.reconcile_cpu_seconds_total.labels(self.name).inc(max(0.0, time.thread_time() - cpu0))
             self.metrics.reconciles.labels(self.name, result).inc()
             self.metrics.reconcile_seconds.labels(self.name).observe(took)
+
+    def _failed(self, key: str, key_hash: int, e: Exception, took: float) -> str:
+        """Requeue (or drop) a key whose reconcile raised ``e``, count and log it; return the result label."""
+        if isinstance(e, WriteFenced):
+            # Loss of ownership: drop the key (no retry; the owner has it, or a relist brings it back).
+            self.queue.forget(key)
+            self._forget_gone(key, key_hash)
+            self.metrics.fenced_writes.labels(self.name, e.reason).inc()
+            if self.shard.write_fenced(e.token, stale_epoch=e.reason == "StaleEpoch"):
+                with self._uids_lock:
+                    first = e.token not in self._fenced_tokens
+                    self._fenced_tokens.add(e.token)
+                if first:
+                    log.warning("%s: %s (key %s dropped)", self.name, e, key)
+            return "fenced"
+        if isinstance(e, Requeue):
+            if e.after is not None:
+                self.queue.add_after(key, e.after)
+            else:
+                self.queue.add_rate_limited(key)
+            return "requeue"
+        self.queue.add_rate_limited(key)
+        if isinstance(e, ApiException):
+            self.metrics.reconcile_errors.labels(self.name, "conflict" if e.status == 409 else "api").inc()
+            if e.status != 409:
+                log.warning("%s: reconcile %s: API error %s %s", self.name, key, e.status, (e.reason or "")[:200])
+            return "conflict" if e.status == 409 else "error"
+        what = timed_out(e)
+        if what is not None:
+            # An expected operational event (a slow API server, a deadline near the lease's end):
+            # one WARNING line, no traceback.
+            self.metrics.reconcile_errors.labels(self.name, "timeout").inc()
+            log.warning(
+                "%s: reconcile %s timed out after %.2fs (reconcile timeout %.2fs): %s",
+                self.name,
+                key,
+                took,
+                self.shard.settings.reconcile_timeout,
+                what,
+            )
+            return "timeout"
+        self.metrics.reconcile_errors.labels(self.name, "exception").inc()
+        log.debug("%s: reconcile %s failed", self.name, key, exc_info=e)
+        log.error("%s: reconcile %s failed: %s: %s (traceback at DEBUG)", self.name, key, type(e).__name__, e)
+        return "error"
 
     @property
     def ready(self) -> bool:

@@ -6,7 +6,7 @@ Purpose
     (the hash the key is sharded by), how many seconds of reconcile wall time
     the key costs per ``window`` (``costWindowSeconds``); the runtime
     publishes the sums per histogram bucket in its registry record
-    (``histogram.cost``, see :func:`registry.rebalance.add_cost`). The unit is
+    (``histogram.cost``, see :func:`registry.histogram.add_cost`). The unit is
     the one earlier versions published (a decayed sum whose steady state is
     rate x window), so records of both stay comparable and readable.
 

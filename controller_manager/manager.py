@@ -29,6 +29,7 @@ import secrets
 import signal
 import socket
 import threading
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from controller_manager.audit import AuditLog
@@ -36,6 +37,7 @@ from controller_manager.config import ControllerSection, ManagerConfig
 from controller_manager.external import ExternalRuntime
 from controller_manager.metrics import Metrics, StatusServer
 from controller_manager.plugins import controller_type, resolve_controllers
+from controller_manager.sharding import ShardSettings
 from controller_manager.watchdog import Watchdog
 from rangeshard.core.etcd import EtcdConfig
 from rangeshard.core.loops import start_thread
@@ -75,33 +77,33 @@ class ControllerManager:
         self.runtimes: list[ControllerRuntime | ExternalRuntime] = []
         classes = resolve_controllers(config.controllers)
         for name, section in config.controllers.items():
-            # What every runtime takes, built-in or external.
-            common: dict[str, Any] = {
-                "etcd_config": self.etcd_config,
-                "registry_prefix": config.registry_prefix,
-                "instance_id": f"{self.prefix}-{name}",
-                "lease_ttl": config.lease_ttl_seconds,
-                "reconcile_timeout": config.reconcile_timeout_seconds,
-                "metrics": self.metrics,
-                "host": socket.gethostname(),
-                "pid": os.getpid(),
-                "rejoin_grace": config.rejoin_grace_seconds,
-                "stuck_after_seconds": config.stuck_after_seconds,
-            }
+            # What every runtime's shard instance takes, built-in or external.
+            shard = ShardSettings(
+                etcd_config=self.etcd_config,
+                registry_prefix=config.registry_prefix,
+                controller_type=name,
+                instance_id=f"{self.prefix}-{name}",
+                lease_ttl=config.lease_ttl_seconds,
+                reconcile_timeout=config.reconcile_timeout_seconds,
+                hostname=socket.gethostname(),
+                pid=os.getpid(),
+                rejoin_grace=config.rejoin_grace_seconds,
+                stuck_after_seconds=config.stuck_after_seconds,
+            )
             if section.external is not None:
                 self.runtimes.append(
                     ExternalRuntime(
                         name,
                         section.external,
-                        controller_type=name,
                         proxy_url=config.proxy.url,
                         proxy_token_file=config.proxy.token_file,
                         proxy_ca_cert=config.proxy.ca_cert,
-                        **common,
+                        shard=shard,
+                        metrics=self.metrics,
                     )
                 )
                 continue
-            self.runtimes.append(self._in_process(name, classes[name], section, common))
+            self.runtimes.append(self._in_process(name, classes[name], section, shard))
         self.watchdog = Watchdog(
             config.watchdog,
             [rt for rt in self.runtimes if not isinstance(rt, ExternalRuntime)],
@@ -117,7 +119,7 @@ class ControllerManager:
             )
 
     def _in_process(
-        self, name: str, cls: type[Controller], section: ControllerSection, common: dict[str, Any]
+        self, name: str, cls: type[Controller], section: ControllerSection, shard: ShardSettings
     ) -> ControllerRuntime:
         """The runtime of a ``Controller`` class: the framework and the official client are loaded here only."""
         from controller_manager.controller import ControllerRuntime  # noqa: PLC0415 (not for external-only managers)
@@ -129,14 +131,14 @@ class ControllerManager:
         self.api_clients.append(api_client)
         return ControllerRuntime(
             cls,
-            controller_type=controller_type(name, cls),
             api_client=api_client,
+            shard=replace(shard, controller_type=controller_type(name, cls)),
             workers=section.workers,
+            metrics=self.metrics,
             audit=self.audit,
             reconcile_delay=section.reconcile_delay_seconds,
             reconcile_hold_file=section.reconcile_hold_file,
             cost_window=self.config.cost_window_seconds,
-            **common,
         )
 
     def ready(self) -> bool:

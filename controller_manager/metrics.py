@@ -34,14 +34,7 @@ class Metrics:
 
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry()
-
-        # Label names are given as one space-separated string.
-        def counter(name: str, doc: str, labels: str = "controller") -> Counter:
-            return Counter(name, doc, labels.split(), registry=r)
-
-        def gauge(name: str, doc: str, labels: str = "controller") -> Gauge:
-            return Gauge(name, doc, labels.split(), registry=r)
-
+        counter, gauge = self._counter, self._gauge
         self.state = gauge("rangeshard_instance_state", "1 for the current handover state", "controller instance state")
         self.transitions = counter("rangeshard_state_transitions_total", "Handover state changes", "controller state")
         self.reconciles = counter("rangeshard_reconciles_total", "Reconciles by result", "controller result")
@@ -87,6 +80,18 @@ class Metrics:
         )
         self.queue_depth = gauge("rangeshard_workqueue_depth", "Queued keys")
         self.workload = gauge("rangeshard_workload_objects", "Main objects in range")
+        self._health_families()
+
+    # Label names are given as one space-separated string.
+    def _counter(self, name: str, doc: str, labels: str = "controller") -> Counter:
+        return Counter(name, doc, labels.split(), registry=self.registry)
+
+    def _gauge(self, name: str, doc: str, labels: str = "controller") -> Gauge:
+        return Gauge(name, doc, labels.split(), registry=self.registry)
+
+    def _health_families(self) -> None:
+        """The families of the external child, the watchdog and the informers' caches."""
+        counter, gauge = self._counter, self._gauge
         self.external_restarts = counter(
             "rangeshard_external_child_restarts_total",
             "Restarts of an external controller the manager runs (`command`): it exited, or was killed after "

@@ -62,7 +62,7 @@ import httpx
 
 from controller_manager.config import ExecSection, HttpGetSection, LivenessProbeSection
 from rangeshard import __version__
-from rangeshard.core.loops import start_thread
+from rangeshard.core.loops import join_thread, start_thread
 
 log = logging.getLogger(__name__)
 
@@ -256,8 +256,7 @@ class Prober:
             self._stopped = True
             self._run = None
             self._cond.notify_all()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(self.probe.timeout_seconds + 5)
+        join_thread(self._thread, self.probe.timeout_seconds + 5)
         if self._client is not None:
             self._client.close()
 

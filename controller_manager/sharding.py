@@ -60,7 +60,10 @@ Concurrency model
     Fencing decisions (``try_begin``, the deadline check of the state machine)
     read time from the injected :class:`~rangeshard.core.clock.Clock`, the
     same one the :class:`LeaseKeeper` measures its deadline with; the graceful
-    leave's drain wait and the heartbeat pacing use real time.
+    leave's drain wait and the heartbeat pacing use real time. The instance
+    takes its plain values as one :class:`ShardSettings` and calls its runtime
+    through one :class:`ShardHost`, from the state-machine thread (and, for the
+    ``parked`` state only, from the thread calling :meth:`ShardInstance.stop`).
 
 Observability
     ``counters`` (read by ``on_count`` subscribers and tests) count the paths
@@ -79,15 +82,14 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import replace
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
 
 from hashing import HashRange
 from rangeshard.core.clock import MONOTONIC, Clock
 from rangeshard.core.errors import AlreadyRegistered, CompareFailed, NotRegistered, RangeshardError
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
-from rangeshard.core.loops import start_thread
+from rangeshard.core.loops import join_thread, start_thread
 from rangeshard.core.ownertoken import OwnerToken
 from registry import ChildInfo, LeaseKeeper, MainResource, MembershipWatch, Registry, RegistryView, Snapshot, State
 
@@ -96,67 +98,76 @@ log = logging.getLogger(__name__)
 FENCED = "fenced"
 
 
+@dataclass(frozen=True)
+class ShardSettings:
+    """The plain values of one shard instance (what the manager's config says for this controller type)."""
+
+    etcd_config: EtcdConfig
+    registry_prefix: str
+    controller_type: str
+    instance_id: str
+    lease_ttl: int
+    reconcile_timeout: float
+    #: Published in the record: where the process runs (a live predecessor is told from a crashed one by it).
+    hostname: str | None = None
+    pid: int | None = None
+    tick: float = 0.1
+    #: ``rejoinGraceSeconds``: > 0 parks the record on a graceful stop instead of leaving.
+    rejoin_grace: float = 0.0
+    #: Published in the record at every join: the proxy measures this type's progress on it.
+    main_resource: MainResource | None = None
+    stuck_after_seconds: float | None = None
+
+
+class ShardHost(Protocol):
+    """What the instance asks of its runtime (see Concurrency model); subclasses inherit the defaults."""
+
+    def synced(self, epoch: int) -> bool:
+        """Whether every cache has been listed at ``epoch`` (processing resumes only then)."""
+
+    def on_epoch(self) -> None:
+        """A new epoch: the range or lock state changed; relist every cache."""
+
+    def on_allowed(self) -> None:
+        """Processing resumed: look at every key in range again (keys seen while paused were skipped)."""
+
+    def workload(self, rng: HashRange) -> tuple[int, dict[str, Any] | None]:
+        """The object count and histogram over ``rng``, published with each heartbeat."""
+
+    def on_state(self, state: str) -> None:
+        """The instance's state changed (``init``, ``locked``, ``wait``, ``active``, ``fenced``, ``parked``)."""
+
+    def on_token(self, token: OwnerToken) -> None:
+        """A new owner token: send it with every request from now on."""
+
+    def on_count(self, event: str) -> None:
+        """One of :attr:`ShardInstance.counters` went up."""
+
+    def drained(self) -> bool:
+        """An extra drain condition of a giver (an external controller: no write in flight, drainSeconds passed)."""
+        return True
+
+    def child_info(self) -> ChildInfo | None:
+        """An external controller's process as its manager runs it, published with every heartbeat."""
+        return None
+
+
 class ShardInstance:
     """The sharding runtime of one controller type in this process (see module docstring)."""
 
-    def __init__(
-        self,
-        *,
-        etcd_config: EtcdConfig,
-        registry_prefix: str,
-        controller_type: str,
-        instance_id: str,
-        lease_ttl: int,
-        reconcile_timeout: float,
-        synced: Callable[[int], bool],
-        on_epoch: Callable[[], None],
-        on_allowed: Callable[[], None],
-        workload: Callable[[HashRange], tuple[int, dict[str, Any] | None]],
-        on_state: Callable[[str], None] | None = None,
-        on_token: Callable[[OwnerToken], None] | None = None,
-        host: str | None = None,
-        pid: int | None = None,
-        tick: float = 0.1,
-        clock: Clock = MONOTONIC,
-        on_count: Callable[[str], None] | None = None,
-        rejoin_grace: float = 0.0,
-        drained: Callable[[], bool] | None = None,
-        main_resource: MainResource | None = None,
-        stuck_after_seconds: float | None = None,
-        child_info: Callable[[], ChildInfo | None] | None = None,
-    ) -> None:
-        self.etcd_config = etcd_config
-        #: An external controller's process as its manager runs it, published with every heartbeat.
-        self.child_info = child_info
-        #: Published in the record at every join: the proxy measures this type's progress on it.
-        self.main_resource = main_resource
-        self.stuck_after_seconds = stuck_after_seconds
-        #: Extra drain condition of a giver (an external controller: no write in flight, drainSeconds passed).
-        self.drained = drained
-        #: ``rejoinGraceSeconds``: > 0 parks the record on a graceful stop instead of leaving.
-        self.rejoin_grace = rejoin_grace
+    def __init__(self, settings: ShardSettings, host: ShardHost, *, clock: Clock = MONOTONIC) -> None:
+        self.settings = settings
+        self.host = host
+        self.clock = clock
+        #: Set to 0 for a real leave (the range goes to the neighbours at once), else ``settings.rejoin_grace``.
+        self.rejoin_grace = settings.rejoin_grace
         #: Set when this instance must not run at all (another live process has its id); the manager exits 1.
         self.fatal: str | None = None
         self._foreign_heartbeat: float | None = None
-        self.registry_prefix = registry_prefix
-        self.controller_type = controller_type
-        self.instance_id = instance_id
-        self.lease_ttl = lease_ttl
-        self.reconcile_timeout = reconcile_timeout
-        self.synced = synced
-        self.on_epoch = on_epoch
-        self.on_allowed = on_allowed
-        self.workload = workload
-        self.on_state = on_state
-        self.on_token = on_token
-        self.host = host
-        self.pid = pid
-        self.tick = tick
-        self.clock = clock
-        self.on_count = on_count
         # Registry calls must return well within one keepalive interval.
-        self.client = EtcdClient(replace(etcd_config, timeout=min(etcd_config.timeout, max(1.0, lease_ttl / 4))))
-        self.registry = Registry(self.client, registry_prefix)
+        etcd = settings.etcd_config
+        self.client = EtcdClient(replace(etcd, timeout=min(etcd.timeout, max(1.0, settings.lease_ttl / 4))))
+        self.registry = Registry(self.client, settings.registry_prefix)
         self.keeper: LeaseKeeper | None = None
         self.watch: MembershipWatch | None = None
         self._events: queue.Queue[object] = queue.Queue()
@@ -186,8 +197,7 @@ class ShardInstance:
 
     def _count(self, what: str) -> None:
         self.counters[what] += 1
-        if self.on_count is not None:
-            self.on_count(what)
+        self.host.on_count(what)
 
     # -- called by workers ---------------------------------------------------
     def try_begin(self, key: str, key_hash: int) -> float | None:
@@ -200,10 +210,10 @@ class ShardInstance:
                 return None
             now = self.clock.monotonic()
             lease_deadline = keeper.deadline
-            if now + self.reconcile_timeout > lease_deadline:
+            if now + self.settings.reconcile_timeout > lease_deadline:
                 return None
             self.inflight[key] = key_hash
-            return min(now + self.reconcile_timeout, lease_deadline)
+            return min(now + self.settings.reconcile_timeout, lease_deadline)
 
     def end(self, key: str) -> None:
         with self._cond:
@@ -238,7 +248,7 @@ class ShardInstance:
     # -- lifecycle -----------------------------------------------------------
     def start(self) -> None:
         self._thread = start_thread(
-            f"shard-{self.controller_type}", self._run, what=f"{self.name}: state machine", on_death=self._died
+            f"shard-{self.settings.controller_type}", self._run, what=f"{self.name}: state machine", on_death=self._died
         )
 
     def _died(self) -> None:
@@ -251,7 +261,9 @@ class ShardInstance:
         with self._cond:
             self.leaving = True
             self.allowed = None
-            deadline = time.monotonic() + (drain_timeout if drain_timeout is not None else self.reconcile_timeout + 2)
+            deadline = time.monotonic() + (
+                drain_timeout if drain_timeout is not None else self.settings.reconcile_timeout + 2
+            )
             while self.inflight and time.monotonic() < deadline:
                 self._cond.wait(0.1)
             left = dict(self.inflight)
@@ -259,8 +271,7 @@ class ShardInstance:
             log.warning("%s: leaving with %s reconcile(s) still running: %s", self.name, len(left), sorted(left))
         self._stop.set()
         self._events.put("stop")
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=self.lease_ttl + 5)
+        join_thread(self._thread, self.settings.lease_ttl + 5)
         if self.watch is not None:
             self.watch.stop()
         parked = False
@@ -279,7 +290,9 @@ class ShardInstance:
         grace_lease: int | None = None
         try:
             grace_lease = self.client.grant_lease(max(1, math.ceil(self.rejoin_grace)))
-            self.registry.park(self.controller_type, self.instance_id, lease_id, grace_lease, self.rejoin_grace)
+            self.registry.park(
+                self.settings.controller_type, self.settings.instance_id, lease_id, grace_lease, self.rejoin_grace
+            )
         except RangeshardError as e:
             log.warning("%s: cannot park (%s): leaving instead", self.name, e)
             if grace_lease is not None:
@@ -292,13 +305,13 @@ class ShardInstance:
             self.name,
             self.range,
             self.rejoin_grace,
-            self.instance_id,
+            self.settings.instance_id,
         )
         return True
 
     @property
     def name(self) -> str:
-        return f"{self.controller_type}/{self.instance_id}"
+        return f"{self.settings.controller_type}/{self.settings.instance_id}"
 
     # -- the state machine ---------------------------------------------------
     def _run(self) -> None:
@@ -308,11 +321,11 @@ class ShardInstance:
             self._stop.wait(1.0)
         while not self._stop.is_set():
             try:
-                ev = self._events.get(timeout=self.tick)
+                ev = self._events.get(timeout=self.settings.tick)
             except queue.Empty:
                 ev = None
             if isinstance(ev, RegistryView):
-                self.snapshot = ev.get(self.controller_type)
+                self.snapshot = ev.get(self.settings.controller_type)
             elif isinstance(ev, tuple) and ev[0] == "refresh-epoch":
                 self._refresh_epoch(ev[1])
             if self._stop.is_set():
@@ -326,8 +339,8 @@ class ShardInstance:
     def _register(self) -> bool:
         """Grant a lease and join; False (retry later) if etcd is unreachable."""
         keeper = LeaseKeeper(
-            self.etcd_config,
-            self.lease_ttl,
+            self.settings.etcd_config,
+            self.settings.lease_ttl,
             name=self.name,
             on_renewed=lambda _d: self._events.put("renewed"),
             on_failure=lambda _e, _d: self._events.put("renew-failed"),
@@ -337,13 +350,13 @@ class ShardInstance:
         try:
             lease = keeper.grant()
             member = self.registry.join(
-                self.controller_type,
-                self.instance_id,
+                self.settings.controller_type,
+                self.settings.instance_id,
                 lease,
-                host=self.host,
-                pid=self.pid,
-                main_resource=self.main_resource,
-                stuck_after_seconds=self.stuck_after_seconds,
+                host=self.settings.hostname,
+                pid=self.settings.pid,
+                main_resource=self.settings.main_resource,
+                stuck_after_seconds=self.settings.stuck_after_seconds,
             )
         except RangeshardError as e:
             if isinstance(e, AlreadyRegistered) and self._registered_elsewhere():
@@ -370,15 +383,15 @@ class ShardInstance:
             self.allowed = None
             self.epoch += 1
         self._count("epochs")
-        self.on_epoch()
+        self.host.on_epoch()
         if self.watch is None:
             self.watch = MembershipWatch(
-                self.etcd_config,
+                self.settings.etcd_config,
                 self._events.put,
-                controller_type=self.controller_type,
-                prefix=self.registry_prefix,
+                controller_type=self.settings.controller_type,
+                prefix=self.settings.registry_prefix,
                 name=self.name,
-                probe_interval=max(0.5, self.lease_ttl / 5),
+                probe_interval=max(0.5, self.settings.lease_ttl / 5),
             )
             self.watch.start()
         self.joined.set()
@@ -393,13 +406,13 @@ class ShardInstance:
         crashed one's record only waits for its lease to expire, as before).
         """
         try:
-            member = self.registry.snapshot(self.controller_type).get(self.instance_id)
+            member = self.registry.snapshot(self.settings.controller_type).get(self.settings.instance_id)
         except RangeshardError:
             return False
         if member is None or member.record.is_parked:
             return False
         rec = member.record
-        if rec.host is not None and rec.host == self.host and rec.pid and rec.pid != os.getpid():
+        if rec.host is not None and rec.host == self.settings.hostname and rec.pid and rec.pid != os.getpid():
             try:
                 os.kill(rec.pid, 0)
             except ProcessLookupError:
@@ -415,21 +428,19 @@ class ShardInstance:
         if state != self.state:
             log.info("%s: state %s -> %s", self.name, self.state, state)
             self.state = state
-            if self.on_state is not None:
-                self.on_state(state)
+            self.host.on_state(state)
 
     def _set_token(self, epoch: int) -> None:
         keeper = self.keeper
         if keeper is None:
             return
-        token = OwnerToken(self.controller_type, self.instance_id, keeper.lease_id, epoch)
+        token = OwnerToken(self.settings.controller_type, self.settings.instance_id, keeper.lease_id, epoch)
         with self._cond:
             if self.token == token:
                 return
             self.token = token
         log.info("%s: owner token %s", self.name, token)
-        if self.on_token is not None:
-            self.on_token(token)
+        self.host.on_token(token)
 
     def _refresh_epoch(self, token: OwnerToken) -> None:
         snap = self.snapshot
@@ -458,7 +469,7 @@ class ShardInstance:
             self.epoch += 1
             self.allowed = None
         self._count("epochs")
-        self.on_epoch()
+        self.host.on_epoch()
 
     def _evaluate(self) -> None:
         keeper = self.keeper
@@ -475,7 +486,7 @@ class ShardInstance:
         snap = self.snapshot
         if snap is None or snap.revision < self.join_revision:
             return
-        me = snap.get(self.instance_id)
+        me = snap.get(self.settings.instance_id)
         if me is None or me.lease_id != keeper.lease_id:
             self._fence("our registry record is gone")
             self._rejoin()
@@ -500,21 +511,24 @@ class ShardInstance:
             giver_member = snap.get(giver) if giver is not None else None
             if giver_member is None or giver_member.record.is_parked:  # gone, or parked (it drained first)
                 try:
-                    self.registry.unlock_orphaned(self.controller_type, self.instance_id)
+                    self.registry.unlock_orphaned(self.settings.controller_type, self.settings.instance_id)
                     self._count("self_unlocks")
                 except CompareFailed as e:
                     log.debug("%s: self-unlock refused: %s", self.name, e)
             return
-        receivers = snap.receivers_of(self.instance_id)
+        receivers = snap.receivers_of(self.settings.instance_id)
         if receivers:
             self._set_state(State.WAIT.value)
             with self._cond:
                 outside = [k for k, h in self.inflight.items() if rng is None or not rng.contains(h)]
-            if not outside and (self.drained is None or self.drained()):
+            if not outside and self.host.drained():
                 for r in receivers:
                     try:
                         self.registry.unlock(
-                            self.controller_type, r.instance_id, self.instance_id, expected_mod_revision=r.mod_revision
+                            self.settings.controller_type,
+                            r.instance_id,
+                            self.settings.instance_id,
+                            expected_mod_revision=r.mod_revision,
                         )
                         self._count("unlocks")
                     except (CompareFailed, NotRegistered) as e:
@@ -525,7 +539,7 @@ class ShardInstance:
         with self._cond:
             epoch = self.epoch
             ready = self.allowed is None and rng is not None and not self.leaving
-        if ready and self.synced(epoch):
+        if ready and self.host.synced(epoch):
             with self._cond:
                 allowed_now = self.epoch == epoch
                 if allowed_now:
@@ -533,7 +547,7 @@ class ShardInstance:
             if allowed_now:
                 log.info("%s: caches synced at epoch %s: processing %s", self.name, epoch, rng)
                 # Keys seen while paused were skipped: look at everything in range again.
-                self.on_allowed()
+                self.host.on_allowed()
         if not receivers and self.allowed is not None:
             self._set_state(State.ACTIVE.value)
 
@@ -563,23 +577,23 @@ class ShardInstance:
         if now < self.next_heartbeat and self.published_state == self.state:
             return
         rng = self.range
-        count, histogram = self.workload(rng) if rng is not None else (0, None)
+        count, histogram = self.host.workload(rng) if rng is not None else (0, None)
         state = State(self.state) if self.state in State.__members__.values() else None
         # Failures back off for a second: no busy loop while etcd is away.
         self.retry_heartbeat_at = now + 1.0
         try:
             self.registry.heartbeat(
-                self.controller_type,
-                self.instance_id,
+                self.settings.controller_type,
+                self.settings.instance_id,
                 keeper.lease_id,
                 workload_num=count,
                 state=state,
                 histogram=histogram,
-                child=self.child_info() if self.child_info is not None else None,
+                child=self.host.child_info(),
             )
         except NotRegistered as e:
             log.info("%s: heartbeat found no record: %s", self.name, e)
             return
         self.retry_heartbeat_at = 0.0
         self.published_state = self.state
-        self.next_heartbeat = now + max(1.0, self.lease_ttl / 3)
+        self.next_heartbeat = now + max(1.0, self.settings.lease_ttl / 3)

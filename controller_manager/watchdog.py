@@ -51,7 +51,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from rangeshard.core.loops import start_thread
+from rangeshard.core.loops import join_thread, start_thread
 
 log = logging.getLogger(__name__)
 
@@ -183,8 +183,7 @@ class Watchdog:
 
     def stop(self) -> None:
         self._stop.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=self.tick + 5)
+        join_thread(self._thread, self.tick + 5)
 
     def _run(self) -> None:
         while not self._stop.wait(self.tick):

@@ -22,8 +22,9 @@ Modules
     SubjectAccessReview), ``middleware`` (body limit, authentication),
     ``app`` (``create_app``: the application, health, discovery roots),
     ``routing`` (paths, discovery documents, query parameters, bodies),
-    ``handlers`` (one handler per verb), ``state`` (what routes share,
-    response helpers), ``process`` (``LocalApiServerProcess``), ``cli``
+    ``handlers`` (one handler per verb), ``scale`` (the Scale subresource),
+    ``state`` (what routes share, response helpers), ``process``
+    (``LocalApiServerProcess``), ``cli``
     (``local_apiserver_command``), ``audit`` (the ``audit.k8s.io/v1`` audit
     log), ``conversion`` (API form <-> stored form), ``crd``
     (CustomResourceDefinitions), ``schema`` (OpenAPI v3 validation and

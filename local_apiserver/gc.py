@@ -48,7 +48,7 @@ from local_apiserver.crd import specs_for
 from local_apiserver.errors import ApiError
 from local_apiserver.resources import CRD_RESOURCE, RESOURCES, ResourceSpec, ResourceTable, core_spec
 from local_apiserver.store import Obj, Store
-from rangeshard.core.loops import start_thread
+from rangeshard.core.loops import join_thread, start_thread
 from rangeshard.core.timestamps import format_time
 
 log = logging.getLogger(__name__)
@@ -103,8 +103,7 @@ class GarbageCollector:
                 t.cancel()
             self._timers.clear()
         self._queue.put(None)
-        if self._thread is not None:
-            self._thread.join(5)
+        join_thread(self._thread, 5)
 
     # -- hooks (any thread) --------------------------------------------------
     def owner_deleted(self, spec: ResourceSpec, obj: Obj, propagation: str) -> None:

@@ -10,7 +10,7 @@ Purpose
     (``get``, ``list``, ``watch``, ``create``, ``update``, ``patch``,
     ``delete``, ``deletecollection``), which applies field validation to
     written bodies (:mod:`local_apiserver.fieldvalidation`) and calls the
-    store. Also the ``scale`` subresource view, ``DeleteOptions`` handling
+    store (the ``scale`` subresource through :mod:`local_apiserver.scale`). Also ``DeleteOptions`` handling
     (shared by ``delete`` and ``deletecollection``, which deletes each match
     through the single delete) and the TokenReview/SubjectAccessReview
     endpoints (``review``).
@@ -28,7 +28,6 @@ Concurrency model
 
 from __future__ import annotations
 
-import copy
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -40,7 +39,6 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from local_apiserver import fieldvalidation, tables
 from local_apiserver.auth import authorize, subject_access_review, token_review
-from local_apiserver.conversion import get_path, set_path
 from local_apiserver.errors import (
     ApiError,
     bad_request,
@@ -65,10 +63,11 @@ from local_apiserver.routing import (
     read_body,
     shard_param,
 )
+from local_apiserver.scale import to_scale, update_scale
 from local_apiserver.state import State, in_thread, json_response
 from local_apiserver.store import DRY_RUN, Obj, Store, check_precondition, parse_resource_version
 from local_apiserver.strategic import strategic_merge
-from local_apiserver.validation import check_body_shape, check_scale_body, selector_requirements
+from local_apiserver.validation import check_body_shape
 from local_apiserver.watch import WatchRequest, watch_events
 from rangeshard.core import requestinfo
 from rangeshard.core.kubeapi import Attributes, UserInfo, forbidden, unauthorized
@@ -233,7 +232,7 @@ async def _update(call: Call) -> Response:
     mode = call.field_validation("UpdateOptions")
     media, body = await read_body(call.request, BODY_MEDIA)
     if call.target.subresource == "scale":
-        return json_response(await in_thread(_update_scale, call.store, spec, ns, name, body, None))
+        return json_response(await in_thread(update_scale, call.store, spec, ns, name, body, None))
     warnings = await _validate_fields(call.request, spec, mode, media, body)
     updated = await in_thread(call.store.update, spec, ns, name, body, subresource=call.target.subresource)
     await call.crds_written()
@@ -261,7 +260,7 @@ async def _patch(call: Call) -> Response:
         return patched
 
     if subresource == "scale":
-        return json_response(await in_thread(_update_scale, call.store, spec, ns, name, None, apply))
+        return json_response(await in_thread(update_scale, call.store, spec, ns, name, None, apply))
     patched = await in_thread(_apply_patch, call.store, spec, ns, name, apply, subresource)
     await call.crds_written()
     return _with_warnings(json_response(patched), warnings)
@@ -401,78 +400,6 @@ def _apply_patch(
         return store.merge_update(spec, current, patched, subresource)
 
     return store.guaranteed_update(spec, ns, name, mutate)
-
-
-def _scale(obj: Obj, replicas: Any, current: Any, selector: Any) -> Obj:
-    meta = obj["metadata"]
-    status: dict[str, Any] = {"replicas": current if isinstance(current, int) else 0}
-    if isinstance(selector, str):
-        status["selector"] = selector
-    return {
-        "kind": "Scale",
-        "apiVersion": "autoscaling/v1",
-        "metadata": {
-            k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp") if k in meta
-        },
-        "spec": {"replicas": replicas if isinstance(replicas, int) else 0},
-        "status": status,
-    }
-
-
-def to_scale(spec: ResourceSpec, obj: Obj) -> Obj:
-    """The autoscaling/v1 Scale view of a replicaset, a deployment or a custom resource.
-
-    A custom resource's replicas and selector come from its CRD's ``specReplicasPath``,
-    ``statusReplicasPath`` and ``labelSelectorPath``.
-    """
-    if spec.scale_paths is not None:
-        spec_path, status_path, selector_path = spec.scale_paths
-        selector = get_path(obj, selector_path) if selector_path else None
-        return _scale(obj, get_path(obj, spec_path), get_path(obj, status_path), selector)
-    raw_spec, raw_status = obj.get("spec"), obj.get("status")
-    body_spec: dict[str, Any] = raw_spec if isinstance(raw_spec, dict) else {}
-    status: dict[str, Any] = raw_status if isinstance(raw_status, dict) else {}
-    reqs, _ = selector_requirements(body_spec.get("selector"))
-    parts = []
-    for r in reqs:
-        if r.op == "=":
-            parts.append(f"{r.key}={r.values[0]}")
-        elif r.op in ("in", "notin"):
-            parts.append(f"{r.key} {r.op} ({','.join(r.values)})")
-        else:
-            parts.append(r.key if r.op == "exists" else f"!{r.key}")
-    return _scale(obj, body_spec.get("replicas"), status.get("replicas"), ",".join(parts))
-
-
-def _update_scale(
-    store: Store,
-    spec: ResourceSpec,
-    ns: str | None,
-    name: str,
-    body: Any,
-    apply: Callable[[Obj], Any] | None,
-) -> Obj:
-    def mutate(current: Obj) -> Obj:
-        scale = to_scale(spec, current)
-        new_scale = apply(scale) if apply is not None else body
-        replicas = check_scale_body(new_scale)
-        meta = new_scale.get("metadata") or {}
-        if meta.get("name") not in (None, name):
-            raise bad_request(
-                f"the name of the object ({meta.get('name')}) does not match the name on the URL ({name})"
-            )
-        rv = meta.get("resourceVersion")
-        if rv is not None and rv != "":
-            check_precondition(spec, name, current, parse_resource_version(str(rv), "metadata.resourceVersion"))
-        desired = copy.deepcopy(current)
-        if spec.scale_paths is not None:
-            set_path(desired, spec.scale_paths[0], replicas)
-        else:
-            desired["spec"] = dict(current.get("spec") or {})
-            desired["spec"]["replicas"] = replicas
-        return store.merge_update(spec, current, desired, "")
-
-    return to_scale(spec, store.guaranteed_update(spec, ns, name, mutate))
 
 
 @dataclass(frozen=True)

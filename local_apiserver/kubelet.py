@@ -63,7 +63,7 @@ from rangeshard.core.backoff import Backoff
 from rangeshard.core.errors import RangeshardError, RegistryError
 from rangeshard.core.etcd import EtcdClient, EtcdConfig, WatchBatch
 from rangeshard.core.events import event_body
-from rangeshard.core.loops import start_thread
+from rangeshard.core.loops import join_thread, start_thread
 from rangeshard.core.timestamps import format_time, parse_time
 
 log = logging.getLogger(__name__)
@@ -199,8 +199,7 @@ class SimulatedNode:
     def stop(self) -> None:
         self._stop.set()
         self._queue.put(("stop", None))
-        if self._thread is not None:
-            self._thread.join(timeout=10)
+        join_thread(self._thread, 10)
 
     def _run(self) -> None:
         backoff = Backoff(1.0, 10.0, jitter=0.2, reset_after=10.0)

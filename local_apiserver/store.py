@@ -143,10 +143,14 @@ class Store:
         return self._call(lambda: self.client.get(key))[1]
 
     def get(self, spec: ResourceSpec, namespace: str | None, name: str) -> Obj:
+        return self._read(spec, namespace, name)[1]
+
+    def _read(self, spec: ResourceSpec, namespace: str | None, name: str) -> tuple[KV, Obj]:
+        """The stored object as read (its KV) and decoded; a 404 when there is none."""
         kv = self.get_kv(spec, namespace, name)
         if kv is None:
             raise not_found(spec.group_resource, name)
-        return self.decode(spec, kv)
+        return kv, self.decode(spec, kv)
 
     def list_page(
         self,
@@ -357,10 +361,7 @@ class Store:
         not written (no new revision, no watch event), as kube-apiserver does.
         """
         for _ in range(MAX_RETRIES):
-            kv = self.get_kv(spec, namespace, name)
-            if kv is None:
-                raise not_found(spec.group_resource, name)
-            current = self.decode(spec, kv)
+            kv, current = self._read(spec, namespace, name)
             desired = mutate(copy.deepcopy(current))
             desired["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
             if desired == current:
@@ -427,10 +428,7 @@ class Store:
         delete may only shorten the grace period.
         """
         for _ in range(MAX_RETRIES):
-            kv = self.get_kv(spec, namespace, name)
-            if kv is None:
-                raise not_found(spec.group_resource, name)
-            current = self.decode(spec, kv)
+            kv, current = self._read(spec, namespace, name)
             meta = current["metadata"]
             if precondition_uid is not None and meta.get("uid") != precondition_uid:
                 raise conflict(

@@ -80,7 +80,7 @@ from rangeshard.cli.state import DEFAULT_STATE_DIR, StateDirOpt, proxy_from_stat
 from rangeshard.core import serving
 from rangeshard.core.errors import ConfigError, RangeshardError
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
-from rangeshard.core.loops import start_thread
+from rangeshard.core.loops import join_thread, start_thread
 from rangeshard.core.process import free_port
 from rangeshard.core.serving import ShutdownSignal
 from registry import DEFAULT_PREFIX, MembershipWatch, RegistryView
@@ -331,8 +331,7 @@ class EtcdProbe:
 
     def stop(self) -> None:
         self._stop.set()
-        if self._thread is not None and self._thread.is_alive():
-            self._thread.join(timeout=self.config.timeout + self.interval + 1)
+        join_thread(self._thread, self.config.timeout + self.interval + 1)
 
     def _run(self) -> None:
         client: EtcdClient | None = None
@@ -369,8 +368,7 @@ class ProgressPoller:
 
     def stop(self) -> None:
         self._stop.set()
-        if self._thread is not None and self._thread.is_alive():
-            self._thread.join(timeout=self.interval + 5)
+        join_thread(self._thread, self.interval + 5)
 
     def _run(self) -> None:
         while True:

@@ -54,8 +54,9 @@ from local_apiserver.process import LocalApiServerProcess
 from range_filter_proxy.process import ProxyProcess
 from rangeshard.core.errors import RangeshardError
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
+from rangeshard.core.etcdserver import EtcdServer
 from rangeshard.core.kubeapi import kubeconfig
-from rangeshard.core.process import EtcdServer, ManagedProcess, wait_ready
+from rangeshard.core.process import ManagedProcess, wait_ready
 from rangeshard.core.rest import GVR, group_version_path
 
 log = logging.getLogger(__name__)

@@ -12,8 +12,10 @@ Owns
     The instance registry only: records (:mod:`registry.models`), the guarded
     membership transactions (:mod:`registry.registry`), the lease keeper
     (:mod:`registry.lease`), the membership watch (:mod:`registry.watch`),
-    ownership periods for write fencing (:mod:`registry.epochs`) and
-    rebalance planning (:mod:`registry.rebalance`). The etcd client and the
+    ownership periods for write fencing (:mod:`registry.epochs`), the
+    workload histograms managers publish (:mod:`registry.histogram`),
+    rebalance planning (:mod:`registry.rebalance`) and applying a plan
+    through the handover protocol (:mod:`registry.apply`). The etcd client and the
     etcd child process are foundation (:mod:`rangeshard.core.etcd`,
     :mod:`rangeshard.core.process`), not registry.
 

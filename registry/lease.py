@@ -39,7 +39,7 @@ from dataclasses import replace
 from rangeshard.core.clock import MONOTONIC, Clock
 from rangeshard.core.errors import LeaseLost, RangeshardError
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
-from rangeshard.core.loops import start_thread
+from rangeshard.core.loops import join_thread, start_thread
 
 log = logging.getLogger(__name__)
 
@@ -140,8 +140,7 @@ class LeaseKeeper:
     def stop(self, revoke: bool = False) -> None:
         """Stop renewing; with ``revoke`` also revoke the lease (records vanish at once). Idempotent."""
         self._stop.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=self.interval + 5)
+        join_thread(self._thread, self.interval + 5)
         if self._closed:
             return  # stopped before: the client is closed (a second revoke would hit a closed channel)
         self._closed = True

@@ -1,167 +1,38 @@
-"""Rebalancing: imbalance reports, load-aware plans, and applying them through the handover protocol.
+"""Rebalance planning: imbalance reports and load-aware plans (``--by workload | cost | range``).
 
 Purpose
     Halving the largest range is only semi-balanced (three instances: one owns
     half the space). This module computes where the boundaries (``hashKey``
     of every instance but the last) should be so owned objects
-    (``--by workload``, from the hash histograms instances publish) or key
-    ranges (``--by range``) are equal, and applies such a plan one boundary at
-    a time with :meth:`Registry.set_key`, which locks the receiving instance
-    in the same transaction; each move waits until the handover finished
-    (receiver unlocked, both sides active) before the next.
+    (``--by workload``, from the hash histograms instances publish,
+    :mod:`registry.histogram`), measured reconcile time (``--by cost``) or key
+    ranges (``--by range``) are equal. :mod:`registry.apply` applies a plan.
 
 Invariants
     * Plans keep the instance order and give every instance a non-empty range;
       the last key stays ``MAX_HASH``.
-    * Histogram arithmetic is integer-exact: bucket ``j`` of ``[lo, hi]`` with
-      ``B`` buckets holds keys ``k`` with ``(k - lo) * B // size == j``, so a
-      boundary placed on a bucket edge splits counts exactly.
-    * Managers publish histograms cut at gaps (:func:`gap_histogram`): up to
-      :data:`HISTOGRAM_BUCKETS` buckets over a fine grid of
-      :data:`HISTOGRAM_CELLS` cells, each edge in the middle of a gap between
-      owned objects. With at most that many distinct hashes per instance every
-      gap has an edge, so the planner reaches the exact optimum; with more,
-      buckets hold about equal numbers of objects (error per boundary at most
-      one bucket, ~1/256 of the instance's objects). Equal-width histograms of
-      earlier versions are still read.
-    * Every move is validated against the current keys before it is written;
-      a failed or timed-out move leaves the registry consistent (the protocol
-      finishes the handover by itself; nothing is half-written).
+    * Both published histogram layouts are read (gap histograms, and the
+      equal-width ones of earlier versions); one that does not describe the
+      instance's current range counts as one segment with its ``workloadNum``.
+    * A plan that cannot be made is a :class:`PlanError`; a strategy is a
+      :class:`Strategy`, parsed once from ``--by``.
 
 Concurrency model
-    Pure functions plus a synchronous :func:`apply_plan` loop with a deadline
-    per move; called from the CLI thread.
+    Pure functions.
 """
 
 from __future__ import annotations
 
-import bisect
 import itertools
-import logging
 import math
-import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
 
 from hashing import MAX_HASH, HashRange
-from rangeshard.core.errors import CompareFailed, ConfigError, PlanError, RegistryError
-from registry.models import HashHistogram, Member, Snapshot, State
-from registry.registry import Registry
-
-log = logging.getLogger(__name__)
-
-_MAX_MOVE_RACES = 10
-"""How many lost races (concurrent registry writes) one :func:`apply_plan` run retries before giving up."""
-
-HISTOGRAM_BUCKETS = 256
-"""Most buckets one published histogram has (bounds a record at ~4 KB; see docs/rebalance.md)."""
-
-HISTOGRAM_CELLS = 2**32
-"""Equal-width cells of a range that the edges of a published histogram are placed on.
-
-Two distinct objects share a cell only if their hashes are within ``size / 2**32``
-of each other (for 256 uniform hashes in a range: probability ~1e-5); the
-indices stay 10 digits in the record, where raw keys would take 19.
-"""
-
-
-def bucket_of(key: int, rng: HashRange, buckets: int) -> int:
-    """Index of the equal-width bucket of ``rng`` holding ``key`` (integer-exact)."""
-    return (key - rng.lo) * buckets // rng.size
-
-
-def bucket_start(j: int, rng: HashRange, buckets: int) -> int:
-    """Smallest key of bucket ``j`` (``j == buckets`` gives ``rng.hi + 1``)."""
-    return rng.lo + -(-j * rng.size // buckets)
-
-
-def histogram(keys: Sequence[int], rng: HashRange, buckets: int = HISTOGRAM_BUCKETS) -> list[int]:
-    """Counts of ``keys`` inside ``rng`` per equal-width bucket (the layout earlier versions published)."""
-    counts = [0] * buckets
-    for k in keys:
-        if rng.contains(k):
-            counts[bucket_of(k, rng, buckets)] += 1
-    return counts
-
-
-def gap_histogram(
-    keys: Iterable[int],
-    rng: HashRange,
-    max_buckets: int = HISTOGRAM_BUCKETS,
-    cells: int = HISTOGRAM_CELLS,
-) -> dict[str, Any]:
-    """The histogram a manager publishes for the ``keys`` it owns in ``rng`` (record field ``histogram``).
-
-    Keys are placed on ``cells`` equal-width cells; runs of objects in one
-    cell stay together (owner-hashed dependents share their owner's hash).
-    With at most ``max_buckets`` occupied cells each is its own bucket;
-    otherwise consecutive cells are grouped into at most ``max_buckets``
-    buckets of about equal counts. Each bucket edge goes to the middle of the
-    gap between the last occupied cell before it and the first after it, so
-    a boundary the planner places there leaves room for new objects on both
-    sides. No keys in ``rng``: one empty bucket.
-    """
-    if max_buckets < 1 or cells < 1:
-        raise ValueError("gap_histogram: need max_buckets >= 1 and cells >= 1")
-    ks = sorted(k for k in keys if rng.contains(k))
-    total = len(ks)
-    if not ks:
-        return {"lo": rng.lo, "hi": rng.hi, "cells": cells, "ends": [cells], "objects": [0]}
-
-    def run_end(i: int) -> int:
-        """Index of the last key in the same cell as ``ks[i]`` (keys are sorted, cells ascend with keys)."""
-        last_key = bucket_start(bucket_of(ks[i], rng, cells) + 1, rng, cells) - 1
-        return bisect.bisect_right(ks, last_key, i) - 1
-
-    # Index of the last key of each bucket. First one bucket per occupied cell...
-    lasts: list[int] = []
-    i = 0
-    while i < total and len(lasts) <= max_buckets:
-        lasts.append(run_end(i))
-        i = lasts[-1] + 1
-    if len(lasts) > max_buckets:
-        # ... too many: bucket j ends with the cell holding the (j * total / max_buckets)-th key
-        # (cells are never split, so a lump of one hash may cover several shares).
-        lasts = []
-        for j in range(1, max_buckets + 1):
-            share_end = -(-j * total // max_buckets) - 1
-            if not lasts or share_end > lasts[-1]:
-                lasts.append(run_end(share_end))
-    ends: list[int] = []
-    objects: list[int] = []
-    first = 0
-    for last in lasts:
-        if last + 1 < total:
-            gap_lo = bucket_of(ks[last], rng, cells) + 1
-            gap_hi = bucket_of(ks[last + 1], rng, cells)
-            ends.append((gap_lo + gap_hi) // 2)
-        else:
-            ends.append(cells)
-        objects.append(last + 1 - first)
-        first = last + 1
-    return {"lo": rng.lo, "hi": rng.hi, "cells": cells, "ends": ends, "objects": objects}
-
-
-#: Cost units per second: the planner balances integers (microseconds of measured reconcile time).
-COST_UNITS_PER_SECOND = 1_000_000
-
-
-def add_cost(hist: dict[str, Any], costs: Mapping[int, float]) -> dict[str, Any]:
-    """Add ``cost`` (seconds per gap bucket, aligned with ``objects``) to a :func:`gap_histogram` result.
-
-    ``costs`` maps key hashes to measured reconcile seconds; keys outside the
-    histogram's range are left out. Returns ``hist`` (changed in place).
-    """
-    rng = HashRange(hist["lo"], hist["hi"])
-    cells, ends = hist["cells"], hist["ends"]
-    out = [0.0] * len(ends)
-    for key, seconds in costs.items():
-        if rng.contains(key) and seconds > 0:
-            out[bisect.bisect_right(ends, bucket_of(key, rng, cells))] += seconds
-    hist["cost"] = [round(c, 6) for c in out]
-    return hist
+from rangeshard.core.errors import ConfigError, PlanError
+from registry.histogram import COST_UNITS_PER_SECOND, bucket_start
+from registry.models import HashHistogram, Member, Snapshot
 
 
 class Strategy(StrEnum):
@@ -545,114 +416,3 @@ _PLANNERS: dict[Strategy, Callable[[Snapshot], Plan]] = {
 def make_plan(snap: Snapshot, by: Strategy | str) -> Plan:
     """The plan of ``by`` (a :class:`Strategy` or ``--by``'s text: :class:`ConfigError` if it names none)."""
     return _PLANNERS[Strategy.parse(by)](snap)
-
-
-def handover_done(snap: Snapshot) -> bool:
-    """No instance locked and every owner active (or parked: it waits for its own instance, not a handover)."""
-    return all(not m.record.is_locked and m.record.state in (State.ACTIVE, State.PARKED) for m in owned(snap))
-
-
-def wait_settled(registry: Registry, controller_type: str, timeout: float, poll: float = 0.2) -> Snapshot:
-    """Wait until every instance of the type is unlocked and active; :class:`RegistryError` on timeout."""
-    deadline = time.monotonic() + timeout
-    while True:
-        snap = registry.snapshot(controller_type)
-        if handover_done(snap):
-            return snap
-        if time.monotonic() > deadline:
-            busy = [
-                f"{m.instance_id} ({m.record.state.value}{', locked' if m.record.is_locked else ''})"
-                for m in owned(snap)
-                if m.record.is_locked or m.record.state not in (State.ACTIVE, State.PARKED)
-            ]
-            raise RegistryError(f"{controller_type}: handover not finished after {timeout:.0f}s: {', '.join(busy)}")
-        time.sleep(poll)
-
-
-def next_move(snap: Snapshot, targets: Sequence[int]) -> Move | None:
-    """A move that is valid now (keeps order and non-empty ranges), or ``None`` when all are done."""
-    members = owned(snap)
-    keys = [m.record.hash_key for m in members]
-    if len(targets) != len(members):
-        raise CompareFailed(
-            f"{snap.controller_type}: membership changed while rebalancing ({len(members)} instances now)"
-        )
-    pending = [i for i in range(len(members) - 1) if keys[i] != targets[i]]
-    for i in pending:
-        lo = keys[i - 1] + 1 if i > 0 else 0
-        if lo <= targets[i] < keys[i + 1]:
-            return Move(members[i].instance_id, keys[i], targets[i])
-    if pending:
-        raise CompareFailed(f"{snap.controller_type}: no valid order for the remaining moves")
-    return None
-
-
-def apply_plan(
-    registry: Registry,
-    plan: Plan,
-    *,
-    timeout: float = 60.0,
-    progress: Callable[[int, int, Move], None] | None = None,
-) -> int:
-    """Apply ``plan`` one boundary at a time, waiting for each handover; return the moves made.
-
-    A move whose guarded transaction lost a race (a heartbeat or state change
-    of the same type landed between its read and its write) is re-planned from
-    a fresh settled snapshot, a bounded number of times.
-    """
-    snap = wait_settled(registry, plan.controller_type, timeout)
-    total = len(plan.moves)
-    done = 0
-    races = 0
-    for _ in range(4 * len(plan.targets) + 4 + _MAX_MOVE_RACES):
-        move = next_move(snap, plan.targets)
-        if move is None:
-            return done
-        if progress is not None:
-            progress(done, total, move)
-        try:
-            registry.set_key(plan.controller_type, move.instance_id, move.new_key)
-        except CompareFailed as e:
-            races += 1
-            if races > _MAX_MOVE_RACES:
-                raise
-            log.info("%s: move of %s lost a race (%s); re-reading the registry", plan.controller_type, move, e)
-        else:
-            done += 1
-        snap = wait_settled(registry, plan.controller_type, timeout)
-    raise CompareFailed(f"{plan.controller_type}: the plan did not converge")
-
-
-@dataclass
-class AutoPolicy:
-    """When automatic rebalancing acts (threshold with hysteresis, minimum gain).
-
-    It acts when max/mean exceeds ``threshold`` and the plan predicts at least
-    ``min_gain`` improvement. After acting it disarms and re-arms only once
-    max/mean fell below ``threshold - hysteresis``, so a plan that cannot get
-    below the threshold is not retried over and over (no flapping).
-    """
-
-    threshold: float = 1.2
-    hysteresis: float = 0.05
-    min_gain: float = 0.05
-    armed: bool = True
-
-    def __post_init__(self) -> None:
-        if self.threshold < 1.0 or self.hysteresis < 0 or self.min_gain < 0:
-            raise ConfigError("auto: need --threshold >= 1 and --hysteresis, --min-gain >= 0")
-
-    def decide(self, ratio: float, plan: Plan | None) -> str:
-        """``"apply"``, or why not: ``"balanced"``, ``"disarmed"``, ``"no-gain"``."""
-        if ratio < self.threshold - self.hysteresis:
-            self.armed = True
-        if ratio <= self.threshold:
-            return "balanced"
-        if not self.armed:
-            return "disarmed"
-        if plan is None or not plan.moves or plan.predicted_ratio > ratio - self.min_gain:
-            return "no-gain"
-        return "apply"
-
-    def applied(self) -> None:
-        self.armed = False

@@ -36,6 +36,7 @@ import logging
 import random
 import time
 from collections.abc import Callable
+from typing import Any
 
 from hashing import MAX_HASH, split_largest
 from rangeshard.core.errors import (
@@ -101,6 +102,46 @@ def parse_members(layout: Layout, kvs: list[KV]) -> dict[str, list[tuple[Instanc
     return out
 
 
+def _pause(attempt: int) -> None:
+    """A short pause after a lost race, longer with every attempt and jittered, so racing writers spread out."""
+    time.sleep(random.uniform(0.001, 0.02) * min(attempt + 1, 10))
+
+
+def _newcomer(snap: Snapshot, fields: dict[str, Any]) -> InstanceRecord:
+    """The record of an instance joining ``snap``'s type: it takes the lower half of the largest range.
+
+    The first instance owns ``[0, MAX_HASH]`` and starts in ``init``; a later one
+    starts ``locked`` with the instance that may still process its keys as
+    ``giver`` (the split instance, or the giver that one still waits for).
+    A parked range waits for its own instance: it is never split.
+    """
+    controller_type = snap.controller_type
+    base = {**fields, "controller_type": controller_type}
+    owned = [(m, m.range) for m in snap.members if m.range is not None and not m.record.is_parked]
+    if not owned and any(m.record.is_parked for m in snap.members):
+        raise NoSplittableRange(
+            f"{controller_type}: every range is parked (waiting for its instance to rejoin); "
+            "a newcomer joins after one rejoined or its grace ran out"
+        )
+    if not owned:
+        return InstanceRecord.model_validate({**base, "hash_key": MAX_HASH, "is_locked": False, "state": State.INIT})
+    try:
+        idx = split_largest([(rng, m.record.workload_num) for m, rng in owned])
+    except ValueError as e:
+        raise NoSplittableRange(f"{controller_type}: {e}") from e
+    victim, victim_range = owned[idx]
+    lower, _upper = victim_range.split()
+    giver = victim.record.giver if victim.record.is_locked and victim.record.giver else victim.instance_id
+    if giver == fields["instance_id"]:
+        # The keys wait for an earlier incarnation of this very instance, whose
+        # record is gone (lease expired: it fenced itself). Nobody can still be
+        # processing them, and a self-lock could never be released.
+        return InstanceRecord.model_validate({**base, "hash_key": lower.hi, "is_locked": False, "state": State.INIT})
+    return InstanceRecord.model_validate(
+        {**base, "hash_key": lower.hi, "is_locked": True, "state": State.LOCKED, "giver": giver}
+    )
+
+
 class Registry:
     """Operations on the registry of one etcd cluster (see module docstring)."""
 
@@ -149,21 +190,18 @@ class Registry:
         """
         check_name("controller type", controller_type)
         check_name("instance id", instance_id)
-        prefix = self.layout.type_prefix(controller_type)
-        key = self.layout.record_key(controller_type, instance_id)
+        published: dict[str, Any] = {
+            "host": host,
+            "pid": pid,
+            "workload_num": workload_num,
+            "main_resource": main_resource,
+            "stuck_after_seconds": stuck_after_seconds,
+        }
         for attempt in range(_MAX_ATTEMPTS):
             snap = self.snapshot(controller_type)
             mine = snap.get(instance_id)
             if mine is not None and mine.record.is_parked:
-                taken = self._unpark(
-                    mine,
-                    lease_id,
-                    host=host,
-                    pid=pid,
-                    workload_num=workload_num,
-                    main_resource=main_resource,
-                    stuck_after_seconds=stuck_after_seconds,
-                )
+                taken = self._unpark(mine, lease_id, published)
                 if taken is not None:
                     return taken
                 continue  # the record changed (or expired) between the read and the write: look again
@@ -174,54 +212,11 @@ class Registry:
                     f"{rec.host or '?'}, pid {rec.pid or '?'}, lease {mine.lease_id:x})"
                 )
             stamp = now()
-            base = {
-                "instance_id": instance_id,
-                "controller_type": controller_type,
-                "workload_num": workload_num,
-                "host": host,
-                "pid": pid,
-                "started_at": stamp,
-                "heartbeat_at": stamp,
-                "main_resource": main_resource,
-                "stuck_after_seconds": stuck_after_seconds,
-            }
-            # A parked range waits for its own instance: it is never split.
-            owned = [(m, m.range) for m in snap.members if m.range is not None and not m.record.is_parked]
-            if not owned and any(m.record.is_parked for m in snap.members):
-                raise NoSplittableRange(
-                    f"{controller_type}: every range is parked (waiting for its instance to rejoin); "
-                    "a newcomer joins after one rejoined or its grace ran out"
-                )
-            if not owned:
-                record = InstanceRecord.model_validate(
-                    {**base, "hash_key": MAX_HASH, "is_locked": False, "state": State.INIT}
-                )
-            else:
-                try:
-                    idx = split_largest([(rng, m.record.workload_num) for m, rng in owned])
-                except ValueError as e:
-                    raise NoSplittableRange(f"{controller_type}: {e}") from e
-                victim, victim_range = owned[idx]
-                lower, _upper = victim_range.split()
-                giver = victim.record.giver if victim.record.is_locked and victim.record.giver else victim.instance_id
-                if giver == instance_id:
-                    # The keys wait for an earlier incarnation of this very instance, whose
-                    # record is gone (lease expired: it fenced itself). Nobody can still be
-                    # processing them, and a self-lock could never be released.
-                    record = InstanceRecord.model_validate(
-                        {**base, "hash_key": lower.hi, "is_locked": False, "state": State.INIT}
-                    )
-                else:
-                    record = InstanceRecord.model_validate(
-                        {**base, "hash_key": lower.hi, "is_locked": True, "state": State.LOCKED, "giver": giver}
-                    )
-            ok = self.client.transaction(
-                compare=[Compare.mod(prefix, "<", snap.revision + 1, prefix=True)],
-                success=[Put(key, record.to_json(), lease_id)],
-                what=f"joining {controller_type}/{instance_id}",
-            ).succeeded
-            if ok:
-                rng = self.snapshot(controller_type).get(instance_id)
+            record = _newcomer(
+                snap, {"instance_id": instance_id, "started_at": stamp, "heartbeat_at": stamp, **published}
+            )
+            put = Put(self.layout.record_key(controller_type, instance_id), record.to_json(), lease_id)
+            if self._put_if_type_unchanged(snap, [put], f"joining {controller_type}/{instance_id}"):
                 log.info(
                     "joined %s as %s with key %s (giver %s) after %s attempt(s)",
                     controller_type,
@@ -230,23 +225,21 @@ class Registry:
                     record.giver,
                     attempt + 1,
                 )
-                if rng is None:
+                joined = self.snapshot(controller_type).get(instance_id)
+                if joined is None:
                     raise NotRegistered(f"{controller_type}/{instance_id} vanished right after joining")
-                return rng
-            time.sleep(random.uniform(0.001, 0.02) * min(attempt + 1, 10))
+                return joined
+            _pause(attempt)
         raise CompareFailed(f"joining {controller_type}/{instance_id}: lost {_MAX_ATTEMPTS} races in a row")
 
-    def _unpark(
-        self,
-        member: Member,
-        lease_id: int,
-        *,
-        host: str | None,
-        pid: int | None,
-        workload_num: int,
-        main_resource: MainResource | None = None,
-        stuck_after_seconds: float | None = None,
-    ) -> Member | None:
+    def _put_if_type_unchanged(self, snap: Snapshot, puts: list[Put], what: str) -> bool:
+        """Write ``puts`` in one transaction if no record of ``snap``'s type changed since it was read."""
+        prefix = self.layout.type_prefix(snap.controller_type)
+        return self.client.transaction(
+            compare=[Compare.mod(prefix, "<", snap.revision + 1, prefix=True)], success=puts, what=what
+        ).succeeded
+
+    def _unpark(self, member: Member, lease_id: int, published: dict[str, Any]) -> Member | None:
         """Take a parked record back: same ``hashKey``, the new lease, no split and no handover.
 
         ``None`` when the record changed between the read and the write (retry).
@@ -257,13 +250,9 @@ class Registry:
         new = rec.evolve(
             state=State.LOCKED if rec.is_locked else State.ACTIVE,
             parked_until=None,
-            host=host,
-            pid=pid,
-            workload_num=workload_num,
             started_at=stamp,
             heartbeat_at=stamp,
-            main_resource=main_resource,
-            stuck_after_seconds=stuck_after_seconds,
+            **published,
         )
         what = f"rejoining {rec.controller_type}/{rec.instance_id} (parked)"
         ok = self.client.transaction(
@@ -294,7 +283,6 @@ class Registry:
         ``lease_id``.
         """
         what = f"parking {controller_type}/{instance_id}"
-        prefix = self.layout.type_prefix(controller_type)
         for attempt in range(_MAX_ATTEMPTS):
             snap = self.snapshot(controller_type)
             me = snap.get(instance_id)
@@ -307,12 +295,7 @@ class Registry:
             for r in receivers:
                 unlocked = r.record.evolve(is_locked=False, giver=None)
                 puts.append(Put(r.key, unlocked.to_json(), r.lease_id))
-            ok = self.client.transaction(
-                compare=[Compare.mod(prefix, "<", snap.revision + 1, prefix=True)],
-                success=puts,
-                what=what,
-            ).succeeded
-            if ok:
+            if self._put_if_type_unchanged(snap, puts, what):
                 log.info(
                     "%s: key %s kept for %.0fs%s",
                     what,
@@ -321,7 +304,7 @@ class Registry:
                     f"; unlocked {', '.join(r.instance_id for r in receivers)}" if receivers else "",
                 )
                 return
-            time.sleep(random.uniform(0.001, 0.02) * min(attempt + 1, 10))
+            _pause(attempt)
         raise CompareFailed(f"{what}: lost {_MAX_ATTEMPTS} races in a row")
 
     def release(self, controller_type: str, instance_id: str) -> Member:
@@ -535,16 +518,10 @@ class Registry:
             return me, receiver
         lock: dict[str, object] = {"is_locked": True, "state": State.LOCKED, "giver": giver.instance_id}
         moved = me.record.evolve(hash_key=new_key, **(lock if receiver is me else {}))
-        prefix = self.layout.type_prefix(controller_type)
         puts = [Put(me.key, moved.to_json(), me.lease_id)]
         if receiver is not me:
             puts.append(Put(receiver.key, receiver.record.evolve(**lock).to_json(), receiver.lease_id))
-        ok = self.client.transaction(
-            compare=[Compare.mod(prefix, "<", snap.revision + 1, prefix=True)],
-            success=puts,
-            what=f"moving the key of {controller_type}/{instance_id}",
-        ).succeeded
-        if not ok:
+        if not self._put_if_type_unchanged(snap, puts, f"moving the key of {controller_type}/{instance_id}"):
             raise CompareFailed(f"moving the key of {controller_type}/{instance_id}: the registry changed concurrently")
         log.info(
             "moved %s/%s key %s -> %s; %s locked until %s drains",

@@ -46,7 +46,7 @@ from typing import Any
 from rangeshard.core.backoff import Backoff
 from rangeshard.core.errors import RangeshardError, WatchCompacted
 from rangeshard.core.etcd import KV, EtcdClient, EtcdConfig, WatchBatch
-from rangeshard.core.loops import start_thread
+from rangeshard.core.loops import join_thread, start_thread
 from registry.models import Snapshot
 from registry.registry import DEFAULT_PREFIX, Layout, parse_members
 
@@ -116,8 +116,7 @@ class MembershipWatch:
         stream = self._stream_queue
         if stream is not None:
             stream.put(_WAKE)  # do not wait out the probe interval
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=self.probe_interval + self.config.timeout + 2)
+        join_thread(self._thread, self.probe_interval + self.config.timeout + 2)
 
     # -- internals -----------------------------------------------------------
     def _view(self, reconnected: bool) -> RegistryView:

@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
-from rangeshard.core.process import EtcdCluster, EtcdServer, die_with_parent
+from rangeshard.core.etcdserver import EtcdCluster, EtcdServer
+from rangeshard.core.process import die_with_parent
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -1,5 +1,5 @@
 """Small test utilities shared by the suites (polling with a deadline, never bare sleeps; the CLI as a child;
-missing prerequisites that fail under the README test command)."""
+missing prerequisites that fail under the README test command; a controller runtime driven by hand)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,15 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import pytest
 
 from rangeshard.core.process import popen
+
+if TYPE_CHECKING:
+    from controller_manager.controller import ControllerRuntime
+    from rangeshard.core.etcd import EtcdConfig
 
 T = TypeVar("T")
 
@@ -128,3 +132,16 @@ def progress_metrics(*rows: tuple[str, str, float | None, float, float]) -> str:
     return "".join(
         f"# TYPE {name} gauge\n" + "".join(line + "\n" for line in lines) for name, lines in families.items()
     )
+
+
+def offline_runtime(controller_cls: Any, etcd_config: EtcdConfig, key_prefix: str) -> ControllerRuntime:
+    """A ``replicaset`` runtime (instance ``t0``, not started) whose API client reaches nobody: its steps run by hand."""
+    from kubernetes import client as k8s  # noqa: PLC0415 (only the controller-manager suites need it)
+
+    from controller_manager.controller import ControllerRuntime  # noqa: PLC0415
+    from controller_manager.metrics import Metrics  # noqa: PLC0415
+    from controller_manager.sharding import ShardSettings  # noqa: PLC0415
+
+    settings = ShardSettings(etcd_config, key_prefix, "replicaset", "t0", lease_ttl=5, reconcile_timeout=5.0)
+    api = k8s.ApiClient(k8s.Configuration(host="http://127.0.0.1:9"))
+    return ControllerRuntime(controller_cls, api_client=api, shard=settings, workers=1, metrics=Metrics())

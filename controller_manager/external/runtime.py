@@ -28,20 +28,23 @@ from __future__ import annotations
 
 import logging
 import threading
+from dataclasses import replace
+from typing import Any
 
 from controller_manager.config import ExternalSection
 from controller_manager.external.child import Child
 from controller_manager.external.endpoint import Endpoint
 from controller_manager.metrics import Metrics
-from controller_manager.sharding import ShardInstance
-from rangeshard.core.etcd import EtcdConfig
+from controller_manager.sharding import ShardHost, ShardInstance, ShardSettings
+from hashing import HashRange
 from rangeshard.core.loops import start_thread
+from rangeshard.core.ownertoken import OwnerToken
 from registry import ChildInfo
 
 log = logging.getLogger(__name__)
 
 
-class ExternalRuntime:
+class ExternalRuntime(ShardHost):
     """One external controller type in this process: its shard instance, endpoint and child."""
 
     workers = 0
@@ -51,57 +54,20 @@ class ExternalRuntime:
         name: str,
         section: ExternalSection,
         *,
-        controller_type: str,
         proxy_url: str,
         proxy_token_file: str | None,
         proxy_ca_cert: str | None,
-        etcd_config: EtcdConfig,
-        registry_prefix: str,
-        instance_id: str,
-        lease_ttl: int,
-        reconcile_timeout: float,
+        shard: ShardSettings,
         metrics: Metrics,
-        host: str | None = None,
-        pid: int | None = None,
-        rejoin_grace: float = 0.0,
-        stuck_after_seconds: float | None = None,
     ) -> None:
-        self.name = controller_type
-        self.instance_id = instance_id
-        self.lease_ttl = lease_ttl
-        endpoint: Endpoint | None = None
-        child: Child | None = None
-
-        def child_info() -> ChildInfo | None:
-            return ChildInfo.model_validate(child.info()) if child is not None else None
-
-        def make_shard() -> ShardInstance:
-            return ShardInstance(
-                etcd_config=etcd_config,
-                registry_prefix=registry_prefix,
-                controller_type=controller_type,
-                instance_id=instance_id,
-                lease_ttl=lease_ttl,
-                reconcile_timeout=reconcile_timeout,
-                synced=lambda epoch: endpoint is not None and endpoint.state.synced(epoch),
-                on_epoch=lambda: endpoint.state.on_epoch() if endpoint is not None else None,
-                on_allowed=lambda: endpoint.state.on_allowed() if endpoint is not None else None,
-                workload=lambda rng: endpoint.main.workload(rng) if endpoint is not None else (0, None),
-                on_state=lambda s: metrics.set_state(controller_type, instance_id, s),
-                on_token=lambda t: endpoint.state.on_token(t) if endpoint is not None else None,
-                host=host,
-                pid=pid,
-                on_count=lambda event: metrics.handover.labels(controller_type, event).inc(),
-                rejoin_grace=rejoin_grace,
-                drained=lambda: endpoint is not None and endpoint.state.drained(),
-                main_resource=section.published_main(),
-                stuck_after_seconds=stuck_after_seconds,
-                child_info=child_info,
-            )
-
-        self._make_shard = make_shard
-        self.shard = make_shard()
-        endpoint = Endpoint(
+        """``shard``: the instance's settings; its ``main_resource`` is set here, from the section."""
+        self.name = controller_type = shard.controller_type
+        self.instance_id = instance_id = shard.instance_id
+        self.lease_ttl = shard.lease_ttl
+        self.metrics = metrics
+        self._settings = replace(shard, main_resource=section.published_main())
+        self.shard = ShardInstance(self._settings, self)
+        self.endpoint = Endpoint(
             controller_type,
             section,
             self.shard,
@@ -109,12 +75,11 @@ class ExternalRuntime:
             token_file=proxy_token_file,
             ca_cert=proxy_ca_cert,
         )
-        self.endpoint = endpoint
         child = (
             Child(
                 name,
                 list(section.command),
-                endpoint.url,
+                self.endpoint.url,
                 controller_type=controller_type,
                 instance_id=instance_id,
                 liveness_probe=section.liveness_probe,
@@ -133,6 +98,34 @@ class ExternalRuntime:
         self._lock = threading.Lock()
         self._supervisor: threading.Thread | None = None
         metrics.set_state(controller_type, instance_id, "init")
+
+    # -- the shard instance's host (ShardHost); called only after start(): the endpoint exists --
+    def synced(self, epoch: int) -> bool:
+        return self.endpoint.state.synced(epoch)
+
+    def on_epoch(self) -> None:
+        self.endpoint.state.on_epoch()
+
+    def on_allowed(self) -> None:
+        self.endpoint.state.on_allowed()
+
+    def workload(self, rng: HashRange) -> tuple[int, dict[str, Any] | None]:
+        return self.endpoint.main.workload(rng)
+
+    def on_state(self, state: str) -> None:
+        self.metrics.set_state(self.name, self.instance_id, state)
+
+    def on_token(self, token: OwnerToken) -> None:
+        self.endpoint.state.on_token(token)
+
+    def on_count(self, event: str) -> None:
+        self.metrics.handover.labels(self.name, event).inc()
+
+    def drained(self) -> bool:
+        return self.endpoint.state.drained()
+
+    def child_info(self) -> ChildInfo | None:
+        return ChildInfo.model_validate(self.child.info()) if self.child is not None else None
 
     @property
     def ready(self) -> bool:
@@ -188,7 +181,7 @@ class ExternalRuntime:
                 with self._lock:
                     if self._stop.is_set():
                         return
-                    shard = self._make_shard()
+                    shard = ShardInstance(self._settings, self)
                     self.shard = shard
                     self.endpoint.state.shard = shard
                     shard.start()

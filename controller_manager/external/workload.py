@@ -32,7 +32,7 @@ import threading
 from typing import Any
 
 from hashing import HashRange, ShardBy
-from registry.rebalance import gap_histogram, histogram
+from registry.histogram import gap_histogram, histogram
 
 Key = tuple[str, str]
 

@@ -45,20 +45,10 @@ from rangeshard.cli.tables import table_console
 from rangeshard.core.errors import ConfigError, RangeshardError
 from rangeshard.core.etcd import EtcdClient
 from registry import Registry, Snapshot
+from registry.apply import AutoPolicy, apply_plan, wait_settled
+from registry.histogram import COST_UNITS_PER_SECOND
 from registry.models import check_name
-from registry.rebalance import (
-    COST_UNITS_PER_SECOND,
-    AutoPolicy,
-    Move,
-    Plan,
-    Strategy,
-    apply_plan,
-    loads_of,
-    make_plan,
-    max_over_mean,
-    owned,
-    wait_settled,
-)
+from registry.rebalance import Move, Plan, Strategy, loads_of, make_plan, max_over_mean, owned
 
 app = typer.Typer(help="Show and fix the balance of hash ranges between instances.", no_args_is_help=True)
 

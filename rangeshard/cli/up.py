@@ -75,8 +75,9 @@ from rangeshard.cli.tables import table_console
 from rangeshard.cli.updown import PortPlan, choose_port, demo_summary, plan_ports, wait_healthy
 from rangeshard.core.errors import ConfigError, RangeshardError
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
-from rangeshard.core.loops import start_thread
-from rangeshard.core.process import EtcdServer, process_start_time
+from rangeshard.core.etcdserver import EtcdServer
+from rangeshard.core.loops import join_thread, start_thread
+from rangeshard.core.process import process_start_time
 from registry import DEFAULT_PREFIX, MembershipWatch, RegistryView
 
 if TYPE_CHECKING:
@@ -128,8 +129,7 @@ class ManagerSupervisor:
 
     def stop(self) -> None:
         self._stop.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=10)
+        join_thread(self._thread, 10)
 
     def _run(self) -> None:
         while not self._stop.wait(0.5):

@@ -8,9 +8,10 @@ Owns
       translation of gRPC/etcd failures into the error tree; the only
       package that imports pyetcd or grpc.
     * :mod:`rangeshard.core.process` - child-process management
-      (``ManagedProcess``, the embedded ``EtcdServer``, a multi-member
-      ``EtcdCluster``, ``free_port``, ``terminate``, and ``wait_ready``: the
-      one readiness routine of our children).
+      (``ManagedProcess``, ``popen``, ``free_port``, ``terminate``, and
+      ``wait_ready``: the one readiness routine of our children).
+    * :mod:`rangeshard.core.etcdserver` - the embedded etcd (``EtcdServer``:
+      TLS, auth; a multi-member ``EtcdCluster``), a child process of ours.
     * :mod:`rangeshard.core.serving` - running an ASGI app under uvicorn so
       open streams end as soon as SIGINT/SIGTERM begins the shutdown.
     * :mod:`rangeshard.core.listoptions` - list/watch query parameters,

@@ -8,7 +8,8 @@ Purpose
     Every background loop of ours (lease keepers, membership watches,
     informers, workers, the state machine, the proxy's caches...) must have a
     name and must say so when it dies of a bug, instead of vanishing.
-    :func:`start_thread` and :func:`start_task` are the one way to start one.
+    :func:`start_thread` and :func:`start_task` are the one way to start one;
+    :func:`join_thread` the one way to wait for a thread's end when stopping it.
 
 Invariants
     * The thread or task carries ``name`` (``threadName`` in every log line).
@@ -59,6 +60,12 @@ def start_thread(
     thread = threading.Thread(target=run, name=name, daemon=daemon)
     thread.start()
     return thread
+
+
+def join_thread(thread: threading.Thread | None, timeout: float) -> None:
+    """Wait up to ``timeout`` seconds for ``thread`` to end; nothing for ``None`` or the calling thread itself."""
+    if thread is not None and thread is not threading.current_thread():
+        thread.join(timeout)
 
 
 def start_task(coro: Coroutine[Any, Any, T], name: str, *, what: str | None = None) -> asyncio.Task[T]:

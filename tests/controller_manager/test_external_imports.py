@@ -19,7 +19,8 @@ from typing import Any
 
 import yaml
 
-from rangeshard.core.process import EtcdServer, free_port
+from rangeshard.core.etcdserver import EtcdServer
+from rangeshard.core.process import free_port
 
 CHILD = Path(__file__).with_name("modules_child.py")
 #: Modules (and their submodules) an external-only manager never loads.

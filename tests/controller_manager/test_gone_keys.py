@@ -16,9 +16,9 @@ from typing import Any
 
 from controller_manager.controller import ControllerRuntime
 from controller_manager.controllers.replicaset import ReplicaSetController
-from controller_manager.metrics import Metrics
 from hashing import hash_key
 from rangeshard.core.etcd import EtcdConfig
+from tests.helpers import offline_runtime
 
 
 class _Uid(str):
@@ -28,20 +28,7 @@ class _Uid(str):
 
 
 def _runtime(etcd_config: EtcdConfig, key_prefix: str) -> ControllerRuntime:
-    from kubernetes import client as k8s  # noqa: PLC0415
-
-    api = k8s.ApiClient(k8s.Configuration(host="http://127.0.0.1:9"))
-    return ControllerRuntime(
-        ReplicaSetController,
-        api_client=api,
-        etcd_config=etcd_config,
-        registry_prefix=key_prefix,
-        instance_id="t0",
-        workers=1,
-        lease_ttl=5,
-        reconcile_timeout=5.0,
-        metrics=Metrics(),
-    )
+    return offline_runtime(ReplicaSetController, etcd_config, key_prefix)
 
 
 def _rs(i: int, uid: str) -> dict[str, Any]:

@@ -3,27 +3,27 @@
 The last tests run one reconcile through the worker's step
 (``ControllerRuntime._process``) with a controller whose reconcile raises, and
 a stand-in for the shard instance (the four members ``_process`` uses:
-``try_begin`` accepts, ``end``, ``clock``, ``reconcile_timeout``): what is
+``try_begin`` accepts, ``end``, ``clock``, ``settings.reconcile_timeout``): what is
 logged at which level, and which counter moves (issue 25).
 """
 
 from __future__ import annotations
 
 import logging
+from types import SimpleNamespace
 
 import pytest
 import urllib3
-from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import ConnectTimeoutError, MaxRetryError, ProtocolError, ReadTimeoutError
 
 from controller_manager.controller import ControllerRuntime, ReconcileContext, timed_out
 from controller_manager.controllers.replicaset import ReplicaSetController
-from controller_manager.metrics import Metrics
 from hashing import hash_key
 from rangeshard.core.clock import MONOTONIC
 from rangeshard.core.errors import ReconcileTimeout
 from rangeshard.core.etcd import EtcdConfig
+from tests.helpers import offline_runtime
 
 
 class _Clock:
@@ -110,31 +110,20 @@ class _Shard:
     """What ``_process`` uses of a ShardInstance: every key accepted, each end recorded."""
 
     clock = MONOTONIC
-    reconcile_timeout = 5.0
+    settings = SimpleNamespace(reconcile_timeout=5.0)
 
     def __init__(self) -> None:
         self.ended: list[str] = []
 
     def try_begin(self, key: str, key_hash: int) -> float:
-        return self.clock.monotonic() + self.reconcile_timeout
+        return self.clock.monotonic() + self.settings.reconcile_timeout
 
     def end(self, key: str) -> None:
         self.ended.append(key)
 
 
 def _reconcile_once(etcd_config: EtcdConfig, key_prefix: str, error: BaseException) -> tuple[ControllerRuntime, _Shard]:
-    metrics = Metrics()
-    rt = ControllerRuntime(
-        _broken(error),
-        api_client=k8s.ApiClient(k8s.Configuration(host="http://127.0.0.1:9")),  # never called
-        etcd_config=etcd_config,
-        registry_prefix=key_prefix,
-        instance_id="t0",
-        workers=1,
-        lease_ttl=5,
-        reconcile_timeout=5.0,
-        metrics=metrics,
-    )
+    rt = offline_runtime(_broken(error), etcd_config, key_prefix)
     shard = _Shard()
     rt.shard = shard  # type: ignore[assignment]
     # A key the runtime can hash: a deleted object's (the informer is not started, its store stays empty).

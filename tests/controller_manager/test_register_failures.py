@@ -21,11 +21,12 @@ from __future__ import annotations
 import queue
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
 from controller_manager import sharding
-from controller_manager.sharding import ShardInstance
+from controller_manager.sharding import ShardHost, ShardInstance, ShardSettings
 from hashing import HashRange
 from rangeshard.core.clock import ManualClock
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
@@ -57,31 +58,50 @@ def keepers(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[LeaseKeeper]]:
             k.stop(revoke=True)
 
 
+class Host(ShardHost):
+    """Caches always synced; the states and owner tokens the instance reports, in order."""
+
+    def __init__(self) -> None:
+        self.states: list[str] = []
+        self.tokens: list[OwnerToken] = []
+
+    def synced(self, epoch: int) -> bool:
+        return True
+
+    def on_epoch(self) -> None:
+        pass
+
+    def on_allowed(self) -> None:
+        pass
+
+    def workload(self, rng: HashRange) -> tuple[int, dict[str, Any] | None]:
+        return 0, None
+
+    def on_state(self, state: str) -> None:
+        self.states.append(state)
+
+    def on_token(self, token: OwnerToken) -> None:
+        self.tokens.append(token)
+
+
 @pytest.fixture
 def make_shard(key_prefix: str, keepers: list[LeaseKeeper]) -> Iterator[Callable[..., ShardInstance]]:
     made: list[ShardInstance] = []
 
     def make(config: EtcdConfig, name: str, ttl: int = TTL) -> ShardInstance:
-        states: list[str] = []
-        tokens: list[OwnerToken] = []
-        shard = ShardInstance(
+        host = Host()
+        settings = ShardSettings(
             etcd_config=config,
             registry_prefix=key_prefix,
             controller_type=CT,
             instance_id=name,
             lease_ttl=ttl,
             reconcile_timeout=2.0,
-            synced=lambda _epoch: True,
-            on_epoch=lambda: None,
-            on_allowed=lambda: None,
-            workload=lambda _rng: (0, None),
-            clock=ManualClock(1000.0),
-            host="node-7",
+            hostname="node-7",
             pid=4242,
-            on_state=states.append,
-            on_token=tokens.append,
         )
-        shard.states, shard.tokens = states, tokens  # type: ignore[attr-defined]
+        shard = ShardInstance(settings, host, clock=ManualClock(1000.0))
+        shard.states, shard.tokens = host.states, host.tokens  # type: ignore[attr-defined]
         made.append(shard)
         return shard
 

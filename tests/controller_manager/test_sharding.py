@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
 from controller_manager.controller import Expectations, ReconcileContext
-from controller_manager.sharding import FENCED, ShardInstance
+from controller_manager.sharding import FENCED, ShardHost, ShardInstance, ShardSettings
 from hashing import MAX_HASH, HashRange
 from rangeshard.core.clock import ManualClock
 from rangeshard.core.errors import ReconcileTimeout
@@ -48,28 +49,44 @@ def clock() -> ManualClock:
     return ManualClock(T0)
 
 
+class Host(ShardHost):
+    """The informers relist at once: synced exactly at the current epoch; each resume recorded."""
+
+    def __init__(self) -> None:
+        self.shard: ShardInstance | None = None
+        self.allowed_calls: list[int] = []
+
+    def synced(self, epoch: int) -> bool:
+        return self.shard is not None and epoch == self.shard.epoch
+
+    def on_epoch(self) -> None:
+        pass
+
+    def on_allowed(self) -> None:
+        assert self.shard is not None
+        self.allowed_calls.append(self.shard.epoch)
+
+    def workload(self, rng: HashRange) -> tuple[int, dict[str, Any] | None]:
+        return 0, None
+
+
 @pytest.fixture
 def make_shard(etcd_config: EtcdConfig, key_prefix: str, clock: ManualClock) -> Iterator[Callable[..., ShardInstance]]:
     made: list[ShardInstance] = []
 
     def make(name: str, rejoin_grace: float = 0.0) -> ShardInstance:
-        allowed_calls: list[int] = []
-        shard = ShardInstance(
+        host = Host()
+        settings = ShardSettings(
             etcd_config=etcd_config,
             registry_prefix=key_prefix,
             controller_type=CT,
             instance_id=name,
             lease_ttl=TTL,
             reconcile_timeout=TIMEOUT,
-            # The informers relist at once: synced exactly at the current epoch.
-            synced=lambda epoch: epoch == shard.epoch,
-            on_epoch=lambda: None,
-            on_allowed=lambda: allowed_calls.append(shard.epoch),
-            workload=lambda _rng: (0, None),
-            clock=clock,
             rejoin_grace=rejoin_grace,
         )
-        shard.allowed_calls = allowed_calls  # type: ignore[attr-defined]
+        shard = host.shard = ShardInstance(settings, host, clock=clock)
+        shard.allowed_calls = host.allowed_calls  # type: ignore[attr-defined]
         made.append(shard)
         return shard
 

@@ -29,7 +29,8 @@ from typer.testing import CliRunner
 from hashing import MAX_HASH
 from rangeshard.cli.main import app as cli_app
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
-from rangeshard.core.process import EtcdServer, free_port, popen
+from rangeshard.core.etcdserver import EtcdServer
+from rangeshard.core.process import free_port, popen
 from registry import Registry, State
 from tests.helpers import MetricsServer, progress_metrics, wait_until
 

@@ -35,7 +35,7 @@ import yaml
 
 from local_apiserver.process import LocalApiServerProcess
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
-from rangeshard.core.process import EtcdServer
+from rangeshard.core.etcdserver import EtcdServer
 from tests.deploy.test_manifests import DEPLOY, kustomize
 from tests.helpers import missing_prerequisite
 

@@ -40,7 +40,7 @@ from range_filter_proxy.process import ProxyProcess
 from rangeshard.cli.progress import Progress
 from rangeshard.cli.progress import fetch as fetch_progress
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
-from rangeshard.core.process import EtcdCluster, EtcdServer
+from rangeshard.core.etcdserver import EtcdCluster, EtcdServer
 from rangeshard.localcluster import LocalCluster
 from registry import Registry, Snapshot
 from tests.e2e.kube import replicasets, scale_replicaset

@@ -31,7 +31,8 @@ import httpx
 from bench.scaleout import _create_configmaps
 from hashing import HashRange, hash_key
 from registry import Snapshot
-from registry.rebalance import handover_done, max_over_mean, owned
+from registry.apply import handover_done
+from registry.rebalance import max_over_mean, owned
 from tests.e2e.conftest import Cluster, Manager, dump_logs
 from tests.e2e.cost_controller import CONTROLLER_TYPE, NAMESPACE
 from tests.e2e.test_manager import all_active

@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 
-from rangeshard.core.process import EtcdCluster
+from rangeshard.core.etcdserver import EtcdCluster
 from tests.e2e.conftest import Cluster
 from tests.e2e.kube import create_namespace, create_replicaset, replicasets_converged, scale_replicaset
 from tests.helpers import wait_until

@@ -17,7 +17,7 @@ import pytest
 from local_apiserver.process import LocalApiServerProcess
 from range_filter_proxy.process import ProxyProcess
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
-from rangeshard.core.process import EtcdServer
+from rangeshard.core.etcdserver import EtcdServer
 from tests.e2e.conftest import Cluster, Load, Manager
 from tests.e2e.kube import create_namespace, create_replicaset, replicasets_converged, scale_replicaset
 from tests.e2e.test_manager import RS_ONLY, all_active

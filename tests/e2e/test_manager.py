@@ -22,7 +22,7 @@ from kubernetes import client as k8s
 from controller_manager.audit import now as audit_now
 from controller_manager.audit import read_records
 from hashing import MAX_HASH, hash_key
-from rangeshard.core.process import EtcdServer
+from rangeshard.core.etcdserver import EtcdServer
 from registry import State
 from tests.e2e.conftest import LEASE_TTL, Cluster, Load, Manager, dump_logs
 from tests.e2e.kube import (

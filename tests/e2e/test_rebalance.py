@@ -14,7 +14,7 @@ import pytest
 
 from hashing import MAX_HASH, hash_key
 from rangeshard.core.etcd import EtcdClient
-from rangeshard.core.process import EtcdServer
+from rangeshard.core.etcdserver import EtcdServer
 from registry import Registry
 from registry.rebalance import max_over_mean, owned, segments
 from tests.e2e.conftest import Cluster

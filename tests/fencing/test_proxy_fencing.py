@@ -25,8 +25,8 @@ from hashing import hash_key
 from local_apiserver.process import LocalApiServerProcess
 from range_filter_proxy.process import ProxyProcess
 from rangeshard.core.etcd import EtcdClient
+from rangeshard.core.etcdserver import EtcdServer
 from rangeshard.core.ownertoken import FENCED_HEADER, SHARD_HASH_HEADER, OwnerToken, format_shard_hash
-from rangeshard.core.process import EtcdServer
 from registry import Registry
 from tests.helpers import wait_until
 

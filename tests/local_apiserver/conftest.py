@@ -24,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from local_apiserver.process import LocalApiServerProcess
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
-from rangeshard.core.process import EtcdServer
+from rangeshard.core.etcdserver import EtcdServer
 from tests.helpers import missing_prerequisite
 
 BOOKMARK_INTERVAL = 0.3

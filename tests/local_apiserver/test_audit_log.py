@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from local_apiserver.process import LocalApiServerProcess
-from rangeshard.core.process import EtcdServer
+from rangeshard.core.etcdserver import EtcdServer
 from tests import protobuf_wire as pw
 
 

@@ -19,7 +19,7 @@ from kubernetes.client.exceptions import ApiException
 from controller_manager.resources import Resource, discover_scope
 from local_apiserver.process import LocalApiServerProcess
 from rangeshard.core.errors import ControllerError
-from rangeshard.core.process import EtcdServer
+from rangeshard.core.etcdserver import EtcdServer
 from tests.local_apiserver.conftest import Server, wait_for
 
 

@@ -20,7 +20,7 @@ from local_apiserver.resources import core_spec
 from local_apiserver.store import ListResult, Store
 from local_apiserver.watch import WatchRequest, watch_events
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
-from rangeshard.core.process import EtcdServer
+from rangeshard.core.etcdserver import EtcdServer
 from rangeshard.core.selectors import FieldSelector, LabelSelector
 from tests.local_apiserver.conftest import metric, wait_for
 

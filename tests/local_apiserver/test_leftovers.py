@@ -20,7 +20,7 @@ from kubernetes import watch as k8s_watch
 from local_apiserver.conversion import CONDITIONS_ANNOTATION, METRICS_ANNOTATION, hpa_to_v1, hpa_to_v2
 from local_apiserver.process import LocalApiServerProcess
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
-from rangeshard.core.process import EtcdServer
+from rangeshard.core.etcdserver import EtcdServer
 from tests.helpers import wait_until
 from tests.local_apiserver.conftest import Server
 

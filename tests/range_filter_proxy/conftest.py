@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from range_filter_proxy.process import ProxyProcess
-from rangeshard.core.process import EtcdServer
+from rangeshard.core.etcdserver import EtcdServer
 
 
 @pytest.fixture(scope="module")

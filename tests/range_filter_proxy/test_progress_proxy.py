@@ -23,7 +23,7 @@ from hashing import ShardBy, hash_key
 from local_apiserver.process import LocalApiServerProcess
 from range_filter_proxy.process import ProxyProcess
 from rangeshard.core.etcd import EtcdClient
-from rangeshard.core.process import EtcdServer
+from rangeshard.core.etcdserver import EtcdServer
 from registry import MainResource, Registry
 from tests.helpers import wait_until
 

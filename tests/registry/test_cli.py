@@ -12,7 +12,8 @@ import pytest
 
 from hashing import MAX_HASH, hash_key
 from rangeshard.core.etcd import EtcdClient
-from rangeshard.core.process import EtcdServer, free_port, popen
+from rangeshard.core.etcdserver import EtcdServer
+from rangeshard.core.process import free_port, popen
 from registry import Registry
 
 CT = "deployment"

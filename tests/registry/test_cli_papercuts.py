@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from hashing import MAX_HASH, hash_key
 from rangeshard.cli.main import app
 from rangeshard.core.etcd import EtcdClient
-from rangeshard.core.process import EtcdServer
+from rangeshard.core.etcdserver import EtcdServer
 from registry import Registry
 from tests.registry.test_cli import run
 

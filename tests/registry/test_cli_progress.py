@@ -14,7 +14,8 @@ from pathlib import Path
 from rangeshard.cli.progress import Progress, describe, parse
 from rangeshard.cli.state import Component, UpState, write_state
 from rangeshard.core.etcd import EtcdClient
-from rangeshard.core.process import EtcdServer, process_start_time
+from rangeshard.core.etcdserver import EtcdServer
+from rangeshard.core.process import process_start_time
 from registry import Registry
 from tests.helpers import MetricsServer, progress_metrics
 from tests.registry.test_cli import run

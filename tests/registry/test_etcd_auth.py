@@ -17,7 +17,7 @@ import pytest
 
 from rangeshard.core.errors import RegistryError
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
-from rangeshard.core.process import EtcdServer
+from rangeshard.core.etcdserver import EtcdServer
 
 
 def _etcdctl(etcd: EtcdServer, password: str, *args: str) -> None:

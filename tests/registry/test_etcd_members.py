@@ -21,7 +21,7 @@ import pytest
 
 from rangeshard.core.errors import RangeshardError
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
-from rangeshard.core.process import EtcdCluster, EtcdServer
+from rangeshard.core.etcdserver import EtcdCluster, EtcdServer
 from registry import LeaseKeeper, MembershipWatch
 from registry.lease import default_margin
 from tests.helpers import wait_until

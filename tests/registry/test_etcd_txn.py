@@ -13,7 +13,7 @@ import pytest
 
 from rangeshard.core.errors import EtcdRequestTooLarge, FutureRevision, RevisionCompacted
 from rangeshard.core.etcd import Compare, Delete, EtcdClient, EtcdConfig, Put, TxnResult, prefix_end
-from rangeshard.core.process import EtcdServer
+from rangeshard.core.etcdserver import EtcdServer
 
 
 def test_a_guarded_create_writes_once_and_names_its_revision(etcd_client: EtcdClient, key_prefix: str) -> None:

@@ -22,7 +22,7 @@ from controller_manager.manager import ControllerManager
 from rangeshard import dashboard
 from rangeshard.cli.main import app
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
-from rangeshard.core.process import EtcdServer
+from rangeshard.core.etcdserver import EtcdServer
 from registry import Registry
 
 ROOT = Path(__file__).resolve().parents[2]

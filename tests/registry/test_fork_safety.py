@@ -13,7 +13,7 @@ import subprocess
 import sys
 import textwrap
 
-from rangeshard.core.process import EtcdServer
+from rangeshard.core.etcdserver import EtcdServer
 
 CHILD = textwrap.dedent(
     """

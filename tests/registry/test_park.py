@@ -11,7 +11,7 @@ import pytest
 from hashing import MAX_HASH, HashRange
 from rangeshard.core.errors import AlreadyRegistered, ConfigError, NoSplittableRange, NotRegistered
 from rangeshard.core.etcd import EtcdClient
-from rangeshard.core.process import EtcdServer
+from rangeshard.core.etcdserver import EtcdServer
 from registry import Registry, State
 from tests.helpers import wait_until
 from tests.registry.test_cli import run

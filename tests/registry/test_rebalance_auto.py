@@ -20,9 +20,11 @@ import pytest
 from hashing import MAX_HASH
 from rangeshard.core.errors import RangeshardError
 from rangeshard.core.etcd import EtcdClient
-from rangeshard.core.process import EtcdServer, popen
+from rangeshard.core.etcdserver import EtcdServer
+from rangeshard.core.process import popen
 from registry import Registry, State
-from registry.rebalance import gap_histogram, max_over_mean, owned
+from registry.histogram import gap_histogram
+from registry.rebalance import max_over_mean, owned
 from tests.helpers import wait_until
 
 CT = "replicaset"

@@ -16,7 +16,8 @@ import pytest
 from hashing import MAX_HASH, HashRange
 from rangeshard.core.errors import AlreadyRegistered, CompareFailed, ConfigError, LeaseLost, NotRegistered
 from rangeshard.core.etcd import EtcdClient, EtcdConfig, PrefixWatch
-from rangeshard.core.process import EtcdServer, popen
+from rangeshard.core.etcdserver import EtcdServer
+from rangeshard.core.process import popen
 from registry import LeaseKeeper, MembershipWatch, Registry, RegistryView, Snapshot, State
 from tests.helpers import wait_until
 from tests.relay import TcpRelay
@@ -406,7 +407,8 @@ def test_watch_rewatches_when_the_stream_ends_without_an_error(
 
 def test_apply_plan_replans_a_move_that_lost_a_race(registry: Registry, leases: Callable[[int], int]) -> None:
     """A heartbeat landing between set-key's read and its guarded write fails the move; apply retries it."""
-    from registry.rebalance import Move, Plan, apply_plan  # noqa: PLC0415
+    from registry.apply import apply_plan  # noqa: PLC0415
+    from registry.rebalance import Move, Plan  # noqa: PLC0415
 
     class Racing(Registry):
         """Our Registry with one concurrent write injected, and the managers' unlock done by hand."""

@@ -22,7 +22,7 @@ import yaml
 
 from local_apiserver.process import LocalApiServerProcess
 from range_filter_proxy.process import ProxyProcess
-from rangeshard.core.process import EtcdServer
+from rangeshard.core.etcdserver import EtcdServer
 from tests.helpers import missing_prerequisite
 
 try:

@@ -19,7 +19,8 @@ import pytest
 from local_apiserver.cli import local_apiserver_command
 from local_apiserver.process import free_port
 from range_filter_proxy.cli import proxy_command
-from rangeshard.core.process import EtcdServer, popen
+from rangeshard.core.etcdserver import EtcdServer
+from rangeshard.core.process import popen
 
 TCP_LISTEN = "0A"
 

@@ -18,7 +18,7 @@ import orjson
 
 from local_apiserver.process import LocalApiServerProcess
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
-from rangeshard.core.process import EtcdServer, EtcdTLS
+from rangeshard.core.etcdserver import EtcdServer, EtcdTLS
 from tests.helpers import wait_until
 from tests.security.certs import Pki
 

@@ -36,7 +36,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from local_apiserver.process import LocalApiServerProcess
 from range_filter_proxy.process import ProxyProcess
-from rangeshard.core.process import EtcdServer
+from rangeshard.core.etcdserver import EtcdServer
 
 FUZZ = settings(
     max_examples=int(os.environ.get("FUZZ_EXAMPLES", "150")),

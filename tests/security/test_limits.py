@@ -19,7 +19,7 @@ import pytest
 
 from local_apiserver.process import LocalApiServerProcess
 from range_filter_proxy.process import ProxyProcess
-from rangeshard.core.process import EtcdServer
+from rangeshard.core.etcdserver import EtcdServer
 
 LIMIT = 3 * 1024 * 1024
 

@@ -17,7 +17,7 @@ from kubernetes import client as k8s
 
 from local_apiserver.process import LocalApiServerProcess
 from range_filter_proxy.process import ProxyProcess
-from rangeshard.core.process import EtcdServer
+from rangeshard.core.etcdserver import EtcdServer
 from tests.helpers import run_cli, wait_until
 from tests.security.certs import Pki
 from tests.security.conftest import Tokens

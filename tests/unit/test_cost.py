@@ -10,12 +10,10 @@ import pytest
 from controller_manager.cost import ARRIVAL_RECONCILES, MIN_SPAN_WINDOWS, CostTracker
 from hashing import MAX_HASH, HashRange
 from rangeshard.core.errors import ConfigError, PlanError
+from registry.histogram import COST_UNITS_PER_SECOND, add_cost, gap_histogram
 from registry.models import InstanceRecord, Snapshot, State
 from registry.rebalance import (
-    COST_UNITS_PER_SECOND,
     Strategy,
-    add_cost,
-    gap_histogram,
     loads_of,
     make_plan,
     max_over_mean,

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from rangeshard.core import loops
-from rangeshard.core.loops import probe_loop_lag, start_task, start_thread
+from rangeshard.core.loops import join_thread, probe_loop_lag, start_task, start_thread
 
 
 def test_a_thread_that_dies_is_logged_and_runs_on_death(caplog: pytest.LogCaptureFixture) -> None:
@@ -87,3 +87,24 @@ def test_the_loop_lag_probe_reports_a_blocked_loop_and_warns_once(
     warnings = [r.getMessage() for r in caplog.records if r.name == "rangeshard.core.loops"]
     assert len(warnings) == 1, warnings  # two blocks, one warning a minute
     assert warnings[0].startswith("the test loop: the event loop ran ") and "late" in warnings[0]
+
+
+def test_join_thread_waits_for_the_end_and_passes_over_none_and_the_calling_thread() -> None:
+    release = threading.Event()
+    thread = start_thread("joined", lambda: release.wait(5))
+    join_thread(thread, 0.05)
+    assert thread.is_alive()  # bounded by the timeout
+    release.set()
+    join_thread(thread, 5)
+    assert not thread.is_alive()
+    join_thread(None, 5)
+    seen: list[BaseException] = []
+
+    def stop_from_inside() -> None:
+        try:
+            join_thread(threading.current_thread(), 5)  # a loop stopping itself must not deadlock or raise
+        except BaseException as e:
+            seen.append(e)
+
+    start_thread("self-stop", stop_from_inside).join(5)
+    assert seen == []

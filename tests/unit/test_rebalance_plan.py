@@ -12,21 +12,15 @@ from hypothesis import strategies as st
 
 from hashing import MAX_HASH, HashRange, hash_key
 from rangeshard.core.errors import ConfigError
+from registry.apply import AutoPolicy, next_move
+from registry.histogram import HISTOGRAM_BUCKETS, HISTOGRAM_CELLS, bucket_of, bucket_start, gap_histogram, histogram
 from registry.models import InstanceRecord, Snapshot, State
 from registry.rebalance import (
-    HISTOGRAM_BUCKETS,
-    HISTOGRAM_CELLS,
-    AutoPolicy,
     Segment,
-    bucket_of,
-    bucket_start,
-    gap_histogram,
-    histogram,
     loads_for,
     make_plan,
     max_over_mean,
     min_max_load,
-    next_move,
     plan_by_range,
     plan_by_workload,
     segments,
