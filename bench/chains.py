@@ -370,6 +370,7 @@ async def _watch(proxy: str, rv: str, stream: Stream) -> None:
                 if kind in ("ADDED", "DELETED"):
                     name = ((ev.get("object") or {}).get("metadata") or {}).get("name", "")
                     (stream.added if kind == "ADDED" else stream.deleted).add(name)
+        stream.error = stream.error or "stream ended"
     except (httpx.HTTPError, OSError) as e:
         stream.error = f"{type(e).__name__}: {e}"
 
@@ -383,11 +384,12 @@ def _pod_events(resp: httpx.Response) -> tuple[float, float]:
     )
 
 
-async def _wait(predicate: Any, timeout: float, what: str) -> None:
+async def _wait(predicate: Any, timeout: float, what: str, detail: Any = None) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+            more = f": {detail()}" if detail is not None else ""
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}{more}")
         await asyncio.sleep(0.05)
 
 
@@ -434,7 +436,12 @@ async def _streams_step(
         cpu0, t0 = proc_cpu_seconds(pid), time.monotonic()
         await _patch_all(api, pod_paths, {"metadata": {"annotations": {TOUCH_ANNOTATION: str(round_)}}}, rate=rate)
         patched = time.monotonic() - t0
-        await _wait(lambda: sum(s.types["MODIFIED"] for s in streams) >= want, timeout, f"{want} MODIFIED events")
+        await _wait(
+            lambda: sum(s.types["MODIFIED"] for s in streams) >= want,
+            timeout,
+            f"{want} MODIFIED events",
+            lambda: f"per watch {[dict(s.types) for s in streams]}, errors {[s.error for s in streams]}",
+        )
         elapsed, cpu = time.monotonic() - t0, proc_cpu_seconds(pid) - cpu0
         async with httpx.AsyncClient(base_url=proxy, timeout=30) as client:
             counts1 = _pod_events(await client.get("/metrics"))
