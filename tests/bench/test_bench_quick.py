@@ -20,6 +20,11 @@ from typing import Any
 
 import pytest
 
+from bench.__main__ import SECTIONS
+
+#: chains runs in tests/bench/test_bench_chains.py (its own quick run): not twice.
+OTHER_SECTIONS = ",".join(s for s in SECTIONS if s != "chains")
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -27,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def result(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("bench") / "quick.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "bench", "--quick", "--json", str(out)],
+        [sys.executable, "-m", "bench", "--quick", "--sections", OTHER_SECTIONS, "--json", str(out)],
         cwd=ROOT,
         capture_output=True,
         text=True,
