@@ -22,7 +22,9 @@ The loops that use it (initial s, maximum s, jitter, reset)
       0.2, reset after 10 s of health;
     * the external controller's restarts (:mod:`controller_manager.external.child`)
       and ``rangeshard up``'s manager restarts (:mod:`rangeshard.cli.up`): 1 to
-      30, reset by a run of a minute.
+      30, reset by a run of a minute;
+    * the test kit's polling ``wait_until`` (:mod:`rangeshard.testing`): 0.02
+      growing by half to 0.25.
 
     Not through it: the workqueue's per-key rate limiter
     (:mod:`controller_manager.workqueue`, client-go's item-exponential limiter:
