@@ -109,7 +109,6 @@ class Reflector:
             if self._pages >= self.max_pages:
                 raise ReflectorError(f"more than {self.max_pages} list pages of {self.page_size}")
             return self.phase
-        self._pages = 0
         self.backoff.succeeded()
         self.phase = Phase.WATCH
         return self.phase
