@@ -11,7 +11,8 @@ Purpose
       init/locked/wait/active state machine (the safety rules live here)
     * :mod:`controller_manager.controller` - the framework: informers, workqueue,
       workers, in-range check, audit
-    * :mod:`controller_manager.informer`, :mod:`controller_manager.workqueue`
+    * :mod:`controller_manager.informer` (the thread driver of the foundation's
+      reflector, :mod:`rangeshard.core.reflector`), :mod:`controller_manager.workqueue`
     * :mod:`controller_manager.controllers` - ReplicaSet and Deployment
     * :mod:`controller_manager.audit` - the reconcile audit log and overlap checker
     * :mod:`controller_manager.write_audit` - the write-level check over an

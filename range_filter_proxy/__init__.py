@@ -16,8 +16,8 @@ Modules
     cache: store, history, dispatch), ``freshreads`` (its reads as fresh
     as the upstream: consistent snapshots, "not older than N"), ``rootchain`` (placement by owner
     chain, ``by: root``: each object's root through the via caches, and the
-    moves when an intermediate is re-parented), ``reflector`` (its upstream loop: paged
-    list, watch, relist), ``shardprobe`` (is the upstream a native KEP-5866
+    moves when an intermediate is re-parented), ``reflector`` (its upstream loop: the
+    async driver of :mod:`rangeshard.core.reflector`), ``shardprobe`` (is the upstream a native KEP-5866
     server?), ``cached`` (cached objects and
     events, watch filters, settings), ``storeindex`` (the store's keys by shard
     hash bucket, so a range LIST visits its slice), ``dispatch`` (which watchers an event

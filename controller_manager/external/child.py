@@ -15,7 +15,8 @@ Purpose
 
 Invariants
     * The controller dies with the manager (``PR_SET_PDEATHSIG``): no orphans.
-    * A run that lasted more than a minute resets the backoff (1 s, doubling to 30 s).
+    * A run that lasted a minute or more resets the backoff (1 s, doubling to 30 s:
+      a :class:`~rangeshard.core.backoff.Backoff` with ``reset_after=60``).
 
 Concurrency model
     A supervisor thread (``external-<name>-child``) starts each run and
@@ -44,6 +45,7 @@ import yaml
 
 from controller_manager.config import LivenessProbeSection
 from controller_manager.probes import Prober, ProbeResult, pick_port
+from rangeshard.core.backoff import Backoff
 from rangeshard.core.loops import start_thread
 from rangeshard.core.process import popen, terminate
 
@@ -125,7 +127,7 @@ class Child:
         self._thread = start_thread(f"external-{self.name}-child", self._run, what=f"external {self.name}: child")
 
     def _run(self) -> None:
-        backoff = 1.0
+        backoff = Backoff(1.0, 30.0, reset_after=60.0)
         command = [expand(arg, self.variables) for arg in self.command]
         while not self._stop.is_set():
             env = {**os.environ, **self.variables}
@@ -140,8 +142,9 @@ class Child:
                 )
             except OSError as e:
                 log.error("%s: cannot start %s: %s", self.name, self.command[0], e)
+                delay = backoff.next_delay()
             else:
-                started = time.monotonic()
+                backoff.succeeded()
                 self._down_since = None
                 proc = self.proc
                 log.info("%s: started %s (pid %s)", self.name, " ".join(command), proc.pid)
@@ -156,13 +159,11 @@ class Child:
                 if self._stop.is_set():
                     return
                 self.restarts += 1
-                if time.monotonic() - started > 60:
-                    backoff = 1.0
-                log.warning("%s: the controller exited with code %s; restarting in %.0fs", self.name, code, backoff)
+                delay = backoff.next_delay()
+                log.warning("%s: the controller exited with code %s; restarting in %.0fs", self.name, code, delay)
                 if self._on_restart is not None:
                     self._on_restart()
-            self._stop.wait(backoff)
-            backoff = min(backoff * 2, 30.0)
+            self._stop.wait(delay)
 
     def _copy_output(self, proc: subprocess.Popen[bytes]) -> None:
         out = proc.stdout

@@ -73,6 +73,7 @@ from rangeshard.cli.state import (
 )
 from rangeshard.cli.tables import table_console
 from rangeshard.cli.updown import PortPlan, choose_port, demo_summary, plan_ports, wait_healthy
+from rangeshard.core.backoff import Backoff
 from rangeshard.core.errors import ConfigError, RangeshardError
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
 from rangeshard.core.etcdserver import EtcdServer
@@ -118,7 +119,7 @@ class ManagerSupervisor:
         self.state_dir = state_dir
         self.console = console
         self.restarts: dict[str, int] = {}
-        self._backoff: dict[str, float] = {}
+        self._backoff = {m.name: Backoff(self.INITIAL, self.MAX) for m in self.managers}
         self._due: dict[str, float] = {}
         self._started: dict[str, float] = {m.name: time.monotonic() for m in self.managers}
         self._stop = threading.Event()
@@ -144,9 +145,9 @@ class ManagerSupervisor:
         due = self._due.get(m.name)
         if due is None:
             ran = now - self._started.get(m.name, now)
-            backoff = self.INITIAL if ran >= self.RESET_AFTER else min(self._backoff.get(m.name, 0) * 2, self.MAX)
-            backoff = max(backoff, self.INITIAL)
-            self._backoff[m.name] = backoff
+            if ran >= self.RESET_AFTER:
+                self._backoff[m.name].reset()
+            backoff = self._backoff[m.name].next_delay()
             self._due[m.name] = now + backoff
             line = f"manager {m.name} exited with code {code} after {ran:.0f}s: restarting it in {backoff:g}s"
             log.warning("%s", line)

@@ -34,6 +34,10 @@ Owns
     * :mod:`rangeshard.core.backoff` - the one retry policy (``Backoff``:
       exponential, jittered, reset after a long enough success) of every
       retry loop.
+    * :mod:`rangeshard.core.reflector` - the one reflector, sans I/O
+      (``Reflector``: paged list, watch from its resourceVersion, relist on
+      410, backoff on failures), driven by the proxy's watch caches and the
+      manager's informers.
     * :mod:`rangeshard.core.options` - command-line options the commands
       share (etcd TLS/credentials, serving).
     * :mod:`rangeshard.core.ports` - is a port free, and who holds it.

@@ -1,12 +1,34 @@
 """The one retry policy: exponential backoff with jitter, reset after a long enough success.
 
 Purpose
-    Every retry loop of the product (the proxy's watch caches, its discovery and
-    probe loops, the membership watch, etcd member failover, the simulated
-    kubelet; the informer and the external child supervisor fit it too) asks a
-    :class:`Backoff` how long to wait before its next attempt. Sans-I/O: it never
-    sleeps; the loop waits (``Event.wait``, ``asyncio.sleep``) for the delay it
-    is given, so the policy is tested without waiting.
+    Every retry loop of the product asks a :class:`Backoff` how long to wait
+    before its next attempt. Sans-I/O: it never sleeps; the loop waits
+    (``Event.wait``, ``asyncio.sleep``) for the delay it is given, so the
+    policy is tested without waiting.
+
+The loops that use it (initial s, maximum s, jitter, reset)
+    * the reflector (:mod:`rangeshard.core.reflector`), so both its drivers:
+      each proxy watch cache's upstream loop (:mod:`range_filter_proxy.reflector`:
+      the cache settings' 0.2 to 10, jitter 0.5, reset by a list) and each
+      informer of the controller manager (:mod:`controller_manager.informer`:
+      0.2 to 5, reset by a list);
+    * the proxy's configured-cache discovery (:mod:`range_filter_proxy.cache`)
+      and its KEP-5866 probe (:mod:`range_filter_proxy.shardprobe`): 0.2 to 10;
+    * the membership watch (:mod:`registry.watch`): the retry interval to 5 at
+      least, jitter 0.2, reset by a healthy watch;
+    * etcd member failover (:mod:`rangeshard.core.etcd.members`): 1 to 30 per
+      member, reset by an answer;
+    * the simulated kubelet (:mod:`local_apiserver.kubelet`): 1 to 10, jitter
+      0.2, reset after 10 s of health;
+    * the external controller's restarts (:mod:`controller_manager.external.child`)
+      and ``rangeshard up``'s manager restarts (:mod:`rangeshard.cli.up`): 1 to
+      30, reset by a run of a minute;
+    * the test kit's polling ``wait_until`` (:mod:`rangeshard.testing`): 0.02
+      growing by half to 0.25.
+
+    Not through it: the workqueue's per-key rate limiter
+    (:mod:`controller_manager.workqueue`, client-go's item-exponential limiter:
+    one delay per key from its failure count, not one loop's policy).
 
 Invariants
     * Without jitter the n-th delay since the last reset is

@@ -33,6 +33,7 @@ The tree::
     ├── LocalApiServerError         (local_apiserver.process) the API server child did not start
     ├── ProtobufError               (rangeshard.core.protobuf) a body that is not well-formed Kubernetes protobuf
     │   └── UnsupportedProtobuf     (rangeshard.core.protobuf_decode) a kind or field the decoder's table lacks (415)
+    ├── ReflectorError              (rangeshard.core.reflector) a list of more pages than the bound
     ├── PlanError                   (registry.rebalance) no rebalance plan can be made: nothing measured (exit 2)
     └── RegistryError               anything etcd reports (mapped once, in rangeshard.core.etcd.errors)
         ├── RegistryUnavailable     etcd unreachable or too slow (retry later)

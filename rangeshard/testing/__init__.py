@@ -58,6 +58,7 @@ from controller_manager.write_audit import check as check_writes
 from controller_manager.write_audit import print_report, read_events
 from rangeshard.cli.state import Component
 from rangeshard.cli.updown import unhealthy_components
+from rangeshard.core.backoff import Backoff
 from rangeshard.core.errors import RangeshardError
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
 from rangeshard.core.ownertoken import OwnerToken
@@ -91,15 +92,14 @@ class TestKitError(RangeshardError):
 def wait_until(predicate: Callable[[], T], timeout: float = 30.0, message: str = "condition") -> T:
     """Poll ``predicate`` until it returns something truthy; ``AssertionError`` after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
-    delay = 0.02
+    backoff = Backoff(0.02, 0.25, factor=1.5)
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {message} (last value: {value!r})")
-        time.sleep(delay)
-        delay = min(delay * 1.5, 0.25)
+        time.sleep(backoff.next_delay())  # polling: a predicate has no event to wait on
 
 
 def overlaps(audit_logs: Iterable[str | Path]) -> list[tuple[AuditRecord, AuditRecord]]:

@@ -16,9 +16,10 @@ from typing import Any
 from range_filter_proxy.cache import WatchCache
 from range_filter_proxy.cached import CacheSettings
 from range_filter_proxy.metrics import ProxyMetrics
-from range_filter_proxy.reflector import LIST_PAGE_SIZE, list_pages
+from range_filter_proxy.reflector import list_pages
 from range_filter_proxy.resources import GVR
 from range_filter_proxy.upstream import ListResult
+from rangeshard.core.reflector import LIST_PAGE_SIZE
 from tests.range_filter_proxy.fakes import INFOS, PODS, FakeUpstream
 from tests.range_filter_proxy.helpers import async_test
 
