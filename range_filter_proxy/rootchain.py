@@ -128,7 +128,7 @@ class RootChain:
         self._via_children: dict[str, set[str]] = {}
         #: The uids each via cache holds (a relist of one replaces its share only).
         self._node_uids: dict[int, set[str]] = {}
-        #: Dependent objects: key -> (uid, controller owner uid); and owner uid -> keys.
+        #: Dependent objects: key -> controller owner uid (``None``: none); and owner uid -> keys.
         self._deps: dict[Key, str | None] = {}
         #: One string per owner uid, shared by the records of its dependents (memory: one per owner).
         self._owner_strings: dict[str, str] = {}
@@ -142,7 +142,7 @@ class RootChain:
     # ---- life ----------------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Follow the via caches (each hands its store at once) and place every dependent object."""
+        """Follow the via caches (each hands its store at once); the dependent cache places its objects next."""
         for observer in self._observers:
             observer.cache.add_observer(observer)
         self.started_rv = self.dependent.rv
