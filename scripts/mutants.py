@@ -80,7 +80,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "drain-skipped",
         SHARDING,
-        "            if not outside and (self.drained is None or self.drained()):",
+        "            if not outside and self.host.drained():",
         "            if True:",
         (f"{T_SHARD}::test_giver_unlocks_its_receiver_only_after_draining_the_keys_it_gave_away",),
         "the giver unlocks its receivers without draining",
@@ -89,7 +89,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "no-fencing-check",
         SHARDING,
-        "            if now + self.reconcile_timeout > lease_deadline:",
+        "            if now + self.settings.reconcile_timeout > lease_deadline:",
         "            if False:",
         (f"{T_SHARD}::test_try_begin_refuses_a_reconcile_that_could_outlive_the_fencing_deadline",),
         "try_begin no longer refuses reconciles that could outlive the fencing deadline",
@@ -184,8 +184,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "try-begin-no-deadline-cap",
         SHARDING,
-        "            return min(now + self.reconcile_timeout, lease_deadline)",
-        "            return now + self.reconcile_timeout",
+        "            return min(now + self.settings.reconcile_timeout, lease_deadline)",
+        "            return now + self.settings.reconcile_timeout",
         (T_SHARD,),
         "the reconcile deadline is not capped by the fencing deadline",
         equivalent="try_begin has just refused every reconcile with now + reconcile_timeout > lease_deadline, "
@@ -218,7 +218,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "self-unlock-giver-alive",
         SHARDING,
-        "            if giver is None or snap.get(giver) is None:",
+        "            if giver_member is None or giver_member.record.is_parked:",
         "            if True:",
         (T_SHARD,),
         "a locked receiver tries to unlock itself while its giver is registered",
@@ -261,9 +261,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "unlock-ignores-revision",
         SHARDING,
-        "                            self.controller_type, r.instance_id, self.instance_id, "
-        "expected_mod_revision=r.mod_revision",
-        "                            self.controller_type, r.instance_id, self.instance_id, expected_mod_revision=None",
+        "                            expected_mod_revision=r.mod_revision,",
+        "                            expected_mod_revision=None,",
         (T_SHARD, T_REGISTRY),
         "the unlock does not compare the receiver's mod revision from the drained snapshot",
         equivalent="only a race can tell: between the snapshot and the unlock the receiver's record would have "
@@ -281,8 +280,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "orphan-unlock-unguarded",
         REGISTRY,
-        "            extra.append(txn.Version(self.layout.record_key(controller_type, giver)) == 0)",
-        "            pass",
+        '                extra.append(Compare.version(self.layout.record_key(controller_type, giver), "==", 0))',
+        "                pass",
         (T_REGISTRY,),
         "self-unlock does not check that the giver's record is gone",
     ),

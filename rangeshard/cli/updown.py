@@ -62,13 +62,26 @@ def choose_port(port: int | None, what: str) -> int:
 
 
 def plan_ports(etcd_port: int, apiserver_port: int, proxy_port: int, managers: int) -> PortPlan:
-    """Choose the ports (0: any free one) and fail (PortInUseError) if any is taken."""
+    """Choose the ports (0: any free one, never one chosen already) and fail (PortInUseError) if any is taken."""
+    taken: set[int] = {p for p in (etcd_port, apiserver_port, proxy_port) if p}
+
+    def pick(port: int | None, what: str) -> int:
+        if port:
+            return choose_port(port, what)
+        # The kernel may hand out one free port twice while nothing is bound to it yet: pick again then.
+        for _ in range(100):  # bounded; two picks in a row are rarely the same
+            chosen = free_port()
+            if chosen not in taken:
+                taken.add(chosen)
+                return chosen
+        raise ConfigError(f"{what}: no free port found that is not chosen already")
+
     plan = PortPlan(
-        choose_port(etcd_port, "--etcd-port"),
-        free_port(),
-        choose_port(apiserver_port, "--apiserver-port"),
-        choose_port(proxy_port, "--proxy-port"),
-        tuple(free_port() for _ in range(managers)),
+        pick(etcd_port, "--etcd-port"),
+        pick(None, "etcd peer"),
+        pick(apiserver_port, "--apiserver-port"),
+        pick(proxy_port, "--proxy-port"),
+        tuple(pick(None, f"manager m{i} metrics") for i in range(managers)),
     )
     named = {
         "etcd client, --etcd-port": plan.etcd,
