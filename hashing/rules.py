@@ -101,8 +101,12 @@ def root_path(via: Iterable[str] = ()) -> str:
     return _ROOT_PREFIX + ",".join(kinds) + _ROOT_SUFFIX
 
 
+@functools.lru_cache(maxsize=256)
 def root_via(path: str) -> tuple[str, ...] | None:
-    """The ``via`` kinds of a root path; ``None`` when ``path`` is not a root path (or not canonical)."""
+    """The ``via`` kinds of a root path; ``None`` when ``path`` is not a root path (or not canonical).
+
+    Memoised: :meth:`ShardBy.of_path` asks it for every root term a selector evaluates.
+    """
     if path == ROOT_PATH:
         return ()
     if not (path.startswith(_ROOT_PREFIX) and path.endswith(_ROOT_SUFFIX)):

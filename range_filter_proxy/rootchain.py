@@ -68,7 +68,7 @@ from hashing import controller_owner_uid, fnv1a_64
 from hashing.rules import MAX_CHAIN
 from range_filter_proxy.cached import CachedObject
 from range_filter_proxy.resources import ResourceInfo
-from range_filter_proxy.wire import WireMeta
+from range_filter_proxy.wire import WireOwnerRef, controller_uid
 
 log = logging.getLogger(__name__)
 
@@ -93,8 +93,15 @@ class WatchCache(Protocol):
     def move(self, keys: Iterable[Key], rv: int) -> None: ...
 
 
+class _RefMeta(msgspec.Struct, gc=False):
+    """The two ``metadata`` fields a chain reads (labels and the rest are skipped, not built)."""
+
+    uid: str = ""
+    ownerReferences: tuple[WireOwnerRef, ...] = ()  # noqa: N815 (the wire name)
+
+
 class _Refs(msgspec.Struct, gc=False):
-    metadata: WireMeta = msgspec.field(default_factory=WireMeta)
+    metadata: _RefMeta = msgspec.field(default_factory=_RefMeta)
 
 
 _REFS = msgspec.json.Decoder(_Refs)
@@ -106,7 +113,7 @@ def refs_of(obj: CachedObject) -> tuple[str | None, str | None]:
         meta = _REFS.decode(obj.raw).metadata
     except (msgspec.DecodeError, msgspec.ValidationError):
         return None, None
-    return meta.uid or None, meta.controller_uid()
+    return meta.uid or None, controller_uid(meta.ownerReferences)
 
 
 class RootChain:

@@ -63,10 +63,15 @@ class WireMeta(msgspec.Struct, frozen=True, gc=False):
 
     def controller_uid(self) -> str | None:
         """The uid of the ownerReference with ``controller: true`` (the first one), if any."""
-        for ref in self.ownerReferences:
-            if ref.controller and ref.uid:
-                return ref.uid
-        return None
+        return controller_uid(self.ownerReferences)
+
+
+def controller_uid(refs: tuple[WireOwnerRef, ...]) -> str | None:
+    """The uid of the first ownerReference with ``controller: true`` and a uid, if any."""
+    for ref in refs:
+        if ref.controller and ref.uid:
+            return ref.uid
+    return None
 
 
 class WireObject(msgspec.Struct, frozen=True, gc=False):
