@@ -7,7 +7,12 @@ Purpose
     change. Lists and watches over the generic REST path of the resource
     (``GET /apis/<group>/<version>/<plural>?shardSelector=...[&watch=true]``)
     through the official client's ``ApiClient.call_api`` (its auth, TLS and
-    connection pool), so built-in resources and CRDs work alike.
+    connection pool), so built-in resources and CRDs work alike. What to do
+    next (the next page of ``limit``/``continue``, where a watch starts,
+    re-watch, relist on 410, the backoff of 0.2 s doubling to 5 s after a
+    failure) is decided by :class:`rangeshard.core.reflector.Reflector`, the
+    one the proxy's watch caches use; this module keeps the requests, the
+    store and the events (the reflector's sync driver).
 
 Invariants
     * Every list starts from the range and *epoch* the instance publishes;
@@ -19,6 +24,9 @@ Invariants
       deleted while the watch was down) are reported as ``DELETED``.
     * :meth:`reset` makes the informer relist at once (range change): the
       blocking watch read is interrupted by shutting the response down.
+    * A watch's connection goes back to the client's pool only if the server
+      ended the stream; a watch the informer leaves (a reset, an ``ERROR``
+      event, a stop) is closed first, so no later request reads its rest.
     * While a watch is open, :meth:`silence` is the time since it last
       brought anything (an event or a bookmark; the proxy bookmarks quiet
       watches): the manager's watchdog calls an informer silent for long
@@ -47,12 +55,10 @@ from kubernetes.watch.watch import iter_resp_lines
 
 from controller_manager.resources import Resource, object_key, raw_request
 from hashing import HashRange, range_to_selector
+from rangeshard.core.backoff import Backoff
 from rangeshard.core.loops import start_thread
+from rangeshard.core.reflector import LIST_PAGE_SIZE, Phase, Reflector
 
-#: Objects per page of a list (as the proxy's cache lists its upstream: issue 27's memory fix).
-LIST_PAGE_SIZE = 500
-#: Bound of the paging loop (500 x 100,000 = 50 million objects).
-MAX_LIST_PAGES = 100_000
 log = logging.getLogger(__name__)
 
 _iter_lines: Callable[[Any], Iterator[str]] = iter_resp_lines
@@ -146,41 +152,47 @@ class Informer:
 
     # -- the loop -------------------------------------------------------------
     def _run(self) -> None:
-        backoff = 0.2
+        """The sync driver of the foundation's :class:`~rangeshard.core.reflector.Reflector` (module docstring)."""
+        r = Reflector(Backoff(0.2, 5.0), page_size=self.page_size)
+        selector = ""
         while not self._stop.is_set():
-            self._reset.clear()
-            epoch, rng = self.range_source()
-            if rng is None:
-                self._replace({}, epoch)
-                self._reset.wait(0.5)
-                continue
-            selector = range_to_selector(rng, self.path)
             try:
-                rv = self._list_once(selector, epoch)
-                self.last_error = None
-                backoff = 0.2
-                self._watch(selector, rv)
-                continue
+                if r.phase is Phase.LIST:
+                    self._reset.clear()
+                    epoch, rng = self.range_source()
+                    if rng is None:
+                        self._replace({}, epoch)
+                        self._reset.wait(0.5)
+                        continue
+                    selector = range_to_selector(rng, self.path)
+                    self._list(selector, epoch, r)
+                    self.last_error = None
+                elif r.phase is Phase.WATCH:
+                    self._watch(selector, r)
+                else:
+                    self._stop.wait(r.delay)
+                    r.relist()
             except ApiException as e:
+                if r.failed(e.status) is Phase.LIST:
+                    log.info("informer %s: watch expired (410); relisting", self.name)
+                    continue
                 self.last_error = f"{e.status} {_status_message(e)}"
                 log.warning("informer %s: API error %s: %s", self.name, e.status, (e.body or e.reason or "")[:200])
             except Exception as e:
                 if self._stop.is_set() or self._reset.is_set():
+                    r.relist()
                     continue
+                r.failed()
                 self.last_error = f"{type(e).__name__}: {e}"[:300]
                 log.warning("informer %s: %s: %s; relisting", self.name, type(e).__name__, e)
-            self._stop.wait(backoff)
-            backoff = min(backoff * 2, 5.0)
 
-    def _list_once(self, selector: str, epoch: int) -> str:
-        """List the range in pages of :data:`LIST_PAGE_SIZE` (``limit``/``continue``), as the proxy's cache lists
-        its upstream: no single answer holds the whole range in memory. The pages are one consistent list at the
+    def _list(self, selector: str, epoch: int, r: Reflector) -> None:
+        """List the range in the reflector's pages (``limit``/``continue``), as the proxy's cache lists its
+        upstream: no single answer holds the whole range in memory. The pages are one consistent list at the
         first page's resourceVersion; an expired ``continue`` (410) fails the list and the loop relists."""
         items: dict[str, dict[str, Any]] = {}
-        rv = ""
-        token = ""
-        for _ in range(MAX_LIST_PAGES):
-            resp = self._get(selector, self.request_timeout, limit=self.page_size, **{"continue": token})
+        while r.phase is Phase.LIST:
+            resp = self._get(selector, self.request_timeout, **r.list_params())
             if resp.status != 200:
                 raise ApiException(status=resp.status, reason=resp.data[:300].decode("utf-8", "replace"))
             body = orjson.loads(resp.data)
@@ -189,15 +201,11 @@ class Informer:
                 o.setdefault("kind", self.resource.kind)
                 items[object_key(o)] = o
             meta = body.get("metadata") or {}
-            rv = str(meta.get("resourceVersion") or rv)
-            token = str(meta.get("continue") or "")
-            if not token:
-                break
-        else:
-            raise ApiException(status=500, reason=f"more than {MAX_LIST_PAGES} pages of {self.page_size}")
+            r.page(str(meta.get("resourceVersion") or ""), meta.get("continue"))
         self._replace(items, epoch)
-        log.debug("informer %s: listed %s objects at rv %s (epoch %s)", self.name, len(items), rv, epoch)
-        return rv
+        log.debug(
+            "informer %s: listed %s objects at rv %s (epoch %s)", self.name, len(items), r.resource_version, epoch
+        )
 
     def _replace(self, items: dict[str, dict[str, Any]], epoch: int) -> None:
         with self._lock:
@@ -224,53 +232,76 @@ class Informer:
         except Exception:
             log.exception("informer %s: event handler failed", self.name)
 
-    def _watch(self, selector: str, rv: str) -> None:
-        while not self._stop.is_set() and not self._reset.is_set():
-            resp = self._get(
-                selector,
-                (self.request_timeout, self.watch_timeout + self.request_timeout),
-                watch="true",
-                resourceVersion=rv,
-                allowWatchBookmarks="true",
-                timeoutSeconds=self.watch_timeout,
-            )
-            self._resp = resp
-            try:
-                if self._reset.is_set():
-                    return
-                if resp.status != 200:
-                    raise ApiException(status=resp.status, reason=str(resp.data[:300]))
+    def _watch(self, selector: str, r: Reflector) -> None:
+        """One watch from the reflector's resourceVersion; the reflector says what follows its end."""
+        if self._reset.is_set() or self._stop.is_set():
+            return r.relist()
+        rv = r.resource_version
+        started = time.monotonic()
+        lines = 0
+        ended = False  # the server ended the stream: the connection may go back to the pool
+        resp = self._get(
+            selector,
+            (self.request_timeout, self.watch_timeout + self.request_timeout),
+            watch="true",
+            resourceVersion=rv,
+            allowWatchBookmarks="true",
+            timeoutSeconds=self.watch_timeout,
+        )
+        self._resp = resp
+        try:
+            if self._reset.is_set():
+                return r.relist()
+            if resp.status != 200:
+                raise ApiException(status=resp.status, reason=str(resp.data[:300]))
+            self._heard_at = time.monotonic()
+            for line in _iter_lines(resp):
                 self._heard_at = time.monotonic()
-                for line in _iter_lines(resp):
-                    self._heard_at = time.monotonic()
-                    if not line:
-                        continue
-                    event = orjson.loads(line)
-                    etype = event.get("type")
-                    obj = event.get("object") or {}
-                    if etype == "ERROR":
-                        code = obj.get("code")
-                        log.info("informer %s: watch error %s (%s); relisting", self.name, code, obj.get("message"))
-                        return
-                    rv = str((obj.get("metadata") or {}).get("resourceVersion") or rv)
-                    if etype not in ("ADDED", "MODIFIED", "DELETED"):
-                        continue
-                    obj.setdefault("apiVersion", self.resource.api_version)
-                    obj.setdefault("kind", self.resource.kind)
-                    key = object_key(obj)
-                    with self._lock:
-                        if etype == "DELETED":
-                            self._store.pop(key, None)
-                        else:
-                            self._store[key] = obj
-                    self._emit(etype, obj)
-                    if self._reset.is_set() or self._stop.is_set():
-                        return
-            finally:
-                self._resp = None
-                self._heard_at = None
-                with contextlib.suppress(Exception):
-                    resp.release_conn()
+                if not line:
+                    continue
+                lines += 1
+                event = orjson.loads(line)
+                etype = event.get("type")
+                obj = event.get("object") or {}
+                if etype == "ERROR":
+                    raise ApiException(status=obj.get("code"), reason=str(obj.get("message") or "watch error"))
+                rv = str((obj.get("metadata") or {}).get("resourceVersion") or rv)
+                if etype not in ("ADDED", "MODIFIED", "DELETED"):
+                    continue
+                obj.setdefault("apiVersion", self.resource.api_version)
+                obj.setdefault("kind", self.resource.kind)
+                key = object_key(obj)
+                with self._lock:
+                    if etype == "DELETED":
+                        self._store.pop(key, None)
+                    else:
+                        self._store[key] = obj
+                self._emit(etype, obj)
+                if self._reset.is_set() or self._stop.is_set():
+                    break
+            else:
+                ended = True
+        finally:
+            self._resp = None
+            self._heard_at = None
+            _give_back(resp, ended)
+        if self._reset.is_set() or self._stop.is_set():
+            r.relist()
+        elif r.watch_ended(lines, time.monotonic() - started, rv) is Phase.WAIT:
+            log.warning("informer %s: watch ended immediately; relisting in %.1fs", self.name, r.delay)
+
+
+def _give_back(resp: Any, ended: bool) -> None:
+    """Return a watch's connection to the pool; one whose stream the server did not end is closed first.
+
+    urllib3's ``release_conn`` does not drain: a connection given back in the middle of a chunked stream
+    (a reset, an ERROR event, a handler's stop) would hand the next request the rest of that stream as its
+    status line (``BadStatusLine('62\\r\\n')``), and that request would wait for the stream's next chunk.
+    """
+    with contextlib.suppress(Exception):
+        if not ended:
+            resp.close()
+        resp.release_conn()
 
 
 def _status_message(e: ApiException) -> str:

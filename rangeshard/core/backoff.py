@@ -7,11 +7,11 @@ Purpose
     policy is tested without waiting.
 
 The loops that use it (initial s, maximum s, jitter, reset)
-    * the reflector (:mod:`rangeshard.core.reflector`), so its driver, each
-      proxy watch cache's upstream loop (:mod:`range_filter_proxy.reflector`:
-      the cache settings' 0.2 to 10, jitter 0.5, reset by a list);
-    * not yet: the informers of the controller manager (:mod:`controller_manager.informer`
-      keeps its own 0.2 to 5 doubling, reset by a list);
+    * the reflector (:mod:`rangeshard.core.reflector`), so both its drivers:
+      each proxy watch cache's upstream loop (:mod:`range_filter_proxy.reflector`:
+      the cache settings' 0.2 to 10, jitter 0.5, reset by a list) and each
+      informer of the controller manager (:mod:`controller_manager.informer`:
+      0.2 to 5, reset by a list);
     * the proxy's configured-cache discovery (:mod:`range_filter_proxy.cache`)
       and its KEP-5866 probe (:mod:`range_filter_proxy.shardprobe`): 0.2 to 10;
     * the membership watch (:mod:`registry.watch`): the retry interval to 5 at

@@ -8,12 +8,11 @@ Purpose
     when a list is complete and from which resourceVersion to watch, whether
     a watch that ended is re-opened or was a failure, and what a failure
     leads to: a relist at once (410 Gone while watching) or a wait given by
-    the loop's :class:`~rangeshard.core.backoff.Backoff`. Its driver is the
-    proxy's upstream loop of each watch cache
-    (:func:`range_filter_proxy.reflector.reflect`, asyncio). The controller
-    manager's informers (:class:`controller_manager.informer.Informer`) keep
-    their own loop for now: driving this class from them made e2e convergence
-    about 3x slower, for a reason not found yet (issue 40's note).
+    the loop's :class:`~rangeshard.core.backoff.Backoff`. Two drivers use it:
+    the proxy's upstream loop of each watch cache
+    (:func:`range_filter_proxy.reflector.reflect`, asyncio) and the
+    controller manager's informers (:class:`controller_manager.informer.Informer`,
+    one thread each).
 
 Invariants
     * A list asks for pages of ``page_size`` objects; each page after the

@@ -11,11 +11,17 @@ take the same decisions, and those decisions are made by one class,
 from __future__ import annotations
 
 import asyncio
+import json
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import pytest
 
+import controller_manager.informer as informer_module
+from controller_manager.informer import Informer
+from controller_manager.resources import REPLICASETS
+from hashing import MAX_HASH, UID_PATH, HashRange
 from range_filter_proxy.cached import CachedObject, CacheSettings
 from range_filter_proxy.errors import UpstreamError, UpstreamGone
 from range_filter_proxy.metrics import ProxyMetrics
@@ -133,3 +139,42 @@ class _Resp:
 
     def release_conn(self) -> None: ...
     def close(self) -> None: ...
+
+
+def test_the_informer_drives_the_same_reflector(
+    decisions: list[tuple[str, core.Phase]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    requests: list[tuple[str, Any]] = []
+    done = threading.Event()
+    monkeypatch.setattr(informer_module, "_iter_lines", lambda resp: iter(resp.lines))
+    informer = Informer(
+        None,
+        REPLICASETS,
+        path=UID_PATH,
+        range_source=lambda: (1, HashRange(0, MAX_HASH)),
+        on_event=lambda kind, o: None,
+        name="t",
+    )
+
+    def get(selector: str, timeout: Any, **params: Any) -> _Resp:
+        if params.get("watch"):
+            requests.append(("watch", params["resourceVersion"]))
+            if len(requests) > len(SCRIPT):
+                done.set()
+                informer._stop.set()
+                raise ConnectionError("the test is over")
+            _, events, code = SCRIPT[len(requests) - 1]
+            lines = [json.dumps({"type": "MODIFIED", "object": o}) for o in events]
+            if code == 410:
+                return _Resp(200, lines=[*lines, json.dumps({"type": "ERROR", "object": {"code": 410}})])
+            return _Resp(code, b"boom")
+        requests.append(("list", {k: v for k, v in params.items() if v}))
+        _, items, rv, token = SCRIPT[len(requests) - 1]
+        return _Resp(200, json.dumps({"items": items, "metadata": {"resourceVersion": rv, "continue": token}}).encode())
+
+    monkeypatch.setattr(informer, "_get", get)
+    informer.start()
+    assert done.wait(10)
+    informer.stop()
+    assert requests == EXPECTED
+    assert decisions[: len(DECISIONS)] == DECISIONS
