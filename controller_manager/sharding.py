@@ -86,6 +86,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from hashing import HashRange
+from rangeshard.core.backoff import Backoff
 from rangeshard.core.clock import MONOTONIC, Clock
 from rangeshard.core.errors import AlreadyRegistered, CompareFailed, NotRegistered, RangeshardError
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
@@ -190,6 +191,8 @@ class ShardInstance:
         self.published_state: str | None = None
         self.next_heartbeat = 0.0
         self.retry_heartbeat_at = 0.0
+        #: Waits after a failed registration or heartbeat (etcd away): the one Backoff, 1 s doubling to 4 s.
+        self.etcd_retry = Backoff(1.0, 4.0, jitter=0.2)
         self.joined = threading.Event()
         self.counters = dict.fromkeys(
             ("fences", "rejoins", "unlocks", "self_unlocks", "drain_waits", "epochs", "epoch_refreshes"), 0
@@ -318,7 +321,7 @@ class ShardInstance:
         while not self._stop.is_set() and not self._register():
             if self.fatal is not None:
                 return
-            self._stop.wait(1.0)
+            self._stop.wait(self.etcd_retry.next_delay())
         while not self._stop.is_set():
             try:
                 ev = self._events.get(timeout=self.settings.tick)
@@ -367,11 +370,9 @@ class ShardInstance:
                 log.error("%s", self.fatal)
             else:
                 log.warning("%s: cannot join yet: %s", self.name, e)
-            if keeper.lease_id:
-                keeper.stop(revoke=True)
-            else:
-                keeper.client.close()
+            keeper.stop(revoke=True)  # without a lease: closes its client
             return False
+        self.etcd_retry.reset()
         keeper.start()
         self.keeper = keeper
         self.join_revision = member.mod_revision
@@ -579,8 +580,7 @@ class ShardInstance:
         rng = self.range
         count, histogram = self.host.workload(rng) if rng is not None else (0, None)
         state = State(self.state) if self.state in State.__members__.values() else None
-        # Failures back off for a second: no busy loop while etcd is away.
-        self.retry_heartbeat_at = now + 1.0
+        self.retry_heartbeat_at = now + self.etcd_retry.next_delay()  # no busy loop while etcd is away
         try:
             self.registry.heartbeat(
                 self.settings.controller_type,
@@ -595,5 +595,6 @@ class ShardInstance:
             log.info("%s: heartbeat found no record: %s", self.name, e)
             return
         self.retry_heartbeat_at = 0.0
+        self.etcd_retry.reset()
         self.published_state = self.state
         self.next_heartbeat = now + max(1.0, self.settings.lease_ttl / 3)

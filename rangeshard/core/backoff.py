@@ -14,6 +14,9 @@ The loops that use it (initial s, maximum s, jitter, reset)
       0.2 to 5, reset by a list);
     * the proxy's configured-cache discovery (:mod:`range_filter_proxy.cache`)
       and its KEP-5866 probe (:mod:`range_filter_proxy.shardprobe`): 0.2 to 10;
+    * a shard instance's registration and heartbeat retries
+      (:mod:`controller_manager.sharding`): 1 to 4, jitter 0.2, reset by a
+      success;
     * the membership watch (:mod:`registry.watch`): the retry interval to 5 at
       least, jitter 0.2, reset by a healthy watch;
     * etcd member failover (:mod:`rangeshard.core.etcd.members`): 1 to 30 per

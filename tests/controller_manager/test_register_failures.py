@@ -9,7 +9,9 @@ Two failure paths, both against real etcd processes:
   registered): the fresh lease is revoked at once, so nothing of the failed
   attempt stays in etcd until a TTL runs out.
 
-After either failure, a later attempt that can succeed joins normally. A
+After either failure, a later attempt that can succeed joins normally; the
+state machine waits between attempts by the one Backoff (doubling, reset by
+a join). A
 successful join is pinned too: the record carries host and pid, the owner
 token and state come from the stored record, every join starts a new epoch,
 and the one membership watch (started by the first join only) watches this
@@ -28,11 +30,13 @@ import pytest
 from controller_manager import sharding
 from controller_manager.sharding import ShardHost, ShardInstance, ShardSettings
 from hashing import HashRange
+from rangeshard.core.backoff import Backoff
 from rangeshard.core.clock import ManualClock
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
 from rangeshard.core.ownertoken import OwnerToken
 from rangeshard.core.process import free_port
 from registry import LeaseKeeper, Registry, RegistryView
+from tests.helpers import wait_until
 
 CT = "replicaset"
 TTL = 60
@@ -221,3 +225,36 @@ def test_short_leases_probe_the_watch_at_least_every_half_second(
     shard = make_shard(etcd_config, "short", ttl=2)
     assert shard._register() is True
     assert shard.watch is not None and shard.watch.probe_interval == 0.5
+
+
+class RecordingBackoff(Backoff):
+    """The one Backoff, remembering the delays it handed out."""
+
+    def __init__(self) -> None:
+        super().__init__(0.01, 0.04)
+        self.delays: list[float] = []
+
+    def next_delay(self) -> float:
+        self.delays.append(super().next_delay())
+        return self.delays[-1]
+
+
+def test_failed_registrations_back_off_and_a_join_resets_the_backoff(
+    make_shard: Callable[..., ShardInstance], keepers: list[LeaseKeeper], etcd_config: EtcdConfig
+) -> None:
+    # The state machine's registration loop waits the Backoff's delays, doubling to its maximum.
+    dead = EtcdConfig.from_urls(f"http://127.0.0.1:{free_port()}", timeout=0.2)
+    shard = make_shard(dead, "a")
+    assert shard.etcd_retry.initial == 1.0 and shard.etcd_retry.maximum == 4.0  # the product's policy
+    shard.etcd_retry = spy = RecordingBackoff()
+    shard.start()
+    wait_until(lambda: len(spy.delays) >= 4, 20, "four failed registrations")
+    shard.stop(drain_timeout=0)
+    assert spy.delays[:4] == [0.01, 0.02, 0.04, 0.04]
+    assert_not_joined(shard)
+    # A join that succeeds resets it: the next failure waits the initial delay again.
+    live = make_shard(etcd_config, "b")
+    live.etcd_retry = spy = RecordingBackoff()
+    spy.next_delay(), spy.next_delay()
+    assert live._register() is True
+    assert spy.failures == 0 and spy.next_delay() == 0.01
