@@ -140,20 +140,11 @@ def ring_payload(
             for m in snap.members:
                 rec = m.record
                 item: dict[str, Any] = {
-                    "instanceId": rec.instance_id,
-                    "state": rec.state.value,
-                    "isLocked": rec.is_locked,
-                    "giver": rec.giver,
-                    "hashKey": rec.hash_key,
+                    **m.summary(),
                     "hashKeyHex": f"0x{rec.hash_key:016x}",
-                    "rangeStart": m.range.lo if m.range else None,
-                    "rangeEnd": m.range.hi if m.range else None,
                     "rangeStartHex": f"0x{m.range.lo:016x}" if m.range else None,
                     "rangeEndHex": f"0x{m.range.hi:016x}" if m.range else None,
                     "share": (m.range.hi - m.range.lo + 1) / _SPACE if m.range else 0.0,
-                    "workloadNum": rec.workload_num,
-                    "host": rec.host,
-                    "pid": rec.pid,
                     "startedAt": rec.started_at,
                     "heartbeatAt": rec.heartbeat_at,
                 }

@@ -265,6 +265,22 @@ class Member:
     def instance_id(self) -> str:
         return self.record.instance_id
 
+    def summary(self) -> dict[str, Any]:
+        """The JSON view every reader shows of an instance (``registry list -o json``, the dashboard's ring)."""
+        rec, rng = self.record, self.range
+        return {
+            "instanceId": rec.instance_id,
+            "state": rec.state.value,
+            "isLocked": rec.is_locked,
+            "giver": rec.giver,
+            "hashKey": rec.hash_key,
+            "rangeStart": rng.lo if rng else None,
+            "rangeEnd": rng.hi if rng else None,
+            "workloadNum": rec.workload_num,
+            "host": rec.host,
+            "pid": rec.pid,
+        }
+
 
 @dataclass(frozen=True)
 class Snapshot:

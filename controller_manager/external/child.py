@@ -46,6 +46,7 @@ import yaml
 from controller_manager.config import LivenessProbeSection
 from controller_manager.probes import Prober, ProbeResult, pick_port
 from rangeshard.core.backoff import Backoff
+from rangeshard.core.kubeapi import kubeconfig
 from rangeshard.core.loops import start_thread
 from rangeshard.core.process import popen, terminate
 
@@ -73,7 +74,7 @@ class Child:
         self.instance_id = instance_id
         self._dir = Path(tempfile.mkdtemp(prefix=f"rangeshard-external-{name}-"))
         self.kubeconfig = self._dir / "kubeconfig"
-        self.kubeconfig.write_text(yaml.safe_dump(_kubeconfig(endpoint_url), sort_keys=False))
+        self.kubeconfig.write_text(yaml.safe_dump(kubeconfig(endpoint_url, skip_tls_verify=True), sort_keys=False))
         #: The variables the manager sets for the controller (also ``$(NAME)`` in ``command``, see :func:`expand`).
         self.variables = {
             "KUBECONFIG": str(self.kubeconfig),
@@ -212,20 +213,3 @@ def expand(arg: str, variables: Mapping[str, str]) -> str:
         return variables.get(name, found.group(0))
 
     return _VARIABLE_RE.sub(one, arg)
-
-
-def _kubeconfig(url: str) -> dict[str, Any]:
-    """A kubeconfig for the endpoint: plain HTTP on loopback, no credentials.
-
-    ``insecure-skip-tls-verify`` has no meaning for an ``http://`` server, but
-    the JavaScript client (``@kubernetes/client-node``) refuses plain HTTP
-    without it ("HTTP protocol is not allowed when skipTLSVerify is not set").
-    """
-    return {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "rangeshard", "cluster": {"server": url, "insecure-skip-tls-verify": True}}],
-        "users": [{"name": "rangeshard", "user": {}}],
-        "contexts": [{"name": "rangeshard", "context": {"cluster": "rangeshard", "user": "rangeshard"}}],
-        "current-context": "rangeshard",
-    }

@@ -97,20 +97,11 @@ def rows(
             out.append(
                 {
                     "controllerType": ctype,
-                    "instanceId": rec.instance_id,
-                    "state": rec.state.value,
-                    "isLocked": rec.is_locked,
-                    "giver": rec.giver,
-                    "hashKey": rec.hash_key,
-                    "rangeStart": m.range.lo if m.range else None,
-                    "rangeEnd": m.range.hi if m.range else None,
+                    **m.summary(),
                     "share": round(m.range.share * 100, 4) if m.range else 0.0,
-                    "workloadNum": rec.workload_num,
                     "ttlSeconds": ttl,
                     "leaseId": m.lease_id or None,
                     "ageSeconds": round(now - rec.started_at, 1) if rec.started_at else None,
-                    "host": rec.host,
-                    "pid": rec.pid,
                     # An external controller's process (pid, running/restarting, restarts, last exit).
                     "child": rec.child.model_dump(mode="json", by_alias=True) if rec.child is not None else None,
                     # Parked: seconds left of its rejoin grace (its lease's TTL when known).
