@@ -20,8 +20,7 @@ MAX_FUNCTION_LINES = 80
 #: Data tables: one concept each, long by nature.
 DATA_TABLES = {
     "rangeshard/core/tables.py",  # kubectl's Table columns per kind
-    "rangeshard/core/protobuf_schema.py",  # Kubernetes' field numbers and Go shapes per message
-}
+}  # (Kubernetes' protobuf field numbers per message are data in rangeshard/core/protobuf_schema.json)
 
 #: Known offenders being shrunk elsewhere; an entry whose offence is gone must be removed (see the last test).
 ALLOWED: set[str] = set()  # offenders being shrunk elsewhere, by name (none now)
