@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING
 
 from range_filter_proxy.cached import CachedObject, WatchFilter, parse_rv
 from range_filter_proxy.errors import ApiError, UpstreamError
+from range_filter_proxy.reflector import list_pages
+from rangeshard.core.reflector import ReflectorError
 
 if TYPE_CHECKING:
     from range_filter_proxy.watchcache import WatchCache
@@ -56,16 +58,25 @@ async def consistent_snapshot(cache: WatchCache, filt: WatchFilter) -> tuple[lis
 async def list_upstream(
     cache: WatchCache, filt: WatchFilter, params: dict[str, str] | None = None
 ) -> tuple[list[CachedObject], int]:
-    """The objects of an upstream list (``params``: its query) that pass ``filt``, in its order, and its RV."""
-    listed = await cache.upstream.list(cache.info.gvr, params)
-    items = [CachedObject.build(i, cache.info) for i in listed.items]
-    if cache.chain is not None:
-        items = [cache.chain.resolved(o) for o in items]
+    """The objects of an upstream list (``params``: its query) that pass ``filt``, in its order, and its RV.
+
+    Listed in the reflector's pages, as the cache lists: only one page is
+    decoded at a time, and only what passes ``filt`` is kept of it.
+    """
+    chain = cache.chain
+
+    def keep(o: CachedObject) -> CachedObject | None:
+        placed = chain.resolved(o) if chain is not None else o
+        return placed if filt.matches(placed) else None
+
     try:
-        rv = parse_rv(listed.resource_version)
+        objects, listed_rv = await list_pages(cache.upstream, cache.info, first=params, keep=keep)
+        rv = parse_rv(listed_rv)
+    except ReflectorError as e:
+        raise UpstreamError(f"{cache.info.gvr}: upstream list: {e}") from e
     except ValueError as e:
         raise UpstreamError(f"{cache.info.gvr}: upstream list resourceVersion is not an integer") from e
-    return [o for o in items if filt.matches(o)], rv
+    return list(objects.values()), rv
 
 
 async def wait_not_older_than(cache: WatchCache, rv: int) -> None:

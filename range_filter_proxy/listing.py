@@ -221,7 +221,7 @@ class CollectionServer:
         return Response(body, media_type="application/json")
 
     async def _list_upstream(self, cache: WatchCache, opts: ListOptions) -> bytes:
-        """Exact-RV lists: list upstream (whole, so no upstream continue token escapes), filter here."""
+        """Exact-RV lists: list upstream (every page of it, so no upstream continue token escapes), filter here."""
         params: dict[str, str] = {}
         if opts.query.resource_version is not None:
             params["resourceVersion"] = opts.query.resource_version

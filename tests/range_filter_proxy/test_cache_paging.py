@@ -14,7 +14,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from range_filter_proxy.cache import WatchCache
-from range_filter_proxy.cached import CacheSettings
+from range_filter_proxy.cached import CacheSettings, WatchFilter
+from range_filter_proxy.freshreads import list_upstream
 from range_filter_proxy.metrics import ProxyMetrics
 from range_filter_proxy.reflector import list_pages
 from range_filter_proxy.resources import GVR
@@ -86,3 +87,24 @@ async def test_an_upstream_that_ignores_limit_answers_in_one_page() -> None:
     assert list(objects) == [("ns", "a")]
     assert rv == str(up.rv)
     assert up.list_calls[PODS] == 1
+
+
+@async_test()
+async def test_an_upstream_list_of_the_proxy_is_paged_and_keeps_only_what_passes() -> None:
+    """An exact-resourceVersion list (or a consistent read the cache could not serve) lists upstream in pages
+    too: the first page carries the list's own parameters, the others only their ``continue`` token (which holds
+    them, as Kubernetes requires), and only the objects passing the filter are kept of each page."""
+    n = LIST_PAGE_SIZE + 9
+    up = _PagedUpstream(n)
+    cache = WatchCache(INFOS[PODS], up, ProxyMetrics(), CacheSettings())
+    wanted = {f"p{i:05d}" for i in range(0, n, 7)}
+    filt = WatchFilter()
+    object.__setattr__(filt, "matches", lambda o: o.key[1] in wanted)  # a filter passing every 7th pod
+    chosen, rv = await list_upstream(cache, filt, {"resourceVersion": "50", "resourceVersionMatch": "Exact"})
+    assert [o.key[1] for o in chosen] == sorted(wanted)
+    assert rv == up.rv
+    assert up.pages == [
+        {"resourceVersion": "50", "resourceVersionMatch": "Exact", "limit": str(LIST_PAGE_SIZE)},
+        {"limit": str(LIST_PAGE_SIZE), "continue": str(LIST_PAGE_SIZE)},
+    ]
+    assert up.alive_at_page == [0, 0], "a page's decoded objects outlived it"
