@@ -52,7 +52,7 @@ _TARGET_RE = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A
 _TYPE_RE = re.compile(r"^[a-z0-9]([-a-z0-9_.]{0,61}[a-z0-9])?$")
 
 
-class _Problem(Exception):
+class PluginProblem(Exception):
     """One resolution problem of one entry (message only)."""
 
 
@@ -79,36 +79,36 @@ def available() -> dict[str, str]:
 
 
 def import_target(target: str) -> Any:
-    """Import ``module:attribute[.attribute]``; :class:`_Problem` describing what failed."""
+    """Import ``module:attribute[.attribute]``; :class:`PluginProblem` describing what failed."""
     if not _TARGET_RE.match(target):
-        raise _Problem(f"class {target!r} must be 'module:Class' (dotted module path, colon, class name)")
+        raise PluginProblem(f"class {target!r} must be 'module:Class' (dotted module path, colon, class name)")
     module_name, _, attr = target.partition(":")
     try:
         obj: Any = importlib.import_module(module_name)
     except ImportError as e:
-        raise _Problem(f"cannot import module {module_name!r}: {e}") from None
+        raise PluginProblem(f"cannot import module {module_name!r}: {e}") from None
     except Exception as e:  # user code failing at import time
-        raise _Problem(f"importing module {module_name!r} failed: {type(e).__name__}: {e}") from None
+        raise PluginProblem(f"importing module {module_name!r} failed: {type(e).__name__}: {e}") from None
     for part in attr.split("."):
         try:
             obj = getattr(obj, part)
         except AttributeError:
-            raise _Problem(f"module {module_name!r} has no attribute {attr!r}") from None
+            raise PluginProblem(f"module {module_name!r} has no attribute {attr!r}") from None
     return obj
 
 
 def check_controller_class(obj: Any, what: str) -> type[Controller]:
-    """``obj`` if it is a usable Controller subclass; :class:`_Problem` otherwise."""
+    """``obj`` if it is a usable Controller subclass; :class:`PluginProblem` otherwise."""
     from controller_manager.controller import Controller  # noqa: PLC0415 (see _builtins)
     from controller_manager.resources import Resource  # noqa: PLC0415
 
     if not (inspect.isclass(obj) and issubclass(obj, Controller)):
-        raise _Problem(f"{what} is not a Controller subclass (controller_manager.controller.Controller)")
+        raise PluginProblem(f"{what} is not a Controller subclass (controller_manager.controller.Controller)")
     if inspect.isabstract(obj):
         missing = ", ".join(sorted(getattr(obj, "__abstractmethods__", ())))
-        raise _Problem(f"{what} is abstract (does not implement {missing})")
+        raise PluginProblem(f"{what} is abstract (does not implement {missing})")
     if not isinstance(getattr(obj, "main", None), Resource):
-        raise _Problem(f"{what} declares no main resource (class attribute main = Resource(...))")
+        raise PluginProblem(f"{what} declares no main resource (class attribute main = Resource(...))")
     return obj
 
 
@@ -117,12 +117,14 @@ def _resolve_one(name: str, target: str | None, eps: Mapping[str, list[metadata.
     if target is not None:
         cls = check_controller_class(import_target(target), f"class {target!r}")
         if builtin is not None and cls is not builtin:
-            raise _Problem(f"name clashes with the built-in controller {name!r}; choose another name for {target!r}")
+            raise PluginProblem(
+                f"name clashes with the built-in controller {name!r}; choose another name for {target!r}"
+            )
         return cls
     if builtin is not None:
         for ep in eps.get(name, []):
             if ep.value.replace(" ", "") != f"{builtin.__module__}:{builtin.__qualname__}":
-                raise _Problem(
+                raise PluginProblem(
                     f"name clashes: built-in controller {name!r} and entry point {ep.value!r} "
                     f"(group {ENTRY_POINT_GROUP}); give the plugin another name"
                 )
@@ -130,10 +132,10 @@ def _resolve_one(name: str, target: str | None, eps: Mapping[str, list[metadata.
     candidates = eps.get(name, [])
     if not candidates:
         known = ", ".join(sorted(available())) or "none"
-        raise _Problem(f"unknown controller (known: {known}); or give class: 'module:Class'")
+        raise PluginProblem(f"unknown controller (known: {known}); or give class: 'module:Class'")
     targets = sorted({ep.value.replace(" ", "") for ep in candidates})
     if len(targets) > 1:
-        raise _Problem(f"name clashes: entry points of group {ENTRY_POINT_GROUP} disagree: {', '.join(targets)}")
+        raise PluginProblem(f"name clashes: entry points of group {ENTRY_POINT_GROUP} disagree: {', '.join(targets)}")
     return check_controller_class(import_target(targets[0]), f"entry point {targets[0]!r}")
 
 
@@ -163,13 +165,13 @@ def resolve_controllers(sections: Mapping[str, Any], source: str | Path | None =
                 cls = _resolve_one(name, getattr(section, "class_", None), eps)
                 kind, whose = controller_type(name, cls), " (the class's name)"
             if not _TYPE_RE.match(kind):
-                raise _Problem(f"controller type {kind!r}{whose} must be lowercase letters, digits, '-'")
+                raise PluginProblem(f"controller type {kind!r}{whose} must be lowercase letters, digits, '-'")
             if kind in types:
-                raise _Problem(f"name clashes: controllers.{types[kind]} also runs controller type {kind!r}")
+                raise PluginProblem(f"name clashes: controllers.{types[kind]} also runs controller type {kind!r}")
             types[kind] = name
             if cls is not None:
                 resolved[name] = cls
-        except _Problem as e:
+        except PluginProblem as e:
             problems.append(f"{prefix}controllers.{name}: {e}")
     if problems:
         where = f" {source}" if source is not None else ""

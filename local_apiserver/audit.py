@@ -53,6 +53,7 @@ from rangeshard.core.errors import ConfigError
 from rangeshard.core.kubeapi import Attributes, UserInfo
 from rangeshard.core.protobuf import MAGIC, ProtobufError
 from rangeshard.core.protobuf_decode import decode_delete_options, decode_object
+from rangeshard.core.requestinfo import is_write
 from rangeshard.core.timestamps import format_micro_time
 
 API_VERSION = "audit.k8s.io/v1"
@@ -129,7 +130,7 @@ class AuditLog:
         return response
 
     async def _request_object(self, request: Request, facts: Attributes) -> Any:
-        if self.level is AuditLevel.METADATA or request.method in ("GET", "HEAD", "OPTIONS"):
+        if self.level is AuditLevel.METADATA or not is_write(request.method):
             return None
         if facts.resource == "tokenreviews":
             return None  # the body holds a credential

@@ -38,6 +38,7 @@ from local_apiserver.errors import bad_request, not_acceptable, not_found_path, 
 from local_apiserver.resources import ResourceSpec
 from local_apiserver.state import in_thread
 from rangeshard.core.fieldlabels import field_labels
+from rangeshard.core.kubeapi import media_ranges
 from rangeshard.core.protobuf import PROTOBUF_MEDIA_TYPE, ProtobufError
 from rangeshard.core.protobuf_decode import UnsupportedProtobuf, decode_object
 from rangeshard.core.rest import group_version, parse_rest_path, split_group_version
@@ -194,10 +195,7 @@ def check_accept(request: Request) -> None:
     accept = request.headers.get("accept")
     if not accept:
         return
-    for item in accept.split(","):
-        parts = [p.strip() for p in item.split(";")]
-        media = parts[0].lower()
-        params = {k.strip().lower(): v.strip() for k, _, v in (p.partition("=") for p in parts[1:])}
+    for media, params in media_ranges(accept):
         if media in ("application/json", "*/*", "application/*") and "as" not in params:
             return
     raise not_acceptable(

@@ -56,7 +56,7 @@ from rangeshard.core.ownertoken import (
     parse_shard_hash,
 )
 from rangeshard.core.protobuf import ProtobufError, read_write_body
-from rangeshard.core.requestinfo import is_write
+from rangeshard.core.requestinfo import OBJECT_BODY_METHODS, is_write
 from rangeshard.core.rest import parse_rest_path
 from rangeshard.core.serving import ShutdownSignal, retrieve_outcome, until_shutdown
 
@@ -100,7 +100,7 @@ class PassThrough:
             return json_response(400, status_object(400, "BadRequest", f"{SHARD_BY_HEADER}: {e}"))
         target = parse_rest_path(request.url.path)
         body: Any = None
-        if request.method in ("POST", "PUT", "PATCH"):
+        if request.method in OBJECT_BODY_METHODS:
             raw = await request.body()  # kept by Starlette: request.stream() replays it upstream
             try:
                 body = read_write_body(raw, request.headers.get("content-type"))

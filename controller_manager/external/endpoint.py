@@ -44,8 +44,9 @@ from controller_manager.external.wire import Request, Response, Server, Upstream
 from controller_manager.external.workload import MainObjects
 from hashing import ShardBy
 from rangeshard.core import relay
-from rangeshard.core.kubeapi import ApiError, expired_status
+from rangeshard.core.kubeapi import ApiError, event_line, expired_status
 from rangeshard.core.loops import start_thread
+from rangeshard.core.objpath import dig
 from rangeshard.core.ownertoken import FENCED_HEADER
 from rangeshard.core.requestinfo import RequestInfo, classify
 from rangeshard.core.tokenfile import BearerTokenFile
@@ -55,10 +56,7 @@ log = logging.getLogger(__name__)
 #: Matches no object: lists and watches while the instance may serve nothing.
 NOTHING = "metadata.name=rangeshard-serves-nothing.invalid"
 #: The watch event a reset watch and a stale resume end with (every client library relists on it).
-EXPIRED_EVENT = (
-    orjson.dumps({"type": "ERROR", "object": expired_status("rangeshard: the instance's range changed; relist")})
-    + b"\n"
-)
+EXPIRED_EVENT = event_line("ERROR", expired_status("rangeshard: the instance's range changed; relist"))
 _JSON = [("Content-Type", "application/json")]
 
 
@@ -361,6 +359,5 @@ def _decoded(data: bytes) -> Any:
 
 def _resource_version(found: Any, *path: str) -> str:
     """``<path>.resourceVersion`` of a decoded list (path ``metadata``) or watch event (``object, metadata``), or ""."""
-    for key in (*path, "resourceVersion"):
-        found = found.get(key) if isinstance(found, dict) else None
+    found = dig(found, (*path, "resourceVersion"))
     return found if isinstance(found, str) else ""

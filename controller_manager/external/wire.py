@@ -50,6 +50,8 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from rangeshard.core.requestinfo import OBJECT_BODY_METHODS
+
 log = logging.getLogger(__name__)
 
 #: Unread upstream body bytes above which the upstream socket is paused.
@@ -497,7 +499,7 @@ class UpstreamPool:
             if "\r" in v or "\n" in v:
                 raise UpstreamError(f"the header {k} has a line break")  # never echo the value: a token
             lines.append(f"{k}: {v}")
-        if body or method in ("POST", "PUT", "PATCH"):
+        if body or method in OBJECT_BODY_METHODS:  # an empty object body is framed too
             lines.append(f"Content-Length: {len(body)}")
         data = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
         head_only = method == "HEAD"

@@ -129,6 +129,16 @@ def event_line(etype: str, obj: bytes | memoryview | Mapping[str, Any]) -> bytes
     return b"".join((watch_line_prefix(etype), raw, b"}\n"))
 
 
+def media_ranges(accept: str) -> list[tuple[str, dict[str, str]]]:
+    """The media ranges of an ``Accept`` header in order: lower-case type and its parameters (``as``, ``g``, ``v``)."""
+    ranges = []
+    for item in accept.split(","):
+        parts = [p.strip() for p in item.split(";")]
+        params = {k.strip().lower(): v.strip() for k, _, v in (p.partition("=") for p in parts[1:])}
+        ranges.append((parts[0].lower(), params))
+    return ranges
+
+
 def kubeconfig(server: str, name: str = "rangeshard", *, skip_tls_verify: bool = False) -> dict[str, Any]:
     """A kubeconfig with one cluster, user and context ``name`` for ``server``, no credentials.
 

@@ -23,7 +23,8 @@ Invariants
       ``400`` every server answers for it is :attr:`RequestInfo.invalid`,
       so a caller that refuses it refuses it in the same words.
     * Writes are ``POST``, ``PUT``, ``PATCH`` and ``DELETE``
-      (:data:`WRITE_METHODS`), whatever the path.
+      (:data:`WRITE_METHODS`), whatever the path; all but ``DELETE`` send
+      the object (or a patch of it) as their body (:data:`OBJECT_BODY_METHODS`).
 
 Concurrency model
     Pure functions and frozen values.
@@ -40,6 +41,8 @@ from rangeshard.core.rest import GVR, RestPath, parse_rest_path
 
 #: The HTTP methods that write.
 WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+#: The writes whose body is the object (or a patch of it); a ``DELETE``'s is ``DeleteOptions``, if any.
+OBJECT_BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 _METHOD_VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete", "GET": "get", "HEAD": "get"}
 
 

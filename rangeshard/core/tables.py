@@ -34,6 +34,7 @@ from typing import Any
 
 import orjson
 
+from rangeshard.core.kubeapi import media_ranges
 from rangeshard.core.objpath import dig
 from rangeshard.core.timestamps import parse_time
 
@@ -86,12 +87,9 @@ def table_version(accept: str | None) -> str | None:
     """``v1``/``v1beta1`` when the first acceptable media type of ``accept`` is a meta.k8s.io Table, else None."""
     if not accept:
         return None
-    for item in accept.split(","):
-        parts = [p.strip() for p in item.split(";")]
-        media = parts[0].lower()
+    for media, params in media_ranges(accept):
         if media not in ("application/json", "*/*", "application/*"):
             continue
-        params = {k.strip().lower(): v.strip() for k, _, v in (p.partition("=") for p in parts[1:])}
         kind = params.get("as")
         if kind is None:
             return None

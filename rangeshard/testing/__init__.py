@@ -34,7 +34,6 @@ Concurrency model
 from __future__ import annotations
 
 import contextlib
-import importlib
 import io
 import os
 import signal
@@ -51,7 +50,7 @@ from kubernetes import client as k8s
 
 from controller_manager.audit import AuditRecord, find_overlaps, read_records
 from controller_manager.controller import Controller
-from controller_manager.plugins import controller_type
+from controller_manager.plugins import PluginProblem, check_controller_class, controller_type, import_target
 from controller_manager.process import ManagerProcess
 from controller_manager.resources import raw_request
 from controller_manager.write_audit import check as check_writes
@@ -349,10 +348,8 @@ class TestCluster(LocalCluster):
 
 
 def _import(target: str) -> type[Controller]:
-    module, _, attr = target.partition(":")
-    obj: Any = importlib.import_module(module)
-    for part in attr.split("."):
-        obj = getattr(obj, part)
-    if not (isinstance(obj, type) and issubclass(obj, Controller)):
-        raise TestKitError(f"{target} is not a Controller subclass")
-    return obj
+    """The Controller class ``module:Class`` names, resolved as a manager's config resolves it."""
+    try:
+        return check_controller_class(import_target(target), f"class {target!r}")
+    except PluginProblem as e:
+        raise TestKitError(str(e)) from e

@@ -9,7 +9,7 @@ import pytest
 
 from controller_manager.audit import AuditLog
 from rangeshard.core.ownertoken import OwnerToken
-from rangeshard.testing import assert_no_overlap, assert_no_stale_writes, overlaps, wait_until
+from rangeshard.testing import TestKitError, _import, assert_no_overlap, assert_no_stale_writes, overlaps, wait_until
 
 
 def write(path: Path, instance: str, spans: list[tuple[str, float, float]]) -> Path:
@@ -63,3 +63,20 @@ def test_assert_no_stale_writes_reads_the_apiserver_audit_log(tmp_path: Path) ->
     with pytest.raises(AssertionError, match=r"(?s)1 stale-owner write\(s\).*STALE OWNER widget shard key u1"):
         assert_no_stale_writes(log)
     assert assert_no_stale_writes(log, "gadget") == 1  # limited to one controller type
+
+
+@pytest.mark.parametrize(
+    ("target", "problem"),
+    [
+        ("json:loads", "is not a Controller subclass"),
+        ("json:no_such_thing", "has no attribute 'no_such_thing'"),
+        ("no_such_module_rs:Thing", "cannot import module 'no_such_module_rs'"),
+        ("not a target", "must be 'module:Class'"),
+    ],
+)
+def test_a_controller_named_by_module_and_class_is_resolved_as_a_managers_config_resolves_it(
+    target: str, problem: str
+) -> None:
+    with pytest.raises(TestKitError, match=problem):
+        _import(target)
+    assert _import("controller_manager.controllers.replicaset:ReplicaSetController").name == "replicaset"
