@@ -61,6 +61,7 @@ from local_apiserver.openapi import OpenAPIDocuments, OpenAPIUnavailable
 from local_apiserver.routing import KUBE_VERSION, SUBJECT_ACCESS_REVIEWS, TOKEN_REVIEWS, parse_target
 from local_apiserver.services import DEFAULT_SERVICE_RANGE
 from local_apiserver.state import State, in_thread, json_response, status_response
+from rangeshard.core.backoff import Backoff
 from rangeshard.core.errors import RangeshardError
 from rangeshard.core.etcd import EtcdConfig
 from rangeshard.core.kubeapi import DEFAULT_MAX_BODY_BYTES, BodyLimit, StaticTokens
@@ -148,6 +149,7 @@ def _lifespan(
 async def _bootstrap(state: State, timeout: float) -> None:
     """Connect and create the built-in namespaces, retrying until ``timeout`` (then ``/readyz`` keeps trying)."""
     deadline = time.monotonic() + timeout
+    retry = Backoff(0.2, 1.0)
     while True:
         try:
             await in_thread(state.bootstrap)
@@ -156,7 +158,7 @@ async def _bootstrap(state: State, timeout: float) -> None:
             if time.monotonic() >= deadline:
                 log.warning("etcd not reachable at start-up (%s); serving 503 until it is", e)
                 return
-            await anyio.sleep(0.2)
+            await anyio.sleep(retry.next_delay())
 
 
 def _bug(request: Request, exc: Exception) -> Response:

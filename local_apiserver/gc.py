@@ -41,13 +41,14 @@ import logging
 import queue
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from local_apiserver.crd import specs_for
 from local_apiserver.errors import ApiError
 from local_apiserver.resources import CRD_RESOURCE, RESOURCES, ResourceSpec, ResourceTable, core_spec
 from local_apiserver.store import Obj, Store
+from rangeshard.core.backoff import Backoff
 from rangeshard.core.loops import join_thread, start_thread
 from rangeshard.core.timestamps import format_time
 
@@ -55,6 +56,7 @@ log = logging.getLogger(__name__)
 
 _MAX_ATTEMPTS = 30
 _RETRY_DELAY = 0.5
+_RETRY_MAX = 5.0
 _BATCH = 256
 
 
@@ -65,6 +67,8 @@ class _Work:
     obj: Obj
     propagation: str = "Background"
     attempts: int = 0
+    #: Waits between attempts: 0.5 s doubling to 5 s.
+    retry: Backoff = field(default_factory=lambda: Backoff(_RETRY_DELAY, _RETRY_MAX))
 
 
 _NO_SPEC = RESOURCES[0]  # placeholder spec for work items that only carry an owner
@@ -188,7 +192,7 @@ class GarbageCollector:
             if not self._stopping.is_set():
                 self._queue.put(work)
 
-        timer = threading.Timer(_RETRY_DELAY, again)
+        timer = threading.Timer(work.retry.next_delay(), again)
         timer.daemon = True
         with self._lock:
             self._timers.add(timer)

@@ -78,13 +78,14 @@ from range_filter_proxy.cache import CacheManager
 from range_filter_proxy.cached import CachedObject
 from range_filter_proxy.errors import UpstreamError
 from range_filter_proxy.watchcache import WatchCache
+from rangeshard.core.backoff import Backoff
 from rangeshard.core.etcd import EtcdConfig
 from rangeshard.core.loops import start_task
 from registry import DEFAULT_PREFIX, DEFAULT_STUCK_AFTER_SECONDS, MainResource, MembershipWatch, RegistryView, Snapshot
 
 log = logging.getLogger(__name__)
 
-#: Seconds between attempts to start the cache of a main resource that is not served (yet).
+#: Seconds between passes, and at most between attempts to start the cache of a main resource not served (yet).
 RETRY_SECONDS = 5.0
 
 METRIC_OBJECTS = "rangeshard_unreconciled_objects"
@@ -358,11 +359,14 @@ class ProgressTracker:
 
     async def _follow(self, changed: asyncio.Event) -> None:
         """Start (or find) the cache of every main resource and observe it; retried while one is not served."""
+        retry = Backoff(0.5, RETRY_SECONDS, jitter=0.2)
         while True:
             changed.clear()
             await self.ensure()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(changed.wait(), RETRY_SECONDS)
+            if not self._failed:
+                retry.reset()
+            with contextlib.suppress(TimeoutError):  # a pass at every registry change, else after the wait
+                await asyncio.wait_for(changed.wait(), retry.next_delay() if self._failed else RETRY_SECONDS)
 
     async def ensure(self) -> None:
         """One pass: follow every wanted main resource's cache, let go of the others."""
@@ -384,7 +388,9 @@ class ProgressTracker:
                 info = await self.caches.resolve_spec(main.resource, main.version, main.group)
             except UpstreamError as e:
                 if self._failed.get(label) != str(e):
-                    log.warning("progress: cannot follow %s yet: %s (retrying every %gs)", label, e, RETRY_SECONDS)
+                    log.warning(
+                        "progress: cannot follow %s yet: %s (retrying, at most %gs apart)", label, e, RETRY_SECONDS
+                    )
                 self._failed[label] = str(e)
                 continue
             self._failed.pop(label, None)

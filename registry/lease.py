@@ -36,6 +36,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import replace
 
+from rangeshard.core.backoff import Backoff
 from rangeshard.core.clock import MONOTONIC, Clock
 from rangeshard.core.errors import LeaseLost, RangeshardError
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
@@ -169,6 +170,8 @@ class LeaseKeeper:
     def _run(self) -> None:
         wait = self.interval
         failures = 0
+        # Constant on purpose: every retry before the fencing deadline counts, so none waits longer than the first.
+        retry = Backoff(RETRY_WAIT, RETRY_WAIT)
         while not self._stop.wait(wait):
             try:
                 deadline = self.renew_once()
@@ -192,7 +195,7 @@ class LeaseKeeper:
                 )
                 if self.on_failure is not None:
                     self.on_failure(e, self.deadline)
-                wait = min(self.interval, RETRY_WAIT)
+                wait = min(self.interval, retry.next_delay())
                 continue
             if failures:
                 log.info(
@@ -203,6 +206,7 @@ class LeaseKeeper:
                     deadline - self.clock.monotonic(),
                 )
                 failures = 0
+                retry.reset()
             wait = self.interval
             log.debug(
                 "%s: lease %x renewed, deadline in %.1fs",

@@ -33,12 +33,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import random
 import time
 from collections.abc import Callable
 from typing import Any
 
 from hashing import MAX_HASH, split_largest
+from rangeshard.core.backoff import Backoff
 from rangeshard.core.errors import (
     AlreadyRegistered,
     CompareFailed,
@@ -102,9 +102,9 @@ def parse_members(layout: Layout, kvs: list[KV]) -> dict[str, list[tuple[Instanc
     return out
 
 
-def _pause(attempt: int) -> None:
-    """A short pause after a lost race, longer with every attempt and jittered, so racing writers spread out."""
-    time.sleep(random.uniform(0.001, 0.02) * min(attempt + 1, 10))
+def _race_backoff() -> Backoff:
+    """Pauses after lost races: short, longer with every attempt and jittered, so racing writers spread out."""
+    return Backoff(0.01, 0.1, jitter=0.9)
 
 
 def _newcomer(snap: Snapshot, fields: dict[str, Any]) -> InstanceRecord:
@@ -197,6 +197,7 @@ class Registry:
             "main_resource": main_resource,
             "stuck_after_seconds": stuck_after_seconds,
         }
+        pause = _race_backoff()
         for attempt in range(_MAX_ATTEMPTS):
             snap = self.snapshot(controller_type)
             mine = snap.get(instance_id)
@@ -229,7 +230,7 @@ class Registry:
                 if joined is None:
                     raise NotRegistered(f"{controller_type}/{instance_id} vanished right after joining")
                 return joined
-            _pause(attempt)
+            time.sleep(pause.next_delay())
         raise CompareFailed(f"joining {controller_type}/{instance_id}: lost {_MAX_ATTEMPTS} races in a row")
 
     def _put_if_type_unchanged(self, snap: Snapshot, puts: list[Put], what: str) -> bool:
@@ -283,7 +284,8 @@ class Registry:
         ``lease_id``.
         """
         what = f"parking {controller_type}/{instance_id}"
-        for attempt in range(_MAX_ATTEMPTS):
+        pause = _race_backoff()
+        for _ in range(_MAX_ATTEMPTS):
             snap = self.snapshot(controller_type)
             me = snap.get(instance_id)
             if me is None or me.lease_id != lease_id:
@@ -304,7 +306,7 @@ class Registry:
                     f"; unlocked {', '.join(r.instance_id for r in receivers)}" if receivers else "",
                 )
                 return
-            _pause(attempt)
+            time.sleep(pause.next_delay())
         raise CompareFailed(f"{what}: lost {_MAX_ATTEMPTS} races in a row")
 
     def release(self, controller_type: str, instance_id: str) -> Member:

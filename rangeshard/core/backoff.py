@@ -14,6 +14,17 @@ The loops that use it (initial s, maximum s, jitter, reset)
       0.2 to 5, reset by a list);
     * the proxy's configured-cache discovery (:mod:`range_filter_proxy.cache`)
       and its KEP-5866 probe (:mod:`range_filter_proxy.shardprobe`): 0.2 to 10;
+    * the proxy's progress follower starting the cache of a main resource
+      not served yet (:mod:`range_filter_proxy.progress`): 0.5 to 5, jitter
+      0.2, reset once every one is followed;
+    * a lease's renewal retries (:mod:`registry.lease`): constant, the
+      keepalive interval or 0.2 if shorter (every try before the fencing
+      deadline counts), reset by a renewal;
+    * the registry's transactions that lost a race (:mod:`registry.registry`:
+      join, park): 0.01 to 0.1, jitter 0.9, one policy per operation;
+    * the local API server's start-up connection to etcd
+      (:mod:`local_apiserver.app`): 0.2 to 1; its garbage collector's retries
+      of one item (:mod:`local_apiserver.gc`): 0.5 to 5, 30 attempts;
     * a shard instance's registration and heartbeat retries
       (:mod:`controller_manager.sharding`): 1 to 4, jitter 0.2, reset by a
       success;
