@@ -46,11 +46,12 @@ import asyncio
 import ssl
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import cast
-from urllib.parse import urlencode, urlsplit
+from urllib.parse import urlencode
 
 import httptools
 
 from range_filter_proxy.errors import UpstreamError, UpstreamUnavailable
+from rangeshard.core.relay import Origin, request_head
 
 #: Unread body bytes above which the socket is no longer read (until the consumer catches up).
 _HIGH_WATER = 4 * 1024 * 1024
@@ -371,34 +372,23 @@ async def open_watch(
     Connection failures raise :class:`UpstreamUnavailable`; the caller
     closes the returned stream.
     """
-    url = urlsplit(base_url)
-    if url.scheme not in ("http", "https") or not url.hostname:
-        raise UpstreamError(f"{what}: unsupported upstream URL {base_url!r}")
-    tls = url.scheme == "https"
-    host = url.hostname
-    port = url.port or (443 if tls else 80)
-    if any(c in f"{k}{v}" for k, v in headers for c in "\r\n"):
-        raise UpstreamError(f"{what}: a request header contains a line break")  # never echo the value: a token
-    authority = url.netloc.rpartition("@")[2]
-    target = url.path.rstrip("/") + path + ("?" + urlencode(params) if params else "")
-    head = [
-        f"GET {target} HTTP/1.1",
-        f"Host: {authority}",
-        "User-Agent: rangeshard-proxy",
-        "Connection: close",
-        *(f"{k}: {v}" for k, v in headers),
-    ]
-    request = ("\r\n".join(head) + "\r\n\r\n").encode("latin-1")
+    try:
+        origin = Origin.parse(base_url)
+        target = origin.prefix + path + ("?" + urlencode(params) if params else "")
+        fixed = [("User-Agent", "rangeshard-proxy"), ("Connection", "close")]
+        request = request_head("GET", target, origin.authority, [*fixed, *headers])
+    except ValueError as e:
+        raise UpstreamError(f"{what}: {e}") from None  # the header's value is never echoed
     loop = asyncio.get_running_loop()
     protocol = _WatchProtocol(loop, read_timeout)
     try:
         async with asyncio.timeout(connect_timeout):
             await loop.create_connection(
                 lambda: protocol,
-                host,
-                port,
-                ssl=_client_ssl(verify) if tls else None,
-                server_hostname=host if tls else None,
+                origin.host,
+                origin.port,
+                ssl=_client_ssl(verify) if origin.tls else None,
+                server_hostname=origin.host if origin.tls else None,
             )
             transport = protocol.transport
             if transport is None:  # create_connection calls connection_made before it returns

@@ -46,10 +46,10 @@ import socket
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import cast
-from urllib.parse import urlsplit
 
 import httptools
 
+from rangeshard.core.relay import Origin, request_head
 from rangeshard.core.requestinfo import OBJECT_BODY_METHODS
 
 log = logging.getLogger(__name__)
@@ -472,15 +472,9 @@ class UpstreamPool:
     def __init__(
         self, base_url: str, *, ca_cert: str | None = None, connect_timeout: float = 30.0, max_idle: int = 32
     ) -> None:
-        url = urlsplit(base_url)
-        if url.scheme not in ("http", "https") or not url.hostname:
-            raise ValueError(f"unsupported proxy URL {base_url!r}")
-        self.host = url.hostname
-        self.port = url.port or (443 if url.scheme == "https" else 80)
-        self.authority = url.netloc.rpartition("@")[2]
-        self.prefix = url.path.rstrip("/")
+        self.origin = Origin.parse(base_url)
         self.ssl: ssl.SSLContext | None = None
-        if url.scheme == "https":
+        if self.origin.tls:
             self.ssl = ssl.create_default_context(cafile=ca_cert) if ca_cert else ssl.create_default_context()
         self.connect_timeout = connect_timeout
         self.max_idle = max_idle
@@ -492,16 +486,14 @@ class UpstreamPool:
         Raises :class:`UpstreamError` when the proxy cannot be reached or
         closes the connection before answering.
         """
-        lines = [f"{method} {self.prefix}{target} HTTP/1.1", f"Host: {self.authority}"]
-        for k, v in headers:
-            if k.lower() in ("content-length", "expect"):
-                continue  # the body goes out complete, framed by its length
-            if "\r" in v or "\n" in v:
-                raise UpstreamError(f"the header {k} has a line break")  # never echo the value: a token
-            lines.append(f"{k}: {v}")
-        if body or method in OBJECT_BODY_METHODS:  # an empty object body is framed too
-            lines.append(f"Content-Length: {len(body)}")
-        data = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+        # The body goes out complete, framed by its length (an empty object body too).
+        sent = [(k, v) for k, v in headers if k.lower() not in ("content-length", "expect")]
+        if body or method in OBJECT_BODY_METHODS:
+            sent.append(("Content-Length", str(len(body))))
+        try:
+            data = request_head(method, self.origin.prefix + target, self.origin.authority, sent) + body
+        except ValueError as e:
+            raise UpstreamError(str(e)) from None  # the header's value is never echoed
         head_only = method == "HEAD"
         while True:
             conn, reused = await self._connection(head_only)
@@ -529,13 +521,13 @@ class UpstreamPool:
             async with asyncio.timeout(self.connect_timeout):
                 _, protocol = await loop.create_connection(
                     lambda: _ClientProtocol(loop),
-                    self.host,
-                    self.port,
+                    self.origin.host,
+                    self.origin.port,
                     ssl=self.ssl,
-                    server_hostname=self.host if self.ssl is not None else None,
+                    server_hostname=self.origin.host if self.ssl is not None else None,
                 )
         except (OSError, ssl.SSLError, TimeoutError) as e:
-            raise UpstreamError(f"cannot connect to {self.authority}: {e!r}") from e
+            raise UpstreamError(f"cannot connect to {self.origin.authority}: {e!r}") from e
         return protocol, False
 
     def release(self, conn: _ClientProtocol) -> None:

@@ -83,3 +83,32 @@ def test_which_writes_carry_the_token_and_how() -> None:
         relay.declared_rule({"x-rangeshard-shard-by": "label"})
     no_agent = relay.declare([], token, ShardBy.OWNER)
     assert dict(no_agent)["User-Agent"] == f"{token.user_agent()} rangeshard-shard-by/owner"
+
+
+@pytest.mark.parametrize(
+    ("url", "origin"),
+    [
+        ("http://127.0.0.1:8001", relay.Origin(False, "127.0.0.1", 8001, "127.0.0.1:8001", "")),
+        ("https://api.example:6443/prefix/", relay.Origin(True, "api.example", 6443, "api.example:6443", "/prefix")),
+        ("https://user:secret@h", relay.Origin(True, "h", 443, "h", "")),  # credentials are never sent
+        ("http://[::1]:2", relay.Origin(False, "::1", 2, "[::1]:2", "")),
+    ],
+)
+def test_where_our_http_clients_send(url: str, origin: relay.Origin) -> None:
+    assert relay.Origin.parse(url) == origin
+
+
+@pytest.mark.parametrize("url", ["ftp://h", "http://", "127.0.0.1:8001", "http://h:99999"])
+def test_an_origin_that_is_not_http_is_refused(url: str) -> None:
+    with pytest.raises(ValueError):
+        relay.Origin.parse(url)
+
+
+def test_the_request_head_of_both_clients() -> None:
+    head = relay.request_head("GET", "/api/v1/pods?watch=true", "h:1", [("Authorization", "Bearer t")])
+    assert head == b"GET /api/v1/pods?watch=true HTTP/1.1\r\nHost: h:1\r\nAuthorization: Bearer t\r\n\r\n"
+    # A header with a line break is refused, and the error names the header, never its value (a token).
+    for bad in [("Authorization", "Bearer secret\r\nX-Evil: 1"), ("X\nEvil", "v")]:
+        with pytest.raises(ValueError, match="line break") as info:
+            relay.request_head("GET", "/", "h", [bad])
+        assert "secret" not in str(info.value)
