@@ -409,7 +409,7 @@ class ControllerRuntime(ShardHost):
             try:
                 raw_request(
                     self.api_client, "POST", _CRDS.path(), body=crd, content_type="application/json", timeout=timeout
-                )
+                ).read()  # read: that gives the connection back to the pool
                 log.info("%s: created CustomResourceDefinition %s", self.name, name)
             except ApiException as e:
                 if e.status != 409:

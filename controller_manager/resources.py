@@ -67,6 +67,8 @@ def raw_request(
     """One request over the official client's connection pool, auth and TLS; the raw (urllib3) response.
 
     Non-2xx answers raise ``ApiException`` (as the typed clients do with ``_preload_content=False``).
+    The caller reads the answer (``.data``, ``.read()``, or a stream to its end): until then its connection
+    is not back in the pool, and one given back unread would hand the next request the rest of it.
     """
     headers = {"Accept": "application/json"}
     if content_type is not None:

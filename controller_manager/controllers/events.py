@@ -60,6 +60,7 @@ class EventRecorder:
             body = self._queue.get()
             ns = body["metadata"].get("namespace") or "default"
             try:
-                self.core.create_namespaced_event(ns, body, _request_timeout=_TIMEOUT, _preload_content=False)
+                sent = self.core.create_namespaced_event(ns, body, _request_timeout=_TIMEOUT, _preload_content=False)
+                sent.read()  # the answer is not decoded, but read: that gives its connection back to the pool
             except Exception as e:  # best effort (see module docstring)
                 log.info("event %s for %s not recorded: %s", body.get("reason"), body["metadata"]["name"], e)

@@ -314,7 +314,7 @@ class TestCluster(LocalCluster):
 
     def delete_namespace(self, name: str) -> None:
         with self.api_client() as api, contextlib.suppress(k8s.ApiException):
-            raw_request(api, "DELETE", f"/api/v1/namespaces/{name}", timeout=10)
+            raw_request(api, "DELETE", f"/api/v1/namespaces/{name}", timeout=10).read()
 
     # -- managers --------------------------------------------------------------------
     def start_managers(
