@@ -11,7 +11,8 @@ Purpose
       for a watch's ``ERROR`` event, with kube-apiserver's two messages
       (:func:`too_old_message`, :data:`EXPIRED_CONTINUE_MESSAGE`);
     * a watch stream's lines, ``{"type":"T","object":<object>}`` (:func:`event_line`),
-      and a kubeconfig for a server (:func:`kubeconfig`);
+      a kubeconfig for a server (:func:`kubeconfig`), and the media ranges of
+      an ``Accept`` header (:func:`media_ranges`: JSON or a Table);
     * bearer-token files in kube-apiserver's ``--token-auth-file`` format
       (CSV lines ``token,user,uid[,"group1,group2"]``): :func:`parse_token_file`,
       :func:`load_token_file`, :class:`UserInfo`; the one static-token
