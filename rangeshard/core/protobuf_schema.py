@@ -45,13 +45,12 @@ Concurrency model
 
 from __future__ import annotations
 
-import json
-from importlib import resources
+from pathlib import Path
 from typing import Any, Final
 
-_DATA: Final[dict[str, Any]] = json.loads(
-    resources.files(__package__ or "rangeshard.core").joinpath("protobuf_schema.json").read_text("utf-8")
-)
+import orjson
+
+_DATA: Final[dict[str, Any]] = orjson.loads(Path(__file__).with_name("protobuf_schema.json").read_bytes())
 
 #: The kinds whose protobuf bodies are decoded: ``(apiVersion, kind)`` -> message.
 KINDS: Final[dict[tuple[str, str], str]] = {(api_version, kind): m for api_version, kind, m in _DATA["kinds"]}
