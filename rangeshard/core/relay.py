@@ -166,7 +166,7 @@ def request_head(method: str, target: str, authority: str, headers: Headers) -> 
     (naming the header, never its value: it may be a token)."""
     lines = [f"{method} {target} HTTP/1.1", f"Host: {authority}"]
     for key, value in headers:
-        if any(c in key or c in value for c in "\r\n"):
+        if "\n" in key or "\r" in key or "\n" in value or "\r" in value:
             raise ValueError(f"the header {key.strip()!r} has a line break")
         lines.append(f"{key}: {value}")
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
