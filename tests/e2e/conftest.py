@@ -175,6 +175,18 @@ class Cluster:
         with EtcdClient(EtcdConfig.from_urls(self.registry_etcd_url)) as client:
             return Registry(client, self.registry_prefix).snapshot(controller_type)
 
+    def owners(self, controller_type: str, uids: Iterable[str]) -> dict[str, str]:
+        """The instance whose range holds each uid's hash now (uid -> instance id; none when nobody owns it)."""
+        members = [m for m in self.snapshot(controller_type) if m.range is not None]
+        out: dict[str, str] = {}
+        for uid in uids:
+            owner = next(
+                (m.instance_id for m in members if m.range is not None and m.range.contains(hash_key(uid))), None
+            )
+            if owner is not None:
+                out[uid] = owner
+        return out
+
     def manager_of(self, instance_id: str) -> Manager:
         """The manager (its latest incarnation, when one was restarted under the same name) of an instance."""
         return next(m for m in reversed(self.managers) if instance_id.startswith(m.name + "-"))

@@ -114,6 +114,22 @@ def _converged(api: Any, round_: int) -> bool:
     return True
 
 
+def _owning_instances(cluster: Cluster) -> dict[str, set[str]]:
+    """Per controller type, the instances whose range holds at least one of its root objects now.
+
+    Ten Deployments leave a quarter range empty in about one run in eighteen, so
+    "every instance wrote" is asked only of the instances that own something.
+    """
+    apps = k8s.AppsV1Api(cluster.api)
+    deployments = [d.metadata.uid for d in apps.list_namespaced_deployment(NS).items]
+    replicasets = [rs.metadata.uid for rs in apps.list_namespaced_replica_set(NS).items]
+    return {
+        "deploy": set(cluster.owners("deploy", deployments).values()),
+        "rs": set(cluster.owners("rs", replicasets).values()),
+        "ns": set(cluster.owners("ns", NAMESPACES).values()),
+    }
+
+
 def _controller(obj: Any) -> str | None:
     for ref in obj.metadata.owner_references or []:
         if ref.controller:
@@ -198,7 +214,8 @@ def test_every_shard_rule_through_the_endpoint_with_fencing(fenced_cluster: Clus
     wait_until(lambda: _active(cluster, 3), 90, "three active instances of each type")
     _spec_round(api, 2)
     _wait_converged(cluster, 2, "converged with three managers")
-    instances = {ctype: {m.instance_id for m in cluster.snapshot(ctype)} for ctype in ("deploy", "rs", "ns")}
+    instances = _owning_instances(cluster)
+    assert len(instances["ns"]) == 3, instances  # the namespaces' names are chosen so that each instance owns one
 
     victim = managers.pop(0)
     os.killpg(victim.proc.pid, signal.SIGKILL)  # its children die with it (parent-death signal)
@@ -207,7 +224,7 @@ def test_every_shard_rule_through_the_endpoint_with_fencing(fenced_cluster: Clus
     wait_until(lambda: _active(cluster, 2), 90, "two instances of each type after the kill")
     _wait_converged(cluster, 3, "converged after the kill")
 
-    # Every instance of the three-manager phase wrote, under every rule.
+    # Every instance of the three-manager phase that owns an object wrote, under every rule.
     audit = cluster.workdir / "apiserver-audit.jsonl"
     writes = _token_writes(audit)
     for ctype, ids in instances.items():
