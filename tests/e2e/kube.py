@@ -31,6 +31,27 @@ def create_replicaset(api: Any, ns: str, name: str, replicas: int) -> None:
     k8s.AppsV1Api(api).create_namespaced_replica_set(ns, body)
 
 
+def create_replicasets_in_both_halves(api: Any, ns: str, count: int, max_extra: int = 20) -> list[str]:
+    """Create ``count`` ReplicaSets (``rs0``...), and more (``rs-extra0``...) until both halves of the space hold one.
+
+    The second instance of a type owns one half of the hash space: a test that
+    needs it to reconcile (or something to move) cannot rely on luck, since
+    with 8 objects one half holds none in 1 run of 128. Returns every name.
+    """
+    from hashing import MAX_HASH, hash_key  # noqa: PLC0415
+
+    names = [f"rs{i}" for i in range(count)]
+    for name in names:
+        create_replicaset(api, ns, name, 1)
+    for extra in range(max_extra):
+        keys = [hash_key(rs.metadata.uid) for rs in k8s.AppsV1Api(api).list_namespaced_replica_set(ns).items]
+        if any(k <= MAX_HASH // 2 for k in keys) and any(k > MAX_HASH // 2 for k in keys):
+            return names
+        names.append(f"rs-extra{extra}")
+        create_replicaset(api, ns, names[-1], 1)
+    raise AssertionError(f"{len(names)} ReplicaSets and still one half of the hash space holds none")
+
+
 def create_deployment(api: Any, ns: str, name: str, replicas: int) -> None:
     body = {
         "apiVersion": "apps/v1",
