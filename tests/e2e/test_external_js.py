@@ -49,13 +49,15 @@ def test_the_javascript_informer_sharded_unmodified(fenced_cluster: Cluster) -> 
     api = cluster.api
     create_namespace(api, NS)
     v1 = k8s.CoreV1Api(api)
+    managers: list[Manager] = [cluster.start_manager(_controllers()) for _ in range(2)]
+    wait_until(lambda: _active(cluster, 2), 60, "two active instances")
+    # Created once both are active: a first instance alone could otherwise handle every object.
     for i in range(N):
         v1.create_namespaced_config_map(
             NS, {"metadata": {"name": f"cm{i}", "labels": {"app": "ext"}}, "data": {"want": "1"}}
         )
-    managers: list[Manager] = [cluster.start_manager(_controllers()) for _ in range(2)]
-    wait_until(lambda: _active(cluster, 2), 60, "two active instances")
     wait_until(lambda: _converged(api, 1), 60, "converged with two instances")
+    wait_until(lambda: _written_by_owners(cluster, api), 30, "every object written by its owner")
     assert len(_writers(api)) == 2, _writers(api)
 
     managers.append(cluster.start_manager(_controllers()))

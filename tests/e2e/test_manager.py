@@ -152,7 +152,13 @@ def test_churn_no_overlap(cluster: Cluster) -> None:
     wait_until(lambda: replicasets_converged(api, "churn"), 60, "every replicaset converged")
     # Short-lived managers may have owned nothing; a survivor owning an object must have audited it.
     gone = [m for m in cluster.managers if m not in live]
-    cluster.assert_safe_handover(may_be_idle=gone + cluster.without_objects("churn"))
+    idle = gone + cluster.without_objects("churn")
+    # The newest survivor is active before its informer has relisted: wait for its first audit record.
+    busy = [m for m in live if m not in idle]
+    wait_until(
+        lambda: all(m.audit.exists() and read_records([m.audit]) for m in busy), 30, "every busy survivor audited"
+    )
+    cluster.assert_safe_handover(may_be_idle=idle)
 
 
 def fenced_in_log(m: Manager) -> bool:

@@ -105,7 +105,14 @@ def test_apply_by_workload_three_instances_under_load(cluster: Cluster) -> None:
     names = [f"rs{i}" for i in range(60)]
     for name in names:
         create_replicaset(cluster.api, ns, name, 0)
-    wait_until(lambda: published(cluster, ns, 60), 30, "workloads and histograms published", interval=0.2)
+    # Exactly 20/20/20 (once in 2,200 runs) leaves the plan nothing to gain, and nothing would move.
+    for extra in range(10):
+        if max_over_mean(owned_by_hash(cluster, ns)) >= 1.1:
+            break
+        names.append(f"rs-extra{extra}")
+        create_replicaset(cluster.api, ns, names[-1], 0)
+    total = len(names)
+    wait_until(lambda: published(cluster, ns, total), 30, "workloads and histograms published", interval=0.2)
     before = owned_by_hash(cluster, ns)
     show = cli(cluster, "show", "--type", "replicaset", "--json")
     assert show.returncode == 0, show.stderr
@@ -140,11 +147,13 @@ def test_apply_by_workload_three_instances_under_load(cluster: Cluster) -> None:
     assert applied.returncode == 0, applied.stdout + applied.stderr
     assert "applied" in applied.stdout
     after = owned_by_hash(cluster, ns)
-    assert sum(after) == 60
+    assert sum(after) == total
     assert max_over_mean(after) <= 1.10, after
     wait_until(lambda: all_active(cluster, "replicaset", 3), 20, "everyone active after the plan")
-    # The plan's moves went through the lock -> drain -> unlock handover, and keys changed hands.
+    # The plan's moves went through the lock -> drain -> unlock handover, and keys changed hands
+    # (a receiver reconciles what it got once its informer relisted: "active" does not wait for that).
     assert unlocks(cluster) > unlocks_before
+    wait_until(cluster.handed_over, 20, "a moved key reconciled by its new owner")
     cluster.assert_safe_handover()
 
     # One more boundary by hand, during reconciles, through the handover protocol.
@@ -187,7 +196,9 @@ def test_apply_by_workload_five_instances_skewed(cluster: Cluster) -> None:
     assert applied.returncode == 0, applied.stdout + applied.stderr
     after = owned_by_hash(cluster, ns)
     assert max_over_mean(after) <= 1.10, after
-    cluster.assert_safe_handover(may_be_idle=cluster.without_objects(ns))
+    idle = cluster.without_objects(ns)
+    wait_until(lambda: cluster.handed_over(idle), 20, "a moved key reconciled by its new owner")
+    cluster.assert_safe_handover(may_be_idle=idle)
     # The automatic mode agrees there is nothing left to do (no flapping after a plan).
     wait_until(lambda: published(cluster, ns, total), 30, "workloads republished after the moves", interval=0.2)
     auto = cli(cluster, "auto", "--type", "replicaset", "--threshold", "1.15", "--once")

@@ -15,6 +15,7 @@ import pytest
 from kubernetes import client as k8s
 from widgetctl import CRD, WIDGETS, WidgetController, configmap_name
 
+from hashing import hash_key
 from rangeshard.testing import TestCluster, wait_until
 
 N_WIDGETS = 24
@@ -54,6 +55,10 @@ def test_three_managers_shard_widgets_without_overlap(
         )
 
     wait_until(lambda: all_configmaps("red"), 60, "a ConfigMap per Widget")
+    listed = custom.list_namespaced_custom_object("example.com", "v1", ns, "widgets")["items"]
+    uids = [w["metadata"]["uid"] for w in listed]
+    snapshot = managers.snapshot()
+    owners = {m.instance_id for m in (snapshot.owner_of(hash_key(uid)) for uid in uids) if m is not None}
     cm = configmaps(core, ns)["w0-widget"]
     owner = custom.get_namespaced_custom_object("example.com", "v1", ns, "widgets", "w0")
     assert cm.metadata.owner_references[0].uid == owner["metadata"]["uid"]
@@ -74,7 +79,10 @@ def test_three_managers_shard_widgets_without_overlap(
     records = managers.assert_no_overlap()
     assert records >= 2 * N_WIDGETS
     reconcilers = {r.instance_id for r in managers.audit_records()}
-    assert len(reconcilers) == 3  # every manager reconciled its share
+    # Every manager whose range holds a Widget reconciled its share (a quarter range holds none of
+    # the 24 Widgets once in 1,000 runs: the owners are computed, not assumed to be all three).
+    assert owners <= reconcilers <= set(managers.states()), (owners, reconcilers)
+    assert len(owners) >= 2
 
     # The write-level check over the API server's own audit log: no Widget or ConfigMap was written
     # by an instance after another instance had written it (no stale owner).
