@@ -177,15 +177,9 @@ class Cluster:
 
     def owners(self, controller_type: str, uids: Iterable[str]) -> dict[str, str]:
         """The instance whose range holds each uid's hash now (uid -> instance id; none when nobody owns it)."""
-        members = [m for m in self.snapshot(controller_type) if m.range is not None]
-        out: dict[str, str] = {}
-        for uid in uids:
-            owner = next(
-                (m.instance_id for m in members if m.range is not None and m.range.contains(hash_key(uid))), None
-            )
-            if owner is not None:
-                out[uid] = owner
-        return out
+        snap = self.snapshot(controller_type)
+        members = {uid: snap.owner_of(hash_key(uid)) for uid in uids}
+        return {uid: m.instance_id for uid, m in members.items() if m is not None}
 
     def manager_of(self, instance_id: str) -> Manager:
         """The manager (its latest incarnation, when one was restarted under the same name) of an instance."""

@@ -7,6 +7,8 @@ from typing import Any
 
 from kubernetes import client as k8s
 
+from hashing import MAX_HASH, hash_key
+
 TEMPLATE = {"metadata": {"labels": {}}, "spec": {"containers": [{"name": "main", "image": "registry.local/pause:1"}]}}
 
 
@@ -38,8 +40,6 @@ def create_replicasets_in_both_halves(api: Any, ns: str, count: int, max_extra: 
     needs it to reconcile (or something to move) cannot rely on luck, since
     with 8 objects one half holds none in 1 run of 128. Returns every name.
     """
-    from hashing import MAX_HASH, hash_key  # noqa: PLC0415
-
     names = [f"rs{i}" for i in range(count)]
     for name in names:
         create_replicaset(api, ns, name, 1)
