@@ -37,7 +37,8 @@ The invariant
        a process paused past its lease (docs/reliability.md). A fenced
        answer for a stale epoch asks for a fresh epoch (:meth:`write_fenced`).
 
-State machine (``state`` is published in the registry record)::
+State machine (``state`` is published in the registry record; the decisions are
+:func:`controller_manager.handover.decide`, this module carries them out)::
 
     init ──(first instance; caches synced)──────────────────────► active
     init/─(joined by splitting a busy range)────────────────────► locked
@@ -85,6 +86,23 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
+from controller_manager.handover import (
+    Action,
+    Allow,
+    DrainWait,
+    Fence,
+    Phase,
+    Receiver,
+    Rejoin,
+    SelfUnlock,
+    SetState,
+    TakeRange,
+    Unfence,
+    Unlock,
+    View,
+    allowed_transition,
+    decide,
+)
 from hashing import HashRange
 from rangeshard.core.backoff import Backoff
 from rangeshard.core.clock import MONOTONIC, Clock
@@ -96,7 +114,7 @@ from registry import ChildInfo, LeaseKeeper, MainResource, MembershipWatch, Regi
 
 log = logging.getLogger(__name__)
 
-FENCED = "fenced"
+FENCED = Phase.FENCED.value
 
 
 @dataclass(frozen=True)
@@ -147,6 +165,14 @@ class ShardHost(Protocol):
     def drained(self) -> bool:
         """An extra drain condition of a giver (an external controller: no write in flight, drainSeconds passed)."""
         return True
+
+    def on_fenced(self) -> None:
+        """Processing stopped (the fencing deadline passed or the record is gone): stop serving the range."""
+        return None
+
+    def on_leaving(self) -> None:
+        """A graceful stop began: stop serving the range (then :meth:`drained` is awaited before the lease goes)."""
+        return None
 
     def child_info(self) -> ChildInfo | None:
         """An external controller's process as its manager runs it, published with every heartbeat."""
@@ -239,6 +265,12 @@ class ShardInstance:
             self._events.put(("refresh-epoch", token))
         return True
 
+    def serving_target(self) -> tuple[int, HashRange | None, bool]:
+        """``(epoch, range, locked)`` an external endpoint serves toward (no range while fenced or leaving)."""
+        with self._cond:
+            gone = self.leaving or self.fenced or self.keeper is None
+            return self.epoch, (None if gone else self.range), self.locked
+
     def informer_range(self) -> tuple[int, HashRange | None]:
         """``(epoch, range)`` the informers should list (the range is ours even while locked)."""
         with self._cond:
@@ -272,6 +304,9 @@ class ShardInstance:
             left = dict(self.inflight)
         if left:
             log.warning("%s: leaving with %s reconcile(s) still running: %s", self.name, len(left), sorted(left))
+        self.host.on_leaving()
+        while not self.host.drained() and time.monotonic() < deadline:
+            time.sleep(0.05)  # polling the host's drain (views cut, writes done) with the stop's deadline
         self._stop.set()
         self._events.put("stop")
         join_thread(self._thread, self.settings.lease_ttl + 5)
@@ -427,7 +462,10 @@ class ShardInstance:
 
     def _set_state(self, state: str) -> None:
         if state != self.state:
-            log.info("%s: state %s -> %s", self.name, self.state, state)
+            if allowed_transition(self.state, state):
+                log.info("%s: state %s -> %s", self.name, self.state, state)
+            else:
+                log.warning("%s: state %s -> %s (not a handover transition)", self.name, self.state, state)
             self.state = state
             self.host.on_state(state)
 
@@ -464,6 +502,7 @@ class ShardInstance:
             self._count("fences")
             log.warning("%s: fenced (%s): processing stopped", self.name, why)
             self._set_state(FENCED)
+            self.host.on_fenced()
 
     def _new_epoch(self) -> None:
         with self._cond:
@@ -472,85 +511,116 @@ class ShardInstance:
         self._count("epochs")
         self.host.on_epoch()
 
-    def _evaluate(self) -> None:
+    def _view(self) -> View | None:
+        """What :func:`~controller_manager.handover.decide` sees now (``None``: not registered)."""
         keeper = self.keeper
         if keeper is None:
-            return
-        now = self.clock.monotonic()
+            return None
+        local = View(fenced=self.fenced, held_range=self.range, held_locked=self.locked)
         if keeper.lost.is_set():
-            self._fence("lease lost")
-            self._rejoin()
-            return
-        if now >= keeper.deadline:
-            self._fence("lease could not be renewed before the fencing deadline")
-            return
+            return replace(local, lease_lost=True)
+        if self.clock.monotonic() >= keeper.deadline:
+            return replace(local, deadline_passed=True)
         snap = self.snapshot
         if snap is None or snap.revision < self.join_revision:
-            return
+            return replace(local, current=False)
         me = snap.get(self.settings.instance_id)
         if me is None or me.lease_id != keeper.lease_id:
-            self._fence("our registry record is gone")
+            return replace(local, registered=False)
+        rng = me.range
+        giver = me.record.giver
+        giver_member = snap.get(giver) if giver is not None else None
+        receivers = tuple(Receiver(r.instance_id, r.mod_revision) for r in snap.receivers_of(self.settings.instance_id))
+        with self._cond:
+            outside = any(rng is None or not rng.contains(h) for h in self.inflight.values())
+            allowed, leaving, epoch = self.allowed is not None, self.leaving, self.epoch
+        return replace(
+            local,
+            range=rng,
+            locked=me.record.is_locked,
+            giver_present=giver_member is not None and not giver_member.record.is_parked,
+            receivers=receivers,
+            revision=snap.revision,
+            allowed=allowed,
+            leaving=leaving,
+            inflight_outside=outside,
+            drained=self.host.drained() if receivers else True,
+            synced=not allowed and rng is not None and self.host.synced(epoch),
+            epoch=epoch,
+        )
+
+    def _evaluate(self) -> None:
+        """Read a view, carry out what :func:`~controller_manager.handover.decide` says; again while it acts.
+
+        A new epoch and the processing it allows are never decided on one
+        view, so a second pass follows an epoch at once (at most three passes).
+        """
+        done: set[type[Action]] = set()
+        for _ in range(3):
+            view = self._view()
+            if view is None:
+                return
+            actions = decide(view)
+            for action in actions:
+                if isinstance(action, (DrainWait, SelfUnlock, Unlock)) and type(action) in done:
+                    continue  # once per evaluation: the snapshot does not change within one
+                done.add(type(action))
+                self._act(action, view)
+            if not any(isinstance(a, (TakeRange, Unfence, Allow)) for a in actions):
+                return
+
+    def _act(self, action: Action, view: View) -> None:
+        """Carry out one action of :func:`~controller_manager.handover.decide` (the I/O)."""
+        if isinstance(action, Fence):
+            self._fence(action.why)
+        elif isinstance(action, Rejoin):
             self._rejoin()
-            return
-        if self.fenced:
+        elif isinstance(action, Unfence):
             log.info("%s: lease renewed and record intact: unfencing", self.name)
             self.fenced = False
             self.published_state = None
             self._new_epoch()
-        rng = me.range
-        locked = me.record.is_locked
-        if rng != self.range or locked != self.locked:
-            log.info("%s: range %s -> %s, locked %s -> %s", self.name, self.range, rng, self.locked, locked)
+        elif isinstance(action, TakeRange):
+            log.info(
+                "%s: range %s -> %s, locked %s -> %s", self.name, self.range, action.range, self.locked, action.locked
+            )
             with self._cond:
-                self.range = rng
-            self.locked = locked
-            self._set_token(snap.revision)
+                self.range = action.range
+            self.locked = action.locked
+            self._set_token(action.revision)
             self._new_epoch()
-        if locked:
-            self._set_state(State.LOCKED.value)
-            giver = me.record.giver
-            giver_member = snap.get(giver) if giver is not None else None
-            if giver_member is None or giver_member.record.is_parked:  # gone, or parked (it drained first)
+        elif isinstance(action, SetState):
+            self._set_state(action.phase.value)
+        elif isinstance(action, SelfUnlock):
+            try:
+                self.registry.unlock_orphaned(self.settings.controller_type, self.settings.instance_id)
+                self._count("self_unlocks")
+            except CompareFailed as e:
+                log.debug("%s: self-unlock refused: %s", self.name, e)
+        elif isinstance(action, Unlock):
+            for r in action.receivers:
                 try:
-                    self.registry.unlock_orphaned(self.settings.controller_type, self.settings.instance_id)
-                    self._count("self_unlocks")
-                except CompareFailed as e:
-                    log.debug("%s: self-unlock refused: %s", self.name, e)
-            return
-        receivers = snap.receivers_of(self.settings.instance_id)
-        if receivers:
-            self._set_state(State.WAIT.value)
+                    self.registry.unlock(
+                        self.settings.controller_type,
+                        r.instance_id,
+                        self.settings.instance_id,
+                        expected_mod_revision=r.mod_revision,
+                    )
+                    self._count("unlocks")
+                except (CompareFailed, NotRegistered) as e:
+                    log.debug("%s: unlock of %s deferred: %s", self.name, r.instance_id, e)
+        elif isinstance(action, DrainWait):
+            self._count("drain_waits")
+            log.debug("%s: draining (work in flight outside %s, or the host not drained)", self.name, view.range)
+        elif isinstance(action, Allow):
             with self._cond:
-                outside = [k for k, h in self.inflight.items() if rng is None or not rng.contains(h)]
-            if not outside and self.host.drained():
-                for r in receivers:
-                    try:
-                        self.registry.unlock(
-                            self.settings.controller_type,
-                            r.instance_id,
-                            self.settings.instance_id,
-                            expected_mod_revision=r.mod_revision,
-                        )
-                        self._count("unlocks")
-                    except (CompareFailed, NotRegistered) as e:
-                        log.debug("%s: unlock of %s deferred: %s", self.name, r.instance_id, e)
-            else:
-                self._count("drain_waits")
-                log.debug("%s: draining %s key(s) outside %s", self.name, len(outside), rng)
-        with self._cond:
-            epoch = self.epoch
-            ready = self.allowed is None and rng is not None and not self.leaving
-        if ready and self.host.synced(epoch):
-            with self._cond:
-                allowed_now = self.epoch == epoch
+                allowed_now = self.epoch == view.epoch and self.allowed is None and not self.leaving
                 if allowed_now:
-                    self.allowed = rng
+                    self.allowed = action.range
             if allowed_now:
-                log.info("%s: caches synced at epoch %s: processing %s", self.name, epoch, rng)
+                log.info("%s: caches synced at epoch %s: processing %s", self.name, self.epoch, action.range)
                 # Keys seen while paused were skipped: look at everything in range again.
                 self.host.on_allowed()
-        if not receivers and self.allowed is not None:
-            self._set_state(State.ACTIVE.value)
 
     def _rejoin(self) -> None:
         old = self.keeper

@@ -278,6 +278,17 @@ class ExternalSection(Section):
         description="After a range shrinks (its watches were reset), how long the giver waits, with no write of "
         "the controller to a `shard` resource in flight, before it unlocks the receiver.",
     )
+    handover_step_seconds: float = Field(
+        10.0,
+        alias="handoverStepSeconds",
+        gt=0,
+        le=600,
+        strict=True,
+        description="A range change reaches the controller in steps: the resources placed by another object "
+        "(`by: owner`, `by: root`) before the ones that own them when the range grows, owners first when it "
+        "shrinks. Each step waits until the controller took it in (relisted and watched again, or a streaming "
+        "list's initial-events-end bookmark) or this many seconds passed (logged as a WARNING).",
+    )
     liveness_probe: LivenessProbeSection | None = Field(
         None,
         alias="livenessProbe",

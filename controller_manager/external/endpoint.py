@@ -42,6 +42,7 @@ from controller_manager.config import ExternalSection
 from controller_manager.external.serving import ServingState, Shard
 from controller_manager.external.wire import Request, Response, Server, UpstreamError, UpstreamPool, UpstreamResponse
 from controller_manager.external.workload import MainObjects
+from controller_manager.handover import rank
 from hashing import ShardBy
 from rangeshard.core import relay
 from rangeshard.core.kubeapi import ApiError, event_line, expired_status
@@ -53,6 +54,8 @@ from rangeshard.core.tokenfile import BearerTokenFile
 
 log = logging.getLogger(__name__)
 
+#: The annotation of the bookmark that ends a streaming list's initial events.
+INITIAL_EVENTS_END = "k8s.io/initial-events-end"
 #: Matches no object: lists and watches while the instance may serve nothing.
 NOTHING = "metadata.name=rangeshard-serves-nothing.invalid"
 #: The watch event a reset watch and a stale resume end with (every client library relists on it).
@@ -63,10 +66,12 @@ _JSON = [("Content-Type", "application/json")]
 class _Watch:
     """One relayed watch of a ``shard`` resource; :meth:`cut` ends it from any thread."""
 
-    __slots__ = ("loop", "reset", "response")
+    __slots__ = ("label", "loop", "reset", "response", "streaming")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, label: str, streaming: bool) -> None:
         self.loop = loop
+        self.label = label
+        self.streaming = streaming
         self.reset = False
         self.response: UpstreamResponse | None = None
 
@@ -99,6 +104,8 @@ class Endpoint:
             {s.label: s.rule for s in section.shard},
             section.drain_seconds,
             paths={s.label: s.path for s in section.shard},
+            ranks={s.label: rank(s.rule, s.via) for s in section.shard},
+            step_seconds=section.handover_step_seconds,
         )
         #: The main resource's objects the controller was served: the instance's workload (rebalance).
         self.main_label = section.main_resource.label
@@ -195,19 +202,32 @@ class Endpoint:
         params: dict[str, str],
         headers: relay.Headers,
     ) -> None:
-        """A list or watch of a ``shard`` resource: cut to the range served now."""
+        """A list or watch of a ``shard`` resource: cut to the range served now for it.
+
+        A consistent list (no ``resourceVersion``) is asked "not older than"
+        the highest resourceVersion the controller was handed of it, which
+        the proxy answers from its cache: a relist after a reset costs no
+        upstream read, and is never older than what the controller saw.
+        """
         if "shardSelector" in params:
             _status(response, ApiError(400, "BadRequest", "shardSelector is set by rangeshard for this resource"))
             return
-        generation = self.state.generation()
-        if info.is_watch and not self.state.fresh(params.get("resourceVersion", "")):
+        label = info.resource.label if info.resource is not None else ""
+        generation = self.state.generation(label)
+        streaming = info.is_watch and params.get("sendInitialEvents", "").lower() in ("true", "1", "t")
+        rv = params.get("resourceVersion", "")
+        if info.is_watch and not streaming and not self.state.fresh(label, rv):
             response.start(200, _JSON, None)  # as kube answers a too old resourceVersion: one ERROR 410 event
             response.write(EXPIRED_EVENT)
             return
         query = list(params.items())
-        selector = self.state.served_selector(
-            rule, self.state.paths.get(info.resource.label) if info.resource else None
-        )
+        if rv == "" and "continue" not in params and (streaming or not info.is_watch):
+            floor = self.state.floor(label)
+            query = [(k, v) for k, v in query if k not in ("resourceVersion", "resourceVersionMatch")]
+            query.append(("resourceVersion", str(floor)))
+            if floor or streaming:
+                query.append(("resourceVersionMatch", "NotOlderThan"))
+        selector = self.state.served_selector(label)
         if selector is not None:
             query.append(("shardSelector", selector))
         else:
@@ -215,12 +235,20 @@ class Endpoint:
             query = [(k, v) for k, v in query if k != "fieldSelector"]
             query.append(("fieldSelector", f"{fields},{NOTHING}" if fields else NOTHING))
         target = f"{path}?{urlencode(query)}"
-        main = info.resource is not None and info.resource.label == self.main_label
+        main = label == self.main_label
         if info.is_watch:
-            await self._watch(request, response, target, list(headers), generation, main)
+            await self._watch(
+                request,
+                response,
+                target,
+                list(headers),
+                _Watch(asyncio.get_running_loop(), label, streaming),
+                generation,
+                main,
+            )
         else:
             namespace = info.path.namespace if info.path is not None else None
-            await self._list(request, response, target, list(headers), generation, (main, namespace))
+            await self._list(request, response, target, list(headers), label, generation, (main, namespace))
 
     async def _send(
         self, request: Request, response: Response, target: str, headers: relay.Headers
@@ -259,6 +287,7 @@ class Endpoint:
         response: Response,
         target: str,
         headers: relay.Headers,
+        label: str,
         generation: int,
         main: tuple[bool, str | None] = (False, None),
     ) -> None:
@@ -273,8 +302,8 @@ class Endpoint:
             upstream.close()
         if upstream.status == 200:
             doc = _decoded(body)
-            self.state.issued(_resource_version(doc, "metadata"), generation)
-            if main[0] and generation == self.state.generation():
+            self.state.issued(label, _resource_version(doc, "metadata"), generation)
+            if main[0] and generation == self.state.generation(label):
                 self.main.listed(doc, main[1])
         response.start(upstream.status, relay.response_headers(upstream.headers, framed=True), len(body))
         response.write(body)
@@ -285,11 +314,11 @@ class Endpoint:
         response: Response,
         target: str,
         headers: relay.Headers,
+        watch: _Watch,
         generation: int,
         main: bool = False,
     ) -> None:
         """A watch of a ``shard`` resource, relayed event by event until it ends or a reset cuts it."""
-        watch = _Watch(asyncio.get_running_loop())
         self.state.register(watch, generation)
         try:
             upstream = await self._send(request, response, target, headers)
@@ -336,7 +365,8 @@ class Endpoint:
     def _deliver(self, watch: _Watch, generation: int, data: bytes, response: Response, main: bool = False) -> bool:
         events = [_decoded(line) for line in data.split(b"\n") if line.strip()]
         versions = [_resource_version(ev, "object", "metadata") for ev in events]
-        delivered = self.state.deliver(watch, generation, versions, functools.partial(response.write, data))
+        ended = watch.streaming and any(_initial_events_end(ev) for ev in events)
+        delivered = self.state.deliver(watch, generation, versions, functools.partial(response.write, data), ended)
         if delivered and main:
             for ev in events:
                 self.main.event(ev)
@@ -355,6 +385,13 @@ def _decoded(data: bytes) -> Any:
         return orjson.loads(data)
     except orjson.JSONDecodeError:
         return None
+
+
+def _initial_events_end(event: Any) -> bool:
+    """Whether a decoded watch event is the bookmark that ends a streaming list's initial state."""
+    if not isinstance(event, dict) or event.get("type") != "BOOKMARK":
+        return False
+    return bool(dig(event, ("object", "metadata", "annotations", INITIAL_EVENTS_END)) == "true")
 
 
 def _resource_version(found: Any, *path: str) -> str:

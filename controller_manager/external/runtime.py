@@ -109,6 +109,12 @@ class ExternalRuntime(ShardHost):
     def on_allowed(self) -> None:
         self.endpoint.state.on_allowed()
 
+    def on_fenced(self) -> None:
+        self.endpoint.state.on_fenced()
+
+    def on_leaving(self) -> None:
+        self.endpoint.state.on_leaving()
+
     def workload(self, rng: HashRange) -> tuple[int, dict[str, Any] | None]:
         return self.endpoint.main.workload(rng)
 

@@ -50,8 +50,17 @@ CONFIGMAPS = "/api/v1/namespaces/a/configmaps"
 
 @dataclass
 class FakeShard:
-    allowed: HashRange | None = None
+    """The shard instance as the serving state reads it: its range (``None``: nothing), lock and epoch."""
+
+    range: HashRange | None = None
+    locked: bool = False
     epoch: int = 0
+
+    def serving_target(self) -> tuple[int, HashRange | None, bool]:
+        return self.epoch, self.range, self.locked
+
+    def write_fenced(self, token: OwnerToken | None, stale_epoch: bool) -> bool:
+        return False
 
 
 @dataclass
@@ -155,6 +164,7 @@ def upstream() -> Iterator[Upstream]:
 def _endpoint(upstream: str, shard: FakeShard | None = None, **kwargs: Any) -> Endpoint:
     ep = Endpoint("ext", _section(), shard or FakeShard(), proxy_url=upstream, **kwargs)
     ep.start()
+    ep.state.on_epoch()  # serve the shard's range (nothing read yet: at once)
     return ep
 
 
@@ -165,18 +175,18 @@ def test_a_watch_resumes_only_from_a_resource_version_of_the_current_serving_per
     ep = Endpoint("ext", _section(), FakeShard(), proxy_url="http://127.0.0.1:9")
     state = ep.state
     try:
-        assert state.fresh("") and state.fresh("0"), "no resourceVersion carries no state"
-        assert not state.fresh("17"), "never handed out"
-        gen = state.generation()
-        state.issued("17", gen)
-        state.issued("", gen)  # ignored
-        assert state.fresh("17")
+        assert state.fresh("configmaps", "") and state.fresh("configmaps", "0"), "no resourceVersion carries no state"
+        assert not state.fresh("configmaps", "17"), "never handed out"
+        gen = state.generation("configmaps")
+        state.issued("configmaps", "17", gen)
+        state.issued("configmaps", "", gen)  # ignored
+        assert state.fresh("configmaps", "17")
         state.reset_watches("range changed")
-        assert not state.fresh("17"), "a list of the old range must not seed a watch of the new one"
-        state.issued("18", gen)  # answered after the reset, but cut under the old range
-        assert not state.fresh("18")
-        state.issued("19", state.generation())
-        assert state.fresh("19")
+        assert not state.fresh("configmaps", "17"), "a list of the old range must not seed a watch of the new one"
+        state.issued("configmaps", "18", gen)  # answered after the reset, but cut under the old range
+        assert not state.fresh("configmaps", "18")
+        state.issued("configmaps", "19", state.generation("configmaps"))
+        assert state.fresh("configmaps", "19")
     finally:
         ep.stop()
 
@@ -184,11 +194,11 @@ def test_a_watch_resumes_only_from_a_resource_version_of_the_current_serving_per
 def test_issued_resource_versions_are_bounded() -> None:
     ep = Endpoint("ext", _section(), FakeShard(), proxy_url="http://127.0.0.1:9")
     try:
-        gen = ep.state.generation()
+        gen = ep.state.generation("configmaps")
         for i in range(ISSUED_MAX + 10):
-            ep.state.issued(str(i), gen)
-        assert not ep.state.fresh("0" + "1"), "the oldest were dropped"
-        assert ep.state.fresh(str(ISSUED_MAX + 9))
+            ep.state.issued("configmaps", str(i), gen)
+        assert not ep.state.fresh("configmaps", "0" + "1"), "the oldest were dropped"
+        assert ep.state.fresh("configmaps", str(ISSUED_MAX + 9))
     finally:
         ep.stop()
 
@@ -197,9 +207,11 @@ def test_selectors_for_nothing_and_for_a_range() -> None:
     shard = FakeShard()
     ep = Endpoint("ext", _section(), shard, proxy_url="http://127.0.0.1:9")
     try:
-        assert ep.state.served_selector(ShardBy.UID) is None, "locked or between ranges: nothing"
-        shard.allowed = HashRange(0, 2**62 - 1)
-        selector = ep.state.served_selector(ShardBy.UID)
+        ep.state.on_epoch()
+        assert ep.state.served_selector("configmaps") is None, "locked or between ranges: nothing"
+        shard.range = HashRange(0, 2**62 - 1)
+        ep.state.on_epoch()
+        selector = ep.state.served_selector("configmaps")
         assert selector is not None and selector.startswith("shardRange(object.metadata.uid,")
     finally:
         ep.stop()
@@ -216,7 +228,7 @@ def test_a_reset_cuts_a_silent_watch_at_once() -> None:
         done.wait(30)
 
     up = Upstream(silent)
-    ep = _endpoint(up.url, FakeShard(allowed=HashRange(0, MAX_HASH)))
+    ep = _endpoint(up.url, FakeShard(range=HashRange(0, MAX_HASH)))
     try:
         with (
             httpx.Client(base_url=ep.url, timeout=10) as c,
@@ -251,7 +263,7 @@ def test_watch_events_are_relayed_their_versions_issued_and_nothing_after_a_cut(
             time.sleep(0.01)
 
     up = Upstream(events)
-    ep = _endpoint(up.url, FakeShard(allowed=HashRange(0, MAX_HASH)))
+    ep = _endpoint(up.url, FakeShard(range=HashRange(0, MAX_HASH)))
     try:
         with (
             httpx.Client(base_url=ep.url, timeout=10) as c,
@@ -260,12 +272,12 @@ def test_watch_events_are_relayed_their_versions_issued_and_nothing_after_a_cut(
             lines = resp.iter_lines()
             first = [json.loads(next(lines)) for _ in range(2)]
             assert [e["object"]["metadata"]["name"] for e in first] == ["a", "b"]
-            assert ep.state.fresh("6") and ep.state.fresh("7"), "a watch may resume from a relayed event"
+            assert ep.state.fresh("configmaps", "6") and ep.state.fresh("configmaps", "7"), "a watch may resume from a relayed event"
             ep.state.reset_watches("range changed")
             go_on.set()
             rest = list(lines)
         assert len(rest) == 1 and '"code":410' in rest[0], rest
-        assert not ep.state.fresh("7")
+        assert not ep.state.fresh("configmaps", "7")
     finally:
         go_on.set()
         ep.stop()
@@ -285,7 +297,7 @@ def test_the_endpoint_refuses_a_clients_own_shard_selector_and_serves_nothing_wh
             assert "metadata.name%3Dx" in upstream.seen[-1].path, upstream.seen[-1].path
             assert "accept-encoding" not in {k.lower() for k in upstream.seen[-1].headers}, "the list is read"
             # The list's resourceVersion was handed out in this serving period: a watch may resume from it.
-            assert ep.state.fresh("5")
+            assert ep.state.fresh("configmaps", "5")
             other = c.get("/api/v1/namespaces/a/pods")
             assert other.status_code == 200 and upstream.seen[-1].path == "/api/v1/namespaces/a/pods"
             stale = c.get(CONFIGMAPS, params={"watch": "true", "resourceVersion": "4"})
@@ -298,7 +310,7 @@ def test_the_endpoint_refuses_a_clients_own_shard_selector_and_serves_nothing_wh
 
 def test_watch_true_in_odd_case_is_the_400_of_every_server(upstream: Upstream) -> None:
     """The endpoint used to take ``tRuE`` for a watch (its own parser); now the classifier's 400, as the proxy's."""
-    ep = _endpoint(upstream.url, FakeShard(allowed=HashRange(0, MAX_HASH)))
+    ep = _endpoint(upstream.url, FakeShard(range=HashRange(0, MAX_HASH)))
     expected = classify("GET", CONFIGMAPS, {"watch": "tRuE"}).invalid
     assert expected is not None
     try:
@@ -316,7 +328,7 @@ def test_writes_to_a_shard_resource_carry_the_owner_token_and_other_requests_pas
 ) -> None:
     """Which requests get the owner token in their User-Agent, and the declared rule."""
     section = _section("gadgets.bars.example.org")
-    ep = Endpoint("ext", section, FakeShard(allowed=HashRange(0, MAX_HASH)), proxy_url=upstream.url)
+    ep = Endpoint("ext", section, FakeShard(range=HashRange(0, MAX_HASH)), proxy_url=upstream.url)
     token = OwnerToken("gadget", "m-1", 0xABC, 4)
     ep.state.on_token(token)
     ep.start()
@@ -378,8 +390,8 @@ def test_a_watch_that_opens_across_a_reset_is_cut_at_once() -> None:
 
     def respond(handler: BaseHTTPRequestHandler, seen: Seen) -> None:
         if "watch=true" in seen.path:
-            shard.allowed = HashRange(0, MAX_HASH)
-            holder[0].state.reset_watches("the instance may now serve its range")  # lands while upstream
+            shard.range = HashRange(0, MAX_HASH)
+            holder[0].state.on_epoch()  # the instance may now serve its range: lands while upstream
             start_chunked(handler)
             chunk(handler, event("a", "6"))
             chunk(handler, b"")
@@ -392,12 +404,12 @@ def test_a_watch_that_opens_across_a_reset_is_cut_at_once() -> None:
     try:
         with httpx.Client(base_url=ep.url, timeout=10) as c:
             assert c.get(CONFIGMAPS).status_code == 200  # locked: serves nothing
-            assert ep.state.fresh("5")
+            assert ep.state.fresh("configmaps", "5")
             watch = c.get(CONFIGMAPS, params={"watch": "true", "resourceVersion": "5"})
             assert any("watch=true" in s.path for s in up.seen), "the watch reached the upstream"
             lines = watch.text.splitlines()
             assert len(lines) == 1 and '"type":"ERROR"' in lines[0] and '"code":410' in lines[0], lines
-            assert not ep.state.fresh("5"), "after the reset the empty list seeds no watch: the client relists"
+            assert not ep.state.fresh("configmaps", "5"), "after the reset the empty list seeds no watch: the client relists"
     finally:
         ep.stop()
         up.close()
@@ -510,8 +522,8 @@ def test_a_write_fenced_for_a_stale_epoch_makes_the_instance_take_a_fresh_epoch(
             answer(handler, 200, b"{}")
 
     upstream = Upstream(respond)
-    shard = FencingShard(allowed=HashRange(0, MAX_HASH))
-    ep = Endpoint("ext", _section("configmaps"), shard, proxy_url=upstream.url)  # type: ignore[arg-type]
+    shard = FencingShard(range=HashRange(0, MAX_HASH))
+    ep = Endpoint("ext", _section("configmaps"), shard, proxy_url=upstream.url)
     token = OwnerToken("ext", "m-1", 0xABC, 4)
     ep.state.on_token(token)
     ep.start()
