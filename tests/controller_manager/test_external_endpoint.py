@@ -40,7 +40,7 @@ import pytest
 from controller_manager.config import ExternalSection
 from controller_manager.external import Endpoint
 from controller_manager.external.serving import ISSUED_MAX
-from hashing import MAX_HASH, HashRange, ShardBy
+from hashing import MAX_HASH, HashRange
 from rangeshard.core.ownertoken import OwnerToken
 from rangeshard.core.requestinfo import classify
 from tests.helpers import wait_until
@@ -272,7 +272,9 @@ def test_watch_events_are_relayed_their_versions_issued_and_nothing_after_a_cut(
             lines = resp.iter_lines()
             first = [json.loads(next(lines)) for _ in range(2)]
             assert [e["object"]["metadata"]["name"] for e in first] == ["a", "b"]
-            assert ep.state.fresh("configmaps", "6") and ep.state.fresh("configmaps", "7"), "a watch may resume from a relayed event"
+            assert ep.state.fresh("configmaps", "6") and ep.state.fresh("configmaps", "7"), (
+                "a watch may resume from a relayed event"
+            )
             ep.state.reset_watches("range changed")
             go_on.set()
             rest = list(lines)
@@ -409,7 +411,9 @@ def test_a_watch_that_opens_across_a_reset_is_cut_at_once() -> None:
             assert any("watch=true" in s.path for s in up.seen), "the watch reached the upstream"
             lines = watch.text.splitlines()
             assert len(lines) == 1 and '"type":"ERROR"' in lines[0] and '"code":410' in lines[0], lines
-            assert not ep.state.fresh("configmaps", "5"), "after the reset the empty list seeds no watch: the client relists"
+            assert not ep.state.fresh("configmaps", "5"), (
+                "after the reset the empty list seeds no watch: the client relists"
+            )
     finally:
         ep.stop()
         up.close()
