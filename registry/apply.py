@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from rangeshard.core.errors import CompareFailed, ConfigError, RegistryError
-from registry.models import Snapshot, State
+from registry.models import Member, Snapshot, State
 from registry.rebalance import Move, Plan, owned
 from registry.registry import Registry
 
@@ -109,6 +109,24 @@ def apply_plan(
             done += 1
         snap = wait_settled(registry, plan.controller_type, timeout)
     raise CompareFailed(f"{plan.controller_type}: the plan did not converge")
+
+
+def set_key_settled(
+    registry: Registry, controller_type: str, instance_id: str, new_key: int, timeout: float
+) -> tuple[Member, Member | None]:
+    """:meth:`Registry.set_key` on a settled registry; a lost race (a heartbeat or a handover of the same type
+    landed between its read and its write) is retried from a fresh settled snapshot, a bounded number of times."""
+    for races in range(_MAX_MOVE_RACES + 1):
+        wait_settled(registry, controller_type, timeout)
+        try:
+            return registry.set_key(controller_type, instance_id, new_key)
+        except CompareFailed as e:
+            if races == _MAX_MOVE_RACES:
+                raise
+            log.info(
+                "%s: moving the key of %s lost a race (%s); re-reading the registry", controller_type, instance_id, e
+            )
+    raise CompareFailed(f"{controller_type}: moving the key of {instance_id} kept losing races")  # not reached
 
 
 @dataclass

@@ -45,7 +45,7 @@ from rangeshard.cli.tables import table_console
 from rangeshard.core.errors import ConfigError, RangeshardError
 from rangeshard.core.etcd import EtcdClient
 from registry import Registry, Snapshot
-from registry.apply import AutoPolicy, apply_plan, wait_settled
+from registry.apply import AutoPolicy, apply_plan, set_key_settled, wait_settled
 from registry.histogram import COST_UNITS_PER_SECOND
 from registry.models import check_name
 from registry.rebalance import Move, Plan, Strategy, loads_of, make_plan, max_over_mean, owned
@@ -198,7 +198,10 @@ def set_key_command(
         client, reg = _registry(etcd_options)
         with client:
             known_snapshot(reg, controller_type)
-            before, receiver = reg.set_key(controller_type, instance, new_key, dry_run=dry_run)
+            if dry_run:
+                before, receiver = reg.set_key(controller_type, instance, new_key, dry_run=True)
+            else:
+                before, receiver = set_key_settled(reg, controller_type, instance, new_key, timeout)
             giver = "its successor" if receiver is before else instance
             verb = "would move" if dry_run else "moved"
             typer.echo(

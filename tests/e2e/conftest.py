@@ -291,14 +291,18 @@ def _start_cluster(
     registry_server: EtcdServer | None = None,
     apiserver_args: list[str] | None = None,
     fenced: bool = False,
+    bookmark_interval: float = 0.2,
 ) -> Iterator[Cluster]:
-    """API server and proxy on ``etcd_url``; ``fenced``: the proxy fences writes against the registry."""
+    """API server and proxy on ``etcd_url``; ``fenced``: the proxy fences writes against the registry.
+
+    ``bookmark_interval``: how often the API server sends a watch bookmark (kube-apiserver: about once a minute).
+    """
     registry_prefix = f"/rs-{uuid.uuid4().hex[:8]}"
     local = LocalCluster(
         workdir,
         external_etcd=etcd_url,
         storage_prefix=f"/e2e-{uuid.uuid4().hex[:8]}",
-        bookmark_interval=0.2,
+        bookmark_interval=bookmark_interval,
         apiserver_args=apiserver_args or (),
         fence_registry=registry_prefix if fenced else None,
         fence_etcd=registry_etcd_url,
@@ -395,7 +399,22 @@ def members_cluster(etcd_server: EtcdServer, etcd_members: EtcdCluster, tmp_path
     yield from _fenced_cluster(etcd_server.url, etcd_members.urls, tmp_path)
 
 
-def _fenced_cluster(etcd_url: str, registry_urls: str, tmp_path: Path) -> Iterator[Cluster]:
+@pytest.fixture
+def kube_like_cluster(etcd_server: EtcdServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Cluster]:
+    """A fenced cluster whose API server bookmarks as kube-apiserver does: about once a minute.
+
+    Its watch caches get no progress on request: a consistent read of a quiet
+    resource cannot be proven fresh from the cache (the proxy lists upstream).
+    """
+    monkeypatch.setitem(globals(), "LEASE_TTL", FENCED_LEASE_TTL)
+    yield from _fenced_cluster(etcd_server.url, etcd_server.url, tmp_path, bookmark_interval=60.0)
+
+
+def _fenced_cluster(
+    etcd_url: str, registry_urls: str, tmp_path: Path, bookmark_interval: float = 0.2
+) -> Iterator[Cluster]:
     audit = tmp_path / "apiserver-audit.jsonl"
     args = ["--audit-log-path", str(audit), "--audit-level", "RequestResponse"]
-    yield from _start_cluster(etcd_url, registry_urls, tmp_path, apiserver_args=args, fenced=True)
+    yield from _start_cluster(
+        etcd_url, registry_urls, tmp_path, apiserver_args=args, fenced=True, bookmark_interval=bookmark_interval
+    )
