@@ -54,6 +54,7 @@ SECTIONS = (
     "sidecar",
     "scale",
     "chains",
+    "handover",
 )
 
 
@@ -468,6 +469,8 @@ def render(result: dict[str, Any], console: Console) -> None:
         render_scale(result["scale"], console)
     if "chains" in result:
         render_chains(result["chains"], console)
+    if "handover" in result:
+        render_handover(result["handover"], console)
     for name, err in result.get("errors", {}).items():
         console.print(f"[red]section {name} failed:[/red] {err.splitlines()[-1] if err else ''}")
 
@@ -655,6 +658,33 @@ def render_chains(ch: dict[str, Any], console: Console) -> None:
         )
 
 
+def render_handover(h: dict[str, Any], console: Console) -> None:
+    """The table of the ``handover`` section."""
+    rows = []
+    for r in h["rows"]:
+        for what in ("join", "restart"):
+            m = r[what]
+            rows.append(
+                [
+                    r["objects"],
+                    what,
+                    m["seconds"],
+                    m["upstreamBytes"],
+                    m["upstreamLists"],
+                    m["objectsToControllers"],
+                    r["oneUpstreamListBytes"],
+                ]
+            )
+    console.print(
+        _table(
+            "Handover: one join (half the hash space moves) against a restart of the controller, kube-like upstream",
+            ["pods", "event", "seconds", "upstream bytes", "upstream lists", "objects to controllers",
+             "one upstream LIST bytes"],
+            rows,
+        )
+    )  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench", description="rangeshard benchmarks (see bench/README.md)")
     p.add_argument("--quick", action="store_true", help="CI-sized run (< 60 s on 2 cores)")
@@ -665,6 +695,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scale-pods", type=int, help="scale section: pods the proxy caches (default 1000000; quick 2000)")
     p.add_argument(
         "--chains-deployments", type=int, help="chains section: Deployments (x 3 pods; default 2000; quick 30)"
+    )
+    p.add_argument(
+        "--handover-objects",
+        type=lambda v: [int(x) for x in v.split(",")],
+        help="handover section: pod counts, comma-separated (default 10000,100000; quick 2000)",
     )
     p.add_argument("-v", "--verbose", action="store_true", help="log progress (INFO)")
     args = p.parse_args(argv)
@@ -681,6 +716,7 @@ def main(argv: list[str] | None = None) -> int:
         costbalance,
         external,
         fanout,
+        handover,
         rolling,
         scale,
         scaleout,
@@ -737,6 +773,7 @@ def main(argv: list[str] | None = None) -> int:
             rate=0.0 if quick else 75.0,
         ),
     )
+    guarded("handover", lambda: handover.run(quick, workdir / "handover", sizes=args.handover_objects))
     measured_balance = "balance" in sections and not quick  # the measured part (by cost) needs ~2 min
     clustered = ("fanout", "scaleout", "rolling", "external", "sidecar")
     if any(s in sections for s in clustered) or measured_balance:

@@ -7,7 +7,8 @@ per watcher; every event reaches exactly one proxy watcher; the ranges of a
 LIST partition the cache; managers reconcile, join and take over; balance
 plans keep every object; in ``scale``, the managers' caches partition the
 ReplicaSets and the proxy's range watchers and 1/64 LISTs partition the pods;
-in ``sidecar``, every watch event arrives through the endpoint.
+in ``sidecar``, every watch event arrives through the endpoint; in
+``handover``, a join lists nothing upstream and its two ranges hold every pod.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ def test_every_section_present_without_errors(result: dict[str, Any]) -> None:
         "external",
         "sidecar",
         "scale",
+        "handover",
     )
     for section in sections:
         assert section in result, section
@@ -235,3 +237,14 @@ def test_scale_managers_partition_their_caches_and_the_proxy_its_watchers(result
         assert w["delivered"] == w["events"], w  # each event reached exactly one range watcher
         assert w["cutOff"] == 0, w
     assert [w["watchers"] for w in p["watchers"]] == [4, 32]
+
+
+@pytest.mark.slow
+def test_a_handover_lists_nothing_upstream_and_moves_half_the_pods(result: dict[str, Any]) -> None:
+    """The join is served from the proxy's cache on an upstream without bookmarks; the two ranges hold every pod."""
+    (row,) = result["handover"]["rows"]
+    join = row["join"]
+    assert join["upstreamLists"] == 0 and join["upstreamBytes"] < row["oneUpstreamListBytes"] / 10, row
+    assert sum(join["itemsPerController"]) == row["objects"] and min(join["itemsPerController"]) > 0, join
+    assert join["objectsToControllers"] >= row["objects"], join  # the giver's relist and the receiver's list
+    assert row["restart"]["upstreamLists"] == 0, row
