@@ -37,7 +37,9 @@ The order of a range change (dependents before owners)
     taken in when every watch it cut was replaced by one opened after a new
     list (client-go: list answered, store replaced, watch opened), a
     streaming list's initial-events-end bookmark was sent, or its bounded
-    wait ran out (logged).
+    wait ran out (logged); the next step follows once the controller had a
+    settle time to process what it relisted (kopf fills its indexes in
+    per-object workers after the list arrived).
 
 Invariants
     * :func:`decide` never both starts a new epoch and allows processing in
@@ -304,6 +306,8 @@ class Step:
     #: Readers to re-establish per resource (the watches the step cut; at least one if it was ever read).
     needed: dict[str, int] = field(default_factory=dict)
     done: dict[str, int] = field(default_factory=dict)
+    #: When every reader was back (the settle time counts from here).
+    taken_at: float | None = None
 
     def taken_in(self, label: str) -> None:
         """A reader of ``label`` re-established its view in the step's serving period."""
@@ -312,6 +316,14 @@ class Step:
 
     def complete(self) -> bool:
         return all(self.done.get(label, 0) >= n for label, n in self.needed.items())
+
+    def settled(self, now: float, settle: float) -> bool:
+        """Complete, and ``settle`` seconds passed since (the controller processed what it relisted)."""
+        if self.taken_at is None:
+            if not self.complete():
+                return False
+            self.taken_at = now
+        return not self.needed or now - self.taken_at >= settle
 
     def waiting_for(self) -> list[str]:
         """The resources not taken in yet, sorted."""

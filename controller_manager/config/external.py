@@ -289,6 +289,18 @@ class ExternalSection(Section):
         "shrinks. Each step waits until the controller took it in (relisted and watched again, or a streaming "
         "list's initial-events-end bookmark) or this many seconds passed (logged as a WARNING).",
     )
+    handover_settle_seconds: float = Field(
+        1.0,
+        alias="handoverSettleSeconds",
+        ge=0,
+        le=60,
+        strict=True,
+        description="After a step of a handover was taken in, how long the controller is given to process what it "
+        "relisted before the next step: a streaming list's initial-events-end bookmark is sent by the endpoint, not "
+        "acknowledged by the client, and kopf fills its indexes in per-object workers after the list arrived (give "
+        "kopf 2-3 s on a loaded host). A list-then-watch client-go controller replaced its store before it watched "
+        "again and needs none.",
+    )
     liveness_probe: LivenessProbeSection | None = Field(
         None,
         alias="livenessProbe",

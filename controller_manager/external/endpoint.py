@@ -12,8 +12,10 @@ Purpose
     replaces the controller's ``Authorization``.
 
 Invariants
-    * Everything else passes unchanged: method, path and query as sent,
-      status, headers, body (streamed as it comes).
+    * Everything else passes unchanged: method, path and query as sent
+      (but a consistent list, which asks for ``resourceVersion=0`` as
+      client-go's first list does: :func:`_cached_list`), status, headers,
+      body (streamed as it comes).
     * A list of a ``shard`` resource is answered only after its
       resourceVersion was recorded: a watch from it, sent as soon as the
       answer arrives, is fresh.
@@ -106,6 +108,7 @@ class Endpoint:
             paths={s.label: s.path for s in section.shard},
             ranks={s.label: rank(s.rule, s.via) for s in section.shard},
             step_seconds=section.handover_step_seconds,
+            settle_seconds=section.handover_settle_seconds,
         )
         #: The main resource's objects the controller was served: the instance's workload (rebalance).
         self.main_label = section.main_resource.label
@@ -180,7 +183,7 @@ class Endpoint:
             return
         write_rule = relay.write_rule(self.state.rules, info)
         if write_rule is None:
-            await self._relay(request, response, request.target, headers)
+            await self._relay(request, response, _cached_list(request, info, path, params), headers)
             return
         with self.state.write() as token:
             if token is not None:
@@ -371,6 +374,28 @@ class Endpoint:
             for ev in events:
                 self.main.event(ev)
         return delivered
+
+
+def _cached_list(request: Request, info: RequestInfo, path: str, params: dict[str, str]) -> str:
+    """The target of a relayed request: a consistent list of another resource asks for ``resourceVersion=0``.
+
+    As client-go's first list does: the proxy (or the API server) answers it
+    from its cache instead of a quorum read, which a cache cannot prove fresh
+    for a quiet resource on a real API server (an upstream LIST: kopf lists
+    namespaces and CRDs at every start). Everything else passes as sent.
+    """
+    if (
+        request.method != "GET"
+        or not info.collection
+        or info.is_watch
+        or info.resource is None
+        or params.get("resourceVersion")
+        or "continue" in params
+        or "resourceVersionMatch" in params
+    ):
+        return request.target
+    query = [(k, v) for k, v in params.items() if k != "resourceVersion"]
+    return f"{path}?{urlencode([*query, ('resourceVersion', '0')])}"
 
 
 def _status(response: Response, error: ApiError) -> None:

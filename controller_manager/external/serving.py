@@ -15,7 +15,8 @@ Purpose
       (each ends with ``ERROR 410``, the controller relists) and the next
       step waits until each was taken in (a watch opened after a new list,
       a streaming list's initial-events-end bookmark sent, or
-      ``handoverStepSeconds`` passed: logged);
+      ``handoverStepSeconds`` passed: logged) and then ``handoverSettleSeconds``
+      (the controller processes what it relisted);
     * serving periods per resource: every reset of a resource ends one,
       cuts its open watches and forgets the resourceVersions handed out in
       it, so a watch may only resume from a list or event of the period it
@@ -126,6 +127,7 @@ class ServingState:
         *,
         ranks: Mapping[str, int] | None = None,
         step_seconds: float = 10.0,
+        settle_seconds: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.name = name
@@ -136,6 +138,7 @@ class ServingState:
         self.paths = dict(paths or {})
         self.drain_seconds = drain_seconds
         self.step_seconds = step_seconds
+        self.settle_seconds = settle_seconds
         self._clock = clock
         self._lock = threading.Lock()
         self._resources = {
@@ -226,9 +229,10 @@ class ServingState:
             with self._lock:
                 step = self._step
                 if step is not None:
-                    if step.complete():
+                    now = self._clock()
+                    if step.settled(now, self.settle_seconds if self._steps else 0.0):
                         self._step = None
-                    elif step.timed_out(self._clock(), self._step_bound):
+                    elif step.taken_at is None and step.timed_out(now, self._step_bound):
                         self.steps_timed_out += 1
                         log.warning(
                             "%s: handover step %s not taken in after %.1fs (waiting for %s): going on",

@@ -301,7 +301,8 @@ def test_the_endpoint_refuses_a_clients_own_shard_selector_and_serves_nothing_wh
             # The list's resourceVersion was handed out in this serving period: a watch may resume from it.
             assert ep.state.fresh("configmaps", "5")
             other = c.get("/api/v1/namespaces/a/pods")
-            assert other.status_code == 200 and upstream.seen[-1].path == "/api/v1/namespaces/a/pods"
+            # Another resource's consistent list is asked from a cache, as client-go's first list.
+            assert other.status_code == 200 and upstream.seen[-1].path == "/api/v1/namespaces/a/pods?resourceVersion=0"
             stale = c.get(CONFIGMAPS, params={"watch": "true", "resourceVersion": "4"})
             assert stale.status_code == 200
             (line,) = stale.text.splitlines()
@@ -543,3 +544,72 @@ def test_a_write_fenced_for_a_stale_epoch_makes_the_instance_take_a_fresh_epoch(
     finally:
         ep.stop()
         upstream.close()
+
+
+def test_consistent_lists_are_asked_from_the_cache_never_older_than_what_the_controller_saw(
+    upstream: Upstream,
+) -> None:
+    """Issue 46: a handover's relists cost no upstream read, and never go back before what was handed out."""
+    ep = _endpoint(upstream.url, FakeShard(range=HashRange(0, MAX_HASH)))
+    try:
+        with httpx.Client(base_url=ep.url, timeout=10) as c:
+            c.get(CONFIGMAPS)  # nothing handed out yet: any cached state
+            assert "resourceVersion=0" in upstream.seen[-1].path
+            assert "resourceVersionMatch" not in upstream.seen[-1].path
+            c.get(CONFIGMAPS, params={"limit": "500"})  # the list answered resourceVersion 5: not older than that
+            assert "resourceVersion=5&resourceVersionMatch=NotOlderThan" in upstream.seen[-1].path
+            assert "limit=500" in upstream.seen[-1].path
+            for params in (
+                {"resourceVersion": "3"},  # the client names one: as sent
+                {"continue": "abc", "limit": "1"},  # a next page: as sent
+                {"resourceVersion": "4", "resourceVersionMatch": "Exact"},
+            ):
+                c.get(CONFIGMAPS, params=params)
+                seen = upstream.seen[-1].path
+                assert "resourceVersion=5" not in seen and "NotOlderThan" not in seen, (params, seen)
+            c.get("/api/v1/namespaces/a/pods", params={"resourceVersion": "7"})
+            assert upstream.seen[-1].path == "/api/v1/namespaces/a/pods?resourceVersion=7", "named: unchanged"
+            c.get("/api/v1/namespaces/a/pods/p1")
+            assert upstream.seen[-1].path == "/api/v1/namespaces/a/pods/p1", "a GET of one object: unchanged"
+    finally:
+        ep.stop()
+
+
+def test_a_streaming_list_needs_no_resume_point_and_its_bookmark_completes_a_step() -> None:
+    """sendInitialEvents carries its state: never a 410 for its resourceVersion; its initial-events-end bookmark
+    counts as the controller having taken the step in (client-go's WatchList)."""
+    done = threading.Event()
+    bookmark = {
+        "type": "BOOKMARK",
+        "object": {"kind": "ConfigMap", "metadata": {"resourceVersion": "9", "annotations": {
+            "k8s.io/initial-events-end": "true"}}},
+    }  # fmt: skip
+
+    def respond(handler: BaseHTTPRequestHandler, seen: Seen) -> None:
+        if "watch=" in seen.path:
+            start_chunked(handler)
+            chunk(handler, event("a", "8") + json.dumps(bookmark).encode() + b"\n")
+            done.wait(10)
+            return
+        default_respond(handler, seen)
+
+    up = Upstream(respond)
+    shard = FakeShard(range=HashRange(0, MAX_HASH))
+    ep = _endpoint(up.url, shard)
+    try:
+        with httpx.Client(base_url=ep.url, timeout=10) as c:
+            assert c.get(CONFIGMAPS).status_code == 200  # the controller read configmaps once
+            shard.range, shard.epoch = HashRange(0, MAX_HASH // 2), 1
+            ep.state.on_epoch()  # a step that cuts configmaps: the controller must read them again
+            assert not ep.state.synced(1)
+            params = {"watch": "1", "sendInitialEvents": "true", "resourceVersionMatch": "NotOlderThan",
+                      "resourceVersion": "4", "allowWatchBookmarks": "true"}  # fmt: skip
+            with c.stream("GET", CONFIGMAPS, params=params) as resp:
+                lines = resp.iter_lines()
+                assert json.loads(next(lines))["type"] == "ADDED", "not a 410: a streaming list carries its state"
+                assert json.loads(next(lines))["type"] == "BOOKMARK"
+                wait_until(lambda: ep.state.synced(1), 10, "the step taken in at the initial-events-end bookmark")
+    finally:
+        done.set()
+        ep.stop()
+        up.close()

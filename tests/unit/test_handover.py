@@ -185,6 +185,10 @@ def test_a_step_is_complete_when_every_reader_came_back_or_its_time_ran_out() ->
     assert step.complete() and step.waiting_for() == []
     assert Step({}, 0.0).complete(), "a step nobody reads is taken in at once"
     assert not step.timed_out(19.9, 10.0) and step.timed_out(20.0, 10.0)
+    assert not step.settled(11.0, 1.0) and step.taken_at == 11.0, "the settle time counts from the first look"
+    assert not step.settled(11.9, 1.0) and step.settled(12.0, 1.0)
+    assert Step({}, 0.0).settled(0.0, 5.0), "nothing read: nothing to settle"
+    assert not Step({"pods": LOW}, 0.0, needed={"pods": 1}).settled(99.0, 0.0), "not taken in: not settled"
 
 
 @pytest.mark.parametrize("target", [None, LOW, FULL, HashRange(5, MAX_HASH)])
