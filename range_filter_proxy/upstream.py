@@ -52,6 +52,7 @@ from range_filter_proxy.wire import WireObject, decode_line
 from rangeshard.core.errors import ConfigError
 from rangeshard.core.kubeapi import WATCH_LINE_PREFIXES, watch_line_prefix
 from rangeshard.core.rest import GVR, group_version_path
+from rangeshard.core.settings import check_api_url
 
 log = logging.getLogger(__name__)
 
@@ -331,15 +332,17 @@ def load_upstream_config(
     if upstream_ca is not None and (upstream is None or not upstream.startswith("https://")):
         raise ConfigError("--upstream-ca goes with an https:// --upstream URL")
     if upstream is not None:
-        if not upstream.startswith(("http://", "https://")):
-            raise ConfigError(f"--upstream must be an http:// or https:// URL, got {upstream!r}")
+        try:
+            url = check_api_url(upstream)  # the one grammar: no credentials, query or fragment
+        except ValueError as e:
+            raise ConfigError(f"--upstream: {e}") from None
         verify: ssl.SSLContext | bool = True
         if upstream_ca is not None:
             try:
                 verify = ssl.create_default_context(cafile=upstream_ca)
             except (OSError, ssl.SSLError) as e:
                 raise ConfigError(f"--upstream-ca {upstream_ca}: {e}") from e
-        return UpstreamConfig(upstream.rstrip("/"), verify)
+        return UpstreamConfig(url, verify)
     from kubernetes import client as k8s_client  # noqa: PLC0415  (slow import, only when needed)
     from kubernetes import config as k8s_config  # noqa: PLC0415
 
