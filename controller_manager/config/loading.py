@@ -9,6 +9,7 @@ Concurrency model
 
 from __future__ import annotations
 
+import re
 from collections.abc import Hashable
 from pathlib import Path
 from types import UnionType
@@ -227,6 +228,7 @@ def with_overrides(cfg: ManagerConfig, *, etcd: str | None = None, proxy: str | 
         try:
             url = check_api_url(proxy)
         except ValueError as e:
-            raise ConfigError(f"--proxy: {proxy}: {e}") from None
+            shown = re.sub(r"//[^/@]*@", "//***@", proxy)  # never a password
+            raise ConfigError(f"--proxy: {shown}: {e}") from None
         cfg = cfg.model_copy(update={"proxy": cfg.proxy.model_copy(update={"url": url})})
     return cfg

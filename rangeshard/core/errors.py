@@ -31,7 +31,7 @@ The tree::
     │   │   └── UpstreamGone        410: relist
     │   └── ProxyProcessError       (range_filter_proxy.process) the proxy child did not start
     ├── LocalApiServerError         (local_apiserver.process) the API server child did not start
-    ├── ProtobufError               (rangeshard.core.protobuf) a body that is not well-formed Kubernetes protobuf
+    ├── ProtobufError               (rangeshard.core.protobuf_wire) a body that is not well-formed Kubernetes protobuf
     │   └── UnsupportedProtobuf     (rangeshard.core.protobuf_decode) a kind or field the decoder's table lacks (415)
     ├── ReflectorError              (rangeshard.core.reflector) a list of more pages than the bound
     ├── PlanError                   (registry.rebalance) no rebalance plan can be made: nothing measured (exit 2)
