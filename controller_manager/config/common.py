@@ -19,8 +19,13 @@ from pydantic import (
     ConfigDict,
 )
 
-KNOWN_CONTROLLERS: tuple[str, ...] = ("replicaset", "deployment")
-"""Controller types a manager can run, in the order they are documented."""
+BUILTIN_CONTROLLERS: dict[str, str] = {
+    "replicaset": "controller_manager.controllers.replicaset:ReplicaSetController",
+    "deployment": "controller_manager.controllers.deployment:DeploymentController",
+}
+"""The one list of the built-in controllers: name -> ``module:Class`` (imported only when a manager runs one)."""
+KNOWN_CONTROLLERS: tuple[str, ...] = tuple(BUILTIN_CONTROLLERS)
+"""Built-in controller types, in the order they are documented."""
 
 MAX_WORKERS = 64
 DEFAULT_ETCD = "http://127.0.0.1:2379"
