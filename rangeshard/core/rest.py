@@ -30,6 +30,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import quote
 
+from hashing.resources import parse_resource_name
+
+#: ``parse_resource_name`` is re-exported: kubectl-style names are read by the one parser of :mod:`hashing.resources`.
+__all__ = [
+    "GVR",
+    "NAMESPACE_SUBRESOURCES",
+    "RestPath",
+    "group_version",
+    "group_version_path",
+    "parse_resource_name",
+    "parse_rest_path",
+    "split_group_version",
+]
+
 #: Subresources of a namespace: ``/api/v1/namespaces/<name>/<sub>`` is not a collection in ``<name>``.
 NAMESPACE_SUBRESOURCES = frozenset({"status", "finalize"})
 

@@ -161,13 +161,12 @@ def flag_name(field: str) -> str:
     return "--" + field.replace("_", "-")
 
 
-def problems_of(e: ValidationError, name: Callable[[str], str], aliases: Mapping[str, str] | None = None) -> list[str]:
+def problems_of(e: ValidationError, name: Callable[[str], str]) -> list[str]:
     """``name(field): problem`` for each error of a validation (``field`` the first step of its location)."""
     out: list[str] = []
     for err in e.errors():
         ctx = err.get("ctx") or {}
         field = str(ctx["field"]) if err["type"] == FIELD_ERROR else str(err["loc"][0]) if err["loc"] else ""
-        field = (aliases or {}).get(field, field)
         message = str(ctx["error"]) if err["type"] == "value_error" and "error" in ctx else err["msg"]
         out.append(f"{name(field)}: {message}" if field else message)
     return out
