@@ -68,7 +68,7 @@ from rangeshard.core.errors import ControllerError, ReconcileTimeout
 from rangeshard.core.loops import start_thread
 from rangeshard.core.ownertoken import OwnerToken
 from rangeshard.core.rest import GVR
-from registry.histogram import add_cost, gap_histogram, histogram
+from registry.histogram import workload_histogram
 from registry.models import MainResource
 
 log = logging.getLogger(__name__)
@@ -349,12 +349,7 @@ class ControllerRuntime(ShardHost):
     def workload(self, rng: HashRange) -> tuple[int, dict[str, Any] | None]:
         uids = [(obj.get("metadata") or {}).get("uid") for obj in self.informers[self.controller.main.name].items()]
         keys = [_uid_hash(uid) for uid in uids if uid]
-        hist = gap_histogram(keys, rng)
-        # The 256 equal-width counts of earlier versions too, for their readers (the planner reads the gaps).
-        hist["counts"] = histogram(keys, rng)
-        # Measured reconcile seconds per gap bucket (rebalance --by cost); older readers ignore it.
-        add_cost(hist, self.costs.snapshot())
-        hist["costWindowSeconds"] = self.costs.window
+        hist = workload_histogram(keys, rng, self.costs.snapshot(), self.costs.window)  # cost: rebalance --by cost
         total = sum(hist["objects"])
         self.metrics.workload.labels(self.name).set(total)
         self.metrics.cost.labels(self.name).set(round(sum(hist["cost"]), 6))

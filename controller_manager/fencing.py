@@ -9,9 +9,13 @@ Purpose
       reconciles a key, every request of that thread declares the key's
       shard hash in ``X-Rangeshard-Shard-Hash`` (:meth:`reconciling`), and
       every write to a resource the instance shards declares its rule
-      (``X-Rangeshard-Shard-By``: main resource ``uid``, dependents
-      ``owner``; :meth:`set_rules`), so the proxy judges the write by the
-      rule the informers read with;
+      (main resource ``uid``, dependents ``owner``; :meth:`set_rules`)
+      through the external endpoint's function,
+      :func:`rangeshard.core.relay.declare`: the ``X-Rangeshard-Shard-By``
+      header, so the proxy judges the write by the rule the informers read
+      with, and the ``rangeshard-shard-by/<rule>`` product token after the
+      owner token in the User-Agent, so an API server's audit log keys it
+      the same way (:mod:`controller_manager.write_audit`);
     * a ``409`` whose Status says the write was fenced
       (:func:`rangeshard.core.ownertoken.fence_reason`; an ordinary
       optimistic-concurrency conflict has no such details) raises
@@ -41,12 +45,12 @@ from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
-import orjson
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from hashing import ShardBy
 from rangeshard.core.errors import ControllerError
+from rangeshard.core.kubeapi import read_status, status_message
 from rangeshard.core.ownertoken import (
     SHARD_BY_HEADER,
     SHARD_HASH_HEADER,
@@ -55,7 +59,7 @@ from rangeshard.core.ownertoken import (
     format_shard_hash,
     plain_user_agent,
 )
-from rangeshard.core.relay import write_rule
+from rangeshard.core.relay import declare, write_rule
 from rangeshard.core.requestinfo import classify, is_write
 from rangeshard.core.tokenfile import BearerTokenFile
 
@@ -113,10 +117,14 @@ class FencedApiClient(k8s.ApiClient):  # type: ignore[misc,unused-ignore]
             if shard_hash is not None:
                 extra[SHARD_HASH_HEADER] = shard_hash
             rule = write_rule(self.rules, classify(method, urlsplit(url).path, {})) if self.rules else None
-            if rule is not None:
-                extra[SHARD_BY_HEADER] = rule.value
-            if extra:
-                header_params = {**(header_params or {}), **extra}
+            header_params = {**(header_params or {}), **extra}
+            if rule is not None and token is not None:
+                # Declared as the external endpoint declares: the one relay function (token and rule in the
+                # User-Agent, which an API server's audit log records, and the rule header for the proxy).
+                own = [(k, v) for k, v in header_params.items() if k.lower() != "user-agent"]
+                header_params = dict(declare(own, token, rule))
+            elif rule is not None:
+                header_params[SHARD_BY_HEADER] = rule.value
         try:
             response = super().call_api(method, url, header_params, body, post_params, _request_timeout)
         except ApiException as e:
@@ -130,15 +138,10 @@ class FencedApiClient(k8s.ApiClient):  # type: ignore[misc,unused-ignore]
 
 
 def _raise_if_fenced(token: OwnerToken | None, body: Any) -> None:
-    if not body:
-        return
-    try:
-        status = orjson.loads(body)
-    except (orjson.JSONDecodeError, TypeError):
-        return
+    status = read_status(body) if isinstance(body, bytes | str) and body else None
     reason = fence_reason(status)
-    if reason is not None:
-        raise WriteFenced(token, reason, str(status.get("message") or "write fenced"))
+    if status is not None and reason is not None:
+        raise WriteFenced(token, reason, status_message(status, "write fenced"))
 
 
 def api_client_for(url: str, token_file: str | None = None, ca_cert: str | None = None) -> Any:

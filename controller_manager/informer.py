@@ -42,7 +42,6 @@ Concurrency model
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import threading
 import time
@@ -56,6 +55,7 @@ from kubernetes.watch.watch import iter_resp_lines
 from controller_manager.resources import Resource, object_key, raw_request
 from hashing import HashRange, range_to_selector
 from rangeshard.core.backoff import Backoff
+from rangeshard.core.kubeapi import status_message
 from rangeshard.core.loops import start_thread
 from rangeshard.core.reflector import LIST_PAGE_SIZE, Phase, Reflector
 
@@ -264,7 +264,7 @@ class Informer:
                 etype = event.get("type")
                 obj = event.get("object") or {}
                 if etype == "ERROR":
-                    raise ApiException(status=obj.get("code"), reason=str(obj.get("message") or "watch error"))
+                    raise ApiException(status=obj.get("code"), reason=status_message(obj, "watch error"))
                 rv = str((obj.get("metadata") or {}).get("resourceVersion") or rv)
                 if etype not in ("ADDED", "MODIFIED", "DELETED"):
                     continue
@@ -306,14 +306,4 @@ def _give_back(resp: Any, ended: bool) -> None:
 
 def _status_message(e: ApiException) -> str:
     """The ``message`` of the Kubernetes ``Status`` in an API error's body, else its reason."""
-    body = e.body
-    if isinstance(body, bytes):
-        body = body.decode("utf-8", "replace")
-    if isinstance(body, str) and body.startswith("{"):
-        try:
-            message = json.loads(body).get("message")
-        except (ValueError, AttributeError):
-            message = None
-        if isinstance(message, str) and message:
-            return message[:300]
-    return str(e.reason or "")[:300]
+    return status_message(e.body, str(e.reason or ""))[:300]

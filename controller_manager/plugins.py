@@ -65,9 +65,9 @@ def _entry_points() -> dict[str, list[metadata.EntryPoint]]:
 
 def _builtins() -> Mapping[str, type[Controller]]:
     """The built-in controllers; the framework (and the official client) is imported only when a class is needed."""
-    from controller_manager.controllers import CONTROLLERS  # noqa: PLC0415 (not for external-only managers)
+    from controller_manager.config.common import BUILTIN_CONTROLLERS  # noqa: PLC0415
 
-    return CONTROLLERS
+    return {name: import_target(target) for name, target in BUILTIN_CONTROLLERS.items()}
 
 
 def available() -> dict[str, str]:

@@ -15,17 +15,17 @@ Purpose
     The shard key of a write (per controller type) follows the shard rule
     the writer declared (:class:`hashing.ShardBy`, read from the
     ``rangeshard-shard-by/<rule>`` product token of its User-Agent, which the
-    external endpoint adds to every write it tags): ``uid`` the object's own
+    external endpoint and the in-process controllers' client add to every
+    write to a sharded resource, through the one function
+    :func:`rangeshard.core.relay.declare`): ``uid`` the object's own
     uid, ``owner`` its controller ownerReference's uid (its own uid when it
     has none), ``namespace`` its namespace, ``root`` the top of its chain of
     controller ownerReferences as the log's objects show it (every owner the
     log saw is followed, at most ``hashing.MAX_CHAIN``; the proxy follows only
     the ``via`` kinds, so a chain through a kind outside them is keyed higher
-    here than there: a conservative check). A write that declares no rule is
-    keyed as the type's informers shard: for a write to the type's main
-    resource the object's own uid; for a write to one of its dependents (or
-    by an unknown type) the uid of the object's controller ownerReference,
-    else its own uid. Owners are
+    here than there: a conservative check). A write that declares no rule (a
+    resource its writer does not shard) is keyed by the uid of the object's
+    controller ownerReference, else its own uid. Owners are
     read from ``requestObject``/``responseObject`` (level ``Request`` or
     ``RequestResponse``) and remembered per object uid, so deletes (whose
     bodies are DeleteOptions) are attributed too; an event naming no uid
@@ -60,9 +60,6 @@ from rangeshard.core.errors import ConfigError
 from rangeshard.core.ownertoken import OwnerToken, declared_shard_by
 
 WRITE_VERBS = frozenset({"create", "update", "patch", "delete"})
-#: The main resource of each built-in controller type (``main`` of its class in ``CONTROLLERS``, checked equal by
-#: tests): the controllers import the reconcile audit, whose command line runs this check, so no import of them here.
-MAIN_RESOURCES: Mapping[str, str] = {"replicaset": "replicasets", "deployment": "deployments"}
 
 
 @dataclass(frozen=True)
@@ -141,21 +138,16 @@ def _own_uid(obj: Any) -> str | None:
 
 
 def _shard_key(
-    ev: Mapping[str, Any],
-    token: OwnerToken,
-    resource: str,
-    namespace: str,
-    uid: str | None,
-    owner_of: Mapping[str, str | None],
+    ev: Mapping[str, Any], namespace: str, uid: str | None, owner_of: Mapping[str, str | None]
 ) -> str | None:
-    """The shard key of one write by the writer's declared rule, else the type's informers' (module docstring)."""
+    """The shard key of one write by the writer's declared rule, else by its owner (module docstring)."""
     try:
         rule = declared_shard_by(None, ev.get("userAgent"))
     except ValueError:
         rule = None
     if rule is ShardBy.NAMESPACE:
         return f"namespace/{namespace}" if namespace else None
-    if rule is ShardBy.UID or (rule is None and resource == MAIN_RESOURCES.get(token.controller_type)):
+    if rule is ShardBy.UID:
         return uid
     owner = owner_of.get(uid) if uid is not None else None
     if rule is ShardBy.ROOT and owner:
@@ -210,7 +202,7 @@ def check(events: Iterable[Mapping[str, Any]]) -> Report:
         )
         report.writes += 1
         tokens.add(token)
-        shard_key = _shard_key(ev, token, resource, namespace, uid, owner_of)
+        shard_key = _shard_key(ev, namespace, uid, owner_of)
         if shard_key is None and write.name:
             # Nothing says which object (a Metadata-level log without uids): the object's name is the key.
             shard_key = f"{resource}/{write.namespace}/{write.name}"

@@ -19,7 +19,9 @@ Modules
     audit alike -- ``uid``, ``owner``, ``namespace``, ``root`` through ``via``
     kinds; ``ObjectHashes``), ``ranges`` (``HashRange`` and
     splitting), ``selector`` (the KEP-5866 ``shardSelector`` grammar: parse,
-    print canonically, match).
+    print canonically, match), ``resources`` (the one parser of kubectl-style
+    resource names, behind ``via``, ``--resources`` and the manager's shard
+    entries).
 
 Concurrency model
     Everything here is immutable or a pure function; safe from any thread or

@@ -51,12 +51,12 @@ from __future__ import annotations
 
 import enum
 import functools
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from hashing.keys import controller_owner_uid, fnv1a_64
+from hashing.resources import resource_label
 
 UID_PATH = "object.metadata.uid"
 NAMESPACE_PATH = "object.metadata.namespace"
@@ -69,27 +69,20 @@ PATHS = (UID_PATH, NAMESPACE_PATH, OWNER_PATH, ROOT_PATH)
 MAX_CHAIN = 8
 _ROOT_PREFIX = "object.metadata.ownerReferences.root("
 _ROOT_SUFFIX = ").uid"
-_VIA_RE = re.compile(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*")
 
 
 def canonical_via(via: Iterable[str]) -> tuple[str, ...]:
     """``via`` kinds as a root path spells them: ``resource.group`` (version dropped), sorted, each once.
 
-    ``ValueError`` naming the entry for anything that is not a lowercase
-    resource name (``replicasets.apps``, ``replicasets.v1.apps``, ``pods``).
+    Each entry is read by the one resource-name parser (:func:`hashing.resources.resource_label`):
+    ``ValueError`` naming the entry for anything that is not a lowercase resource name.
     """
     out: set[str] = set()
     for entry in via:
-        name = entry.strip() if isinstance(entry, str) else ""
-        if not name or not _VIA_RE.fullmatch(name):
-            raise ValueError(f"via entry {entry!r} is not a resource like replicasets.apps")
-        resource, _, rest = name.partition(".")
-        version, dot, group = rest.partition(".")
-        if dot and re.fullmatch(r"v[0-9]+((alpha|beta)[0-9]+)?", version):
-            name = f"{resource}.{group}"
-        elif not dot and re.fullmatch(r"v[0-9]+((alpha|beta)[0-9]+)?", version):
-            name = resource  # pods.v1: the core group
-        out.add(name)
+        try:
+            out.add(resource_label(entry))
+        except ValueError as e:
+            raise ValueError(f"via entry {entry!r} is not a resource like replicasets.apps") from e
     return tuple(sorted(out))
 
 

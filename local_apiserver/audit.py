@@ -51,8 +51,8 @@ from fastapi.responses import Response, StreamingResponse
 
 from rangeshard.core.errors import ConfigError
 from rangeshard.core.kubeapi import Attributes, UserInfo
-from rangeshard.core.protobuf import MAGIC, ProtobufError
 from rangeshard.core.protobuf_decode import decode_delete_options, decode_object
+from rangeshard.core.protobuf_wire import MAGIC, ProtobufError
 from rangeshard.core.requestinfo import is_write
 from rangeshard.core.timestamps import format_micro_time
 

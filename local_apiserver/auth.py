@@ -4,17 +4,9 @@ Purpose
     With ``--token-file FILE`` the local API server authenticates every
     request by its ``Authorization: Bearer <token>`` header against the file
     (kube-apiserver's ``--token-auth-file`` format: CSV lines
-    ``token,user,uid[,"group1,group2"]``) and authorizes it with one built-in
-    policy, documented in ``docs/security.md``:
-
-    * group ``system:masters`` may do anything;
-    * group ``rangeshard:readers`` may ``get``, ``list`` and ``watch`` every
-      resource;
-    * group ``rangeshard:auth-delegators`` may ``create`` ``tokenreviews``
-      (authentication.k8s.io) and ``subjectaccessreviews``
-      (authorization.k8s.io), which is what a proxy in ``delegate`` mode needs;
-    * every authenticated user may ``GET`` non-resource paths (discovery,
-      ``/version``, ``/metrics``), and nothing else.
+    ``token,user,uid[,"group1,group2"]``) and authorizes it with the static
+    policy the proxy's ``static`` mode uses too (:mod:`rangeshard.core.policy`,
+    documented in ``docs/security.md``).
 
     :func:`token_review` and :func:`subject_access_review` answer the
     ``TokenReview`` and ``SubjectAccessReview`` APIs from the same file and
@@ -39,33 +31,9 @@ from typing import Any
 
 from local_apiserver.errors import bad_request, invalid_request
 from rangeshard.core.kubeapi import Attributes, StaticTokens, UserInfo
+from rangeshard.core.policy import authorize
 
 log = logging.getLogger(__name__)
-
-MASTERS = "system:masters"
-AUTH_DELEGATORS = "rangeshard:auth-delegators"
-READERS = "rangeshard:readers"
-READ_VERBS = frozenset({"get", "list", "watch"})
-REVIEW_RESOURCES = frozenset(
-    {("authentication.k8s.io", "tokenreviews"), ("authorization.k8s.io", "subjectaccessreviews")}
-)
-#: Paths answered without authentication (probes), as kube-apiserver's public-info rule does.
-PUBLIC_PATHS = frozenset({"/healthz", "/livez", "/readyz"})
-
-
-def authorize(user: UserInfo, attrs: Attributes) -> tuple[bool, str]:
-    """The built-in policy (module docstring): ``(allowed, reason)``."""
-    if MASTERS in user.groups:
-        return True, f"group {MASTERS} may do anything"
-    if not attrs.resource:
-        if attrs.verb in ("get", "head"):
-            return True, "authenticated users may read non-resource paths"
-        return False, "only get on non-resource paths is allowed"
-    if attrs.verb in READ_VERBS and READERS in user.groups:
-        return True, f"group {READERS} may get, list and watch"
-    if attrs.verb == "create" and (attrs.group, attrs.resource) in REVIEW_RESOURCES and AUTH_DELEGATORS in user.groups:
-        return True, f"group {AUTH_DELEGATORS} may create {attrs.resource}"
-    return False, "no rule of the built-in policy allows it"
 
 
 def _object(body: Any, kind: str, api_version: str) -> dict[str, Any]:

@@ -38,7 +38,7 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from local_apiserver import fieldvalidation, tables
-from local_apiserver.auth import authorize, subject_access_review, token_review
+from local_apiserver.auth import subject_access_review, token_review
 from local_apiserver.errors import (
     ApiError,
     bad_request,
@@ -72,6 +72,7 @@ from local_apiserver.watch import WatchRequest, watch_events
 from rangeshard.core import requestinfo
 from rangeshard.core.kubeapi import Attributes, UserInfo, forbidden, unauthorized
 from rangeshard.core.listoptions import ListQuery, parse_bool
+from rangeshard.core.policy import authorize
 from rangeshard.core.protobuf_decode import decode_delete_options
 
 log = logging.getLogger(__name__)

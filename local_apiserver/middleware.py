@@ -3,8 +3,10 @@
 Purpose
     :class:`Authenticate` rejects every request without a valid bearer token
     with ``401 Unauthorized`` (except the probes ``/healthz``, ``/livez``,
-    ``/readyz``) and stores the user in ``scope["state"]["user"]`` for the
-    handlers' authorization. The request body limit (413) is the
+    ``/readyz``), answers a non-resource path the static policy
+    (:mod:`rangeshard.core.policy`) does not allow with ``403``, and stores
+    the user in ``scope["state"]["user"]`` for the handlers' authorization of
+    resource requests. The request body limit (413) is the
     :class:`rangeshard.core.kubeapi.BodyLimit` the proxy uses too.
 
 Invariants
@@ -21,8 +23,9 @@ from typing import Any
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from local_apiserver.auth import PUBLIC_PATHS
-from rangeshard.core.kubeapi import StaticTokens, send_status, unauthorized
+from rangeshard.core.kubeapi import Attributes, StaticTokens, forbidden, send_status, unauthorized
+from rangeshard.core.policy import PUBLIC_PATHS, authorize
+from rangeshard.core.rest import parse_rest_path
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +53,12 @@ class Authenticate:
             log.debug("unauthenticated %s %s", scope.get("method"), scope.get("path"))
             await send_status(send, unauthorized())
             return
+        path = str(scope.get("path") or "/")
+        if parse_rest_path(path) is None:  # a non-resource path: the policy decides here
+            attrs = Attributes(verb=str(scope.get("method") or "GET").lower(), path=path)
+            if not authorize(user, attrs)[0]:
+                await send_status(send, forbidden(user, attrs))
+                return
         state: dict[str, Any] = scope.setdefault("state", {})
         state["user"] = user
         await self.app(scope, receive, send)

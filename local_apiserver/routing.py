@@ -39,8 +39,8 @@ from local_apiserver.resources import ResourceSpec
 from local_apiserver.state import in_thread
 from rangeshard.core.fieldlabels import field_labels
 from rangeshard.core.kubeapi import media_ranges
-from rangeshard.core.protobuf import PROTOBUF_MEDIA_TYPE, ProtobufError
 from rangeshard.core.protobuf_decode import UnsupportedProtobuf, decode_object
+from rangeshard.core.protobuf_wire import PROTOBUF_MEDIA_TYPE, ProtobufError
 from rangeshard.core.rest import group_version, parse_rest_path, split_group_version
 from rangeshard.core.selectors import FieldSelector, LabelSelector, parse_field_selector, parse_label_selector
 

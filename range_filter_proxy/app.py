@@ -47,6 +47,7 @@ from fastapi.responses import PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.requests import ClientDisconnect
 
+from hashing.resources import parse_resource_name
 from range_filter_proxy.auth import AuthMode, AuthSettings, ProxyAuth
 from range_filter_proxy.cache import CacheManager
 from range_filter_proxy.cached import CacheSettings
@@ -66,7 +67,6 @@ from rangeshard.core.kubeapi import DEFAULT_MAX_BODY_BYTES, ApiError, BodyLimit,
 from rangeshard.core.kubeapi import Attributes as AuthAttributes
 from rangeshard.core.loops import probe_loop_lag, start_task
 from rangeshard.core.requestinfo import classify
-from rangeshard.core.rest import parse_resource_name
 from rangeshard.core.serving import ShutdownSignal
 
 log = logging.getLogger(__name__)

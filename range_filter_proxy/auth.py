@@ -70,13 +70,11 @@ from rangeshard.core.kubeapi import (
     token_digest,
     unauthorized,
 )
-from rangeshard.core.rest import GVR, split_group_version
+from rangeshard.core.policy import authorize as static_policy
+from rangeshard.core.rest import GVR
 
 log = logging.getLogger(__name__)
 
-MASTERS = "system:masters"
-READERS = "rangeshard:readers"
-READ_VERBS = frozenset({"get", "list", "watch"})
 #: The review resources ``delegate`` mode posts to.
 TOKEN_REVIEWS = GVR("authentication.k8s.io", "v1", "tokenreviews")
 SUBJECT_ACCESS_REVIEWS = GVR("authorization.k8s.io", "v1", "subjectaccessreviews")
@@ -135,24 +133,6 @@ class TtlCache(Generic[K, V]):
         return len(self._data)
 
 
-def _is_discovery(path: str) -> bool:
-    segs = [s for s in path.split("/") if s]
-    if segs in (["version"], ["api"], ["apis"], ["metrics"]) or (len(segs) == 2 and segs[0] == "apis"):
-        return True
-    split = split_group_version("/".join(segs))  # a group/version's root: /api/v1, /apis/apps/v1
-    return split is not None and not split[2]
-
-
-def static_policy(user: UserInfo, attrs: Attributes) -> bool:
-    """The ``static`` mode policy (module docstring)."""
-    if MASTERS in user.groups:
-        return True
-    read = attrs.verb in READ_VERBS or attrs.verb == "head"
-    if read and READERS in user.groups:
-        return True
-    return read and not attrs.resource and _is_discovery(attrs.path)
-
-
 def _review_failed(what: str, e: UpstreamError) -> ApiError:
     log.warning("%s failed: %s", what, e)
     return ApiError(503, "ServiceUnavailable", f"the proxy could not verify the request: {what} failed (HTTP {e.code})")
@@ -204,7 +184,7 @@ class ProxyAuth:
         if user is None:
             raise unauthorized()
         if self.mode is AuthMode.STATIC:
-            if not static_policy(user, attrs):
+            if not static_policy(user, attrs)[0]:
                 raise forbidden(user, attrs)
             return
         hit, answer = self._authz.get((user, attrs))

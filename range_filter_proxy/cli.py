@@ -1,18 +1,21 @@
 """The ``rangeshard proxy`` command (also ``python -m range_filter_proxy``).
 
 Purpose
-    :func:`proxy_command` parses the options (typer; each declared once
-    below as an ``Annotated`` type), loads the upstream configuration (URL,
-    kubeconfig or in-cluster), turns the rest into the proxy's settings root
-    (:func:`proxy_settings` -> :class:`range_filter_proxy.app.ProxySettings`)
-    and serves :func:`range_filter_proxy.app.create_app` with uvicorn until
-    SIGINT/SIGTERM. The project CLI registers this function as
-    ``rangeshard proxy``.
+    :class:`ProxyFlags` is the command line as a pydantic model (each option
+    declared once, as a field; the shared grammars of
+    :mod:`rangeshard.core.settings`: ``--port``, ``--upstream``,
+    ``--registry-prefix``, ``--etcd``, ``--resources``);
+    :func:`proxy_command` (made by
+    :func:`rangeshard.core.settings.flag_command`) reads the options into it,
+    loads the upstream configuration (URL, kubeconfig or in-cluster), turns
+    the rest into the proxy's settings root (:func:`proxy_settings` ->
+    :class:`range_filter_proxy.app.ProxySettings`) and serves
+    :func:`range_filter_proxy.app.create_app` with uvicorn until
+    SIGINT/SIGTERM. The project CLI registers it as ``rangeshard proxy``.
 
 Invariants
     * Exactly one of ``--upstream``, ``--kubeconfig`` or ``--in-cluster``;
-      anything else is a :class:`rangeshard.core.errors.ConfigError`, reported with
-      exit code 2.
+      a bad value or combination exits 2 with ``error: --flag: problem``.
     * Library code configures no logging handlers; this entry point calls
       :func:`rangeshard.core.logs.configure_logging`, as every other does.
     * Binds to 127.0.0.1 unless ``--host`` says otherwise; ``--auth-mode``
@@ -32,251 +35,151 @@ Concurrency model
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Literal, Self
 
 import typer
+from pydantic import Field, model_validator
 
 from rangeshard.core.errors import ConfigError
-from rangeshard.core.options import (
-    LOOPBACK_HOSTS,
-    CaCertOpt,
-    CertOpt,
-    HostOpt,
-    KeyOpt,
-    LogLevelOpt,
-    MaxBodyOpt,
-    PasswordOpt,
-    TlsCertOpt,
-    TlsKeyOpt,
-    UserOpt,
-    check_serving_options,
-    config_from_options,
+from rangeshard.core.settings import (
+    ApiUrl,
+    EtcdClientFlags,
+    EtcdEndpoints,
+    ExistingFile,
+    KeyPrefix,
+    Port,
+    ResourceNames,
+    ServingFlags,
+    field_error,
+    flag_command,
 )
 
 if TYPE_CHECKING:
     from range_filter_proxy.app import ProxySettings
-    from range_filter_proxy.auth import AuthSettings
-    from range_filter_proxy.fencing import FenceSettings
 
-UpstreamOpt = Annotated[str | None, typer.Option("--upstream", help="Upstream API server URL (no credentials)")]
-KubeconfigOpt = Annotated[
-    str | None, typer.Option("--kubeconfig", help="Take upstream URL, TLS and credentials from this kubeconfig")
-]
-ContextOpt = Annotated[str | None, typer.Option("--context", help="kubeconfig context to use")]
-InClusterOpt = Annotated[bool, typer.Option("--in-cluster", help="Use the pod's service account config")]
-PortOpt = Annotated[int, typer.Option("--port", help="Port to listen on")]
-ResourcesOpt = Annotated[
-    str,
-    typer.Option("--resources", help="Comma-separated resources to cache from start-up, e.g. pods,replicasets.apps"),
-]
-BookmarkIntervalOpt = Annotated[
-    float, typer.Option("--bookmark-interval", help="Seconds between bookmarks of a quiet watch")
-]
-HistoryEventsOpt = Annotated[
-    int, typer.Option("--history-events", help="Events kept per resource for resuming watches (at least)")
-]
-HistorySecondsOpt = Annotated[
-    float, typer.Option("--history-seconds", help="Seconds of events kept per resource (at least)")
-]
-ConsistentReadTimeoutOpt = Annotated[
-    float,
-    typer.Option(
-        "--consistent-read-timeout",
-        help="Seconds a consistent read waits for the cache before listing upstream instead",
-    ),
-]
-UpstreamCaOpt = Annotated[
-    str | None, typer.Option("--upstream-ca", help="PEM CA bundle verifying an https:// --upstream")
-]
-AuthModeOpt = Annotated[
-    str,
-    typer.Option(
-        "--auth-mode",
-        help="Who may read through the proxy: none (anybody who reaches the port), "
+
+class ProxyFlags(ServingFlags, EtcdClientFlags):
+    """The options of ``rangeshard proxy`` (each field is ``--field-name``)."""
+
+    upstream: ApiUrl | None = Field(None, description="Upstream API server URL (no credentials, query or fragment)")
+    kubeconfig: str | None = Field(None, description="Take upstream URL, TLS and credentials from this kubeconfig")
+    context: str | None = Field(None, description="kubeconfig context to use")
+    in_cluster: bool = Field(False, description="Use the pod's service account config")
+    port: Port = Field(8001, description="Port to listen on")
+    resources: ResourceNames = Field(
+        (), description="Comma-separated resources to cache from start-up, e.g. pods,replicasets.apps"
+    )
+    bookmark_interval: float = Field(10.0, gt=0, description="Seconds between bookmarks of a quiet watch")
+    history_events: int = Field(10_000, ge=1, description="Events kept per resource for resuming watches (at least)")
+    history_seconds: float = Field(300.0, ge=0, description="Seconds of events kept per resource (at least)")
+    consistent_read_timeout: float = Field(
+        0.5, ge=0, description="Seconds a consistent read waits for the cache before listing upstream instead"
+    )
+    upstream_ca: ExistingFile | None = Field(None, description="PEM CA bundle verifying an https:// --upstream")
+    auth_mode: Literal["none", "static", "delegate"] = Field(
+        "none",
+        description="Who may read through the proxy: none (anybody who reaches the port), "
         "static (--token-file), delegate (TokenReview + SubjectAccessReview against the upstream)",
-    ),
-]
-TokenFileOpt = Annotated[
-    str | None,
-    typer.Option("--token-file", help='Tokens of --auth-mode static: CSV lines token,user,uid[,"group1,group2"]'),
-]
-AuthCacheTtlOpt = Annotated[
-    float, typer.Option("--auth-cache-ttl", help="Seconds a delegated review answer is cached (0: never)")
-]
-AuthCacheSizeOpt = Annotated[int, typer.Option("--auth-cache-size", help="Entries kept in each delegated review cache")]
-GcFreezeOpt = Annotated[
-    float,
-    typer.Option(
-        "--gc-freeze-interval",
-        help="Seconds between collect-and-freeze passes that keep garbage-collector pauses short "
+    )
+    token_file: ExistingFile | None = Field(
+        None, description='Tokens of --auth-mode static: CSV lines token,user,uid[,"group1,group2"]'
+    )
+    auth_cache_ttl: float = Field(10.0, ge=0, description="Seconds a delegated review answer is cached (0: never)")
+    auth_cache_size: int = Field(10_000, ge=1, description="Entries kept in each delegated review cache")
+    gc_freeze_interval: float = Field(
+        0.25,
+        ge=0,
+        description="Seconds between collect-and-freeze passes that keep garbage-collector pauses short "
         "with large caches (0: leave the collector alone)",
-    ),
-]
-GcFullOpt = Annotated[
-    float, typer.Option("--gc-full-interval", help="Seconds between complete collections of the frozen heap")
-]
-EtcdOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--etcd",
-        help="Turn on write fencing: etcd endpoints URL[,URL...] of the instance registry. Writes carrying a "
+    )
+    gc_full_interval: float = Field(3600.0, description="Seconds between complete collections of the frozen heap")
+    etcd: EtcdEndpoints | None = Field(
+        None,
+        description="Turn on write fencing: etcd endpoints URL[,URL...] of the instance registry. Writes carrying a "
         "controller manager's owner token are forwarded only while it owns the object (else 409)",
-        show_default=False,
-    ),
-]
-RegistryPrefixOpt = Annotated[str, typer.Option("--registry-prefix", help="Registry key prefix in etcd (with --etcd)")]
+    )
+    registry_prefix: KeyPrefix = Field("/rangeshard", description="Registry key prefix in etcd (with --etcd)")
+
+    @model_validator(mode="after")
+    def _combinations(self) -> Self:
+        if sum([self.upstream is not None, self.kubeconfig is not None, self.in_cluster]) != 1:
+            raise field_error("upstream", "give exactly one of --upstream URL, --kubeconfig FILE or --in-cluster")
+        if self.upstream_ca is not None and not (self.upstream or "").startswith("https://"):
+            raise field_error("upstream_ca", "goes with an https:// --upstream URL")
+        if (self.token_file is not None) != (self.auth_mode == "static"):
+            raise field_error("token_file", "is needed by --auth-mode static and used by it alone")
+        if self.gc_freeze_interval > 0 and self.gc_full_interval < self.gc_freeze_interval:
+            raise field_error("gc_full_interval", "must be >= --gc-freeze-interval")
+        if self.etcd is None and self.etcd_options_given():
+            raise field_error("etcd", "--etcd-cacert/--etcd-cert/--etcd-key/--etcd-user/--etcd-password need --etcd")
+        return self
 
 
-def proxy_command(
-    upstream: UpstreamOpt = None,
-    kubeconfig: KubeconfigOpt = None,
-    context: ContextOpt = None,
-    in_cluster: InClusterOpt = False,
-    port: PortOpt = 8001,
-    host: HostOpt = "127.0.0.1",
-    resources: ResourcesOpt = "",
-    bookmark_interval: BookmarkIntervalOpt = 10.0,
-    history_events: HistoryEventsOpt = 10_000,
-    history_seconds: HistorySecondsOpt = 300.0,
-    consistent_read_timeout: ConsistentReadTimeoutOpt = 0.5,
-    log_level: LogLevelOpt = "info",
-    upstream_ca: UpstreamCaOpt = None,
-    tls_cert: TlsCertOpt = None,
-    tls_key: TlsKeyOpt = None,
-    auth_mode: AuthModeOpt = "none",
-    token_file: TokenFileOpt = None,
-    auth_cache_ttl: AuthCacheTtlOpt = 10.0,
-    auth_cache_size: AuthCacheSizeOpt = 10_000,
-    max_request_body_bytes: MaxBodyOpt = 3 * 1024 * 1024,
-    gc_freeze_interval: GcFreezeOpt = 0.25,
-    gc_full_interval: GcFullOpt = 3600.0,
-    etcd: EtcdOpt = None,
-    registry_prefix: RegistryPrefixOpt = "/rangeshard",
-    etcd_cacert: CaCertOpt = None,
-    etcd_cert: CertOpt = None,
-    etcd_key: KeyOpt = None,
-    etcd_user: UserOpt = None,
-    etcd_password: PasswordOpt = None,
-) -> None:
-    """Serve the range filter proxy: shard-filtered list/watch from one shared watch per resource."""
-    options = dict(locals())  # every option by name, for proxy_settings
+def _serve(flags: ProxyFlags) -> None:
     from range_filter_proxy.app import create_app  # noqa: PLC0415
     from range_filter_proxy.upstream import load_upstream_config  # noqa: PLC0415
     from rangeshard.core.logs import configure_logging  # noqa: PLC0415
     from rangeshard.core.serving import serve  # noqa: PLC0415  (keep `rangeshard --help` fast)
 
     try:
-        level = configure_logging(log_level)
-        config = load_upstream_config(upstream, kubeconfig, context, in_cluster, upstream_ca)
-        app = create_app(config, proxy_settings(**options))
+        level = configure_logging(flags.log_level)
+        config = load_upstream_config(
+            flags.upstream, flags.kubeconfig, flags.context, flags.in_cluster, flags.upstream_ca
+        )
+        app = create_app(config, proxy_settings(flags))
     except ConfigError as e:
         for problem in e.problems:
             typer.echo(f"error: {problem}", err=True)
         raise typer.Exit(2) from e
-    if auth_mode == "none" and host not in LOOPBACK_HOSTS:
+    if flags.auth_mode == "none" and not flags.loopback:
         logging.getLogger(__name__).warning(
             "listening on %s with --auth-mode none: anybody who reaches the port reads every cached resource "
             "with the proxy's credentials (see docs/security.md)",
-            host,
+            flags.host,
         )
     serve(
         app,
         app.state.proxy.shutdown,
-        host=host,
-        port=port,
-        log_level=log_level.lower(),
+        host=flags.host,
+        port=flags.port,
+        log_level=flags.log_level,
         access_log=level <= logging.DEBUG,
         timeout_graceful_shutdown=5,
-        ssl_certfile=tls_cert,
-        ssl_keyfile=tls_key,
+        ssl_certfile=flags.tls_cert,
+        ssl_keyfile=flags.tls_key,
     )
 
 
-def proxy_settings(
-    *,
-    resources: str,
-    bookmark_interval: float,
-    history_events: int,
-    history_seconds: float,
-    consistent_read_timeout: float,
-    tls_cert: str | None,
-    tls_key: str | None,
-    auth_mode: str,
-    token_file: str | None,
-    auth_cache_ttl: float,
-    auth_cache_size: int,
-    max_request_body_bytes: int,
-    gc_freeze_interval: float,
-    gc_full_interval: float,
-    etcd: str | None,
-    registry_prefix: str,
-    etcd_cacert: str | None,
-    etcd_cert: str | None,
-    etcd_key: str | None,
-    etcd_user: str | None,
-    etcd_password: str | None,
-    **_other: Any,
-) -> ProxySettings:
-    """The settings root of the command's options (``ConfigError`` naming the flag for a bad value)."""
+proxy_command = flag_command(
+    ProxyFlags, _serve, "Serve the range filter proxy: shard-filtered list/watch from one shared watch per resource."
+)
+
+
+def proxy_settings(flags: ProxyFlags) -> ProxySettings:
+    """The settings root of the command's options."""
     from range_filter_proxy.app import ProxySettings  # noqa: PLC0415
-    from range_filter_proxy.cached import CacheSettings  # noqa: PLC0415
-    from range_filter_proxy.heap import HeapSettings  # noqa: PLC0415
-
-    auth = _auth_settings(auth_mode, token_file, auth_cache_ttl, auth_cache_size)
-    check_serving_options(tls_cert, tls_key, max_request_body_bytes)
-    if bookmark_interval <= 0 or history_events < 1 or history_seconds < 0 or consistent_read_timeout < 0:
-        raise ConfigError(
-            "--bookmark-interval must be > 0, --history-events >= 1, "
-            "--history-seconds and --consistent-read-timeout >= 0"
-        )
-    if gc_freeze_interval < 0 or (gc_freeze_interval > 0 and gc_full_interval < gc_freeze_interval):
-        raise ConfigError("--gc-freeze-interval must be >= 0 and --gc-full-interval >= --gc-freeze-interval")
-    return ProxySettings(
-        resources=tuple(r for r in resources.split(",") if r.strip()),
-        settings=CacheSettings(
-            bookmark_interval=bookmark_interval,
-            history_events=history_events,
-            history_seconds=history_seconds,
-            history_hard_cap=max(10 * history_events, 100_000),
-            consistent_read_timeout=consistent_read_timeout,
-        ),
-        auth=auth,
-        max_body_bytes=max_request_body_bytes,
-        heap=HeapSettings(gc_freeze_interval, gc_full_interval) if gc_freeze_interval > 0 else None,
-        fencing=_fence_settings(etcd, registry_prefix, (etcd_cacert, etcd_cert, etcd_key, etcd_user, etcd_password)),
-    )
-
-
-def _auth_settings(auth_mode: str, token_file: str | None, cache_ttl: float, cache_size: int) -> AuthSettings:
     from range_filter_proxy.auth import AuthMode, AuthSettings  # noqa: PLC0415
+    from range_filter_proxy.cached import CacheSettings  # noqa: PLC0415
+    from range_filter_proxy.fencing import FenceSettings  # noqa: PLC0415
+    from range_filter_proxy.heap import HeapSettings  # noqa: PLC0415
     from rangeshard.core.kubeapi import load_token_file  # noqa: PLC0415
 
-    try:
-        mode = AuthMode(auth_mode)
-    except ValueError as e:
-        raise ConfigError(f"--auth-mode must be none, static or delegate, got {auth_mode!r}") from e
-    if token_file is not None and mode is not AuthMode.STATIC:
-        raise ConfigError("--token-file is only used with --auth-mode static")
-    if mode is AuthMode.STATIC and token_file is None:
-        raise ConfigError("--auth-mode static needs --token-file")
-    return AuthSettings(
-        mode=mode,
-        users=load_token_file(token_file) if token_file is not None else {},
-        cache_ttl=cache_ttl,
-        cache_size=cache_size,
+    return ProxySettings(
+        resources=flags.resources,
+        settings=CacheSettings(
+            bookmark_interval=flags.bookmark_interval,
+            history_events=flags.history_events,
+            history_seconds=flags.history_seconds,
+            history_hard_cap=max(10 * flags.history_events, 100_000),
+            consistent_read_timeout=flags.consistent_read_timeout,
+        ),
+        auth=AuthSettings(
+            mode=AuthMode(flags.auth_mode),
+            users=load_token_file(flags.token_file) if flags.token_file is not None else {},
+            cache_ttl=flags.auth_cache_ttl,
+            cache_size=flags.auth_cache_size,
+        ),
+        max_body_bytes=flags.max_request_body_bytes,
+        heap=HeapSettings(flags.gc_freeze_interval, flags.gc_full_interval) if flags.gc_freeze_interval > 0 else None,
+        fencing=None if flags.etcd is None else FenceSettings(flags.etcd_config(flags.etcd), flags.registry_prefix),
     )
-
-
-def _fence_settings(
-    etcd: str | None, registry_prefix: str, tls_and_auth: tuple[str | None, ...]
-) -> FenceSettings | None:
-    """``tls_and_auth``: ``--etcd-cacert``, ``--etcd-cert``, ``--etcd-key``, ``--etcd-user``, ``--etcd-password``."""
-    from range_filter_proxy.fencing import FenceSettings  # noqa: PLC0415
-
-    if etcd is None and any(v is not None for v in tls_and_auth):
-        raise ConfigError("--etcd-cacert/--etcd-cert/--etcd-key/--etcd-user/--etcd-password need --etcd")
-    if etcd is None:
-        return None
-    if not registry_prefix.startswith("/") or registry_prefix.rstrip("/") == "":
-        raise ConfigError("--registry-prefix must be an absolute key prefix such as /rangeshard")
-    return FenceSettings(config_from_options(etcd, *tls_and_auth), registry_prefix.rstrip("/"))

@@ -4,7 +4,8 @@ Purpose
     The proxy's own failures are subclasses of :class:`rangeshard.core.errors.RangeshardError`
     (the project's one error tree); foreign errors (httpx, kubernetes config
     loading, orjson) are translated where they occur with ``raise ... from e``.
-    :class:`ApiError` (shared with the local API server, from
+    The upstream's failures are the error tree's :class:`UpstreamError`
+    family (re-exported here). :class:`ApiError` (shared with the local API server, from
     :mod:`rangeshard.core.kubeapi`, re-exported here with its 410 ``Expired``
     constructor :func:`gone`) is what request handlers raise for a
     client-visible failure; the HTTP layer renders it as a Kubernetes
@@ -21,9 +22,7 @@ Concurrency model
 
 from __future__ import annotations
 
-from typing import Any
-
-from rangeshard.core.errors import RangeshardError
+from rangeshard.core.errors import RangeshardError, UpstreamError, UpstreamGone, UpstreamUnavailable
 from rangeshard.core.kubeapi import ApiError, bad_request, gone
 
 __all__ = [
@@ -39,23 +38,3 @@ __all__ = [
 
 class ProxyError(RangeshardError):
     """Base of every error the range filter proxy raises on purpose."""
-
-
-class UpstreamError(ProxyError):
-    """The upstream API server answered with an error (``code``/``status`` kept)."""
-
-    def __init__(self, message: str, code: int = 502, status: dict[str, Any] | None = None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.status = status
-
-
-class UpstreamUnavailable(UpstreamError):
-    """The upstream API server could not be reached."""
-
-
-class UpstreamGone(UpstreamError):
-    """The upstream said 410 Gone: the resourceVersion we asked for is too old; relist."""
-
-    def __init__(self, message: str, status: dict[str, Any] | None = None) -> None:
-        super().__init__(message, 410, status)

@@ -50,8 +50,9 @@ from range_filter_proxy.resources import ResourceInfo, parse_resource_list
 from range_filter_proxy.watchstream import WatchStream, open_watch
 from range_filter_proxy.wire import WireObject, decode_line
 from rangeshard.core.errors import ConfigError
-from rangeshard.core.kubeapi import WATCH_LINE_PREFIXES, watch_line_prefix
+from rangeshard.core.kubeapi import WATCH_LINE_PREFIXES, read_status, status_message, watch_line_prefix
 from rangeshard.core.rest import GVR, group_version_path
+from rangeshard.core.settings import check_api_url
 
 log = logging.getLogger(__name__)
 
@@ -179,7 +180,7 @@ def decode_watch_line(line: bytes, what: str) -> WatchEvent:
         raise UpstreamError(f"{what}: malformed event {line[:200]!r}")
     if etype == "ERROR":
         code = obj.get("code")
-        message = str(obj.get("message") or f"{what}: ERROR event")
+        message = status_message(obj, f"{what}: ERROR event")
         if code == 410:
             raise UpstreamGone(message, obj)
         raise UpstreamError(message, code if isinstance(code, int) else 502, obj)
@@ -331,15 +332,17 @@ def load_upstream_config(
     if upstream_ca is not None and (upstream is None or not upstream.startswith("https://")):
         raise ConfigError("--upstream-ca goes with an https:// --upstream URL")
     if upstream is not None:
-        if not upstream.startswith(("http://", "https://")):
-            raise ConfigError(f"--upstream must be an http:// or https:// URL, got {upstream!r}")
+        try:
+            url = check_api_url(upstream)  # the one grammar: no credentials, query or fragment
+        except ValueError as e:
+            raise ConfigError(f"--upstream: {e}") from None
         verify: ssl.SSLContext | bool = True
         if upstream_ca is not None:
             try:
                 verify = ssl.create_default_context(cafile=upstream_ca)
             except (OSError, ssl.SSLError) as e:
                 raise ConfigError(f"--upstream-ca {upstream_ca}: {e}") from e
-        return UpstreamConfig(upstream.rstrip("/"), verify)
+        return UpstreamConfig(url, verify)
     from kubernetes import client as k8s_client  # noqa: PLC0415  (slow import, only when needed)
     from kubernetes import config as k8s_config  # noqa: PLC0415
 
@@ -358,11 +361,8 @@ def load_upstream_config(
 
 def _status_error(code: int, body: bytes, what: str) -> UpstreamError:
     """The error of an answer with HTTP ``code``: its ``Status`` message if it sent one; 410: :class:`UpstreamGone`."""
-    message, status = f"{what}: HTTP {code}", None
-    with contextlib.suppress(orjson.JSONDecodeError):
-        doc = orjson.loads(body)
-        if isinstance(doc, dict) and doc.get("kind") == "Status":
-            message, status = str(doc.get("message") or message), doc
+    status = read_status(body)
+    message = status_message(status, f"{what}: HTTP {code}")
     return UpstreamGone(message, status) if code == 410 else UpstreamError(message, code, status)
 
 

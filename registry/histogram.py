@@ -5,7 +5,8 @@ Purpose
     its range (record field ``histogram``): :func:`gap_histogram` cuts the
     range at gaps between owned objects, :func:`add_cost` adds the measured
     reconcile seconds per bucket, :func:`histogram` gives the equal-width
-    counts of earlier versions. The planner (:mod:`registry.rebalance`)
+    counts of earlier versions; :func:`workload_histogram` builds the
+    record's histogram from them (every controller kind uses it). The planner (:mod:`registry.rebalance`)
     reads them back as segments.
 
 Invariants
@@ -137,4 +138,22 @@ def add_cost(hist: dict[str, Any], costs: Mapping[int, float]) -> dict[str, Any]
         if rng.contains(key) and seconds > 0:
             out[bisect.bisect_right(ends, bucket_of(key, rng, cells))] += seconds
     hist["cost"] = [round(c, 6) for c in out]
+    return hist
+
+
+def workload_histogram(
+    keys: Sequence[int], rng: HashRange, costs: Mapping[int, float] | None = None, window: float | None = None
+) -> dict[str, Any]:
+    """The ``histogram`` of a registry record: the one builder, for in-process and external controllers alike.
+
+    The :func:`gap_histogram` of ``keys`` in ``rng``, with the equal-width
+    ``counts`` of earlier versions (their readers; the planner reads the
+    gaps) and, given ``costs``, the measured reconcile seconds per gap bucket
+    (:func:`add_cost`) and ``costWindowSeconds``.
+    """
+    hist = gap_histogram(keys, rng)
+    hist["counts"] = histogram(keys, rng)
+    if costs is not None:
+        add_cost(hist, costs)
+        hist["costWindowSeconds"] = window
     return hist

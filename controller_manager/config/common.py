@@ -1,4 +1,7 @@
-"""Shared pieces of the config models: the frozen section base, URL and name checks, defaults.
+"""Shared pieces of the config models: the frozen section base, name checks, defaults.
+
+The field types the components share (port, key prefix, API URL, etcd endpoints) are
+:mod:`rangeshard.core.settings`'s.
 
 Invariants
     Every section forbids unknown keys and is frozen; numbers are not coerced.
@@ -10,19 +13,19 @@ Concurrency model
 from __future__ import annotations
 
 import re
-from urllib.parse import urlsplit
 
 from pydantic import (
     BaseModel,
     ConfigDict,
 )
-from pydantic_core import PydanticCustomError
 
-from rangeshard.core.errors import ConfigError
-from rangeshard.core.etcd import parse_endpoint
-
-KNOWN_CONTROLLERS: tuple[str, ...] = ("replicaset", "deployment")
-"""Controller types a manager can run, in the order they are documented."""
+BUILTIN_CONTROLLERS: dict[str, str] = {
+    "replicaset": "controller_manager.controllers.replicaset:ReplicaSetController",
+    "deployment": "controller_manager.controllers.deployment:DeploymentController",
+}
+"""The one list of the built-in controllers: name -> ``module:Class`` (imported only when a manager runs one)."""
+KNOWN_CONTROLLERS: tuple[str, ...] = tuple(BUILTIN_CONTROLLERS)
+"""Built-in controller types, in the order they are documented."""
 
 MAX_WORKERS = 64
 DEFAULT_ETCD = "http://127.0.0.1:2379"
@@ -30,46 +33,6 @@ DEFAULT_PROXY = "http://127.0.0.1:8001"
 
 # Registry names are lowercase DNS-ish (see registry.models.NAME_RE); a prefix may end in "-", "." or "_".
 INSTANCE_PREFIX_RE = re.compile(r"^[a-z0-9][-a-z0-9_.]{0,199}$")
-REGISTRY_PREFIX_RE = re.compile(r"^(/[A-Za-z0-9._-]+)+$")
-
-# Error type for cross-field problems raised from model validators; ctx["field"] names the
-# field (alias) the problem belongs to, so it is reported at that path.
-FIELD_ERROR = "rangeshard_field"
-
-
-def field_error(field: str, message: str) -> PydanticCustomError:
-    return PydanticCustomError(FIELD_ERROR, message, {"field": field})
-
-
-def check_proxy_url(value: str) -> str:
-    """Validate an ``http(s)://host[:port][/path]`` URL; return it without a trailing slash.
-
-    Raises ``ValueError`` with a message that does not repeat credentials.
-    """
-    text = value.strip()
-    try:
-        parts = urlsplit(text)
-        port = parts.port
-    except ValueError as e:
-        raise ValueError(f"invalid URL: {e}") from None
-    if parts.scheme not in ("http", "https"):
-        raise ValueError("URL scheme must be http or https")
-    if parts.username is not None or parts.password is not None:
-        raise ValueError("URL must not contain credentials (use proxy.tokenFile)")
-    if not parts.hostname:
-        raise ValueError("URL has no host")
-    if port == 0:
-        raise ValueError("URL port must be 1..65535")
-    if parts.query or parts.fragment:
-        raise ValueError("URL must not have a query or fragment")
-    return text.rstrip("/")
-
-
-def check_etcd_url(value: str) -> str:
-    try:
-        return parse_endpoint(value).url
-    except ConfigError as e:
-        raise ValueError(str(e)) from e
 
 
 _CONTROLLER_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9_.]{0,61}[a-z0-9])?$")

@@ -1,8 +1,9 @@
 """The `external:` entry of a controller: shard resources (the one shard rule), liveness probe, endpoint.
 
 Invariants
-    ``shard[].by`` is read by :class:`hashing.ShardBy`, ``shard[].resource`` with the proxy's kubectl-style
-    parser; ``livenessProbe`` is spelled and defaulted as in a pod spec and needs ``command``.
+    ``shard[].by`` is read by :class:`hashing.ShardBy`, ``shard[].resource`` and ``.via`` with the one
+    kubectl-style parser (:mod:`hashing.resources`); ``livenessProbe`` is spelled and defaulted as in a pod
+    spec and needs ``command``.
 
 Concurrency model
     Frozen models.
@@ -21,12 +22,12 @@ from pydantic import (
     model_validator,
 )
 
-from controller_manager.config.common import Section, field_error
+from controller_manager.config.common import Section
 from hashing import ShardBy, root_path
-from rangeshard.core.rest import parse_resource_name
+from hashing.resources import resource_label
+from rangeshard.core.settings import field_error
 from registry.models import MainResource
 
-_RESOURCE_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _LISTEN_RE = re.compile(r"^(?P<host>[^\s:\[\]]+|\[[0-9a-fA-F:]+\]):(?P<port>[0-9]{1,5})$")
 
 
@@ -66,10 +67,11 @@ class ShardResourceSection(Section):
     @field_validator("resource")
     @classmethod
     def _resource(cls, value: str) -> str:
-        if not _RESOURCE_RE.match(value):
-            raise ValueError("must be plural or plural.group in lowercase (e.g. configmaps, deployments.apps)")
-        resource, _version, group = parse_resource_name(value)  # the proxy's kubectl-style parser
-        return f"{resource}.{group}" if group else resource
+        try:
+            return resource_label(value)  # the one kubectl-style parser (hashing.resources)
+        except ValueError:
+            problem = "must be plural or plural.group in lowercase (e.g. configmaps, deployments.apps)"
+            raise ValueError(problem) from None
 
     @field_validator("by")
     @classmethod
@@ -81,10 +83,10 @@ class ShardResourceSection(Section):
     def _via(cls, value: list[str]) -> list[str]:
         out: list[str] = []
         for i, name in enumerate(value):
-            if not isinstance(name, str) or not _RESOURCE_RE.match(name):
-                raise ValueError(f"[{i}] must be plural or plural.group in lowercase (e.g. replicasets.apps)")
-            resource, _version, group = parse_resource_name(name)
-            label = f"{resource}.{group}" if group else resource
+            try:
+                label = resource_label(name)  # the parse canonical_via (the selector path) makes too
+            except ValueError:
+                raise ValueError(f"[{i}] must be plural or plural.group in lowercase (e.g. replicasets.apps)") from None
             if label in out:
                 raise ValueError(f"{label!r} is listed twice")
             out.append(label)

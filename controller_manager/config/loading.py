@@ -9,6 +9,7 @@ Concurrency model
 
 from __future__ import annotations
 
+import re
 from collections.abc import Hashable
 from pathlib import Path
 from types import UnionType
@@ -20,10 +21,10 @@ from pydantic import (
     ValidationError,
 )
 
-from controller_manager.config.common import FIELD_ERROR, check_proxy_url
 from controller_manager.config.models import ControllerSection, ManagerConfig
 from rangeshard.core.errors import ConfigError
 from rangeshard.core.etcd import parse_endpoints
+from rangeshard.core.settings import FIELD_ERROR, check_api_url
 
 
 class _StrictLoader(yaml.SafeLoader):
@@ -225,8 +226,9 @@ def with_overrides(cfg: ManagerConfig, *, etcd: str | None = None, proxy: str | 
         cfg = cfg.model_copy(update={"etcd": cfg.etcd.model_copy(update={"endpoints": endpoints})})
     if proxy is not None:
         try:
-            url = check_proxy_url(proxy)
+            url = check_api_url(proxy)
         except ValueError as e:
-            raise ConfigError(f"--proxy: {proxy}: {e}") from None
+            shown = re.sub(r"//[^/@]*@", "//***@", proxy)  # never a password
+            raise ConfigError(f"--proxy: {shown}: {e}") from None
         cfg = cfg.model_copy(update={"proxy": cfg.proxy.model_copy(update={"url": url})})
     return cfg

@@ -24,15 +24,14 @@ from controller_manager.config.common import (
     INSTANCE_PREFIX_RE,
     KNOWN_CONTROLLERS,
     MAX_WORKERS,
-    REGISTRY_PREFIX_RE,
     Section,
     check_controller_name,
     derived_reconcile_timeout,
-    field_error,
     none_to_empty_mapping,
 )
 from controller_manager.config.external import ExternalSection
 from controller_manager.config.sections import EtcdSection, MetricsSection, ProxySection
+from rangeshard.core.settings import KeyPrefix, field_error
 
 
 class ControllerSection(Section):
@@ -159,10 +158,11 @@ class ManagerConfig(Section):
         "time this instance has observed the key (no warm-up after a move); a measurement `t` seconds old "
         "weighs `exp(-t / costWindowSeconds)`.",
     )
-    registry_prefix: str = Field(
+    registry_prefix: KeyPrefix = Field(
         "/rangeshard",
         alias="registryPrefix",
-        description="etcd key prefix of the registry; records live at `<prefix>/controllers/<type>/<instance-id>`.",
+        description="etcd key prefix of the registry (`/name[/name...]`, a trailing slash dropped, as for the "
+        "proxy's `--registry-prefix`); records live at `<prefix>/controllers/<type>/<instance-id>`.",
     )
     instance_id_prefix: str | None = Field(
         None,
@@ -216,13 +216,6 @@ class ManagerConfig(Section):
             if isinstance(ttl, int) and not isinstance(ttl, bool) and ttl > 0:
                 return {**data, "reconcileTimeoutSeconds": derived_reconcile_timeout(ttl)}
         return data
-
-    @field_validator("registry_prefix")
-    @classmethod
-    def _registry_prefix(cls, value: str) -> str:
-        if not REGISTRY_PREFIX_RE.match(value):
-            raise ValueError("must look like /name[/name...] (no trailing slash, no empty or blank segments)")
-        return value
 
     @field_validator("instance_id_prefix")
     @classmethod

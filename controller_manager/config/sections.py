@@ -6,30 +6,21 @@ Concurrency model
 
 from __future__ import annotations
 
-from typing import Annotated
-
 from pydantic import (
-    AfterValidator,
     Field,
     SecretStr,
     field_validator,
     model_validator,
 )
 
-from controller_manager.config.common import (
-    DEFAULT_ETCD,
-    DEFAULT_PROXY,
-    Section,
-    check_etcd_url,
-    check_proxy_url,
-    field_error,
-)
+from controller_manager.config.common import DEFAULT_ETCD, DEFAULT_PROXY, Section
+from rangeshard.core.settings import ApiUrl, EtcdUrl, PortOrAny, field_error
 
 
 class EtcdSection(Section):
     """How the manager reaches etcd (the registry). Relative file paths are relative to the config file."""
 
-    endpoints: tuple[Annotated[str, AfterValidator(check_etcd_url)], ...] = Field(
+    endpoints: tuple[EtcdUrl, ...] = Field(
         (DEFAULT_ETCD,),
         description="etcd client URLs: `http://host[:port]`, `https://host[:port]` (port 2379 by default) "
         "or `host:port` (http), as for `--etcd`.",
@@ -64,9 +55,7 @@ class EtcdSection(Section):
 class ProxySection(Section):
     """Where the range filter proxy listens; informers list and watch through it."""
 
-    url: Annotated[str, AfterValidator(check_proxy_url)] = Field(
-        DEFAULT_PROXY, description="Base URL of the range filter proxy (`http(s)://host:port[/path]`)."
-    )
+    url: ApiUrl = Field(DEFAULT_PROXY, description="Base URL of the range filter proxy (`http(s)://host:port[/path]`).")
     token_file: str | None = Field(
         None,
         alias="tokenFile",
@@ -82,10 +71,8 @@ class MetricsSection(Section):
     """The HTTP endpoint serving `/metrics`, `/healthz` and `/readyz`. `metrics: null` disables it."""
 
     host: str = Field("127.0.0.1", min_length=1, description="Address to listen on.")
-    port: int = Field(
+    port: PortOrAny = Field(
         0,
-        ge=0,
-        le=65535,
         strict=True,
         description="TCP port; 0 picks a free port (the manager logs the address it got).",
     )

@@ -1,8 +1,9 @@
 """Built-in sharded controllers: ReplicaSet (owns Pods) and Deployment (owns ReplicaSets).
 
-Built-ins are found by their bare name (:data:`CONTROLLERS`, names listed in
-``config.KNOWN_CONTROLLERS`` for the docs). Controllers of your own need no
-entry here: name them with ``class: "module:Class"`` or an entry point of
+Built-ins are found by their bare name in the one list
+``controller_manager.config.common.BUILTIN_CONTROLLERS`` (name ->
+``module:Class``, so the config and its docs name them without importing the
+framework). Controllers of your own need no entry there: name them with ``class: "module:Class"`` or an entry point of
 the group ``rangeshard.controllers`` (``controller_manager.plugins``).
 
 Modules: ``replicaset`` (the ReplicaSet controller: replicas, adoption,
@@ -12,13 +13,7 @@ bounds, scale steps, revisions, status), ``common`` (label selectors, pod
 readiness), ``events`` (an asynchronous Event recorder).
 """
 
-from controller_manager.controller import Controller
 from controller_manager.controllers.deployment import DeploymentController
 from controller_manager.controllers.replicaset import ReplicaSetController
 
-CONTROLLERS: dict[str, type[Controller]] = {
-    ReplicaSetController.name: ReplicaSetController,
-    DeploymentController.name: DeploymentController,
-}
-
-__all__ = ["CONTROLLERS", "DeploymentController", "ReplicaSetController"]
+__all__ = ["DeploymentController", "ReplicaSetController"]

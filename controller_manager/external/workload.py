@@ -32,7 +32,7 @@ import threading
 from typing import Any
 
 from hashing import HashRange, ShardBy
-from registry.histogram import gap_histogram, histogram
+from registry.histogram import workload_histogram
 
 Key = tuple[str, str]
 
@@ -91,6 +91,5 @@ class MainObjects:
         """``(objects in rng, histogram)`` for the registry record (the in-process controllers' shape)."""
         with self._lock:
             keys = [k for k in self._keys.values() if k is not None and rng.contains(k)]
-        hist = gap_histogram(keys, rng)
-        hist["counts"] = histogram(keys, rng)
+        hist = workload_histogram(keys, rng)
         return sum(hist["objects"]), hist

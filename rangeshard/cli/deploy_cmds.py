@@ -45,9 +45,9 @@ from typing import Annotated, Any
 import typer
 import yaml
 
+from hashing.resources import parse_resource_name
 from rangeshard.cli.common import fail
 from rangeshard.core.errors import ConfigError, RangeshardError
-from rangeshard.core.rest import parse_resource_name
 
 log = logging.getLogger(__name__)
 

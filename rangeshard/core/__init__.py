@@ -23,9 +23,15 @@ Owns
       User-Agent, and the shard rule a write declares.
     * :mod:`rangeshard.core.entrypoint` - ``python -m`` entry points work from
       a directory that shadows our packages (re-run with ``-P``).
-    * :mod:`rangeshard.core.protobuf` - reading Kubernetes protobuf bodies
-      (the ``k8s\\0`` envelope, ``ObjectMeta``) and write bodies of any
-      media type, for the write fence.
+    * :mod:`rangeshard.core.settings` - component settings as pydantic
+      models: the shared field types (port, key prefix, API URL, etcd
+      endpoints, resource names) and the flag reader of the servers' commands.
+    * :mod:`rangeshard.core.policy` - the one static authorization policy
+      (local API server and the proxy's ``static`` mode).
+    * :mod:`rangeshard.core.protobuf_wire` - the Kubernetes protobuf wire
+      format and the ``k8s\\0`` envelope; :mod:`rangeshard.core.protobuf` -
+      write bodies of any media type read as far as their metadata, for the
+      write fence.
     * :mod:`rangeshard.core.protobuf_decode` - whole protobuf objects of the
       built-in kinds as the JSON Go writes for them (the local API server).
     * :mod:`rangeshard.core.protobuf_schema` - the decoder's table: Kubernetes'

@@ -25,13 +25,14 @@ The tree::
     ├── ApiError                    (rangeshard.core.kubeapi) an HTTP failure answered as a Kubernetes Status
     │   ├── RequestTooLarge         a request body over the limit (413)
     │   └── SelectorParseError      (rangeshard.core.selectors) a label/field selector that cannot be parsed (400)
+    ├── UpstreamError               an upstream HTTP server (the API server behind the proxy, the proxy behind
+    │   │                           the external endpoint) answered with an error (``code``, ``status`` kept)
+    │   ├── UpstreamUnavailable     the upstream could not be reached
+    │   └── UpstreamGone            410: relist
     ├── ProxyError                  (range_filter_proxy.errors) the range filter proxy
-    │   ├── UpstreamError           the upstream API server answered with an error
-    │   │   ├── UpstreamUnavailable the upstream could not be reached
-    │   │   └── UpstreamGone        410: relist
     │   └── ProxyProcessError       (range_filter_proxy.process) the proxy child did not start
     ├── LocalApiServerError         (local_apiserver.process) the API server child did not start
-    ├── ProtobufError               (rangeshard.core.protobuf) a body that is not well-formed Kubernetes protobuf
+    ├── ProtobufError               (rangeshard.core.protobuf_wire) a body that is not well-formed Kubernetes protobuf
     │   └── UnsupportedProtobuf     (rangeshard.core.protobuf_decode) a kind or field the decoder's table lacks (415)
     ├── ReflectorError              (rangeshard.core.reflector) a list of more pages than the bound
     ├── PlanError                   (registry.rebalance) no rebalance plan can be made: nothing measured (exit 2)
@@ -60,6 +61,8 @@ Concurrency model
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 
 class RangeshardError(Exception):
@@ -148,3 +151,23 @@ class LeaseLost(RegistryError):
 
 class NoSplittableRange(RegistryError):
     """A join found no range of two or more keys to split."""
+
+
+class UpstreamError(RangeshardError):
+    """An upstream HTTP server answered with an error (``code``, the ``Status`` body as ``status``)."""
+
+    def __init__(self, message: str, code: int = 502, status: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.status = status
+
+
+class UpstreamUnavailable(UpstreamError):
+    """The upstream could not be reached (or sent no answer)."""
+
+
+class UpstreamGone(UpstreamError):
+    """The upstream said 410 Gone: the resourceVersion asked for is too old; relist."""
+
+    def __init__(self, message: str, status: dict[str, Any] | None = None) -> None:
+        super().__init__(message, 410, status)

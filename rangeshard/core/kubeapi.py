@@ -89,6 +89,29 @@ def status_object(code: int, reason: str, message: str, details: dict[str, Any] 
     return out
 
 
+def read_status(body: bytes | str | Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The Kubernetes ``Status`` an answer's body (JSON bytes or text, or parsed) holds; ``None`` for anything else.
+
+    The one reader of Status bodies: an API error's body, a watch's ``ERROR`` event object, a fenced 409.
+    """
+    doc: Any = body
+    if isinstance(body, bytes | str):
+        try:
+            doc = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return None
+    if not isinstance(doc, Mapping) or doc.get("kind", "Status") != "Status":
+        return None
+    return dict(doc)
+
+
+def status_message(body: bytes | str | Mapping[str, Any] | None, default: str) -> str:
+    """The ``message`` of the ``Status`` in ``body`` (:func:`read_status`); ``default`` when it has none."""
+    status = read_status(body)
+    message = status.get("message") if status is not None else None
+    return message if isinstance(message, str) and message else default
+
+
 def bad_request(message: str) -> ApiError:
     """400 BadRequest."""
     return ApiError(400, "BadRequest", message)

@@ -2,7 +2,7 @@
 
 Purpose
     :func:`decode_object` reads a ``k8s\\0`` body (the envelope through
-    :func:`rangeshard.core.protobuf.read_envelope`, the write fence's reader)
+    :func:`rangeshard.core.protobuf_wire.read_envelope`)
     of a kind in :data:`~rangeshard.core.protobuf_schema.KINDS` into the dict
     ``json.Marshal`` gives for the Go object ``proto.Unmarshal`` makes of it:
     kube-apiserver's answer to that body. :func:`decode_delete_options` does
@@ -33,7 +33,7 @@ Invariants
       a kind not in the table raises it naming the kind. Both are 415s.
     * Anything malformed (a truncated body, a wire type that does not fit the
       field, a string that is not UTF-8, raw JSON that is not JSON) raises
-      :class:`~rangeshard.core.protobuf.ProtobufError` (a 400), never another
+      :class:`~rangeshard.core.protobuf_wire.ProtobufError` (a 400), never another
       exception.
     * A singular field given twice: the last scalar wins, messages merge
       (protobuf's rule); repeated scalars are read packed or not.
@@ -53,8 +53,8 @@ from typing import Any, Final
 
 import orjson
 
-from rangeshard.core.protobuf import LENGTH, VARINT, ProtobufError, iter_fields, iter_varints, read_envelope
 from rangeshard.core.protobuf_schema import DELETE_OPTIONS, KINDS, MESSAGES
+from rangeshard.core.protobuf_wire import LENGTH, VARINT, ProtobufError, iter_fields, iter_varints, read_envelope
 from rangeshard.core.timestamps import format_micro_time, format_time
 
 
@@ -118,6 +118,8 @@ def _load(table: dict[str, dict[int, str]]) -> dict[str, dict[int, Field]]:
 
 
 _TABLE: Final = _load(MESSAGES)
+#: The message every built-in kind holds at field 1.
+OBJECT_META: Final = "meta.v1.ObjectMeta"
 
 
 def known_kinds() -> list[tuple[str, str]]:
@@ -134,10 +136,11 @@ def _signed(value: int, bits: int) -> int:
 
 
 class _Reader:
-    """Decodes the messages of one body; ``kind`` names it in errors."""
+    """Decodes the messages of one body; ``kind`` names it in errors; ``skip_unknown``: the metadata-only mode."""
 
-    def __init__(self, kind: str) -> None:
+    def __init__(self, kind: str, *, skip_unknown: bool = False) -> None:
         self.kind = kind
+        self.skip_unknown = skip_unknown
 
     def fail(self, where: str, what: str) -> ProtobufError:
         return ProtobufError(f"{self.kind} protobuf body: {where}: {what}")
@@ -276,6 +279,8 @@ class _Reader:
         maps: dict[int, dict[str, Any]] = {}
         for number, wire, value in iter_fields(data):
             field = fields.get(number)
+            if field is None and self.skip_unknown:
+                continue
             if field is None:
                 at = f" at {where}" if where else ""
                 raise UnsupportedProtobuf(
@@ -334,7 +339,7 @@ def decode_object(data: bytes) -> dict[str, Any]:
     """The JSON form of a protobuf object of a kind in the table (module docstring).
 
     Raises :class:`UnsupportedProtobuf` for a kind or field the table does not
-    know and :class:`~rangeshard.core.protobuf.ProtobufError` for a malformed body.
+    know and :class:`~rangeshard.core.protobuf_wire.ProtobufError` for a malformed body.
     """
 
     def pick(api_version: str, kind: str) -> str:
@@ -345,6 +350,34 @@ def decode_object(data: bytes) -> dict[str, Any]:
         return message
 
     return _decode(data, pick)
+
+
+def object_identity(data: bytes) -> dict[str, Any]:
+    """``{"apiVersion", "kind", "metadata"}`` of a protobuf body of any built-in kind: the metadata-only mode.
+
+    Every built-in kind holds its ``ObjectMeta`` at field 1; repeated field-1
+    occurrences merge (protobuf's rule, as Go's ``proto.Unmarshal`` and
+    :func:`decode_object` read them), the merged message is read by the same
+    table as a whole object's, unknown fields skipped (a newer server's field
+    does not hide the metadata), ``null`` values left out. The write fence
+    uses it to find a write's shard key. Raises
+    :class:`~rangeshard.core.protobuf_wire.ProtobufError` when the body is not an
+    object with metadata (another message type, a truncated or garbled body).
+    """
+    envelope = read_envelope(data)
+    if not envelope.kind:
+        raise ProtobufError("the envelope names no kind")
+    meta: bytes | None = None
+    for number, wire, value in iter_fields(envelope.raw):
+        if number == 1:
+            if not isinstance(value, bytes):
+                raise ProtobufError(f"{envelope.kind} protobuf body: metadata: wire type {wire} for a message")
+            meta = (meta or b"") + value
+    if meta is None:
+        raise ProtobufError(f"the {envelope.kind} in the body has no metadata (field 1)")
+    decoded = _Reader(envelope.kind, skip_unknown=True).message(OBJECT_META, meta, "metadata")
+    metadata = {k: v for k, v in decoded.items() if v is not None}
+    return {"apiVersion": envelope.api_version, "kind": envelope.kind, "metadata": metadata}
 
 
 def decode_delete_options(data: bytes) -> dict[str, Any]:

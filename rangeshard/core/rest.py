@@ -5,8 +5,8 @@ Purpose
     derives from it: ``apiVersion``, REST paths, the ``resource.group`` label.
     :func:`parse_rest_path` reads a request path as kube-apiserver's
     ``RequestInfoFactory`` does (group/version, the ``/watch/`` prefix,
-    namespace, resource, name, subresource); :func:`parse_resource_name`
-    reads kubectl-style names (``replicasets.apps``, ``deployments.v1.apps``).
+    namespace, resource, name, subresource); kubectl-style names
+    (``replicasets.apps``) are read by :mod:`hashing.resources`.
     Richer per-component types (the proxy's discovery info, the API server's
     serving spec, a controller's ``Resource``) hold or derive a ``GVR``.
 
@@ -29,6 +29,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from urllib.parse import quote
+
+from hashing.resources import parse_resource_name
+
+#: ``parse_resource_name`` is re-exported: kubectl-style names are read by the one parser of :mod:`hashing.resources`.
+__all__ = [
+    "GVR",
+    "NAMESPACE_SUBRESOURCES",
+    "RestPath",
+    "group_version",
+    "group_version_path",
+    "parse_resource_name",
+    "parse_rest_path",
+    "split_group_version",
+]
 
 #: Subresources of a namespace: ``/api/v1/namespaces/<name>/<sub>`` is not a collection in ``<name>``.
 NAMESPACE_SUBRESOURCES = frozenset({"status", "finalize"})
@@ -142,21 +156,3 @@ def parse_rest_path(path: str) -> RestPath | None:
         tuple(rest[3:]),
         watch_prefix,
     )
-
-
-def parse_resource_name(spec: str) -> tuple[str, str | None, str]:
-    """Parse ``pods``, ``replicasets.apps`` or ``deployments.v1.apps`` (kubectl style).
-
-    Returns ``(resource, version or None, group)``; the core group is ``""``.
-    Raises ``ValueError`` for an empty name.
-    """
-    text = spec.strip()
-    if not text:
-        raise ValueError("empty resource name")
-    parts = text.split(".")
-    resource = parts[0]
-    if len(parts) == 1:
-        return resource, None, ""
-    if len(parts) >= 3 and parts[1].startswith("v") and parts[1][1:2].isdigit():
-        return resource, parts[1], ".".join(parts[2:])
-    return resource, None, ".".join(parts[1:])

@@ -170,11 +170,11 @@ INVALID = [
     ),
     (
         "registryPrefix: rangeshard",
-        "registryPrefix: must look like /name[/name...] (no trailing slash, no empty or blank segments)",
+        "registryPrefix: must be an absolute key prefix such as /rangeshard (/name[/name...], no empty segments)",
     ),
     (
-        "registryPrefix: /rangeshard/",
-        "registryPrefix: must look like /name[/name...] (no trailing slash, no empty or blank segments)",
+        "registryPrefix: /rangeshard//x",
+        "registryPrefix: must be an absolute key prefix such as /rangeshard (/name[/name...], no empty segments)",
     ),
     (
         "instanceIdPrefix: Node/1",

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from controller_manager.config import load_config
+from controller_manager.config import KNOWN_CONTROLLERS, load_config
+from controller_manager.config.common import BUILTIN_CONTROLLERS
 from controller_manager.controllers import ReplicaSetController
-from controller_manager.plugins import resolve_controllers
+from controller_manager.plugins import available, import_target, resolve_controllers
 from rangeshard.core.errors import ConfigError
 
 PLUGIN = """
@@ -164,3 +165,11 @@ def test_up_checks_the_manager_config_before_starting_anything(plugin_dir: Path,
     assert proc.returncode == 2, proc.stderr
     assert f"{path}: controllers.widget: module 'widgetctl_t13' has no attribute 'Missing'" in proc.stderr
     assert not state.exists()  # nothing was started
+
+
+def test_the_one_list_of_built_ins_names_each_class_by_its_registry_type() -> None:
+    """config.BUILTIN_CONTROLLERS is the only list: each entry imports to a controller whose ``name`` is its key."""
+    assert KNOWN_CONTROLLERS == ("replicaset", "deployment")
+    for name, target in BUILTIN_CONTROLLERS.items():
+        assert import_target(target).name == name
+        assert available()[name] == f"built-in {target}"

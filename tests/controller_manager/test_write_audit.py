@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
+from kubernetes import client as k8s
+
 from controller_manager.audit import main
-from controller_manager.controllers import CONTROLLERS
-from controller_manager.write_audit import MAIN_RESOURCES, check
-from rangeshard.core.ownertoken import OwnerToken
+from controller_manager.fencing import FencedApiClient
+from controller_manager.write_audit import check
+from hashing import ShardBy
+from rangeshard.core.ownertoken import SHARD_BY_HEADER, OwnerToken
 
 A = OwnerToken("replicaset", "m1-replicaset", 0x10, 5)
 A_LATER = OwnerToken("replicaset", "m1-replicaset", 0x10, 9)
@@ -165,9 +169,32 @@ def test_namespace_and_owner_rules_key_by_namespace_and_owner() -> None:
     assert check(bogus).shard_keys == 1  # an unknown rule is judged as undeclared, never a crash
 
 
-def test_main_resources_are_the_built_in_controllers_own() -> None:
-    """write_audit names the built-ins' main resources itself (importing the controllers closed an import circle)."""
-    assert {name: cls.main.name for name, cls in CONTROLLERS.items()} == MAIN_RESOURCES
+def test_the_in_process_client_declares_its_rule_as_the_endpoint_does() -> None:
+    """FencedApiClient's writes carry the rule in the User-Agent (relay.declare), so the audit needs no fallback."""
+    client = FencedApiClient(k8s.Configuration(host="http://127.0.0.1:1"))
+    client.set_token(A)
+    client.set_rules({"replicasets.apps": ShardBy.UID, "pods": ShardBy.OWNER})
+    sent: list[dict[str, str]] = []
+
+    def request(method: str, url: str, headers: dict[str, str] | None = None, **_: Any) -> Any:
+        sent.append(dict(headers or {}))
+        return SimpleNamespace(status=200, data=b"{}", read=lambda: None)
+
+    client.rest_client.request = request
+    rss, pods, cms = "/apis/apps/v1/namespaces/ns/replicasets/r1", "/api/v1/namespaces/ns/pods/p1", "/api/v1/configmaps"
+    for method, path in (("PATCH", rss), ("DELETE", pods), ("POST", cms), ("GET", rss)):
+        client.call_api(method, f"http://127.0.0.1:1{path}", {"User-Agent": client.user_agent}, body={})
+    agents = [headers["User-Agent"] for headers in sent]
+    assert agents[0] == f"{A.user_agent()} rangeshard-shard-by/uid"
+    assert agents[1] == f"{A.user_agent()} rangeshard-shard-by/owner"
+    assert agents[2] == agents[3] == A.user_agent()  # not a sharded resource; a read
+    assert [h.get(SHARD_BY_HEADER) for h in sent] == ["uid", "owner", None, None]
+    # The audit keys the declared writes by the declared rule: the replicaset by its own uid, not its owner.
+    rs = {"metadata": {"name": "r1", "uid": "r1", "ownerReferences": [{"uid": "d1", "controller": True}]}}
+    events = [_event(A, "update", "replicasets", "r1", "r1", responseObject=rs)]
+    events[0]["userAgent"] = agents[0]
+    events += [{**events[0], "userAgent": f"{B.user_agent()} rangeshard-shard-by/uid"}, {**events[0]}]
+    assert [s.shard_key for s in check(events).stale] == ["r1"]
 
 
 def test_root_rule_keys_a_pod_by_the_top_of_its_owner_chain() -> None:

@@ -142,6 +142,10 @@ def test_rolling_restart_of_every_member(etcd_members: EtcdCluster) -> None:
             m.start(timeout=30)
             etcd_members.leader()
     print(f"rolling restart: longest renewal gap {keeper.longest_gap:.2f}s, read/write {load.longest_gap:.2f}s")
+    # A graceful stop hands leadership over before the member exits, so no call waits for an election; a call
+    # to the stopping member fails at once (its connection closes) and goes to the next member. So no answer
+    # waits longer than after a follower's SIGKILL (measured: 0.07 s, against 2 s for one election).
+    assert load.longest_gap < 2.0, load.longest_gap
 
 
 def test_without_quorum_everyone_is_fenced_within_the_ttl(etcd_members: EtcdCluster) -> None:

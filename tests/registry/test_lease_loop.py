@@ -98,25 +98,47 @@ def dead_client() -> Iterator[EtcdClient]:
     client.close()
 
 
+def _count_keepalives(client: EtcdClient, when: Callable[[], bool]) -> list[float]:
+    """Record the time of every keepalive ``client`` sends while ``when()`` holds."""
+    sent: list[float] = []
+    real = client.keepalive_once
+
+    def keepalive_once(lease_id: int) -> int:
+        if when():
+            sent.append(time.monotonic())
+        return real(lease_id)
+
+    client.keepalive_once = keepalive_once  # type: ignore[method-assign]
+    return sent
+
+
 def test_keepalive_every_interval_each_reporting_send_time_plus_ttl_minus_margin(
-    keeper: LeaseKeeper, clock: ManualClock, calls: Calls
+    keeper: LeaseKeeper, clock: ManualClock, calls: Calls, etcd_client: EtcdClient
 ) -> None:
     assert keeper.margin == MARGIN
     keeper.interval = 0.05
-    calls.hooks["renewed"] = lambda: clock.advance(1.0)  # each keepalive is sent one clock-second later
+
+    def renewed() -> None:
+        clock.advance(1.0)  # each keepalive is sent one clock-second later
+        if len(calls.renewed) == 3:
+            keeper.interval = 20.0  # after the fourth renewal the thread waits 20 s: stop must wake it
+
+    calls.hooks["renewed"] = renewed
     keeper.start()
+    sent_after_stop = _count_keepalives(keeper.client, keeper._stop.is_set)
     wait_until(lambda: len(calls.renewed) >= 4, message="four renewals")
+    lease = keeper.lease_id
+    started = time.monotonic()
     keeper.stop(revoke=True)
+    assert time.monotonic() - started < 5.0  # the 20 s wait was cut short, not waited out
     with calls.lock:
         deadlines = [d for _t, d in calls.renewed]
-    assert deadlines[:4] == [T0 + k + TTL - MARGIN for k in range(4)]
+    assert deadlines == [T0 + k + TTL - MARGIN for k in range(4)]
     assert keeper.deadline == deadlines[-1]
     assert calls.failures == [] and calls.lost == [] and not keeper.lost.is_set()
     assert keeper._thread is not None and not keeper._thread.is_alive()
-    # After stop: no more keepalives.
-    n = len(calls.renewed)
-    time.sleep(0.2)
-    assert len(calls.renewed) == n
+    assert sent_after_stop == []  # stop() sent no keepalive (the thread left its wait without one)
+    assert etcd_client.lease_ttl(lease) <= 0  # and revoked the lease
 
 
 def test_nothing_is_sent_before_the_first_interval(keeper: LeaseKeeper, calls: Calls) -> None:
@@ -179,6 +201,7 @@ def test_a_revoked_lease_is_reported_lost_once_and_ends_the_thread(
 ) -> None:
     keeper.interval = 0.05
     keeper.start()
+    sent_after_loss = _count_keepalives(keeper.client, keeper.lost.is_set)
     wait_until(lambda: calls.renewed, message="first renewal")
     etcd_client.revoke_lease(keeper.lease_id)
     assert keeper.lost.wait(10.0)
@@ -186,9 +209,9 @@ def test_a_revoked_lease_is_reported_lost_once_and_ends_the_thread(
     keeper._thread.join(5.0)
     assert not keeper._thread.is_alive()
     assert len(calls.lost) == 1 and calls.failures == []
-    n = len(calls.renewed)
-    time.sleep(0.2)
-    assert len(calls.renewed) == n and len(calls.lost) == 1
+    # Nothing after the loss: no keepalive sent, no renewal reported after it.
+    assert sent_after_loss == []
+    assert all(t < calls.lost[0] for t, _deadline in calls.renewed)
 
 
 def test_without_callbacks_the_loop_renews_and_notices_loss(
@@ -200,9 +223,10 @@ def test_without_callbacks_the_loop_renews_and_notices_loss(
         real = keeper.client
         keeper.client = dead_client
         keeper.interval = 0.05
+        attempts = _count_keepalives(dead_client, lambda: True)
         keeper.start()
-        time.sleep(0.3)  # a few failed attempts, with no on_failure to call
-        assert keeper._thread is not None and keeper._thread.is_alive()
+        wait_until(lambda: len(attempts) >= 3, timeout=15.0, message="three failed attempts")
+        assert keeper._thread is not None and keeper._thread.is_alive()  # with no on_failure to call
         keeper.client = real
         clock.advance(2.0)
         wait_until(lambda: keeper.deadline == T0 + 2.0 + TTL - MARGIN, message="renewed deadline")

@@ -7,15 +7,9 @@ from pathlib import Path
 import pytest
 
 from hashing import ShardBy, hash_key
-from rangeshard.core.protobuf import (
-    MAGIC,
-    ProtobufError,
-    is_protobuf,
-    iter_fields,
-    object_identity,
-    read_envelope,
-    read_write_body,
-)
+from rangeshard.core.protobuf import read_write_body
+from rangeshard.core.protobuf_decode import object_identity
+from rangeshard.core.protobuf_wire import MAGIC, ProtobufError, is_protobuf, iter_fields, read_envelope
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "protobuf"
 CRONJOB_UID = "6d1aeb6d-3722-4e6a-9413-18aad6ad73e2"

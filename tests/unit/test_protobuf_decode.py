@@ -15,14 +15,15 @@ from typing import Any
 
 import pytest
 
-from rangeshard.core.protobuf import ProtobufError, object_identity
 from rangeshard.core.protobuf_decode import (
     UnsupportedProtobuf,
     decode_delete_options,
     decode_object,
     known_kinds,
+    object_identity,
 )
 from rangeshard.core.protobuf_schema import KINDS
+from rangeshard.core.protobuf_wire import ProtobufError
 from tests.protobuf_wire import body as _body
 from tests.protobuf_wire import field as _f
 from tests.protobuf_wire import meta

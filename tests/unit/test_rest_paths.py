@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from controller_manager.resources import DEPLOYMENTS, PODS, Resource
+from hashing.resources import parse_resource_name
 from local_apiserver.resources import RESOURCES
 from local_apiserver.routing import Target, parse_target
 from rangeshard.core.kubeapi import ApiError
@@ -13,7 +14,6 @@ from rangeshard.core.rest import (
     RestPath,
     group_version,
     group_version_path,
-    parse_resource_name,
     parse_rest_path,
 )
 
