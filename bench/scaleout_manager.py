@@ -45,7 +45,7 @@ from controller_manager.fencing import api_client_for
 from controller_manager.metrics import Metrics
 from controller_manager.process import ManagerProcess
 from controller_manager.resources import Resource
-from controller_manager.sharding import ShardSettings
+from controller_manager.shardhost import ShardSettings
 from rangeshard.core.etcd import EtcdConfig
 from rangeshard.core.logs import configure_logging
 

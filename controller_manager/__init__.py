@@ -8,7 +8,11 @@ Purpose
     * :mod:`controller_manager.config` - the YAML config (pydantic, exit 2 on errors), a package:
       section models, the external entry, loading, the Markdown reference
     * :mod:`controller_manager.sharding` - registry membership and the
-      init/locked/wait/active state machine (the safety rules live here)
+      init/locked/wait/active state machine (the safety rules live here):
+      the I/O of :mod:`controller_manager.handover`, the decisions without
+      I/O (states, transitions, ``decide(view) -> actions``, the order in
+      which a controller's caches see a range change); its settings and
+      runtime interface in :mod:`controller_manager.shardhost`
     * :mod:`controller_manager.controller` - the framework: informers, workqueue,
       workers, in-range check, audit
     * :mod:`controller_manager.informer` (the thread driver of the foundation's

@@ -59,7 +59,8 @@ from controller_manager.fencing import FencedApiClient, WriteFenced
 from controller_manager.informer import Informer
 from controller_manager.metrics import Metrics
 from controller_manager.resources import Resource, controller_ref, object_key, raw_request
-from controller_manager.sharding import ShardHost, ShardInstance, ShardSettings
+from controller_manager.shardhost import ShardHost, ShardSettings
+from controller_manager.sharding import ShardInstance
 from controller_manager.watchdog import ReconcileTracker
 from controller_manager.workqueue import WorkQueue
 from hashing import MAX_CHAIN, HashRange, ShardBy, hash_key, root_path

@@ -37,7 +37,7 @@ from controller_manager.config import ControllerSection, ManagerConfig
 from controller_manager.external import ExternalRuntime
 from controller_manager.metrics import Metrics, StatusServer
 from controller_manager.plugins import controller_type, resolve_controllers
-from controller_manager.sharding import ShardSettings
+from controller_manager.shardhost import ShardSettings
 from controller_manager.watchdog import Watchdog
 from rangeshard.core.etcd import EtcdConfig
 from rangeshard.core.loops import start_thread

@@ -7,8 +7,7 @@ Purpose
     immediately before every reconcile and call :meth:`end` afterwards.
 
 The invariant
-    No two instances of one controller type reconcile the same object at the
-    same time. This module enforces it with four rules:
+    No two instances of one controller type reconcile the same object at the same time, by five rules:
 
     1. **Locked processes nothing.** A record with ``isLocked`` gets no keys.
        The giver unlocks it only after draining (rule 2). A locked instance
@@ -33,25 +32,17 @@ The invariant
        ``on_token``): lease id plus the registry revision of the view in
        which the current range and lock state were first seen (the join
        revision after a join). A proxy with write fencing refuses writes
-       whose token is no longer current, which closes what timing cannot:
-       a process paused past its lease (docs/reliability.md). A fenced
-       answer for a stale epoch asks for a fresh epoch (:meth:`write_fenced`).
+       whose token is no longer current (a process paused past its lease,
+       docs/reliability.md); a stale epoch's refusal asks for a fresh one (:meth:`write_fenced`).
 
-State machine (``state`` is published in the registry record; the decisions are
-:func:`controller_manager.handover.decide`, this module carries them out)::
-
-    init ──(first instance; caches synced)──────────────────────► active
-    init/─(joined by splitting a busy range)────────────────────► locked
-    locked ──(unlocked by giver, or giver gone; caches synced)───► active
-    active ──(snapshot: a receiver names us as giver)───────────► wait
-    wait ──(no in-flight key outside our range; receivers unlocked)► active
-    any ──(fencing deadline passed)──► fenced (local only: nothing runs)
-    fenced ──(keepalive succeeded again, record intact)─────────► previous state, caches relisted
-    fenced ──(lease lost / record gone)──► rejoin ──► init | locked
-    any ──(graceful stop, rejoinGraceSeconds > 0, drained)──► parked (the record
-          moves to a grace lease; the process exits)
-    (start) ──(our instance id is parked)──► active | locked (same key, no handover)
-    (start) ──(our instance id is held by a live process)──► fatal: the manager exits 1
+State machine
+    ``init -> locked | active``, ``locked -> active``, ``active -> wait ->
+    active``, ``fenced`` and back, ``parked`` on a graceful stop with
+    ``rejoinGraceSeconds``: drawn and decided in :mod:`controller_manager.handover`
+    (:func:`~controller_manager.handover.decide`); this module reads the views
+    and carries the actions out. At start, an instance id that is parked
+    takes its key back with no handover; one held by a live process is fatal
+    (the manager exits 1).
 
 Concurrency model
     One named thread per instance (``shard-<type>``) owns the state machine
@@ -83,8 +74,7 @@ import os
 import queue
 import threading
 import time
-from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from dataclasses import replace
 
 from controller_manager.handover import (
     Action,
@@ -103,80 +93,19 @@ from controller_manager.handover import (
     allowed_transition,
     decide,
 )
+from controller_manager.shardhost import ShardHost, ShardSettings
 from hashing import HashRange
 from rangeshard.core.backoff import Backoff
 from rangeshard.core.clock import MONOTONIC, Clock
 from rangeshard.core.errors import AlreadyRegistered, CompareFailed, NotRegistered, RangeshardError
-from rangeshard.core.etcd import EtcdClient, EtcdConfig
+from rangeshard.core.etcd import EtcdClient
 from rangeshard.core.loops import join_thread, start_thread
 from rangeshard.core.ownertoken import OwnerToken
-from registry import ChildInfo, LeaseKeeper, MainResource, MembershipWatch, Registry, RegistryView, Snapshot, State
+from registry import LeaseKeeper, MembershipWatch, Registry, RegistryView, Snapshot, State
 
 log = logging.getLogger(__name__)
 
 FENCED = Phase.FENCED.value
-
-
-@dataclass(frozen=True)
-class ShardSettings:
-    """The plain values of one shard instance (what the manager's config says for this controller type)."""
-
-    etcd_config: EtcdConfig
-    registry_prefix: str
-    controller_type: str
-    instance_id: str
-    lease_ttl: int
-    reconcile_timeout: float
-    #: Published in the record: where the process runs (a live predecessor is told from a crashed one by it).
-    hostname: str | None = None
-    pid: int | None = None
-    tick: float = 0.1
-    #: ``rejoinGraceSeconds``: > 0 parks the record on a graceful stop instead of leaving.
-    rejoin_grace: float = 0.0
-    #: Published in the record at every join: the proxy measures this type's progress on it.
-    main_resource: MainResource | None = None
-    stuck_after_seconds: float | None = None
-
-
-class ShardHost(Protocol):
-    """What the instance asks of its runtime (see Concurrency model); subclasses inherit the defaults."""
-
-    def synced(self, epoch: int) -> bool:
-        """Whether every cache has been listed at ``epoch`` (processing resumes only then)."""
-
-    def on_epoch(self) -> None:
-        """A new epoch: the range or lock state changed; relist every cache."""
-
-    def on_allowed(self) -> None:
-        """Processing resumed: look at every key in range again (keys seen while paused were skipped)."""
-
-    def workload(self, rng: HashRange) -> tuple[int, dict[str, Any] | None]:
-        """The object count and histogram over ``rng``, published with each heartbeat."""
-
-    def on_state(self, state: str) -> None:
-        """The instance's state changed (``init``, ``locked``, ``wait``, ``active``, ``fenced``, ``parked``)."""
-
-    def on_token(self, token: OwnerToken) -> None:
-        """A new owner token: send it with every request from now on."""
-
-    def on_count(self, event: str) -> None:
-        """One of :attr:`ShardInstance.counters` went up."""
-
-    def drained(self) -> bool:
-        """An extra drain condition of a giver (an external controller: no write in flight, drainSeconds passed)."""
-        return True
-
-    def on_fenced(self) -> None:
-        """Processing stopped (the fencing deadline passed or the record is gone): stop serving the range."""
-        return None
-
-    def on_leaving(self) -> None:
-        """A graceful stop began: stop serving the range (then :meth:`drained` is awaited before the lease goes)."""
-        return None
-
-    def child_info(self) -> ChildInfo | None:
-        """An external controller's process as its manager runs it, published with every heartbeat."""
-        return None
 
 
 class ShardInstance:

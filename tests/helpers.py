@@ -140,7 +140,7 @@ def offline_runtime(controller_cls: Any, etcd_config: EtcdConfig, key_prefix: st
 
     from controller_manager.controller import ControllerRuntime  # noqa: PLC0415
     from controller_manager.metrics import Metrics  # noqa: PLC0415
-    from controller_manager.sharding import ShardSettings  # noqa: PLC0415
+    from controller_manager.shardhost import ShardSettings  # noqa: PLC0415
 
     settings = ShardSettings(etcd_config, key_prefix, "replicaset", "t0", lease_ttl=5, reconcile_timeout=5.0)
     api = k8s.ApiClient(k8s.Configuration(host="http://127.0.0.1:9"))

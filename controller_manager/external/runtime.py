@@ -35,7 +35,8 @@ from controller_manager.config import ExternalSection
 from controller_manager.external.child import Child
 from controller_manager.external.endpoint import Endpoint
 from controller_manager.metrics import Metrics
-from controller_manager.sharding import ShardHost, ShardInstance, ShardSettings
+from controller_manager.shardhost import ShardHost, ShardSettings
+from controller_manager.sharding import ShardInstance
 from hashing import HashRange
 from rangeshard.core.loops import start_thread
 from rangeshard.core.ownertoken import OwnerToken

@@ -28,7 +28,8 @@ from typing import Any
 import pytest
 
 from controller_manager import sharding
-from controller_manager.sharding import ShardHost, ShardInstance, ShardSettings
+from controller_manager.shardhost import ShardHost, ShardSettings
+from controller_manager.sharding import ShardInstance
 from hashing import HashRange
 from rangeshard.core.backoff import Backoff
 from rangeshard.core.clock import ManualClock

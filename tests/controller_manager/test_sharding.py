@@ -27,7 +27,8 @@ from typing import Any
 import pytest
 
 from controller_manager.controller import Expectations, ReconcileContext
-from controller_manager.sharding import FENCED, ShardHost, ShardInstance, ShardSettings
+from controller_manager.shardhost import ShardHost, ShardSettings
+from controller_manager.sharding import FENCED, ShardInstance
 from hashing import MAX_HASH, HashRange
 from rangeshard.core.clock import ManualClock
 from rangeshard.core.errors import ReconcileTimeout
