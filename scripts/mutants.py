@@ -50,6 +50,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 SHARDING = "controller_manager/sharding.py"
+HANDOVER = "controller_manager/handover.py"
 LEASE = "registry/lease.py"
 REGISTRY = "registry/registry.py"
 WORKQUEUE = "controller_manager/workqueue.py"
@@ -79,9 +80,9 @@ MUTANTS: tuple[Mutant, ...] = (
     # -- the four named in issue 18 ---------------------------------------------------------------
     Mutant(
         "drain-skipped",
-        SHARDING,
-        "            if not outside and self.host.drained():",
-        "            if True:",
+        HANDOVER,
+        "        if not view.inflight_outside and view.drained and not new_epoch:",
+        "        if not new_epoch:",
         (f"{T_SHARD}::test_giver_unlocks_its_receiver_only_after_draining_the_keys_it_gave_away",),
         "the giver unlocks its receivers without draining",
         key=True,
@@ -194,15 +195,15 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "fence-late",
         SHARDING,
-        "        if now >= keeper.deadline:",
-        "        if now > keeper.deadline:",
+        "        if self.clock.monotonic() >= keeper.deadline:",
+        "        if self.clock.monotonic() > keeper.deadline:",
         (T_SHARD,),
         "fencing only strictly after the deadline",
     ),
     Mutant(
         "no-fence",
         SHARDING,
-        '            self._fence("lease could not be renewed before the fencing deadline")\n            return',
+        "            return replace(local, deadline_passed=True)",
         "            pass",
         (T_SHARD,),
         "the deadline passing does not fence",
@@ -210,16 +211,16 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "outside-inverted",
         SHARDING,
-        "                outside = [k for k, h in self.inflight.items() if rng is None or not rng.contains(h)]",
-        "                outside = [k for k, h in self.inflight.items() if rng is None or rng.contains(h)]",
+        "            outside = any(rng is None or not rng.contains(h) for h in self.inflight.values())",
+        "            outside = any(rng is None or rng.contains(h) for h in self.inflight.values())",
         (T_SHARD,),
         "the drain waits for the keys the giver keeps instead of those it gives away",
     ),
     Mutant(
         "self-unlock-giver-alive",
         SHARDING,
-        "            if giver_member is None or giver_member.record.is_parked:",
-        "            if True:",
+        "            giver_present=giver_member is not None and not giver_member.record.is_parked,",
+        "            giver_present=False,",
         (T_SHARD,),
         "a locked receiver tries to unlock itself while its giver is registered",
         equivalent="Registry.unlock_orphaned's transaction also requires the giver's key to be absent, "
@@ -252,17 +253,17 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "locked-processes",
-        SHARDING,
-        '                    log.debug("%s: self-unlock refused: %s", self.name, e)\n            return',
-        '                    log.debug("%s: self-unlock refused: %s", self.name, e)',
+        HANDOVER,
+        "            actions.append(SelfUnlock())\n        return actions",
+        "            actions.append(SelfUnlock())",
         (T_SHARD,),
         "a locked instance goes on to process keys",
     ),
     Mutant(
         "unlock-ignores-revision",
         SHARDING,
-        "                            expected_mod_revision=r.mod_revision,",
-        "                            expected_mod_revision=None,",
+        "                        expected_mod_revision=r.mod_revision,",
+        "                        expected_mod_revision=None,",
         (T_SHARD, T_REGISTRY),
         "the unlock does not compare the receiver's mod revision from the drained snapshot",
         equivalent="only a race can tell: between the snapshot and the unlock the receiver's record would have "
