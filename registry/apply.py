@@ -114,18 +114,16 @@ def apply_plan(
 def set_key_settled(
     registry: Registry, controller_type: str, instance_id: str, new_key: int, timeout: float
 ) -> tuple[Member, Member | None]:
-    """:meth:`Registry.set_key` on a settled registry; a lost race (a heartbeat or a handover of the same type
-    landed between its read and its write) is retried from a fresh settled snapshot, a bounded number of times."""
+    """:meth:`Registry.set_key`; a lost race (a heartbeat or a handover of the same type landed between its read and
+    its write) is retried once the registry settled again, a bounded number of times. Bad input fails at once."""
     for races in range(_MAX_MOVE_RACES + 1):
-        wait_settled(registry, controller_type, timeout)
         try:
             return registry.set_key(controller_type, instance_id, new_key)
         except CompareFailed as e:
             if races == _MAX_MOVE_RACES:
                 raise
-            log.info(
-                "%s: moving the key of %s lost a race (%s); re-reading the registry", controller_type, instance_id, e
-            )
+            log.info("%s: moving the key of %s lost a race (%s); retrying", controller_type, instance_id, e)
+            wait_settled(registry, controller_type, timeout)
     raise CompareFailed(f"{controller_type}: moving the key of {instance_id} kept losing races")  # not reached
 
 
