@@ -50,6 +50,7 @@ from range_filter_proxy.resources import ResourceInfo, parse_resource_list
 from range_filter_proxy.watchstream import WatchStream, open_watch
 from range_filter_proxy.wire import WireObject, decode_line
 from rangeshard.core.errors import ConfigError
+from rangeshard.core.http1 import MAX_LINE_BYTES
 from rangeshard.core.kubeapi import WATCH_LINE_PREFIXES, watch_line_prefix
 from rangeshard.core.rest import GVR, group_version_path
 
@@ -139,8 +140,8 @@ class WatchEvent:
         return f"WatchEvent({self.type!r}, name={name!r})"
 
 
-#: A watch line longer than this (no newline in sight) is a broken upstream, not an object.
-MAX_WATCH_LINE_BYTES = 64 * 1024 * 1024
+#: A watch line longer than this (no newline in sight) is a broken upstream, not an object (the endpoint's too).
+MAX_WATCH_LINE_BYTES = MAX_LINE_BYTES
 
 
 def decode_watch_line(line: bytes, what: str) -> WatchEvent:

@@ -24,9 +24,14 @@ Purpose
     ``flow.write_paused``, ``disconnected``, ``chunked_encoding``,
     ``response_started``, ``response_complete``); if any is missing or not
     as expected (another server, another uvicorn protocol or version) there
-    is no sink and every chunk takes the ASGI ``send``, as before
-    (``tests/range_filter_proxy/test_e2e.py`` checks that the ``rangeshard
-    proxy`` process does get one).
+    is no sink and every chunk takes the ASGI ``send``, as before. It
+    writes no attribute of uvicorn's, only reads them; the chunks it writes
+    are framed by the one encoder (:func:`rangeshard.core.http1.chunk_of`).
+    Two tests fail when uvicorn changes under it:
+    ``tests/range_filter_proxy/test_direct_writes.py`` (live events must take
+    the direct path under a real uvicorn, and its framing must parse) and
+    ``tests/range_filter_proxy/test_e2e.py`` (the ``rangeshard proxy``
+    process gets a sink).
 
 Invariants
     * The middlewares between the server and the app only observe a response
@@ -51,6 +56,7 @@ from typing import Any
 from fastapi import FastAPI, Response
 
 from range_filter_proxy.watcher import Watcher
+from rangeshard.core.http1 import chunk_of
 
 log = logging.getLogger(__name__)
 
@@ -101,8 +107,8 @@ class UvicornChunkSink:
         return not (self._cycle.disconnected or self._flow.write_paused or self._transport.is_closing())
 
     def write_chunk(self, parts: list[bytes], size: int) -> None:
-        """One HTTP chunk of ``parts`` (uvicorn's framing: hex size, CRLF, data, CRLF), in one write."""
-        self._transport.write(b"".join([b"%x\r\n" % size, *parts, b"\r\n"]))
+        """One HTTP chunk of ``parts`` (:func:`rangeshard.core.http1.chunk_of`, uvicorn's framing too), in one write."""
+        self._transport.write(chunk_of(parts, size))
 
 
 class WatchResponse(Response):

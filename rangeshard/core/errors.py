@@ -34,6 +34,11 @@ The tree::
     ├── ProtobufError               (rangeshard.core.protobuf) a body that is not well-formed Kubernetes protobuf
     │   └── UnsupportedProtobuf     (rangeshard.core.protobuf_decode) a kind or field the decoder's table lacks (415)
     ├── ReflectorError              (rangeshard.core.reflector) a list of more pages than the bound
+    ├── PeerError                   (rangeshard.core.http1) an HTTP/1.1 peer failed a request of ours
+    │   ├── Unreachable             no connection, or it closed before any byte of the request left
+    │   ├── AnswerLost              the request left, its answer's head never came: a write may have been applied
+    │   ├── BodyBroken              the answer's body was cut, malformed, idle too long or not read on
+    │   └── LineTooLong             a line of a streamed body (a watch event) longer than the limit
     ├── PlanError                   (registry.rebalance) no rebalance plan can be made: nothing measured (exit 2)
     └── RegistryError               anything etcd reports (mapped once, in rangeshard.core.etcd.errors)
         ├── RegistryUnavailable     etcd unreachable or too slow (retry later)
@@ -148,3 +153,27 @@ class LeaseLost(RegistryError):
 
 class NoSplittableRange(RegistryError):
     """A join found no range of two or more keys to split."""
+
+
+class PeerError(RangeshardError):
+    """An HTTP/1.1 peer failed a request of ours (:mod:`rangeshard.core.http1`)."""
+
+
+class Unreachable(PeerError):
+    """No connection could be made, or it closed before any byte of the request left: safe to send again."""
+
+
+class AnswerLost(PeerError):
+    """The request was sent and no answer came (the connection ended or broke): a write may have been applied."""
+
+
+class BodyBroken(PeerError):
+    """The answer's body was cut, malformed, silent for longer than the read timeout, or its reader stopped."""
+
+
+class LineTooLong(PeerError):
+    """A line of a streamed body (a watch event) is longer than ``limit`` bytes."""
+
+    def __init__(self, message: str, limit: int) -> None:
+        super().__init__(message)
+        self.limit = limit
