@@ -52,6 +52,7 @@ SECTIONS = (
     "rolling",
     "external",
     "sidecar",
+    "passthrough",
     "scale",
     "chains",
 )
@@ -318,7 +319,16 @@ def render(result: dict[str, Any], console: Console) -> None:
         console.print(
             _table(
                 f"External controller: a kopf operator, 1 vs 3 sharded instances ({ex['cores']} cores)",
-                ["handler", "objects", "1 instance /s", "3 instances /s", "ratio", "ratio / min(3, cores)"],
+                [
+                    "handler",
+                    "objects",
+                    "1 instance /s",
+                    "3 instances /s",
+                    "ratio",
+                    "ratio / min(3, cores)",
+                    "proxy CPU 1 / 3",
+                    "API server CPU 1 / 3",
+                ],
                 [
                     [
                         f"{label} {ex['workMs'] if label == 'cpuBound' else ex.get('sleepMs', ex['workMs'])} ms",
@@ -327,6 +337,10 @@ def render(result: dict[str, Any], console: Console) -> None:
                         ex[label]["three"]["perSecond"],
                         ex[label]["ratio"],
                         ex[label].get("ratioPerCoreBound"),
+                        f"{ex[label]['one'].get('proxyCpuUtilisation')} / "
+                        f"{ex[label]['three'].get('proxyCpuUtilisation')}",
+                        f"{ex[label]['one'].get('apiserverCpuUtilisation')} / "
+                        f"{ex[label]['three'].get('apiserverCpuUtilisation')}",
                     ]
                     for label in ("cpuBound", "ioBound")
                     if label in ex
@@ -362,6 +376,8 @@ def render(result: dict[str, Any], console: Console) -> None:
         )
     if "sidecar" in result:
         render_sidecar(result["sidecar"], console)
+    if "passthrough" in result:
+        render_passthrough(result["passthrough"], console)
     if "rolling" in result:
         console.print(
             _table(
@@ -524,6 +540,23 @@ def render_sidecar(sc: dict[str, Any], console: Console) -> None:
     )  # fmt: skip
 
 
+def render_passthrough(pt: dict[str, Any], console: Console) -> None:
+    """The table of the ``passthrough`` section."""
+    console.print(
+        _table(
+            f"Pass-through: CPU per request of the relay against the API server's, {pt['clients']} clients "
+            f"(target proxy / upstream <= {pt['targetRatio']} for GET and PATCH; met: {pt['meetsTarget']})",
+            ["way", "request", "requests/s", "relay CPU ms", "API server CPU ms", "relay / upstream",
+             "requests per relay CPU s"],
+            [
+                [r["way"], r["kind"], r["perSecond"], r["relayCpuMsPerRequest"], r["apiserverCpuMsPerRequest"],
+                 r["relayOverUpstream"], r["requestsPerRelayCpuSecond"]]
+                for r in pt["rows"]
+            ],
+        )
+    )  # fmt: skip
+
+
 def render_scale(sc: dict[str, Any], console: Console) -> None:
     """The tables of the ``scale`` section."""
     m = sc["managers"]
@@ -681,6 +714,7 @@ def main(argv: list[str] | None = None) -> int:
         costbalance,
         external,
         fanout,
+        passthrough,
         rolling,
         scale,
         scaleout,
@@ -738,7 +772,7 @@ def main(argv: list[str] | None = None) -> int:
         ),
     )
     measured_balance = "balance" in sections and not quick  # the measured part (by cost) needs ~2 min
-    clustered = ("fanout", "scaleout", "rolling", "external", "sidecar")
+    clustered = ("fanout", "scaleout", "rolling", "external", "sidecar", "passthrough")
     if any(s in sections for s in clustered) or measured_balance:
         cluster = BenchCluster(workdir / "cluster")
         try:
@@ -794,6 +828,10 @@ def main(argv: list[str] | None = None) -> int:
                     events=30 if quick else 200,
                     watches=100,
                 ),
+            )
+            guarded(
+                "passthrough",
+                lambda: passthrough.run(cluster, workdir / "passthrough", requests=60 if quick else 400, clients=8),
             )
         except Exception:
             log.exception("starting the benchmark cluster failed")

@@ -50,7 +50,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from fastapi import FastAPI, Response
@@ -65,10 +65,17 @@ RAW_SEND = "rangeshard.raw_send"
 
 
 class ProxyApp(FastAPI):
-    """The proxy's FastAPI app: remembers the server's ``send`` in the scope for watch bodies."""
+    """The proxy's FastAPI app: remembers the server's ``send`` in the scope for watch bodies, and offers each
+    request to :attr:`relay` (the pass-through, before any routing) first."""
+
+    #: Serves a request at the ASGI level and says so (``True``), or leaves it to the app.
+    relay: Callable[[Any, Any, Any], Awaitable[bool]] | None = None
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http":
+            relay = self.relay
+            if relay is not None and await relay(scope, receive, send):
+                return
             scope[RAW_SEND] = send
         await super().__call__(scope, receive, send)
 

@@ -538,7 +538,11 @@ class ClientResponse:
 
 
 class ClientPool:
-    """Keep-alive connections to one origin, ``base_url`` (``http``, or ``https`` with ``ssl_context``)."""
+    """Keep-alive connections to one origin, ``base_url`` (``http``, or ``https`` with ``ssl_context``).
+
+    ``max_connections`` caps the connections in use at once (a request
+    waits for one, :meth:`state` counts it); ``None``: no cap.
+    """
 
     def __init__(
         self,
@@ -548,6 +552,7 @@ class ClientPool:
         connect_timeout: float = 30.0,
         max_idle: int = 32,
         idle_seconds: float = 4.0,
+        max_connections: int | None = None,
     ) -> None:
         self.origin = Origin.parse(base_url)
         self.ssl = ssl_context if ssl_context is not None or not self.origin.tls else ssl.create_default_context()
@@ -556,7 +561,14 @@ class ClientPool:
         #: An idle connection older than this is closed, not reused: below the common servers' keep-alive
         #: timeouts (uvicorn 5 s), so a request rarely meets a connection the server is closing.
         self.idle_seconds = idle_seconds
+        self.max_connections = max_connections
         self._idle: list[ClientConnection] = []
+        self._busy = 0
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+
+    def state(self) -> tuple[int, int, int]:
+        """``(connections, idle connections, requests waiting for one)``."""
+        return self._busy + len(self._idle), len(self._idle), sum(1 for w in self._waiters if not w.done())
 
     def encode(self, method: str, target: str, headers: Iterable[tuple[str, str]], body: bytes) -> bytes:
         """The request as it goes out: ``target`` under the origin's prefix, the body framed by its length."""
@@ -585,33 +597,64 @@ class ClientPool:
         again = method in IDEMPOTENT
         while True:
             conn, reused = await self._connection(head_only)
-            if not conn.send(data, head_only, read_timeout):
-                conn.close()
-                if reused:
-                    continue  # the connection was closing: provably nothing of the request left
-                raise Unreachable(f"the connection to {self.origin.authority} closed before the request was sent")
+            answered = False
             try:
-                await conn.head
-            except AnswerLost:
-                conn.close()
-                if reused and again:
-                    continue  # a reused connection the server had dropped; idempotent, so once more
-                raise
-            except BaseException:
-                conn.close()
-                raise
-            return ClientResponse(conn, self)
+                if not conn.send(data, head_only, read_timeout):
+                    if reused:
+                        continue  # the connection was closing: provably nothing of the request left
+                    raise Unreachable(f"the connection to {self.origin.authority} closed before the request was sent")
+                try:
+                    await conn.head
+                except AnswerLost:
+                    if reused and again:
+                        continue  # a reused connection the server had dropped; idempotent, so once more
+                    raise
+                answered = True
+                return ClientResponse(conn, self)
+            finally:
+                if not answered:
+                    conn.close()
+                    self._done()
 
     async def _connection(self, head_only: bool) -> tuple[ClientConnection, bool]:
-        now = asyncio.get_running_loop().time()
-        while self._idle and not head_only:
-            conn = self._idle.pop()
-            if conn.reusable and not conn.lost and now - conn.idle_since < self.idle_seconds:
-                return conn, True
-            conn.close()
-        return await connect(self.origin, self.ssl, self.connect_timeout), False
+        """A connection in use (counted until :meth:`release` or a failed request gives it back)."""
+        while self.max_connections is not None and self._busy >= self.max_connections:
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            try:
+                await waiter
+            except BaseException:
+                if waiter.done() and not waiter.cancelled():
+                    self._wake()  # woken, then cancelled: the free connection goes to the next one
+                elif waiter in self._waiters:
+                    self._waiters.remove(waiter)
+                raise
+        self._busy += 1
+        try:
+            now = asyncio.get_running_loop().time()
+            while self._idle and not head_only:
+                conn = self._idle.pop()
+                if conn.reusable and not conn.lost and now - conn.idle_since < self.idle_seconds:
+                    return conn, True
+                conn.close()
+            return await connect(self.origin, self.ssl, self.connect_timeout), False
+        except BaseException:
+            self._done()
+            raise
+
+    def _done(self) -> None:
+        self._busy -= 1
+        self._wake()
+
+    def _wake(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
 
     def release(self, conn: ClientConnection) -> None:
+        self._done()
         if conn.complete and conn.reusable and not conn.lost and conn.error is None and len(self._idle) < self.max_idle:
             self._idle.append(conn)
         else:
