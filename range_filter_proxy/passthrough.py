@@ -230,8 +230,8 @@ class PassThrough:
 
     async def _stream(self, answer: ClientResponse, method: str, target: str, receive: Receive, send: Send) -> None:
         """The body as it comes, until it ends, the client goes away or the shutdown begins."""
-        gone = asyncio.ensure_future(receive())  # http.disconnect: the client went away
-        gone.add_done_callback(lambda _: answer.abort())
+        gone = asyncio.ensure_future(_disconnect(receive))
+        gone.add_done_callback(lambda done: done.cancelled() or answer.abort())
         forget = self.shutdown.on_set(answer.abort)
         try:
             async for pieces in answer.pieces():
@@ -243,6 +243,12 @@ class PassThrough:
             forget()
             gone.cancel()
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _disconnect(receive: Receive) -> None:
+    """Until the client went away (what else ``receive`` returns, such as an unread empty body, is dropped)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 class RelayResponse(Response):

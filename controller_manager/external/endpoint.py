@@ -48,14 +48,12 @@ from controller_manager.external.serving import ServingState, Shard
 from controller_manager.external.workload import MainObjects
 from hashing import ShardBy
 from rangeshard.core import relay
+from rangeshard.core.errors import AnswerLost, LineTooLong, PeerError
 from rangeshard.core.http1 import (
     MAX_LINE_BYTES,
-    AnswerLost,
     ClientPool,
     ClientResponse,
     LineSplitter,
-    LineTooLong,
-    PeerError,
     Request,
     Response,
     Server,

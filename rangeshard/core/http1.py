@@ -70,30 +70,6 @@ import httptools
 from rangeshard.core.errors import AnswerLost, BodyBroken, LineTooLong, PeerError, Unreachable
 from rangeshard.core.requestinfo import OBJECT_BODY_METHODS
 
-__all__ = [
-    "IDEMPOTENT",
-    "LAST_CHUNK",
-    "MAX_LINE_BYTES",
-    "AnswerLost",
-    "BodyBroken",
-    "ClientConnection",
-    "ClientPool",
-    "ClientResponse",
-    "LineSplitter",
-    "LineTooLong",
-    "Origin",
-    "PeerError",
-    "Request",
-    "Response",
-    "Server",
-    "Unreachable",
-    "chunk",
-    "client_ssl",
-    "connect",
-    "request_head",
-    "response_head",
-]
-
 log = logging.getLogger(__name__)
 
 #: Methods a client may send again after a connection died before the answer (RFC 9110 9.2.2, as Go and httpx).
@@ -523,8 +499,12 @@ class ClientResponse:
             conn.sink = None
 
     def abort(self) -> None:
-        """End the answer now (its connection is closed): a blocked reader returns or raises."""
-        self._conn.close()
+        """End the answer now (its connection is closed): a blocked reader returns or raises.
+
+        A no-op once the answer was closed: its connection may serve another request by then.
+        """
+        if not self._closed:
+            self._conn.close()
 
     def close(self) -> None:
         """Release the connection: back to the pool after a complete answer that allows it, else closed."""

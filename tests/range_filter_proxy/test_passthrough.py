@@ -279,3 +279,41 @@ async def test_a_write_the_upstream_took_without_answering_is_passed_through_onc
             assert (await client.get("/api/v1/namespaces/a/configmaps/x")).status_code == 200
     finally:
         server.close()
+
+
+@async_test()
+async def test_streamed_answers_leave_their_connection_reusable_for_the_next_write() -> None:
+    """A relayed answer without a length (chunked) gives its connection back intact: the writes after it pass."""
+    seen: list[bytes] = []
+    connections = 0
+
+    async def upstream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = [int(x.split(b":")[1]) for x in head.lower().split(b"\r\n") if x.startswith(b"content-length")]
+                await reader.readexactly(length[0] if length else 0)
+                seen.append(head.split(b" ")[0])
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
+                await writer.drain()
+                await asyncio.sleep(0.05)  # a slow upstream (scenario time): the proxy relays the body as it comes
+                writer.write(b"1\r\n{\r\n1\r\n}\r\n0\r\n\r\n")
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(upstream, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    try:
+        async with serve(create_app(url)) as proxy, httpx.AsyncClient(base_url=proxy, timeout=10) as client:
+            assert (await client.get("/api/v1/namespaces/a/configmaps/x")).text == "{}"
+            for _ in range(3):
+                resp = await client.post("/api/v1/namespaces/a/configmaps", json={"metadata": {"name": "x"}})
+                assert resp.status_code == 200 and resp.text == "{}", resp.text
+            assert seen == [b"GET", b"POST", b"POST", b"POST"]
+            assert connections == 1, "every request went over the one kept-alive connection"
+    finally:
+        server.close()
