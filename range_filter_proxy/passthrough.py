@@ -231,7 +231,12 @@ class PassThrough:
     async def _stream(self, answer: ClientResponse, method: str, target: str, receive: Receive, send: Send) -> None:
         """The body as it comes, until it ends, the client goes away or the shutdown begins."""
         gone = asyncio.ensure_future(_disconnect(receive))
-        gone.add_done_callback(lambda done: done.cancelled() or answer.abort())
+
+        def left(done: asyncio.Future[None]) -> None:
+            if not done.cancelled():  # cancelled: the answer ended first (and its connection may serve another)
+                answer.abort()
+
+        gone.add_done_callback(left)
         forget = self.shutdown.on_set(answer.abort)
         try:
             async for pieces in answer.pieces():
