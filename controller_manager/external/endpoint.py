@@ -341,10 +341,10 @@ class Endpoint:
         lines = LineSplitter(MAX_LINE_BYTES)
         try:
             async for pieces in upstream.pieces():
-                data = lines.split(pieces)
+                data = lines.block(pieces)
                 if not data:
                     continue
-                if not self._deliver(watch, generation, b"".join(data), response, main):
+                if not self._deliver(watch, generation, data, response, main):
                     break
                 await response.drain()
             last = lines.rest()

@@ -189,11 +189,39 @@ class LineSplitter:
                     pending.append(tail)
                     self.size += len(tail)
             if self.size > self.limit:
-                pending.clear()
-                self.size = 0
-                raise LineTooLong(f"a line longer than {self.limit} bytes", self.limit)
+                self._too_long()
             out.extend([line for line in lines if len(line) > 1 and not line.isspace()])
         return out
+
+    def block(self, pieces: list[bytes]) -> bytes:
+        """The complete lines in ``pieces`` after what was pending, as they came (blank ones too), in one block.
+
+        For a relay that passes lines on unchanged: one search per piece, one
+        join per call; :class:`LineTooLong` as :meth:`split`.
+        """
+        out: list[bytes] = []
+        pending = self.pending
+        for data in pieces:
+            end = data.rfind(b"\n") + 1
+            if end and pending and self.size + data.find(b"\n") > self.limit:
+                self._too_long()
+            tail = data[end:] if end else data
+            if end:
+                out.extend(pending)
+                out.append(data if end == len(data) else data[:end])
+                pending.clear()
+                self.size = 0
+            if tail:
+                pending.append(tail)
+                self.size += len(tail)
+                if self.size > self.limit:
+                    self._too_long()
+        return out[0] if len(out) == 1 else b"".join(out)
+
+    def _too_long(self) -> None:
+        self.pending.clear()
+        self.size = 0
+        raise LineTooLong(f"a line longer than {self.limit} bytes", self.limit)
 
     def rest(self) -> bytes | None:
         """The last line if the body did not end with a newline (``None`` if it did, or it is blank)."""

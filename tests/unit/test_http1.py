@@ -45,6 +45,22 @@ def test_the_splitter_keeps_a_long_line_as_pieces_and_cuts_it_at_the_limit() -> 
     assert http1.LineSplitter(10).split([b"a\rb\n"]) == [b"a\rb\n"], "only \\n ends a line"
 
 
+def test_the_block_splitter_passes_complete_lines_on_as_they_came_and_is_bounded_too() -> None:
+    lines = http1.LineSplitter(1_000)
+    assert lines.block([b'{"a":1}\n{"b"', b":2}\r\n\n{"]) == b'{"a":1}\n{"b":2}\r\n\n'
+    for _ in range(9):  # 900 bytes of one line over 9 reads: kept as pieces
+        assert lines.block([b"x" * 100]) == b""
+    assert len(lines.pending) == 10 and lines.size == 901
+    assert lines.block([b"}\n"]) == b"{" + b"x" * 900 + b"}\n"
+    lines.block([b"y" * 999])
+    with pytest.raises(LineTooLong):
+        lines.block([b"yy\n"])  # the pending line ends, but past the limit
+    assert lines.pending == [] and lines.size == 0
+    with pytest.raises(LineTooLong):
+        lines.block([b"z" * 600, b"z" * 600])
+    assert lines.block([b"last"]) == b"" and lines.rest() == b"last"
+
+
 def test_heads_and_chunks() -> None:
     assert http1.response_head(200, [("A", "1")]) == b"HTTP/1.1 200 OK\r\nA: 1\r\n\r\n"
     assert http1.response_head(599, []) == b"HTTP/1.1 599 \r\n\r\n"
