@@ -28,7 +28,7 @@ Invariants
 
 Concurrency model
     The caller's thread; the clients are coroutines of one event loop
-    (``rangeshard.core.http1``'s pool: cheap, so the host's cores go to the
+    (``rangeshard.core.http1client``'s pool: cheap, so the host's cores go to the
     measured processes).
 """
 
@@ -48,7 +48,7 @@ import orjson
 
 from bench.common import BenchCluster, proc_cpu_seconds
 from range_filter_proxy.process import ProxyProcess
-from rangeshard.core.http1 import ClientPool
+from rangeshard.core.http1client import ClientPool
 from rangeshard.core.process import free_port, terminate
 
 log = logging.getLogger(__name__)

@@ -10,7 +10,7 @@ Purpose
     pass unchanged.
 
     It works at the ASGI level (:meth:`PassThrough.serve`: scope, receive,
-    send) over the one HTTP/1.1 client (:mod:`rangeshard.core.http1`, through
+    send) over the one HTTP/1.1 client (:mod:`rangeshard.core.http1client`, through
     :meth:`range_filter_proxy.upstream.Upstream.forward`): the proxy's app
     hands it every request that is not a collection ``GET`` before FastAPI
     routes anything (:meth:`range_filter_proxy.app.Proxy.relay`), and a
@@ -28,7 +28,7 @@ Invariants
     * In ``static`` auth mode the client's token stays here: the proxy's own
       credentials are used upstream; in ``delegate`` mode the proxy's own are
       never added.
-    * A write is sent upstream at most once (:class:`rangeshard.core.http1.ClientPool`);
+    * A write is sent upstream at most once (:class:`rangeshard.core.http1client.ClientPool`);
       one whose connection died before the answer is a 503 saying it may
       have been applied. Request bodies are read whole, at most the proxy's
       ``--max-request-body-bytes`` (413 beyond).
@@ -63,7 +63,7 @@ from range_filter_proxy.metrics import ProxyMetrics
 from range_filter_proxy.upstream import Upstream
 from rangeshard.core import relay
 from rangeshard.core.errors import PeerError
-from rangeshard.core.http1 import ClientResponse
+from rangeshard.core.http1client import ClientResponse
 from rangeshard.core.kubeapi import (
     Receive,
     RequestTooLarge,

@@ -50,7 +50,8 @@ from range_filter_proxy.resources import ResourceInfo, parse_resource_list
 from range_filter_proxy.watchstream import WatchStream, open_watch
 from range_filter_proxy.wire import WireObject, decode_line
 from rangeshard.core.errors import AnswerLost, ConfigError, PeerError
-from rangeshard.core.http1 import MAX_LINE_BYTES, ClientPool, ClientResponse, client_ssl
+from rangeshard.core.http1 import MAX_LINE_BYTES
+from rangeshard.core.http1client import ClientPool, ClientResponse, client_ssl
 from rangeshard.core.kubeapi import WATCH_LINE_PREFIXES, watch_line_prefix
 from rangeshard.core.rest import GVR, group_version_path
 
@@ -381,7 +382,7 @@ class HttpUpstream(Upstream):
             limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=50),
             follow_redirects=False,
         )
-        #: The pass-through's keep-alive connections (:mod:`rangeshard.core.http1`): writes and uncached reads.
+        #: The pass-through's keep-alive connections (:mod:`rangeshard.core.http1client`): writes and uncached reads.
         self.pool = ClientPool(
             config.base_url,
             ssl_context=client_ssl(config.verify),

@@ -6,7 +6,7 @@ Purpose
     pure-Python chunk parser, anyio's stream and timeout scopes and three
     nested async iterators (~16 % of the proxy's CPU at 6,000 events/s in a
     py-spy profile). :func:`open_watch` sends the request on a connection of
-    its own (:func:`rangeshard.core.http1.connect`; TLS through :mod:`ssl`
+    its own (:func:`rangeshard.core.http1client.connect`; TLS through :mod:`ssl`
     when the URL is ``https``), the answer is parsed by httptools, and the
     complete lines of each read (:class:`rangeshard.core.http1.LineSplitter`)
     go to a sink (:meth:`WatchStream.feed`, called from ``data_received``: no
@@ -42,7 +42,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from urllib.parse import urlencode
 
 from range_filter_proxy.errors import UpstreamError, UpstreamUnavailable
-from rangeshard.core import http1
+from rangeshard.core import http1, http1client
 from rangeshard.core.errors import LineTooLong, PeerError
 
 #: Unread body bytes above which the socket is no longer read (until the consumer catches up).
@@ -60,7 +60,7 @@ def _error(what: str, e: PeerError) -> UpstreamError:
 class WatchStream:
     """One open watch response: its status, then its body as batches of lines."""
 
-    def __init__(self, response: http1.ClientResponse, what: str, max_line: int) -> None:
+    def __init__(self, response: http1client.ClientResponse, what: str, max_line: int) -> None:
         self._response = response
         self.status = response.status
         self.what = what
@@ -143,7 +143,7 @@ async def open_watch(
     except ValueError as e:
         raise UpstreamError(f"{what}: {e}") from None  # the header's value is never echoed
     try:
-        conn = await http1.connect(origin, http1.client_ssl(verify), connect_timeout, _HIGH_WATER)
+        conn = await http1client.connect(origin, http1client.client_ssl(verify), connect_timeout, _HIGH_WATER)
     except PeerError as e:
         raise _error(what, e) from e
     try:
@@ -160,4 +160,4 @@ async def open_watch(
     except BaseException:
         conn.close()
         raise
-    return WatchStream(http1.ClientResponse(conn, None), what, max_line)
+    return WatchStream(http1client.ClientResponse(conn, None), what, max_line)

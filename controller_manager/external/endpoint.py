@@ -3,7 +3,7 @@
 Purpose
     :class:`Endpoint` serves the URL the controller's kubeconfig names and
     relays each request to the range filter proxy over the one HTTP/1.1
-    layer (:mod:`rangeshard.core.http1`: its server, its client pool), as
+    layer (:mod:`rangeshard.core.http1server`, :mod:`rangeshard.core.http1client`), as
     :func:`rangeshard.core.requestinfo.classify` reads it and
     :mod:`rangeshard.core.relay`'s rules forward it; what a list, a watch
     and a write of a ``shard`` resource become is the package's docstring
@@ -49,16 +49,9 @@ from controller_manager.external.workload import MainObjects
 from hashing import ShardBy
 from rangeshard.core import relay
 from rangeshard.core.errors import AnswerLost, LineTooLong, PeerError
-from rangeshard.core.http1 import (
-    MAX_LINE_BYTES,
-    ClientPool,
-    ClientResponse,
-    LineSplitter,
-    Request,
-    Response,
-    Server,
-    client_ssl,
-)
+from rangeshard.core.http1 import MAX_LINE_BYTES, LineSplitter
+from rangeshard.core.http1client import ClientPool, ClientResponse, client_ssl
+from rangeshard.core.http1server import Request, Response, Server
 from rangeshard.core.kubeapi import ApiError, event_line, expired_status, status_object
 from rangeshard.core.loops import start_thread
 from rangeshard.core.objpath import dig
@@ -243,7 +236,7 @@ class Endpoint:
         """The proxy's answer to ``request`` sent to ``target``; ``None`` once a Status answered that there is none.
 
         A write is never sent twice: when the proxy took it and closed the connection without an answer, the
-        controller gets a 503 saying it may have been applied (:class:`rangeshard.core.http1.ClientPool`).
+        controller gets a 503 saying it may have been applied (:class:`rangeshard.core.http1client.ClientPool`).
         """
         try:
             return await self.upstream.request(request.method, target, list(headers), request.body)

@@ -22,6 +22,7 @@ The tree::
     │   ├── ReconcileTimeout        a reconcile reached its deadline (fencing or its own bound)
     │   ├── Requeue                 (controller_manager.controller) reconcile again later
     │   └── WriteFenced             (controller_manager.fencing) the proxy refused a write: ownership is lost
+    ├── ClientGone                  (rangeshard.core.kubeapi) the client left before its request body was read
     ├── ApiError                    (rangeshard.core.kubeapi) an HTTP failure answered as a Kubernetes Status
     │   ├── RequestTooLarge         a request body over the limit (413)
     │   └── SelectorParseError      (rangeshard.core.selectors) a label/field selector that cannot be parsed (400)
@@ -34,7 +35,7 @@ The tree::
     ├── ProtobufError               (rangeshard.core.protobuf) a body that is not well-formed Kubernetes protobuf
     │   └── UnsupportedProtobuf     (rangeshard.core.protobuf_decode) a kind or field the decoder's table lacks (415)
     ├── ReflectorError              (rangeshard.core.reflector) a list of more pages than the bound
-    ├── PeerError                   (rangeshard.core.http1) an HTTP/1.1 peer failed a request of ours
+    ├── PeerError                   (rangeshard.core.http1client) an HTTP/1.1 peer failed a request of ours
     │   ├── Unreachable             no connection, or it closed before any byte of the request left
     │   ├── AnswerLost              the request left, its answer's head never came: a write may have been applied
     │   ├── BodyBroken              the answer's body was cut, malformed, idle too long or not read on
@@ -156,7 +157,7 @@ class NoSplittableRange(RegistryError):
 
 
 class PeerError(RangeshardError):
-    """An HTTP/1.1 peer failed a request of ours (:mod:`rangeshard.core.http1`)."""
+    """An HTTP/1.1 peer failed a request of ours (:mod:`rangeshard.core.http1client`)."""
 
 
 class Unreachable(PeerError):

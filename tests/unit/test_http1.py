@@ -1,4 +1,4 @@
-"""The one HTTP/1.1 layer (``rangeshard.core.http1``) against raw loopback servers written here.
+"""The one HTTP/1.1 layer (``rangeshard.core.http1``, ``http1client``) against raw loopback servers written here.
 
 * The line splitter is bounded and linear: a line spread over many reads is
   kept as its pieces (never joined per read), one beyond the limit raises
@@ -21,7 +21,7 @@ from contextlib import asynccontextmanager
 
 import pytest
 
-from rangeshard.core import http1
+from rangeshard.core import http1, http1client
 from rangeshard.core.errors import AnswerLost, BodyBroken, LineTooLong
 from tests.range_filter_proxy.helpers import async_test
 
@@ -121,7 +121,7 @@ async def test_a_write_is_never_sent_twice_and_an_idempotent_read_is() -> None:
         return True
 
     async with _server(serve) as (url, seen):
-        pool = http1.ClientPool(url)
+        pool = http1client.ClientPool(url)
         try:
             first = await pool.request("GET", "/first", [])
             assert await first.read() == b"{}"
@@ -143,7 +143,7 @@ async def test_a_write_is_never_sent_twice_and_an_idempotent_read_is() -> None:
         return True
 
     async with _server(drop_second) as (url, seen):
-        pool = http1.ClientPool(url)
+        pool = http1client.ClientPool(url)
         try:
             (await pool.request("GET", "/first", [])).close()
             answer = await pool.request("GET", "/again", [])
@@ -167,7 +167,7 @@ async def test_a_malformed_body_or_head_fails_the_reader_at_once() -> None:
         return False
 
     async with _server(bad_chunk) as (url, _seen):
-        pool = http1.ClientPool(url)
+        pool = http1client.ClientPool(url)
         try:
             answer = await pool.request("GET", "/api/v1/pods?watch=true", [])
             started = time.monotonic()
@@ -186,7 +186,7 @@ async def test_a_malformed_body_or_head_fails_the_reader_at_once() -> None:
 
     hold.clear()
     async with _server(bad_head) as (url, _seen):
-        pool = http1.ClientPool(url)
+        pool = http1client.ClientPool(url)
         try:
             with pytest.raises(AnswerLost, match="malformed"):
                 await pool.request("GET", "/", [])
