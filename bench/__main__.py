@@ -52,6 +52,7 @@ SECTIONS = (
     "rolling",
     "external",
     "sidecar",
+    "passthrough",
     "scale",
     "chains",
     "handover",
@@ -319,7 +320,16 @@ def render(result: dict[str, Any], console: Console) -> None:
         console.print(
             _table(
                 f"External controller: a kopf operator, 1 vs 3 sharded instances ({ex['cores']} cores)",
-                ["handler", "objects", "1 instance /s", "3 instances /s", "ratio", "ratio / min(3, cores)"],
+                [
+                    "handler",
+                    "objects",
+                    "1 instance /s",
+                    "3 instances /s",
+                    "ratio",
+                    "ratio / min(3, cores)",
+                    "proxy CPU 1 / 3",
+                    "API server CPU 1 / 3",
+                ],
                 [
                     [
                         f"{label} {ex['workMs'] if label == 'cpuBound' else ex.get('sleepMs', ex['workMs'])} ms",
@@ -328,6 +338,10 @@ def render(result: dict[str, Any], console: Console) -> None:
                         ex[label]["three"]["perSecond"],
                         ex[label]["ratio"],
                         ex[label].get("ratioPerCoreBound"),
+                        f"{ex[label]['one'].get('proxyCpuUtilisation')} / "
+                        f"{ex[label]['three'].get('proxyCpuUtilisation')}",
+                        f"{ex[label]['one'].get('apiserverCpuUtilisation')} / "
+                        f"{ex[label]['three'].get('apiserverCpuUtilisation')}",
                     ]
                     for label in ("cpuBound", "ioBound")
                     if label in ex
@@ -363,6 +377,8 @@ def render(result: dict[str, Any], console: Console) -> None:
         )
     if "sidecar" in result:
         render_sidecar(result["sidecar"], console)
+    if "passthrough" in result:
+        render_passthrough(result["passthrough"], console)
     if "rolling" in result:
         console.print(
             _table(
@@ -523,6 +539,23 @@ def render_sidecar(sc: dict[str, Any], console: Console) -> None:
                 _spread(s["hundredWatchesMiB"]),
                 f"event p50 <= {t['watchEventAddedP50Ms']} ms, 100 watches <= {t['hundredWatchesMiB']} MiB",
             ]],
+        )
+    )  # fmt: skip
+
+
+def render_passthrough(pt: dict[str, Any], console: Console) -> None:
+    """The table of the ``passthrough`` section."""
+    console.print(
+        _table(
+            f"Pass-through: CPU per request of the relay against the API server's, {pt['clients']} clients "
+            f"(target proxy / upstream <= {pt['targetRatio']} for GET and PATCH; met: {pt['meetsTarget']})",
+            ["way", "request", "requests/s", "relay CPU ms", "API server CPU ms", "relay / upstream",
+             "requests per relay CPU s"],
+            [
+                [r["way"], r["kind"], r["perSecond"], r["relayCpuMsPerRequest"], r["apiserverCpuMsPerRequest"],
+                 r["relayOverUpstream"], r["requestsPerRelayCpuSecond"]]
+                for r in pt["rows"]
+            ],
         )
     )  # fmt: skip
 
@@ -717,6 +750,7 @@ def main(argv: list[str] | None = None) -> int:
         external,
         fanout,
         handover,
+        passthrough,
         rolling,
         scale,
         scaleout,
@@ -775,7 +809,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     guarded("handover", lambda: handover.run(quick, workdir / "handover", sizes=args.handover_objects))
     measured_balance = "balance" in sections and not quick  # the measured part (by cost) needs ~2 min
-    clustered = ("fanout", "scaleout", "rolling", "external", "sidecar")
+    clustered = ("fanout", "scaleout", "rolling", "external", "sidecar", "passthrough")
     if any(s in sections for s in clustered) or measured_balance:
         cluster = BenchCluster(workdir / "cluster")
         try:
@@ -831,6 +865,10 @@ def main(argv: list[str] | None = None) -> int:
                     events=30 if quick else 200,
                     watches=100,
                 ),
+            )
+            guarded(
+                "passthrough",
+                lambda: passthrough.run(cluster, workdir / "passthrough", requests=60 if quick else 400, clients=8),
             )
         except Exception:
             log.exception("starting the benchmark cluster failed")

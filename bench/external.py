@@ -10,7 +10,9 @@ Purpose
       the managers start and handle them (cheap); then every Gadget's spec is
       patched to ``work`` ms of CPU (a CPU-bound handler, ``time.thread_time``)
       and a new size. Measured: handled events per second, from the first patch
-      to the last ConfigMap showing the new size, with 1 and with 3 managers.
+      to the last ConfigMap showing the new size, with 1 and with 3 managers,
+      and the CPU the proxy and the API server spent meanwhile (seconds and
+      utilisation: the shared stack's ceiling, named).
       The same again with an I/O-bound handler (``sleepMs``: the handler waits)
       shows the scaling where the host's cores are not the limit.
     * **endpoint latency**: ``requests`` sequential GETs of one ConfigMap and
@@ -49,7 +51,7 @@ from typing import Any
 import httpx
 import yaml
 
-from bench.common import BenchCluster, percentile, settled, wait_for, wait_managers
+from bench.common import BenchCluster, percentile, proc_cpu_seconds, settled, wait_for, wait_managers
 from controller_manager.process import ManagerProcess
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
 from registry import Registry
@@ -186,15 +188,23 @@ def _throughput(cluster: BenchCluster, workdir: Path, n: int, objects: int, spec
         run.setup()
         run.start_managers(n)
         wait_for(lambda: run.converged(0), 120 + objects / 10, "the initial (cheap) handling")
+        pids = {"proxy": cluster.proxy_pid, "apiserver": cluster.apiserver.pid if cluster.apiserver else None}
+        cpu0 = {k: proc_cpu_seconds(pid) for k, pid in pids.items()}
         started = run.patch_all({**spec, "size": 1})
         deadline = 600.0
         wait_for(lambda: run.converged(1), deadline, f"every Gadget handled with {n} instance(s)", interval=0.2)
         seconds = time.monotonic() - started
+        cpu = {k: proc_cpu_seconds(pid) - cpu0[k] for k, pid in pids.items()}
         return {
             "instances": n,
             "objects": objects,
             "seconds": round(seconds, 2),
             "perSecond": round(objects / seconds, 1),
+            # The shared stack's share: a core-second each of these can give caps every instance behind them.
+            "proxyCpuSeconds": round(cpu["proxy"], 2),
+            "apiserverCpuSeconds": round(cpu["apiserver"], 2),
+            "proxyCpuUtilisation": round(cpu["proxy"] / seconds, 2),
+            "apiserverCpuUtilisation": round(cpu["apiserver"] / seconds, 2),
         }
     finally:
         run.close()

@@ -41,7 +41,9 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 from typing import Any
+from urllib.parse import parse_qsl
 
+import orjson
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -57,16 +59,27 @@ from range_filter_proxy.heap import HeapKeeper, HeapSettings
 from range_filter_proxy.listing import CollectionServer, json_response
 from range_filter_proxy.metrics import ProxyMetrics
 from range_filter_proxy.paging import PagingSettings
-from range_filter_proxy.passthrough import PassThrough
+from range_filter_proxy.passthrough import PassThrough, send_json
 from range_filter_proxy.progress import ProgressCollector, ProgressSettings, ProgressTracker
 from range_filter_proxy.tables import ProxyTables
 from range_filter_proxy.upstream import HttpUpstream, Upstream, UpstreamConfig
 from range_filter_proxy.watchresponse import ProxyApp
 from rangeshard.core.errors import ConfigError
-from rangeshard.core.kubeapi import DEFAULT_MAX_BODY_BYTES, ApiError, BodyLimit, status_object
+from rangeshard.core.kubeapi import (
+    DEFAULT_MAX_BODY_BYTES,
+    ApiError,
+    BodyLimit,
+    ClientGone,
+    Receive,
+    RequestTooLarge,
+    Scope,
+    Send,
+    send_status,
+    status_object,
+)
 from rangeshard.core.kubeapi import Attributes as AuthAttributes
 from rangeshard.core.loops import probe_loop_lag, start_task
-from rangeshard.core.requestinfo import classify
+from rangeshard.core.requestinfo import RequestInfo, classify
 from rangeshard.core.serving import ShutdownSignal
 
 log = logging.getLogger(__name__)
@@ -120,7 +133,9 @@ class Proxy:
         self.shutdown = ShutdownSignal()
         self.shutdown.on_set(self._end_streams)
         self.collections = CollectionServer(self.manager, ProxyTables(upstream), config.paging, self.shutdown)
-        self.passthrough = PassThrough(upstream, self.manager, metrics, self.auth.mode, self.fence, self.shutdown)
+        self.passthrough = PassThrough(
+            upstream, self.manager, metrics, self.auth.mode, self.fence, self.shutdown, config.max_body_bytes
+        )
 
         def busy() -> float:
             state = upstream.pool_state()
@@ -245,23 +260,74 @@ class Proxy:
                 )
                 await self.auth.check(request.headers.get("authorization"), attrs)
                 return await self.collections.serve(request, info, cp.namespace)
-        if self.auth.mode is AuthMode.STATIC:
-            target = what.path
-            attrs = (
-                AuthAttributes(verb=what.verb, path=request.url.path)
-                if target is None
-                else AuthAttributes(  # a resource request: named as kube-apiserver names it (its 403 too)
-                    verb=what.verb,
-                    resource=target.gvr.resource,
-                    group=target.gvr.group,
-                    version=target.gvr.version,
-                    namespace=target.namespace or "",
-                    name=target.name or "",
-                    subresource=target.subresource,
-                )
+        await self._authorize_passthrough(what, request.url.path, request.headers.get("authorization"))
+        return self.passthrough.forward(request)
+
+    async def _authorize_passthrough(self, what: RequestInfo, path: str, authorization: str | None) -> None:
+        """In ``static`` mode, whether the client may make a request that is passed through (else 401/403)."""
+        if self.auth.mode is not AuthMode.STATIC:
+            return
+        target = what.path
+        attrs = (
+            AuthAttributes(verb=what.verb, path=path)
+            if target is None
+            else AuthAttributes(  # a resource request: named as kube-apiserver names it (its 403 too)
+                verb=what.verb,
+                resource=target.gvr.resource,
+                group=target.gvr.group,
+                version=target.gvr.version,
+                namespace=target.namespace or "",
+                name=target.name or "",
+                subresource=target.subresource,
             )
-            await self.auth.check(request.headers.get("authorization"), attrs)
-        return await self.passthrough.forward(request)
+        )
+        await self.auth.check(authorization, attrs)
+
+    async def relay(self, scope: Scope, receive: Receive, send: Send) -> bool:
+        """Pass a request through at the ASGI level, before any routing; ``False``: the app routes it.
+
+        Everything but a collection ``GET`` (which the cache may serve) and the
+        proxy's own paths: one ``classify``, the ``static`` mode's check, the
+        pass-through (:meth:`PassThrough.serve`), and every error as the app's
+        exception handlers answer it.
+        """
+        path: str = scope["path"]
+        if path in _OWN_PATHS:
+            return False
+        method: str = scope["method"]
+        query: bytes = scope["query_string"]
+        what = classify(method, path, dict(parse_qsl(query.decode("latin-1"), keep_blank_values=True)) if query else {})
+        cp = what.path
+        if method == "GET" and cp is not None and cp.collection and not cp.watch_prefix:
+            return False
+        try:
+            if self.auth.mode is AuthMode.STATIC:
+                authorization = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"authorization"), None)
+                await self._authorize_passthrough(what, path, authorization)
+            await self.passthrough.serve(scope, receive, send)
+        except RequestTooLarge as e:
+            await send_status(send, e, [(b"connection", b"close")])
+        except ClientGone:
+            self.metrics.client_disconnects.inc()
+            log.debug("client disconnected during %s %s", method, path)
+        except (ApiError, UpstreamError) as e:
+            code, doc = error_status(e)
+            await send_json(send, code, orjson.dumps(doc))
+        return True
+
+
+#: Paths the proxy answers itself (never passed through).
+_OWN_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+
+
+def error_status(exc: ApiError | UpstreamError) -> tuple[int, dict[str, Any]]:
+    """The HTTP status and ``Status`` body an error of a request is answered with."""
+    if isinstance(exc, ApiError):
+        return exc.code, exc.status()
+    if exc.status is not None and 400 <= exc.code < 600:
+        return exc.code, exc.status
+    code = 503 if exc.code >= 500 else exc.code
+    return code, status_object(code, "ServiceUnavailable" if code == 503 else "BadRequest", f"upstream: {exc}")
 
 
 def create_app(
@@ -294,6 +360,7 @@ def create_app(
 
     app = ProxyApp(lifespan=lifespan, openapi_url=None, docs_url=None, redoc_url=None)
     app.state.proxy = state
+    app.relay = state.relay
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
 
     @app.exception_handler(ApiError)
@@ -309,12 +376,7 @@ def create_app(
 
     @app.exception_handler(UpstreamError)
     async def _upstream_error(_request: Request, exc: UpstreamError) -> Response:
-        if exc.status is not None and 400 <= exc.code < 600:
-            return json_response(exc.code, exc.status)
-        code = 503 if exc.code >= 500 else exc.code
-        return json_response(
-            code, status_object(code, "ServiceUnavailable" if code == 503 else "BadRequest", f"upstream: {exc}")
-        )
+        return json_response(*error_status(exc))
 
     @app.get("/healthz")
     async def healthz() -> Response:

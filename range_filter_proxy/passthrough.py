@@ -2,12 +2,23 @@
 
 Purpose
     :class:`PassThrough` forwards a request upstream unchanged (status,
-    headers, streaming body, the client's ``Authorization``) and relays the
-    answer as a stream. With write fencing on, a write carrying an owner token
-    is forwarded only if :class:`range_filter_proxy.fencing.WriteFence` lets
-    it pass; else ``409`` (``fenced_status``), counted in
+    headers, body, the client's ``Authorization``) and relays the answer.
+    With write fencing on, a write carrying an owner token is forwarded only
+    if :class:`range_filter_proxy.fencing.WriteFence` lets it pass; else
+    ``409`` (``fenced_status``), counted in
     ``range_filter_proxy_fenced_writes_total{reason}``. Writes without a token
     pass unchanged.
+
+    It works at the ASGI level (:meth:`PassThrough.serve`: scope, receive,
+    send) over the one HTTP/1.1 client (:mod:`rangeshard.core.http1client`, through
+    :meth:`range_filter_proxy.upstream.Upstream.forward`): the proxy's app
+    hands it every request that is not a collection ``GET`` before FastAPI
+    routes anything (:meth:`range_filter_proxy.app.Proxy.relay`), and a
+    collection ``GET`` the cache does not serve reaches it as a
+    :class:`RelayResponse`. Per request that leaves out FastAPI's routing,
+    its middleware stack, Starlette's streaming task group and httpx/httpcore
+    (which retried a failing ``import sniffio`` and built socket attribute
+    dicts on every pool operation).
 
 Invariants
     * What passes is :mod:`rangeshard.core.relay`'s rules (the external
@@ -17,12 +28,21 @@ Invariants
     * In ``static`` auth mode the client's token stays here: the proxy's own
       credentials are used upstream; in ``delegate`` mode the proxy's own are
       never added.
+    * A write is sent upstream at most once (:class:`rangeshard.core.http1client.ClientPool`);
+      one whose connection died before the answer is a 503 saying it may
+      have been applied. Request bodies are read whole, at most the proxy's
+      ``--max-request-body-bytes`` (413 beyond).
+    * An answer with a length up to :data:`_WHOLE` is read whole and sent in
+      one piece; any other streams, and ends as soon as the client goes away
+      or the shutdown begins. The upstream connection is released (back to
+      the pool or closed) in every case, synchronously: no cancellation can
+      leave it in use.
     * An upstream that cannot pass requests through (an in-memory one) answers
       404 (:meth:`range_filter_proxy.upstream.Upstream.forward`).
-    * A relayed stream ends as soon as the shutdown begins.
 
 Concurrency model
-    Coroutines on the proxy's event loop.
+    Coroutines on the proxy's event loop; a streamed answer has one task
+    waiting for the client's disconnect.
 """
 
 from __future__ import annotations
@@ -30,23 +50,29 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import Mapping
 from typing import Any
 
-import httpx
+import orjson
 from fastapi import Request, Response
-from fastapi.responses import StreamingResponse
-from starlette.background import BackgroundTask
 
 from range_filter_proxy.auth import AuthMode
 from range_filter_proxy.cache import CacheManager
-from range_filter_proxy.errors import UpstreamError
 from range_filter_proxy.fencing import WriteFence, write_keys
-from range_filter_proxy.listing import json_response
 from range_filter_proxy.metrics import ProxyMetrics
 from range_filter_proxy.upstream import Upstream
 from rangeshard.core import relay
-from rangeshard.core.kubeapi import RequestTooLarge, status_object
+from rangeshard.core.errors import PeerError
+from rangeshard.core.http1client import ClientResponse
+from rangeshard.core.kubeapi import (
+    Receive,
+    RequestTooLarge,
+    Scope,
+    Send,
+    declared_too_large,
+    read_body,
+    status_object,
+)
 from rangeshard.core.ownertoken import (
     FENCED_HEADER,
     SHARD_BY_HEADER,
@@ -58,9 +84,20 @@ from rangeshard.core.ownertoken import (
 from rangeshard.core.protobuf import ProtobufError, read_write_body
 from rangeshard.core.requestinfo import OBJECT_BODY_METHODS, is_write
 from rangeshard.core.rest import parse_rest_path
-from rangeshard.core.serving import ShutdownSignal, retrieve_outcome, until_shutdown
+from rangeshard.core.serving import ShutdownSignal
 
 log = logging.getLogger(__name__)
+
+#: An answer with a length up to this is read whole before it is relayed (one send); longer ones stream.
+_WHOLE = 1 << 20
+_JSON = [(b"content-type", b"application/json")]
+
+
+Refusal = tuple[int, bytes, list[tuple[bytes, bytes]]]
+
+
+def _refusal(code: int, doc: dict[str, Any], *headers: tuple[bytes, bytes]) -> Refusal:
+    return code, orjson.dumps(doc), [*_JSON, *headers]
 
 
 class PassThrough:
@@ -74,6 +111,7 @@ class PassThrough:
         auth_mode: AuthMode,
         fence: WriteFence | None,
         shutdown: ShutdownSignal,
+        max_body_bytes: int = 3 * 1024 * 1024,
     ) -> None:
         self.upstream = upstream
         self.manager = manager
@@ -81,45 +119,43 @@ class PassThrough:
         self.auth_mode = auth_mode
         self.fence = fence
         self.shutdown = shutdown
+        self.max_body_bytes = max_body_bytes
         #: Relayed answers not closed yet: ``id -> (method, target, opened at)`` (the pool watchdog names them).
         self.open_responses: dict[int, tuple[str, str, float]] = {}
 
-    async def fence_write(self, request: Request, fence: WriteFence) -> Response | None:
-        """The 409 of a fenced write with an owner token, or ``None`` to pass it through.
+    async def fence_write(
+        self, method: str, path: str, headers: Mapping[str, str], raw: bytes, fence: WriteFence
+    ) -> Refusal | None:
+        """The refusal (status, body, headers) of a fenced write with an owner token, or ``None`` to pass it.
 
-        The body is read (JSON, a YAML apply patch, or protobuf) only to find
-        the object's keys; what goes upstream is the body as it came.
+        ``headers`` are keyed by lower case names. The body is read (JSON, a
+        YAML apply patch, or protobuf) only to find the object's keys; what
+        goes upstream is the body as it came.
         """
-        token = OwnerToken.parse(request.headers.get("user-agent"))
+        token = OwnerToken.parse(headers.get("user-agent"))
         if token is None:
             return None
         self.metrics.fencing_checks.inc()
         try:
-            rule = relay.declared_rule(request.headers)
+            rule = relay.declared_rule(headers)
         except ValueError as e:
-            return json_response(400, status_object(400, "BadRequest", f"{SHARD_BY_HEADER}: {e}"))
-        target = parse_rest_path(request.url.path)
+            return _refusal(400, status_object(400, "BadRequest", f"{SHARD_BY_HEADER}: {e}"))
+        target = parse_rest_path(path)
         body: Any = None
-        if request.method in OBJECT_BODY_METHODS:
-            raw = await request.body()  # kept by Starlette: request.stream() replays it upstream
+        if method in OBJECT_BODY_METHODS:
             try:
-                body = read_write_body(raw, request.headers.get("content-type"))
+                body = read_write_body(raw, headers.get("content-type"))
             except ProtobufError as e:
-                if request.method == "POST":
+                if method == "POST":
                     message = (
                         f"write fencing: cannot read the protobuf body of this create by {token.owner} ({e}), so "
                         "its shard range cannot be checked; send JSON (e.g. the client's content type "
                         "application/json, kube-controller-manager --kube-api-content-type=application/json)"
                     )
                     self.metrics.fenced_writes.labels("UnreadableBody").inc()
-                    log.warning("refused %s %s: %s", request.method, request.url.path, message)
-                    return json_response(415, status_object(415, "UnsupportedMediaType", message))
-                log.debug(
-                    "fencing %s %s: unreadable protobuf body (%s): judged by the cache",
-                    request.method,
-                    request.url.path,
-                    e,
-                )
+                    log.warning("refused %s %s: %s", method, path, message)
+                    return _refusal(415, status_object(415, "UnsupportedMediaType", message))
+                log.debug("fencing %s %s: unreadable protobuf body (%s): judged by the cache", method, path, e)
         cached: Any = None
         root_key = None
         if target is not None:
@@ -129,7 +165,7 @@ class PassThrough:
                 cached = hit.obj if hit is not None else None
             if cache is not None and cache.chain is not None:
                 root_key = cache.chain.key_of_object
-        declared = parse_shard_hash(request.headers.get(SHARD_HASH_HEADER))
+        declared = parse_shard_hash(headers.get(SHARD_HASH_HEADER.lower()))
         namespace = target.namespace if target is not None else None
         keys, verdict = write_keys(rule, declared, body, cached, namespace, root_key)
         if verdict is None:
@@ -137,69 +173,105 @@ class PassThrough:
         if verdict is None:
             return None
         self.metrics.fenced_writes.labels(verdict.reason).inc()
-        log.info("fenced %s %s of %s: %s", request.method, request.url.path, token, verdict.why)
-        response = json_response(409, fenced_status(token, verdict.reason, verdict.why))
-        response.headers[FENCED_HEADER] = verdict.reason
-        return response
+        log.info("fenced %s %s of %s: %s", method, path, token, verdict.why)
+        doc = fenced_status(token, verdict.reason, verdict.why)
+        return _refusal(409, doc, (FENCED_HEADER.lower().encode(), verdict.reason.encode("latin-1")))
 
-    async def forward(self, request: Request) -> Response:
-        """The upstream's answer to ``request``, relayed as a stream (or the 409 of a fenced write)."""
-        if self.fence is not None and is_write(request.method):
-            fenced = await self.fence_write(request, self.fence)
-            if fenced is not None:
-                return fenced
-        self.metrics.passthrough_requests.labels(request.method).inc()
+    def forward(self, _request: Request) -> Response:
+        """The answer to a request the app routed here: relayed when it is sent (:class:`RelayResponse`)."""
+        return RelayResponse(self)
+
+    async def serve(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Pass one ASGI request through (or answer the refusal of a fenced write); errors are raised.
+
+        Raises :class:`ApiError` (a bad request, 413), :class:`range_filter_proxy.errors.UpstreamError`
+        and :class:`rangeshard.core.kubeapi.ClientGone`; the caller answers them.
+        """
+        method: str = scope["method"]
+        headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]]
+        lower = {k.lower(): v for k, v in headers}
+        if declared_too_large(scope["headers"], self.max_body_bytes):
+            raise RequestTooLarge(self.max_body_bytes)
+        body = await read_body(receive, self.max_body_bytes) if relay.has_body(method, lower) else b""
+        path: str = scope["path"]
+        if self.fence is not None and is_write(method):
+            refused = await self.fence_write(method, path, lower, body, self.fence)
+            if refused is not None:
+                await send_json(send, *refused)
+                return
+        self.metrics.passthrough_requests.labels(method).inc()
         # In static mode the client's token means nothing upstream: the proxy's own credentials are used.
-        headers = relay.request_headers(
-            request.headers.items(), client_authorization=self.auth_mode is not AuthMode.STATIC
-        )
-        raw_path = request.scope.get("raw_path") or request.url.path.encode()
-        target = raw_path.decode("latin-1")
-        query = request.scope.get("query_string") or b""
+        forwarded = relay.request_headers(headers, client_authorization=self.auth_mode is not AuthMode.STATIC)
+        target = (scope.get("raw_path") or path.encode()).decode("latin-1")
+        query = scope.get("query_string") or b""
         if query:
             target += "?" + query.decode("latin-1")
-        body: AsyncIterator[bytes] | None = (
-            request.stream() if relay.has_body(request.method, request.headers) else None
+        answer = await self.upstream.forward(
+            method, target, forwarded, body, own_credentials=self.auth_mode is not AuthMode.DELEGATE
         )
+        await self._answer(answer, method, target, receive, send)
+
+    async def _answer(self, answer: ClientResponse, method: str, target: str, receive: Receive, send: Send) -> None:
+        key = id(answer)
+        self.open_responses[key] = (method, target[:200], time.monotonic())
         try:
-            resp = await self.upstream.forward(
-                request.method, target, headers, body, own_credentials=self.auth_mode is not AuthMode.DELEGATE
-            )
-        except UpstreamError as e:
-            too_large = e.__cause__
-            while too_large is not None and not isinstance(too_large, RequestTooLarge):
-                too_large = too_large.__cause__ or too_large.__context__
-            if isinstance(too_large, RequestTooLarge):
-                raise too_large from e
-            raise
-        out_headers = dict(relay.response_headers(resp.headers.multi_items()))
-        open_id = id(resp)
-        self.open_responses[open_id] = (request.method, target[:200], time.monotonic())
+            headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in relay.response_headers(answer.headers)]
+            start = {"type": "http.response.start", "status": answer.status, "headers": headers}
+            if answer.complete or (answer.length is not None and answer.length <= _WHOLE):
+                body = await answer.read()
+                await send(start)
+                await send({"type": "http.response.body", "body": body})
+                return
+            await send(start)
+            await self._stream(answer, method, target, receive, send)
+        finally:
+            self.open_responses.pop(key, None)
+            answer.close()
 
-        async def close() -> None:
-            # Shielded: a cancellation arriving while httpcore closes the response (the client went away
-            # just as the body ended) would leave its pooled connection ACTIVE forever; after 200 of those
-            # the pool is full and every upstream request waits (issue 25's loaded runs).
-            self.open_responses.pop(open_id, None)
-            closing = asyncio.ensure_future(resp.aclose())
-            closing.add_done_callback(retrieve_outcome)
-            await asyncio.shield(closing)
+    async def _stream(self, answer: ClientResponse, method: str, target: str, receive: Receive, send: Send) -> None:
+        """The body as it comes, until it ends, the client goes away or the shutdown begins."""
+        gone = asyncio.ensure_future(_disconnect(receive))
 
-        async def relayed() -> AsyncIterator[bytes]:
-            # The raw stream, not ``resp.aiter_raw()``: that one closes the answer itself when the body
-            # ends, where a cancellation could cut the close short; ``close`` shields it.
-            stream = resp.stream
-            try:
-                if not isinstance(stream, httpx.AsyncByteStream):
-                    raise TypeError(f"an upstream answer without an async body: {type(stream).__name__}")
-                async for chunk in stream:
-                    yield chunk
-            finally:
-                await close()
+        def left(done: asyncio.Future[None]) -> None:
+            if not done.cancelled():  # cancelled: the answer ended first (and its connection may serve another)
+                answer.abort()
 
-        return StreamingResponse(
-            until_shutdown(relayed(), self.shutdown),
-            status_code=resp.status_code,
-            headers=out_headers,
-            background=BackgroundTask(close),
-        )
+        gone.add_done_callback(left)
+        forget = self.shutdown.on_set(answer.abort)
+        try:
+            async for pieces in answer.pieces():
+                await send({"type": "http.response.body", "body": b"".join(pieces), "more_body": True})
+        except PeerError as e:
+            if not gone.done() and not self.shutdown.is_set:
+                log.warning("the upstream cut its answer to %s %s: %s", method, target.split("?", maxsplit=1)[0], e)
+        finally:
+            forget()
+            gone.cancel()
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _disconnect(receive: Receive) -> None:
+    """Until the client went away (what else ``receive`` returns, such as an unread empty body, is dropped)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+class RelayResponse(Response):
+    """A response that passes its request through (a collection ``GET`` the cache does not serve).
+
+    What :meth:`PassThrough.serve` raises reaches the app's exception handlers (the response has not started).
+    """
+
+    def __init__(self, passthrough: PassThrough) -> None:
+        super().__init__()
+        self.passthrough = passthrough
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await self.passthrough.serve(scope, receive, send)
+
+
+async def send_json(send: Send, code: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    """A complete JSON answer (``headers`` beside its type and length)."""
+    out = [*(headers or _JSON), (b"content-length", b"%d" % len(body))]
+    await send({"type": "http.response.start", "status": code, "headers": out})
+    await send({"type": "http.response.body", "body": body})

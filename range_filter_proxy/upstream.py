@@ -49,7 +49,9 @@ from range_filter_proxy.errors import ApiError, UpstreamError, UpstreamGone, Ups
 from range_filter_proxy.resources import ResourceInfo, parse_resource_list
 from range_filter_proxy.watchstream import WatchStream, open_watch
 from range_filter_proxy.wire import WireObject, decode_line
-from rangeshard.core.errors import ConfigError
+from rangeshard.core.errors import AnswerLost, ConfigError, PeerError
+from rangeshard.core.http1 import MAX_LINE_BYTES
+from rangeshard.core.http1client import ClientPool, ClientResponse, client_ssl
 from rangeshard.core.kubeapi import WATCH_LINE_PREFIXES, read_status, status_message, watch_line_prefix
 from rangeshard.core.rest import GVR, group_version_path
 from rangeshard.core.settings import check_api_url
@@ -140,8 +142,8 @@ class WatchEvent:
         return f"WatchEvent({self.type!r}, name={name!r})"
 
 
-#: A watch line longer than this (no newline in sight) is a broken upstream, not an object.
-MAX_WATCH_LINE_BYTES = 64 * 1024 * 1024
+#: A watch line longer than this (no newline in sight) is a broken upstream, not an object (the endpoint's too).
+MAX_WATCH_LINE_BYTES = MAX_LINE_BYTES
 
 
 def decode_watch_line(line: bytes, what: str) -> WatchEvent:
@@ -250,11 +252,11 @@ class Upstream:
         method: str,
         target: str,
         headers: Sequence[tuple[str, str]],
-        body: AsyncIterator[bytes] | None,
+        body: bytes,
         *,
         own_credentials: bool = True,
-    ) -> httpx.Response:
-        """Send ``method target`` (raw path and query) upstream; the *streaming* response (caller closes it)."""
+    ) -> ClientResponse:
+        """Send ``method target`` (raw path and query) upstream; the answer, its body as it comes (caller closes it)."""
         raise ApiError(404, "NotFound", f"the proxy cannot pass {method} {target.split('?', 1)[0]} through")
 
     async def post_json(self, path: str, doc: dict[str, Any]) -> Any:
@@ -380,17 +382,21 @@ class HttpUpstream(Upstream):
             limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=50),
             follow_redirects=False,
         )
+        #: The pass-through's keep-alive connections (:mod:`rangeshard.core.http1client`): writes and uncached reads.
+        self.pool = ClientPool(
+            config.base_url,
+            ssl_context=client_ssl(config.verify),
+            connect_timeout=10.0,
+            max_idle=50,
+            max_connections=max_connections,
+        )
         #: Requests sent and not answered yet (their headers): ``id -> (what, sent at)`` (the pool watchdog).
         self.in_flight: dict[int, tuple[str, float]] = {}
 
     async def aclose(self) -> None:
         """Close every pooled connection."""
+        self.pool.close()
         await self.client.aclose()
-
-    def _pool(self) -> tuple[list[Any], list[Any]]:
-        """httpcore's pool behind the client: its connections and requests (private attributes; empty if absent)."""
-        pool = getattr(getattr(self.client, "_transport", None), "_pool", None)
-        return list(getattr(pool, "_connections", None) or []), list(getattr(pool, "_requests", None) or [])
 
     @contextlib.contextmanager
     def _sent(self, what: str) -> Iterator[None]:
@@ -403,23 +409,16 @@ class HttpUpstream(Upstream):
             self.in_flight.pop(id(key), None)
 
     def pool_state(self) -> tuple[int, int, int]:
-        """``(connections, idle connections, requests waiting for one)`` of the upstream pool (diagnostics)."""
-        connections, requests = self._pool()
-        idle = sum(1 for c in connections if getattr(c, "is_idle", lambda: False)())
-        waiting = sum(1 for r in requests if getattr(r, "connection", None) is None)
-        return len(connections), idle, waiting
+        """``(connections, idle connections, requests waiting for one)`` of the pass-through pool (diagnostics)."""
+        return self.pool.state()
 
     def unanswered(self) -> Sequence[tuple[str, float]]:
         return sorted(self.in_flight.values(), key=lambda r: r[1])
 
     def pool_detail(self) -> str:
-        """The pool's connections by state (httpcore's ``info()``, request counts dropped), for the watchdog."""
-        states: dict[str, int] = {}
-        for c in self._pool()[0]:
-            info = str(c.info()) if hasattr(c, "info") else repr(c)
-            key = info.split(", Request Count")[0]
-            states[key] = states.get(key, 0) + 1
-        return "; ".join(f"{n} {k}" for k, n in sorted(states.items(), key=lambda kv: -kv[1])) or "none"
+        """The pass-through pool's connections in use and idle, for the watchdog."""
+        connections, idle, _ = self.pool.state()
+        return f"{connections - idle} in use, at most {self.pool.max_connections}"
 
     def _headers(self) -> dict[str, str]:
         headers = {"Accept": "application/json"}
@@ -566,11 +565,13 @@ class HttpUpstream(Upstream):
         method: str,
         target: str,
         headers: Sequence[tuple[str, str]],
-        body: AsyncIterator[bytes] | None,
+        body: bytes,
         *,
         own_credentials: bool = True,
-    ) -> httpx.Response:
-        """Send ``method target`` (raw path and query) upstream; return the *streaming* response (caller closes it).
+    ) -> ClientResponse:
+        """Send ``method target`` (raw path and query) upstream over the pass-through pool; the answer (caller
+        closes it). A write is sent at most once: no answer is :class:`UpstreamUnavailable` saying it may have
+        been applied.
 
         Without an ``Authorization`` header in ``headers`` the proxy's own
         credentials are added, unless ``own_credentials`` is false.
@@ -580,18 +581,16 @@ class HttpUpstream(Upstream):
             auth = self.config.authorization()
             if auth:
                 out_headers.append(("Authorization", auth))
+        key = object()
+        self.in_flight[id(key)] = (f"{method} {target[:200]}", time.monotonic())
         try:
-            request = self.client.build_request(
-                method,
-                target,
-                headers=out_headers,
-                content=body,
-                timeout=httpx.Timeout(10.0, read=None, write=None),
-            )
-        except (httpx.InvalidURL, ValueError) as e:  # e.g. a path that normalises to "//x"
-            raise bad_request(f"invalid request target {target[:200]!r}: {e}") from e
-        try:
-            with self._sent(f"{method} {target[:200]}"):
-                return await self.client.send(request, stream=True)
-        except httpx.HTTPError as e:
-            raise UpstreamUnavailable(f"{method} {target}: {e!r}") from e
+            return await self.pool.request(method, target, out_headers, body)
+        except ValueError as e:  # a header with a line break: never sent, its value never echoed
+            raise bad_request(f"invalid request to pass through: {e}") from None
+        except AnswerLost as e:
+            path = target.split("?", 1)[0]
+            raise UpstreamUnavailable(f"{method} {path}: no answer ({e}); the request may have been applied") from e
+        except PeerError as e:
+            raise UpstreamUnavailable(f"{method} {target.split('?', 1)[0]}: {e}") from e
+        finally:
+            del self.in_flight[id(key)]

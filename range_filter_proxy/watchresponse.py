@@ -24,9 +24,14 @@ Purpose
     ``flow.write_paused``, ``disconnected``, ``chunked_encoding``,
     ``response_started``, ``response_complete``); if any is missing or not
     as expected (another server, another uvicorn protocol or version) there
-    is no sink and every chunk takes the ASGI ``send``, as before
-    (``tests/range_filter_proxy/test_e2e.py`` checks that the ``rangeshard
-    proxy`` process does get one).
+    is no sink and every chunk takes the ASGI ``send``, as before. It
+    writes no attribute of uvicorn's, only reads them; the chunks it writes
+    are framed by the one encoder (:func:`rangeshard.core.http1.chunk_of`).
+    Two tests fail when uvicorn changes under it:
+    ``tests/range_filter_proxy/test_direct_writes.py`` (live events must take
+    the direct path under a real uvicorn, and its framing must parse) and
+    ``tests/range_filter_proxy/test_e2e.py`` (the ``rangeshard proxy``
+    process gets a sink).
 
 Invariants
     * The middlewares between the server and the app only observe a response
@@ -45,12 +50,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from fastapi import FastAPI, Response
 
 from range_filter_proxy.watcher import Watcher
+from rangeshard.core.http1 import chunk_of
 
 log = logging.getLogger(__name__)
 
@@ -59,10 +65,17 @@ RAW_SEND = "rangeshard.raw_send"
 
 
 class ProxyApp(FastAPI):
-    """The proxy's FastAPI app: remembers the server's ``send`` in the scope for watch bodies."""
+    """The proxy's FastAPI app: remembers the server's ``send`` in the scope for watch bodies, and offers each
+    request to :attr:`relay` (the pass-through, before any routing) first."""
+
+    #: Serves a request at the ASGI level and says so (``True``), or leaves it to the app.
+    relay: Callable[[Any, Any, Any], Awaitable[bool]] | None = None
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http":
+            relay = self.relay
+            if relay is not None and await relay(scope, receive, send):
+                return
             scope[RAW_SEND] = send
         await super().__call__(scope, receive, send)
 
@@ -101,8 +114,8 @@ class UvicornChunkSink:
         return not (self._cycle.disconnected or self._flow.write_paused or self._transport.is_closing())
 
     def write_chunk(self, parts: list[bytes], size: int) -> None:
-        """One HTTP chunk of ``parts`` (uvicorn's framing: hex size, CRLF, data, CRLF), in one write."""
-        self._transport.write(b"".join([b"%x\r\n" % size, *parts, b"\r\n"]))
+        """One HTTP chunk of ``parts`` (:func:`rangeshard.core.http1.chunk_of`, uvicorn's framing too), in one write."""
+        self._transport.write(chunk_of(parts, size))
 
 
 class WatchResponse(Response):

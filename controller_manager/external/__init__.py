@@ -30,8 +30,6 @@ Purpose
       in flight (the drain)
     * :mod:`controller_manager.external.endpoint` - ``Endpoint``: what each
       request becomes on its way to the proxy
-    * :mod:`controller_manager.external.wire` - the endpoint's sockets
-      (HTTP/1.1 in and out, on one event loop)
     * :mod:`controller_manager.external.child` - ``Child``: the controller's
       process, its restarts and its liveness probe
     * :mod:`controller_manager.external.workload` - ``MainObjects``: the

@@ -2,8 +2,8 @@
 
 Purpose
     :class:`Endpoint` serves the URL the controller's kubeconfig names and
-    relays each request to the range filter proxy over its sockets
-    (:mod:`controller_manager.external.wire`), as
+    relays each request to the range filter proxy over the one HTTP/1.1
+    layer (:mod:`rangeshard.core.http1server`, :mod:`rangeshard.core.http1client`), as
     :func:`rangeshard.core.requestinfo.classify` reads it and
     :mod:`rangeshard.core.relay`'s rules forward it; what a list, a watch
     and a write of a ``shard`` resource become is the package's docstring
@@ -19,6 +19,11 @@ Invariants
     * A list of a ``shard`` resource is answered only after its
       resourceVersion was recorded: a watch from it, sent as soon as the
       answer arrives, is fresh.
+    * A write reaches the proxy at most once: one the proxy took without
+      answering is a 503 Status saying it may have been applied.
+    * A watch event longer than :data:`rangeshard.core.http1.MAX_LINE_BYTES`
+      (the proxy's limit too) ends the watch with an ``ERROR`` event (a 500
+      Status) and a WARNING; a malformed body ends it at once.
 
 Concurrency model
     One event loop on the thread ``external-<name>-endpoint``; the socket is
@@ -42,12 +47,15 @@ import orjson
 
 from controller_manager.config import ExternalSection
 from controller_manager.external.serving import ServingState, Shard
-from controller_manager.external.wire import Request, Response, Server, UpstreamError, UpstreamPool, UpstreamResponse
 from controller_manager.external.workload import MainObjects
 from controller_manager.handover import rank
 from hashing import ShardBy
 from rangeshard.core import relay
-from rangeshard.core.kubeapi import ApiError, event_line, expired_status
+from rangeshard.core.errors import AnswerLost, LineTooLong, PeerError
+from rangeshard.core.http1 import MAX_LINE_BYTES, LineSplitter
+from rangeshard.core.http1client import ClientPool, ClientResponse, client_ssl
+from rangeshard.core.http1server import Request, Response, Server
+from rangeshard.core.kubeapi import ApiError, event_line, expired_status, status_object
 from rangeshard.core.loops import start_thread
 from rangeshard.core.objpath import dig
 from rangeshard.core.ownertoken import FENCED_HEADER
@@ -75,7 +83,7 @@ class _Watch:
         self.label = label
         self.streaming = streaming
         self.reset = False
-        self.response: UpstreamResponse | None = None
+        self.response: ClientResponse | None = None
 
     def cut(self) -> None:
         with contextlib.suppress(RuntimeError):  # the loop already ended: nothing is relayed any more
@@ -115,7 +123,7 @@ class Endpoint:
         self.main = MainObjects(section.main_resource.rule)
         #: The manager's token for the proxy (``proxy.tokenFile``), replacing the controller's own.
         self.token_file = BearerTokenFile(token_file) if token_file is not None else None
-        self.upstream = UpstreamPool(proxy_url, ca_cert=ca_cert)
+        self.upstream = ClientPool(proxy_url, ssl_context=client_ssl(ca_cert))
         host, _, port = section.listen.rpartition(":")
         host = host.strip("[]")
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -255,13 +263,22 @@ class Endpoint:
 
     async def _send(
         self, request: Request, response: Response, target: str, headers: relay.Headers
-    ) -> UpstreamResponse | None:
-        """The proxy's answer to ``request`` sent to ``target``; ``None`` once a 503 answered that it is unreachable."""
+    ) -> ClientResponse | None:
+        """The proxy's answer to ``request`` sent to ``target``; ``None`` once a Status answered that there is none.
+
+        A write is never sent twice: when the proxy took it and closed the connection without an answer, the
+        controller gets a 503 saying it may have been applied (:class:`rangeshard.core.http1client.ClientPool`).
+        """
         try:
             return await self.upstream.request(request.method, target, list(headers), request.body)
-        except UpstreamError as e:
+        except AnswerLost as e:
+            message = f"the range filter proxy sent no answer ({e}); the request may have been applied"
+            _status(response, ApiError(503, "ServiceUnavailable", message))
+        except PeerError as e:
             _status(response, ApiError(503, "ServiceUnavailable", f"the range filter proxy cannot be reached: {e}"))
-            return None
+        except ValueError as e:  # a header with a line break (its value is never echoed)
+            _status(response, ApiError(400, "BadRequest", str(e)))
+        return None
 
     async def _relay(self, request: Request, response: Response, target: str, headers: relay.Headers) -> str | None:
         """Pass the answer on as it comes: status, headers, body (its length kept, else chunked).
@@ -344,22 +361,27 @@ class Endpoint:
             self.state.forget(watch)
 
     async def _events(
-        self, upstream: UpstreamResponse, response: Response, watch: _Watch, generation: int, main: bool = False
+        self, upstream: ClientResponse, response: Response, watch: _Watch, generation: int, main: bool = False
     ) -> None:
-        pending = b""
+        lines = LineSplitter(MAX_LINE_BYTES)
         try:
             async for pieces in upstream.pieces():
-                data = pending + b"".join(pieces)
-                end = data.rfind(b"\n") + 1
-                pending, data = data[end:], data[:end]
+                data = lines.block(pieces)
                 if not data:
                     continue
                 if not self._deliver(watch, generation, data, response, main):
                     break
                 await response.drain()
-            if pending and not watch.reset:  # the last event, without a line end
-                self._deliver(watch, generation, pending + b"\n", response, main)
-        except UpstreamError as e:
+            last = lines.rest()
+            if last is not None and not watch.reset:  # the last event, without a line end
+                self._deliver(watch, generation, last + b"\n", response, main)
+        except LineTooLong as e:
+            upstream.abort()
+            log.warning("%s: a watch event from the proxy is longer than %d bytes; the watch ends", self.name, e.limit)
+            if not watch.reset:
+                message = f"rangeshard: a watch event longer than {e.limit} bytes; the watch was ended"
+                response.write(event_line("ERROR", status_object(500, "InternalError", message)))
+        except PeerError as e:
             if not watch.reset:
                 log.debug("%s: upstream watch ended: %s", self.name, e)
         if watch.reset:  # cut: nothing more of the range served before is relayed

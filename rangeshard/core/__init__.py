@@ -60,8 +60,11 @@ Owns
     * :mod:`rangeshard.core.relay` - the relay rules of the proxy's
       pass-through and the external endpoint, sans I/O: which headers pass
       (``HOP_BY_HOP``, ``json_accept``, ``Authorization``), which writes
-      carry the owner token, the shard-rule declaration; where our two
-      HTTP/1.1 clients send (``Origin``) and the request head they write.
+      carry the owner token, the shard-rule declaration.
+    * :mod:`rangeshard.core.http1` - the one HTTP/1.1 layer, sans I/O: heads,
+      chunks, the bounded line splitter (``MAX_LINE_BYTES``);
+      :mod:`rangeshard.core.http1client` its keep-alive client pool (never a
+      write twice) and :mod:`rangeshard.core.http1server` its server.
     * :mod:`rangeshard.core.tokenfile` - the one reader of a bearer token
       file (re-read when rotated, the last good token kept).
     * :mod:`rangeshard.core.selectors` - the one label/field selector parser,

@@ -22,6 +22,7 @@ The tree::
     │   ├── ReconcileTimeout        a reconcile reached its deadline (fencing or its own bound)
     │   ├── Requeue                 (controller_manager.controller) reconcile again later
     │   └── WriteFenced             (controller_manager.fencing) the proxy refused a write: ownership is lost
+    ├── ClientGone                  (rangeshard.core.kubeapi) the client left before its request body was read
     ├── ApiError                    (rangeshard.core.kubeapi) an HTTP failure answered as a Kubernetes Status
     │   ├── RequestTooLarge         a request body over the limit (413)
     │   └── SelectorParseError      (rangeshard.core.selectors) a label/field selector that cannot be parsed (400)
@@ -35,6 +36,11 @@ The tree::
     ├── ProtobufError               (rangeshard.core.protobuf_wire) a body that is not well-formed Kubernetes protobuf
     │   └── UnsupportedProtobuf     (rangeshard.core.protobuf_decode) a kind or field the decoder's table lacks (415)
     ├── ReflectorError              (rangeshard.core.reflector) a list of more pages than the bound
+    ├── PeerError                   (rangeshard.core.http1client) an HTTP/1.1 peer failed a request of ours
+    │   ├── Unreachable             no connection, or it closed before any byte of the request left
+    │   ├── AnswerLost              the request left, its answer's head never came: a write may have been applied
+    │   ├── BodyBroken              the answer's body was cut, malformed, idle too long or not read on
+    │   └── LineTooLong             a line of a streamed body (a watch event) longer than the limit
     ├── PlanError                   (registry.rebalance) no rebalance plan can be made: nothing measured (exit 2)
     └── RegistryError               anything etcd reports (mapped once, in rangeshard.core.etcd.errors)
         ├── RegistryUnavailable     etcd unreachable or too slow (retry later)
@@ -171,3 +177,27 @@ class UpstreamGone(UpstreamError):
 
     def __init__(self, message: str, status: dict[str, Any] | None = None) -> None:
         super().__init__(message, 410, status)
+
+
+class PeerError(RangeshardError):
+    """An HTTP/1.1 peer failed a request of ours (:mod:`rangeshard.core.http1client`)."""
+
+
+class Unreachable(PeerError):
+    """No connection could be made, or it closed before any byte of the request left: safe to send again."""
+
+
+class AnswerLost(PeerError):
+    """The request was sent and no answer came (the connection ended or broke): a write may have been applied."""
+
+
+class BodyBroken(PeerError):
+    """The answer's body was cut, malformed, silent for longer than the read timeout, or its reader stopped."""
+
+
+class LineTooLong(PeerError):
+    """A line of a streamed body (a watch event) is longer than ``limit`` bytes."""
+
+    def __init__(self, message: str, limit: int) -> None:
+        super().__init__(message)
+        self.limit = limit

@@ -41,7 +41,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import io
-from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -346,6 +346,36 @@ async def send_status(send: Send, error: ApiError, headers: list[tuple[bytes, by
     await send({"type": "http.response.body", "body": body})
 
 
+def declared_too_large(headers: Iterable[tuple[bytes, bytes]], max_bytes: int) -> bool:
+    """Whether an ASGI request's ``Content-Length`` is over ``max_bytes``."""
+    for key, value in headers:
+        if key.lower() == b"content-length":
+            text = bytes(value).decode("latin-1").strip()
+            return text.isascii() and text.isdigit() and int(text) > max_bytes
+    return False
+
+
+class ClientGone(RangeshardError):
+    """The client disconnected before its request body was read (not an error of ours)."""
+
+
+async def read_body(receive: Receive, max_bytes: int) -> bytes:
+    """An ASGI request's whole body; :class:`RequestTooLarge` over ``max_bytes``, :class:`ClientGone`."""
+    parts: list[bytes] = []
+    seen = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone()
+        data = message.get("body", b"")
+        seen += len(data)
+        if seen > max_bytes:
+            raise RequestTooLarge(max_bytes)
+        parts.append(data)
+        if not message.get("more_body", False):
+            return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
 class BodyLimit:
     """Reject request bodies larger than ``max_bytes`` with 413 (see module docstring)."""
 
@@ -357,12 +387,9 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        for key, value in scope.get("headers") or []:
-            if key.lower() == b"content-length":
-                text = bytes(value).decode("latin-1").strip()
-                if text.isascii() and text.isdigit() and int(text) > self.max_bytes:
-                    await send_status(send, RequestTooLarge(self.max_bytes), [(b"connection", b"close")])
-                    return
+        if declared_too_large(scope.get("headers") or [], self.max_bytes):
+            await send_status(send, RequestTooLarge(self.max_bytes), [(b"connection", b"close")])
+            return
         seen = 0
         limit = self.max_bytes
 

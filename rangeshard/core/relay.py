@@ -13,9 +13,6 @@ Purpose
     * :func:`response_headers` - hop-by-hop headers dropped (and the length,
       when the relay frames the body itself);
     * :func:`has_body` - whether a request carries a body to forward;
-    * :class:`Origin` - where a hand-written HTTP/1.1 client of ours sends
-      (the proxy's upstream watch streams, the endpoint's pool to the proxy),
-      and :func:`request_head`, the head it sends;
     * the shard-rule declaration: :func:`write_rule` says which writes carry
       the owner token (a write to a resource the instance shards),
       :func:`declare` puts the token and the rule on such a write,
@@ -38,8 +35,6 @@ Concurrency model
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from urllib.parse import urlsplit
 
 from hashing import ShardBy
 from rangeshard.core.ownertoken import SHARD_BY_HEADER, OwnerToken, declared_shard_by, shard_by_agent
@@ -138,35 +133,3 @@ def declared_rule(headers: Mapping[str, str]) -> ShardBy | None:
     ``headers`` is keyed by lower case names.
     """
     return declared_shard_by(headers.get(_SHARD_BY), headers.get("user-agent"))
-
-
-@dataclass(frozen=True)
-class Origin:
-    """Where requests go: TLS or not, host and port to connect to, the ``Host`` header, a path prefix."""
-
-    tls: bool
-    host: str
-    port: int
-    authority: str
-    prefix: str
-
-    @classmethod
-    def parse(cls, base_url: str) -> Origin:
-        """``http(s)://HOST[:PORT][/PREFIX]`` (credentials in it are never sent); ``ValueError`` otherwise."""
-        url = urlsplit(base_url)
-        if url.scheme not in ("http", "https") or not url.hostname:
-            raise ValueError(f"unsupported URL {base_url!r}: want http(s)://HOST[:PORT][/PREFIX]")
-        tls = url.scheme == "https"
-        port = url.port or (443 if tls else 80)  # a bad port is a ValueError too
-        return cls(tls, url.hostname, port, url.netloc.rpartition("@")[2], url.path.rstrip("/"))
-
-
-def request_head(method: str, target: str, authority: str, headers: Headers) -> bytes:
-    """The HTTP/1.1 head of ``method target`` to ``authority``; ``ValueError`` for a header with a line break
-    (naming the header, never its value: it may be a token)."""
-    lines = [f"{method} {target} HTTP/1.1", f"Host: {authority}"]
-    for key, value in headers:
-        if "\n" in key or "\r" in key or "\n" in value or "\r" in value:
-            raise ValueError(f"the header {key.strip()!r} has a line break")
-        lines.append(f"{key}: {value}")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")

@@ -11,8 +11,7 @@ Purpose
     cleanly (a watch client sees an ordinary end of stream and re-watches
     elsewhere) and the process exits 0.
 
-    :func:`until_shutdown` wraps a byte stream that cannot be told to end
-    otherwise (a relayed upstream response) so that it ends at the signal.
+    A stream registers a callback that ends it (:meth:`ShutdownSignal.on_set`).
 
 Invariants
     * Callbacks run once, on the event loop, in registration order; one that
@@ -33,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
 
@@ -82,46 +81,6 @@ class ShutdownSignal:
             callback()
         except Exception:
             log.exception("shutdown callback %r failed", callback)
-
-
-async def until_shutdown(stream: AsyncIterator[bytes], shutdown: ShutdownSignal) -> AsyncIterator[bytes]:
-    """Yield from ``stream`` until it ends or ``shutdown`` is set, whichever comes first.
-
-    Each chunk is awaited in a task raced against the signal, so use it where
-    chunks are few or large (relayed responses), not on a hot event path.
-    """
-    stopper = asyncio.ensure_future(shutdown.event.wait())
-    chunk: asyncio.Future[bytes] | None = None
-    try:
-        while not shutdown.is_set:
-            chunk = asyncio.ensure_future(anext(stream))
-            await asyncio.wait({chunk, stopper}, return_when=asyncio.FIRST_COMPLETED)
-            if not chunk.done():
-                return  # the shutdown began: the finally clause cancels the read
-            pending, chunk = chunk, None
-            try:
-                data = pending.result()
-            except StopAsyncIteration:
-                return
-            yield data
-    finally:
-        stopper.cancel()
-        if chunk is not None:
-            # Our consumer went away (or the shutdown began) mid-read: cancel the read
-            # and retrieve whatever it ends with, so nothing is logged as never retrieved.
-            chunk.cancel()
-            chunk.add_done_callback(retrieve_outcome)
-        else:
-            aclose = getattr(stream, "aclose", None)
-            if aclose is not None:
-                with contextlib.suppress(Exception):
-                    await aclose()
-
-
-def retrieve_outcome(future: asyncio.Future[Any]) -> None:
-    """A done-callback for a future nobody awaits any more: its exception is retrieved, never logged as lost."""
-    if not future.cancelled():
-        future.exception()
 
 
 class _Server(uvicorn.Server):

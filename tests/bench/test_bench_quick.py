@@ -58,6 +58,7 @@ def test_every_section_present_without_errors(result: dict[str, Any]) -> None:
         "rolling",
         "external",
         "sidecar",
+        "passthrough",
         "scale",
         "handover",
     )
@@ -190,6 +191,7 @@ def test_external_kopf_operator_handles_everything_with_one_and_three_instances(
         row = ex["cpuBound"][n]
         assert row["instances"] == run and row["objects"] > 0 and row["perSecond"] > 0, row
     assert ex["cpuBound"]["ratio"] > 0
+    assert ex["cpuBound"]["one"]["proxyCpuSeconds"] > 0 and ex["cpuBound"]["one"]["apiserverCpuSeconds"] > 0
     lat = ex["latency"]
     for what in ("get", "list"):
         for via in ("Proxy", "Endpoint"):
@@ -207,6 +209,18 @@ def test_sidecar_measures_every_process_and_relays_every_event(result: dict[str,
         for what in ("get", "list"):
             assert 0 < run["latency"][f"{what}EndpointP50Ms"] <= run["latency"][f"{what}EndpointP99Ms"]
     assert set(sc["summary"]["externalOnlyRssMiB"]) and sc["targets"]["externalOnlyRssMiB"] == 55
+
+
+@pytest.mark.slow
+def test_passthrough_measures_every_way_and_kind_against_the_upstream(result: dict[str, Any]) -> None:
+    pt = result["passthrough"]
+    ways = {(r["way"], r["kind"]) for r in pt["rows"]}
+    assert ways == {(w, k) for w in ("upstream", "hop", "proxy", "fenced") for k in ("GET", "PATCH", "POST", "DELETE")}
+    for r in pt["rows"]:
+        assert r["requests"] == 60 and r["apiserverCpuMsPerRequest"] > 0, r
+        if r["way"] != "upstream":
+            assert r["relayCpuMsPerRequest"] > 0 and r["requestsPerRelayCpuSecond"] > 0, r
+    assert set(pt["proxyOverUpstream"]) == {"GET", "PATCH", "POST", "DELETE"}
 
 
 @pytest.mark.slow

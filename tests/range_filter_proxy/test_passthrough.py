@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
@@ -19,13 +18,9 @@ from starlette.routing import Route
 
 from range_filter_proxy import create_app
 from range_filter_proxy.app import Proxy, ProxySettings
-from range_filter_proxy.auth import AuthMode
-from range_filter_proxy.cache import CacheManager
 from range_filter_proxy.metrics import ProxyMetrics
-from range_filter_proxy.passthrough import PassThrough
-from range_filter_proxy.upstream import HttpUpstream, Upstream, UpstreamConfig, load_upstream_config
+from range_filter_proxy.upstream import HttpUpstream, UpstreamConfig, load_upstream_config
 from rangeshard.core.errors import ConfigError
-from rangeshard.core.serving import ShutdownSignal
 from tests.range_filter_proxy.helpers import async_test, eventually, serve
 
 
@@ -177,86 +172,41 @@ async def test_a_shard_filtered_request_is_never_passed_through_on_stale_or_fail
             assert resp.status_code == 200 and "shardInfo" not in resp.json()["metadata"]
 
 
-class _SlowCloseStream(httpx.AsyncByteStream):
-    """An upstream body of one chunk whose close takes a few loop turns (httpcore's close awaits the socket)."""
-
-    def __init__(self) -> None:
-        self.close_started = asyncio.Event()
-        self.closed_fully = False
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        yield b'{"kind":"ConfigMap"}'
-
-    async def aclose(self) -> None:
-        self.close_started.set()
-        await asyncio.sleep(0.05)
-        self.closed_fully = True
-
-
-class _OneAnswer(Upstream):
-    """An upstream whose pass-through answers with one :class:`_SlowCloseStream` body."""
-
-    def __init__(self, body: _SlowCloseStream) -> None:
-        self.body = body
-
-    async def forward(
-        self,
-        method: str,
-        target: str,
-        headers: Sequence[tuple[str, str]],
-        body: AsyncIterator[bytes] | None,
-        *,
-        own_credentials: bool = True,
-    ) -> httpx.Response:
-        return httpx.Response(200, stream=self.body)
-
-
-def _get_request(path: str) -> Request:
-    scope = {
-        "type": "http",
-        "method": "GET",
-        "path": path,
-        "raw_path": path.encode(),
-        "query_string": b"",
-        "headers": [(b"accept", b"application/json")],
-    }
-
-    async def receive() -> dict[str, object]:
-        return {"type": "http.request", "body": b"", "more_body": False}
-
-    return Request(scope, receive)
-
-
 @async_test()
-async def test_a_client_leaving_while_the_answer_closes_does_not_cut_the_close_short() -> None:
-    """Issue 25's pool exhaustion: a cancellation during the close of a relayed answer must not stop the close.
+async def test_a_client_leaving_mid_answer_gives_the_upstream_connection_back() -> None:
+    """Issue 25's pool exhaustion: a relayed answer the client leaves must release its upstream connection.
 
-    The client goes away just as the body ends (the relay is closing the upstream answer): the close
-    runs to its end anyway, so httpcore gets its connection back. Cut short, the connection stayed
-    ACTIVE in the pool forever, and after 200 of them every upstream request of the proxy waited.
+    A streamed answer that never ends, a client that reads its first bytes and goes away: the relay ends,
+    the connection is released (closed, not left in use), and nothing stays open. Cut short, connections
+    stayed in use forever, and after 200 of them every upstream request of the proxy waited.
     """
-    body = _SlowCloseStream()
-    shutdown = ShutdownSignal()
-    upstream = _OneAnswer(body)
-    metrics = ProxyMetrics()
-    manager = CacheManager(upstream, metrics)
-    passthrough = PassThrough(upstream, manager, metrics, AuthMode.NONE, None, shutdown)
-    response = await passthrough.forward(_get_request("/api/v1/namespaces/x/configmaps/y"))
-    assert isinstance(response, StreamingResponse)
-    chunks = response.body_iterator
-    assert await anext(chunks) == b'{"kind":"ConfigMap"}'
-    assert passthrough.open_responses  # the answer is open until it is closed
-    ending = asyncio.ensure_future(anext(chunks))  # the body ends: the relay closes the upstream answer
-    await asyncio.wait_for(body.close_started.wait(), 2)
-    ending.cancel()  # the client went away at that moment (Starlette cancels the response's task)
-    with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
-        await ending
-    for _ in range(100):
-        if body.closed_fully:
-            break
-        await asyncio.sleep(0.01)
-    assert body.closed_fully, "the close of the upstream answer was cut short by the cancellation"
-    assert passthrough.open_responses == {}
+    release = asyncio.Event()
+
+    async def endless(_request: Request) -> Response:
+        async def chunks() -> AsyncIterator[bytes]:
+            yield b'{"kind":"ConfigMap"}\n'
+            await release.wait()
+            yield b"late\n"
+
+        return StreamingResponse(chunks(), media_type="application/json")
+
+    async def discovery(_request: Request) -> Response:
+        return Response(b'{"kind":"APIResourceList","groupVersion":"v1","resources":[]}', media_type="application/json")
+
+    upstream_app = Starlette(routes=[Route("/api/v1", discovery), Route("/{path:path}", endless)])
+    async with serve(upstream_app) as upstream_url:
+        app = create_app(upstream_url)
+        proxy = app.state.proxy
+        async with serve(app) as url:
+            async with httpx.AsyncClient(base_url=url, timeout=10) as client:
+                for _ in range(3):
+                    async with client.stream("GET", "/api/v1/namespaces/x/configmaps/y") as resp:
+                        first = await anext(resp.aiter_bytes())
+                        assert first.startswith(b'{"kind":"ConfigMap"}')
+                        assert proxy.passthrough.open_responses, "the answer is open while it streams"
+            await eventually(lambda: proxy.upstream.pool_state()[0] == 0, what="every connection released")
+            assert proxy.passthrough.open_responses == {}
+            release.set()
 
 
 @async_test()
@@ -273,9 +223,9 @@ async def test_the_pool_watchdog_names_what_holds_the_upstream_connections(caplo
         upstream = HttpUpstream(UpstreamConfig(url), max_connections=1)
         proxy = Proxy(upstream, ProxySettings(), ProxyMetrics())
         try:
-            held = asyncio.ensure_future(upstream.forward("GET", "/api/v1/namespaces/a/configmaps/held", [], None))
+            held = asyncio.ensure_future(upstream.forward("GET", "/api/v1/namespaces/a/configmaps/held", [], b""))
             await eventually(lambda: upstream.pool_state()[0] == 1, what="the one connection in use")
-            waiting = asyncio.ensure_future(upstream.forward("GET", "/api/v1/namespaces/a/configmaps/next", [], None))
+            waiting = asyncio.ensure_future(upstream.forward("GET", "/api/v1/namespaces/a/configmaps/next", [], b""))
             await eventually(lambda: upstream.pool_state()[2] == 1, what="a request waiting for a connection")
             assert upstream.pool_state() == (1, 0, 1)
             with caplog.at_level(logging.WARNING, logger="range_filter_proxy.app"):
@@ -289,9 +239,81 @@ async def test_the_pool_watchdog_names_what_holds_the_upstream_connections(caplo
             release.set()
             for fut in (held, waiting):
                 resp = await asyncio.wait_for(fut, 5)
-                await resp.aclose()
-            # Nothing busy, nothing waiting (a connection closed unread is dropped, not kept idle).
+                resp.close()
+            # Nothing busy, nothing waiting.
             await eventually(lambda: upstream.pool_state()[0] == upstream.pool_state()[1], what="no busy connection")
             assert upstream.pool_state()[2] == 0
         finally:
             await upstream.aclose()
+
+
+@async_test()
+async def test_a_write_the_upstream_took_without_answering_is_passed_through_once_and_is_a_503() -> None:
+    """Never twice, on the proxy's pass-through: a create over a kept-alive connection the upstream drops."""
+    seen: list[bytes] = []
+
+    async def upstream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = [int(x.split(b":")[1]) for x in head.lower().split(b"\r\n") if x.startswith(b"content-length")]
+                await reader.readexactly(length[0] if length else 0)
+                seen.append(head.split(b" ")[0])
+                if head.startswith(b"POST"):
+                    return  # took the create, died before answering
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(upstream, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    try:
+        async with serve(create_app(url)) as proxy, httpx.AsyncClient(base_url=proxy, timeout=10) as client:
+            assert (await client.get("/api/v1/namespaces/a/configmaps/x")).status_code == 200
+            resp = await client.post("/api/v1/namespaces/a/configmaps", json={"metadata": {"generateName": "x-"}})
+            assert resp.status_code == 503 and resp.json()["kind"] == "Status", resp.text
+            assert "may have been applied" in resp.json()["message"]
+            assert seen == [b"GET", b"POST"], "the create reached the upstream exactly once"
+            assert (await client.get("/api/v1/namespaces/a/configmaps/x")).status_code == 200
+    finally:
+        server.close()
+
+
+@async_test()
+async def test_streamed_answers_leave_their_connection_reusable_for_the_next_write() -> None:
+    """A relayed answer without a length (chunked) gives its connection back intact: the writes after it pass."""
+    seen: list[bytes] = []
+    connections = 0
+
+    async def upstream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = [int(x.split(b":")[1]) for x in head.lower().split(b"\r\n") if x.startswith(b"content-length")]
+                await reader.readexactly(length[0] if length else 0)
+                seen.append(head.split(b" ")[0])
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
+                await writer.drain()
+                await asyncio.sleep(0.05)  # a slow upstream (scenario time): the proxy relays the body as it comes
+                writer.write(b"1\r\n{\r\n1\r\n}\r\n0\r\n\r\n")
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(upstream, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    try:
+        async with serve(create_app(url)) as proxy, httpx.AsyncClient(base_url=proxy, timeout=10) as client:
+            assert (await client.get("/api/v1/namespaces/a/configmaps/x")).text == "{}"
+            for _ in range(3):
+                resp = await client.post("/api/v1/namespaces/a/configmaps", json={"metadata": {"name": "x"}})
+                assert resp.status_code == 200 and resp.text == "{}", resp.text
+            assert seen == [b"GET", b"POST", b"POST", b"POST"]
+            assert connections == 1, "every request went over the one kept-alive connection"
+    finally:
+        server.close()

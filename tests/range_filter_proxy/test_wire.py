@@ -27,8 +27,8 @@ from range_filter_proxy.cached import CachedEvent, CachedObject, CacheSettings
 from range_filter_proxy.errors import UpstreamError, UpstreamGone
 from range_filter_proxy.metrics import ProxyMetrics
 from range_filter_proxy.upstream import ListResult, WatchEvent, decode_watch_line
-from range_filter_proxy.watchstream import _Lines
 from range_filter_proxy.wire import decode_line
+from rangeshard.core.http1 import LineSplitter
 from tests.range_filter_proxy.fakes import INFOS, PODS, FakeUpstream
 from tests.range_filter_proxy.helpers import async_test
 
@@ -198,7 +198,7 @@ def test_watch_event_needs_an_object_or_bytes_and_metadata() -> None:
 
 
 def test_line_split_keeps_line_ends_and_only_lf_ends_a_line() -> None:
-    lines = _Lines(1 << 20, "w")
+    lines = LineSplitter(1 << 20)
     assert lines.split([b'{"a":1}\n{"b"', b':2}\r\n\n  \n{"c":\r3}\n{"d"']) == [
         b'{"a":1}\n',
         b'{"b":2}\r\n',

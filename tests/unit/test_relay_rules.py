@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hashing import ShardBy
-from rangeshard.core import relay
+from rangeshard.core import http1, relay
 from rangeshard.core.ownertoken import OwnerToken
 from rangeshard.core.requestinfo import classify
 
@@ -88,27 +88,27 @@ def test_which_writes_carry_the_token_and_how() -> None:
 @pytest.mark.parametrize(
     ("url", "origin"),
     [
-        ("http://127.0.0.1:8001", relay.Origin(False, "127.0.0.1", 8001, "127.0.0.1:8001", "")),
-        ("https://api.example:6443/prefix/", relay.Origin(True, "api.example", 6443, "api.example:6443", "/prefix")),
-        ("https://user:secret@h", relay.Origin(True, "h", 443, "h", "")),  # credentials are never sent
-        ("http://[::1]:2", relay.Origin(False, "::1", 2, "[::1]:2", "")),
+        ("http://127.0.0.1:8001", http1.Origin(False, "127.0.0.1", 8001, "127.0.0.1:8001", "")),
+        ("https://api.example:6443/prefix/", http1.Origin(True, "api.example", 6443, "api.example:6443", "/prefix")),
+        ("https://user:secret@h", http1.Origin(True, "h", 443, "h", "")),  # credentials are never sent
+        ("http://[::1]:2", http1.Origin(False, "::1", 2, "[::1]:2", "")),
     ],
 )
-def test_where_our_http_clients_send(url: str, origin: relay.Origin) -> None:
-    assert relay.Origin.parse(url) == origin
+def test_where_our_http_clients_send(url: str, origin: http1.Origin) -> None:
+    assert http1.Origin.parse(url) == origin
 
 
 @pytest.mark.parametrize("url", ["ftp://h", "http://", "127.0.0.1:8001", "http://h:99999"])
 def test_an_origin_that_is_not_http_is_refused(url: str) -> None:
     with pytest.raises(ValueError):
-        relay.Origin.parse(url)
+        http1.Origin.parse(url)
 
 
 def test_the_request_head_of_both_clients() -> None:
-    head = relay.request_head("GET", "/api/v1/pods?watch=true", "h:1", [("Authorization", "Bearer t")])
+    head = http1.request_head("GET", "/api/v1/pods?watch=true", "h:1", [("Authorization", "Bearer t")])
     assert head == b"GET /api/v1/pods?watch=true HTTP/1.1\r\nHost: h:1\r\nAuthorization: Bearer t\r\n\r\n"
     # A header with a line break is refused, and the error names the header, never its value (a token).
     for bad in [("Authorization", "Bearer secret\r\nX-Evil: 1"), ("X\nEvil", "v")]:
         with pytest.raises(ValueError, match="line break") as info:
-            relay.request_head("GET", "/", "h", [bad])
+            http1.request_head("GET", "/", "h", [bad])
         assert "secret" not in str(info.value)
