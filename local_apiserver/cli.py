@@ -9,8 +9,9 @@ Purpose
     TLS and authentication options are spelled as in the rest of the project
     (``--etcd-cacert/--etcd-cert/--etcd-key/--etcd-user/--etcd-password``,
     the password also from ``RANGESHARD_ETCD_PASSWORD``); ``--token-file``
-    turns on bearer-token authentication and the built-in authorization policy
-    (docs/security.md); ``--audit-log-path``/``--audit-level`` write an
+    turns on bearer-token authentication (ServiceAccount tokens too) and the
+    built-in authorization policy (docs/security.md), or the one
+    ``--authorization-mode`` names (``RBAC``, as kube spells it); ``--audit-log-path``/``--audit-level`` write an
     ``audit.k8s.io/v1`` audit log (:mod:`local_apiserver.audit`).
 
 Invariants
@@ -69,6 +70,16 @@ TokenFileOpt = Annotated[
         "(see docs/security.md for the policy).",
     ),
 ]
+AuthorizationModeOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--authorization-mode",
+        help="With --token-file: RBAC (the Roles, ClusterRoles and bindings the server stores, as kube "
+        "evaluates them), AlwaysAllow or AlwaysDeny; default: the built-in policy of docs/security.md.",
+    ),
+]
+#: The values of ``--authorization-mode`` this server implements (kube's spelling).
+AUTHORIZATION_MODES = ("RBAC", "AlwaysAllow", "AlwaysDeny")
 SimulateNodeOpt = Annotated[
     str | None,
     typer.Option(
@@ -107,6 +118,7 @@ def local_apiserver_command(
     etcd_user: UserOpt = None,
     etcd_password: PasswordOpt = None,
     token_file: TokenFileOpt = None,
+    authorization_mode: AuthorizationModeOpt = None,
     simulate_node: SimulateNodeOpt = None,
     max_request_body_bytes: MaxBodyOpt = 3 * 1024 * 1024,
     audit_log_path: AuditLogPathOpt = None,
@@ -127,6 +139,7 @@ def local_apiserver_command(
         settings = app_settings(
             prefix, bookmark_interval, simulate_node, service_cluster_ip_range, token_file, audit_log_path, audit_level
         )
+        settings["authorization_mode"] = parse_authorization_mode(authorization_mode, token_file)
     except ConfigError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from e
@@ -152,6 +165,23 @@ def local_apiserver_command(
         access_log=log_level.lower() == "debug",
         timeout_graceful_shutdown=2,
     )
+
+
+def parse_authorization_mode(value: str | None, token_file: str | None) -> str:
+    """The ``--authorization-mode`` (kube's comma-separated spelling, one mode here); ``""`` by default."""
+    if value is None:
+        return ""
+    modes = [m.strip() for m in value.split(",") if m.strip()]
+    unknown = [m for m in modes if m not in AUTHORIZATION_MODES]
+    if unknown or len(modes) != 1:
+        what = f"{unknown[0]!r} is not supported" if unknown else "name exactly one mode"
+        raise ConfigError(f"--authorization-mode: {what} (this server implements {', '.join(AUTHORIZATION_MODES)})")
+    if token_file is None:
+        raise ConfigError(
+            f"--authorization-mode {modes[0]} needs --token-file (who may create the first bindings?): "
+            "authentication is off without it"
+        )
+    return modes[0]
 
 
 def app_settings(

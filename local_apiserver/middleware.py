@@ -3,8 +3,10 @@
 Purpose
     :class:`Authenticate` rejects every request without a valid bearer token
     with ``401 Unauthorized`` (except the probes ``/healthz``, ``/livez``,
-    ``/readyz``) and stores the user in ``scope["state"]["user"]`` for the
-    handlers' authorization. The request body limit (413) is the
+    ``/readyz``): a token of the token file, or a ServiceAccount token this
+    server issued (checked against the store in a worker thread), and stores
+    the user in ``scope["state"]["user"]`` for the handlers' authorization.
+    The request body limit (413) is the
     :class:`rangeshard.core.kubeapi.BodyLimit` the proxy uses too.
 
 Invariants
@@ -19,10 +21,12 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import anyio
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from local_apiserver.auth import PUBLIC_PATHS
-from rangeshard.core.kubeapi import StaticTokens, send_status, unauthorized
+from local_apiserver.state import State
+from rangeshard.core.kubeapi import bearer_token, send_status, unauthorized
 
 log = logging.getLogger(__name__)
 
@@ -37,15 +41,21 @@ def _header(scope: Scope, name: bytes) -> str | None:
 class Authenticate:
     """401 for requests without a valid bearer token (see module docstring)."""
 
-    def __init__(self, app: ASGIApp, authenticator: StaticTokens) -> None:
+    def __init__(self, app: ASGIApp, state: State) -> None:
         self.app = app
-        self.authenticator = authenticator
+        self.state = state
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope.get("path") in PUBLIC_PATHS:
             await self.app(scope, receive, send)
             return
-        user = self.authenticator.authenticate_header(_header(scope, b"authorization"))
+        token = bearer_token(_header(scope, b"authorization"))
+        user = None
+        if token is not None:
+            static = self.state.authenticator
+            user = static.authenticate(token) if static is not None else None
+            if user is None:
+                user = await anyio.to_thread.run_sync(self.state.user_of_token, token)
         if user is None:
             log.debug("unauthenticated %s %s", scope.get("method"), scope.get("path"))
             await send_status(send, unauthorized())
