@@ -261,7 +261,7 @@ BOOTSTRAP_CLUSTER_ROLES: tuple[Obj, ...] = (
                 "nonResourceURLs": ["/healthz", "/healthz/*", "/livez", "/livez/*", "/metrics", "/readyz"],
                 "verbs": ["get"],
             }
-        ],  # noqa: E501
+        ],
     ),
 )
 #: ... and their ClusterRoleBindings.

@@ -149,7 +149,7 @@ def parse_token_request(body: Any) -> tuple[list[str], int]:
                     "spec.expirationSeconds",
                     f"Invalid value: {expiration}: may not specify a duration less than 10 minutes",
                 )
-            ],  # noqa: E501
+            ],
         )
     return audiences, expiration
 
