@@ -170,7 +170,9 @@ async def _prepare(state: State, request: Request, target: Target, info: dict[st
     ):
         raise bad_request("dryRun is allowed on create, update, patch and delete of one object only")
     _dry_run(dry_run)
-    await _authorize(state, request, _attributes(request, target))
+    attrs = _attributes(request, target)
+    info["verb"] = attrs.verb  # the audit event of a 403 names the verb too
+    await _authorize(state, request, attrs)
     table = tables.requested(request, target) if request.method == "GET" else None
     if table is None:
         check_accept(request)
