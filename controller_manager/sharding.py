@@ -118,6 +118,8 @@ class ShardSettings:
     #: Published in the record at every join: the proxy measures this type's progress on it.
     main_resource: MainResource | None = None
     stuck_after_seconds: float | None = None
+    #: Published in the record: the proxy this instance uses (``status``/``registry list`` find it there).
+    proxy_url: str | None = None
 
 
 class ShardHost(Protocol):
@@ -360,6 +362,7 @@ class ShardInstance:
                 pid=self.settings.pid,
                 main_resource=self.settings.main_resource,
                 stuck_after_seconds=self.settings.stuck_after_seconds,
+                proxy_url=self.settings.proxy_url,
             )
         except RangeshardError as e:
             if isinstance(e, AlreadyRegistered) and self._registered_elsewhere():

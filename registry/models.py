@@ -212,6 +212,12 @@ class InstanceRecord(BaseModel):
     child: ChildInfo | None = Field(
         default=None, description="an external controller's process, as its manager runs it (`command`)"
     )
+    proxy_url: str | None = Field(
+        default=None,
+        alias="proxyUrl",
+        description="the range filter proxy the instance lists and watches through (found by `status`, "
+        "`registry list` and the dashboard when no proxy is given or recorded)",
+    )
     stuck_after_seconds: Annotated[float | None, BeforeValidator(_lenient_seconds)] = Field(
         default=None,
         alias="stuckAfterSeconds",

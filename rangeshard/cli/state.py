@@ -33,6 +33,8 @@ import os
 import signal
 import sys
 import time
+from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -44,12 +46,13 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from rangeshard.cli.progress import Progress, ProgressUnavailable, describe, fetch, style
+from rangeshard.cli.common import DEFAULT_STATE_DIR, KubeconfigOpt, ProxyOpt, ProxyTokenFileOpt, StateDirOpt
+from rangeshard.cli.progress import Progress, ProgressUnavailable, ProxyAccess, describe, fetch, style
 from rangeshard.cli.tables import Output, OutputOpt, table_console
-from rangeshard.core.errors import RangeshardError
+from rangeshard.core.errors import ConfigError, RangeshardError
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
 from rangeshard.core.process import process_start_time
-from registry import DEFAULT_PREFIX, ChildInfo, Registry
+from registry import DEFAULT_PREFIX, ChildInfo, Registry, Snapshot
 
 #: Managers started by hand with ``--state-dir`` record themselves here (``<name>.json``), for ``status``.
 MANAGERS_DIR = "managers"
@@ -58,12 +61,6 @@ STATE_FILE = "up.json"
 ComponentKind = Literal["etcd", "apiserver", "proxy", "manager"]
 #: Seconds ``down`` waits after SIGTERM before SIGKILL, per kind (a manager's graceful leave drains first).
 GRACE: dict[str, float] = {"manager": 20.0, "proxy": 10.0, "apiserver": 10.0, "etcd": 10.0, "up": 60.0}
-
-StateDirOpt = Annotated[
-    Path,
-    typer.Option("--state-dir", envvar="RANGESHARD_STATE_DIR", help="Where etcd data, logs and the kubeconfig live."),
-]
-DEFAULT_STATE_DIR = Path(".rangeshard")
 
 
 class Component(BaseModel):
@@ -78,6 +75,9 @@ class Component(BaseModel):
     port: int | None
     url: str | None
     health_url: str | None = Field(None, alias="healthUrl")
+    #: A manager started by hand: the proxy and etcd of its config (so ``status`` finds them without flags).
+    proxy_url: str | None = Field(None, alias="proxyUrl")
+    etcd: str | None = None
 
 
 class UpState(BaseModel):
@@ -129,7 +129,7 @@ def remove_state(state_dir: Path) -> None:
         (state_dir / STATE_FILE).unlink()
 
 
-def probe(url: str | None, kind: str, timeout: float = 2.0) -> tuple[bool, str]:
+def probe(url: str | None, kind: str, timeout: float = 10.0) -> tuple[bool, str]:
     """(healthy, detail) of one health endpoint; etcd's ``/health`` must also say ``"health":"true"``."""
     if url is None:
         return True, "no health endpoint"
@@ -181,6 +181,43 @@ def stop_pids(targets: list[tuple[int, int | None]], grace: float) -> list[int]:
     return [pid for pid, _ in running]
 
 
+def etcd_from_state(state_dir: Path) -> str | None:
+    """The etcd a ``rangeshard up`` (else a manager started by hand) recorded in ``state_dir``, or None."""
+    state = read_state(state_dir)
+    if state is not None:
+        found = next((c.url for c in state.components if c.kind == "etcd" and c.url), None)
+        if found is not None:
+            return found
+    return next((c.etcd for c in hand_managers(state_dir) if c.etcd), None)
+
+
+def proxy_from_records(snapshots: Mapping[str, Snapshot]) -> str | None:
+    """The proxy most instances publish in their records (``proxyUrl``), or None."""
+    urls = Counter(m.record.proxy_url for s in snapshots.values() for m in s.members if m.record.proxy_url)
+    return urls.most_common(1)[0][0] if urls else None
+
+
+def find_proxy(
+    proxy: str | None,
+    token_file: str | None,
+    kubeconfig: str | None,
+    state_dir: Path,
+    snapshots: Mapping[str, Snapshot] | None = None,
+) -> ProxyAccess | None:
+    """The proxy to ask for progress: ``--proxy``; else the one ``up`` (or a manager by hand) recorded in
+    ``state_dir``; else the one the instances publish. With the credentials given (ConfigError for both)."""
+    if token_file is not None and kubeconfig is not None:
+        raise ConfigError("--token-file and --kubeconfig: give one of them")
+    url, source = proxy, "--proxy"
+    if url is None:
+        url, source = proxy_from_state(state_dir), f"{state_dir / STATE_FILE}"
+    if url is None:
+        url, source = next((c.proxy_url for c in hand_managers(state_dir) if c.proxy_url), None), str(state_dir)
+    if url is None and snapshots is not None:
+        url, source = proxy_from_records(snapshots), "the instances' records"
+    return ProxyAccess(url, token_file, kubeconfig, source) if url else None
+
+
 def proxy_from_state(state_dir: Path) -> str | None:
     """The URL of the proxy a ``rangeshard up`` recorded in ``state_dir`` (``None``: none recorded)."""
     state = read_state(state_dir)
@@ -189,39 +226,71 @@ def proxy_from_state(state_dir: Path) -> str | None:
     return next((c.url for c in state.components if c.kind == "proxy" and c.url), None)
 
 
-def _progress(state: UpState) -> tuple[list[tuple[str, str, Progress]], str | None]:
-    """``[(type, instance, Progress)]`` from the recorded proxy's metrics, or why there is none."""
-    proxy = next((c for c in state.components if c.kind == "proxy" and c.url), None)
-    if proxy is None or proxy.url is None:
-        return [], "no proxy recorded"
-    if not alive(proxy.pid, proxy.start_time):
+#: Seconds ``status`` gives each health probe and read: generous, so a loaded machine is not "down".
+STATUS_TIMEOUT = 10.0
+
+
+def _progress(
+    state: UpState, access: ProxyAccess | None, timeout: float = STATUS_TIMEOUT
+) -> tuple[list[tuple[str, str, Progress]], str | None]:
+    """``[(type, instance, Progress)]`` from the proxy's metrics, or why there is none."""
+    if access is None:
+        return [], "no proxy recorded or published: give --proxy URL"
+    recorded = next((c for c in state.components if c.kind == "proxy" and c.url == access.url), None)
+    if recorded is not None and not alive(recorded.pid, recorded.start_time):
         return [], "the proxy is not running"
     try:
-        found = fetch(proxy.url)
+        found = fetch(access, timeout=timeout)
     except ProgressUnavailable as e:
         return [], str(e)
     return [(t, i, p) for (t, i), p in sorted(found.items())], None
 
 
-def _children(state: UpState) -> tuple[list[tuple[str, str, ChildInfo]], str | None]:
-    """``[(type, instance, child)]``: the external controllers the managers run, from the registry records."""
-    etcd = next((c for c in state.components if c.kind == "etcd" and c.url), None)
-    if etcd is None or etcd.url is None or not alive(etcd.pid, etcd.start_time):
-        return [], "no running etcd recorded"
+def _snapshots(state: UpState, etcd: str | None) -> tuple[dict[str, Snapshot], str | None]:
+    """Every type's registry snapshot from the etcd given, recorded by ``up`` or by a manager, or why not."""
+    if etcd is None:
+        recorded = next((c for c in state.components if c.kind == "etcd" and c.url), None)
+        if recorded is not None and not alive(recorded.pid, recorded.start_time):
+            return {}, "no running etcd recorded"
+        etcd = recorded.url if recorded is not None else None
+    if etcd is None:
+        etcd = next((c.etcd for c in state.components if c.kind == "manager" and c.etcd), None)
+    if etcd is None:
+        return {}, "no etcd recorded"
     try:
-        with EtcdClient(EtcdConfig.from_urls(etcd.url, timeout=3.0)) as client:
+        with EtcdClient(EtcdConfig.from_urls(etcd, timeout=STATUS_TIMEOUT)) as client:
             _rev, snaps = Registry(client, DEFAULT_PREFIX).snapshots()
     except RangeshardError as e:
-        return [], f"the registry cannot be read: {e}"
+        return {}, f"the registry cannot be read: {e}"
+    return snaps, None
+
+
+def _children(snaps: Mapping[str, Snapshot]) -> list[tuple[str, str, ChildInfo]]:
+    """``[(type, instance, child)]``: the external controllers the managers run, from the registry records."""
     return [
         (ctype, m.instance_id, m.record.child)
         for ctype, snap in sorted(snaps.items())
         for m in snap.members
         if m.record.child is not None
-    ], None
+    ]
 
 
-def status_command(state_dir: StateDirOpt = DEFAULT_STATE_DIR, output: OutputOpt = Output.table) -> None:
+def status_command(
+    state_dir: StateDirOpt = DEFAULT_STATE_DIR,
+    output: OutputOpt = Output.table,
+    proxy: ProxyOpt = None,
+    token_file: ProxyTokenFileOpt = None,
+    kubeconfig: KubeconfigOpt = None,
+    etcd: Annotated[
+        str | None,
+        typer.Option(
+            "--etcd",
+            envvar="RANGESHARD_ETCD",
+            help="etcd of the registry (default: the one recorded in --state-dir).",
+            show_default=False,
+        ),
+    ] = None,
+) -> None:
     """Show each component ``up`` started in the state dir (pid, port, healthy or not) and each instance's progress.
 
     Progress is measured by the proxy: an instance whose oldest unanswered
@@ -243,8 +312,14 @@ def status_command(state_dir: StateDirOpt = DEFAULT_STATE_DIR, output: OutputOpt
             typer.echo(f"nothing running: no {state_dir / STATE_FILE} (start one with rangeshard up --detach)")
         raise typer.Exit(3)
     rows = [(c, *component_health(c)) for c in state.components]
-    progress, progress_error = _progress(state)
-    children, _children_error = _children(state)
+    snaps, _registry_error = _snapshots(state, etcd)
+    try:
+        access = find_proxy(proxy, token_file, kubeconfig, state_dir, snaps)
+    except ConfigError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from e
+    progress, progress_error = _progress(state, access)
+    children = _children(snaps)
     stuck = [(t, i) for t, i, p in progress if p.stuck]
     if output is Output.json:
         doc = {
