@@ -13,8 +13,17 @@ Purpose
     the process (WARNING with the probe's answer) and the restart loop starts
     it again with the same backoff.
 
+    A controller that cannot start is said at once, in the registry record
+    (``child.error``, read by ``up`` and ``status``) and the log: the command
+    and why (``not found``, ``permission denied``, or its exit code and the
+    last lines of its output). The record's ``state`` is read from
+    ``/proc/<pid>/stat``: ``running``, ``stopped`` (SIGSTOP) or ``zombie``.
+
 Invariants
     * The controller dies with the manager (``PR_SET_PDEATHSIG``): no orphans.
+    * Its kubeconfig lives in ``$TMPDIR/rangeshard-external-<name>-<pid>-*``,
+      removed when the child is stopped; what a killed manager (SIGKILL) left
+      there is removed by the next manager that starts one (its pid is gone).
     * A run that lasted a minute or more resets the backoff (1 s, doubling to 30 s:
       a :class:`~rangeshard.core.backoff.Backoff` with ``reset_after=60``).
 
@@ -32,11 +41,13 @@ import functools
 import logging
 import os
 import re
+import shutil
 import signal
 import subprocess
 import tempfile
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -48,9 +59,39 @@ from controller_manager.probes import Prober, ProbeResult, pick_port
 from rangeshard.core.backoff import Backoff
 from rangeshard.core.kubeapi import kubeconfig
 from rangeshard.core.loops import start_thread
-from rangeshard.core.process import popen, terminate
+from rangeshard.core.process import popen, process_start_time, process_state, terminate
 
 log = logging.getLogger(__name__)
+
+#: Lines of the controller's output kept for the error of a run that exits (``child.error``).
+TAIL_LINES = 5
+#: ``/proc/<pid>/stat`` states other than running, as the record says them.
+_PROC_STATES = {"T": "stopped", "t": "stopped", "Z": "zombie", "X": "zombie"}
+_DIR_PREFIX = "rangeshard-external-"
+
+
+def sweep_leftovers(tmp: str | None = None) -> list[Path]:
+    """Remove the kubeconfig directories of managers that are gone (SIGKILL); the removed paths."""
+    removed = []
+    for path in Path(tmp or tempfile.gettempdir()).glob(f"{_DIR_PREFIX}*"):
+        found = re.search(r"-(\d+)-[^-]+$", path.name)
+        if found is None or not path.is_dir():
+            continue
+        if process_start_time(int(found.group(1))) is None:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+def start_error(command: str, error: OSError) -> str:
+    """``cannot start 'kopf': not found (is it installed and on PATH?)`` and the like."""
+    if isinstance(error, FileNotFoundError):
+        why = "not found (is it installed and on PATH? a venv's binaries are in .venv/bin)"
+    elif isinstance(error, PermissionError):
+        why = "permission denied (is it executable?)"
+    else:
+        why = error.strerror or str(error)
+    return f"cannot start {command!r}: {why}"
 
 
 class Child:
@@ -72,7 +113,8 @@ class Child:
         self.command = command
         self.controller_type = controller_type
         self.instance_id = instance_id
-        self._dir = Path(tempfile.mkdtemp(prefix=f"rangeshard-external-{name}-"))
+        sweep_leftovers()
+        self._dir = Path(tempfile.mkdtemp(prefix=f"{_DIR_PREFIX}{name}-{os.getpid()}-"))
         self.kubeconfig = self._dir / "kubeconfig"
         self.kubeconfig.write_text(yaml.safe_dump(kubeconfig(endpoint_url, skip_tls_verify=True), sort_keys=False))
         #: The variables the manager sets for the controller (also ``$(NAME)`` in ``command``, see :func:`expand`).
@@ -98,6 +140,9 @@ class Child:
         #: Restarts so far and the last exit code (``None``: none yet), for the registry record and metrics.
         self.restarts = 0
         self.last_exit: int | None = None
+        #: Why the controller is not running: it could not start, or its last run exited (command, reason, output).
+        self.error: str | None = None
+        self._tail: deque[str] = deque(maxlen=TAIL_LINES)
 
     @property
     def running(self) -> bool:
@@ -114,12 +159,16 @@ class Child:
         """What the registry record says of the child: pid, running or restarting, restarts, last exit."""
         proc = self.proc
         running = proc is not None and proc.poll() is None
+        state = "restarting"
+        if running and proc is not None:
+            state = _PROC_STATES.get(process_state(proc.pid) or "", "running")
         return {
             "name": self.name,
             "pid": proc.pid if running and proc is not None else None,
-            "state": "running" if running else "restarting",
+            "state": state,
             "restarts": self.restarts,
             "lastExit": self.last_exit,
+            "error": None if running else self.error,
         }
 
     def start(self) -> None:
@@ -142,12 +191,15 @@ class Child:
                     env=env,
                 )
             except OSError as e:
-                log.error("%s: cannot start %s: %s", self.name, self.command[0], e)
+                self.error = start_error(command[0], e)
+                log.error("%s: %s", self.name, self.error)
                 delay = backoff.next_delay()
             else:
                 backoff.succeeded()
                 self._down_since = None
                 proc = self.proc
+                started = time.monotonic()
+                self._tail.clear()
                 log.info("%s: started %s (pid %s)", self.name, " ".join(command), proc.pid)
                 if self.prober is not None:
                     self.prober.watch(functools.partial(self._liveness_failed, proc))
@@ -159,6 +211,9 @@ class Child:
                 self.last_exit = code
                 if self._stop.is_set():
                     return
+                tail = " | ".join(self._tail) or "no output"
+                lasted = time.monotonic() - started
+                self.error = f"{command[0]!r} exited with code {code} after {lasted:.0f}s: {tail}"
                 self.restarts += 1
                 delay = backoff.next_delay()
                 log.warning("%s: the controller exited with code %s; restarting in %.0fs", self.name, code, delay)
@@ -172,7 +227,10 @@ class Child:
             return
         with out:  # closed at the child's end: each restart opens a new pipe
             for raw in out:
-                log.info("[%s] %s", self.name, raw.decode("utf-8", "replace").rstrip())
+                line = raw.decode("utf-8", "replace").rstrip()
+                if line:
+                    self._tail.append(line[:300])
+                log.info("[%s] %s", self.name, line)
 
     def _liveness_failed(self, proc: subprocess.Popen[bytes], result: ProbeResult, failures: int) -> None:
         """The prober's failure action (its thread): SIGKILL this run's process; :meth:`_run` restarts it."""
@@ -193,6 +251,7 @@ class Child:
             terminate(self.proc, grace)
         if self._thread is not None:
             self._thread.join(5)
+        shutil.rmtree(self._dir, ignore_errors=True)  # nothing left outside the manager's own state
 
 
 _VARIABLE_RE = re.compile(r"(\$?)\$\(([A-Za-z_][A-Za-z0-9_]*)\)")

@@ -321,6 +321,8 @@ def status_command(
     progress, progress_error = _progress(state, access)
     children = _children(snaps)
     stuck = [(t, i) for t, i, p in progress if p.stuck]
+    # An external controller that is not running (cannot start, exited, SIGSTOPped, zombie) fails the status.
+    broken = [(t, i) for t, i, child in children if child.state != "running"]
     if output is Output.json:
         doc = {
             "stateDir": str(state_dir),
@@ -355,7 +357,7 @@ def status_command(
                 kids.add_row(ctype, instance, child.describe())
             table_console().print(kids)
         _print_progress(progress, progress_error)
-    if not all(h for _, h, _ in rows) or stuck:
+    if not all(h for _, h, _ in rows) or stuck or broken:
         raise typer.Exit(1)
 
 
