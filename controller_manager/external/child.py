@@ -8,7 +8,10 @@ Purpose
     log prefixed with ``[<name>]``, it is restarted with backoff when it
     exits and stopped (SIGTERM, then SIGKILL) on shutdown. ``$(NAME)`` in
     ``command`` is replaced by those variables (:func:`expand`, the kubelet's
-    spelling). With ``livenessProbe`` a :class:`~controller_manager.probes.Prober`
+    spelling). The directory of the manager's own interpreter (a venv's
+    ``bin``) comes first on the child's ``PATH``, so a command installed in
+    the manager's venv (``.venv/bin/pip install kopf``) is found without
+    activating it. With ``livenessProbe`` a :class:`~controller_manager.probes.Prober`
     probes each run of it; ``failureThreshold`` failures in a row SIGKILL
     the process (WARNING with the probe's answer) and the restart loop starts
     it again with the same backoff.
@@ -44,6 +47,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -81,6 +85,13 @@ def sweep_leftovers(tmp: str | None = None) -> list[Path]:
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
     return removed
+
+
+def child_path(path: str) -> str:
+    """``PATH`` for the child: the manager's interpreter's directory first (once), then ``path``."""
+    own = os.path.dirname(sys.executable)
+    parts = [p for p in path.split(os.pathsep) if p and p != own]
+    return os.pathsep.join([own, *parts])
 
 
 def start_error(command: str, error: OSError) -> str:
@@ -123,6 +134,7 @@ class Child:
             "RANGESHARD_INSTANCE_ID": instance_id,
             "RANGESHARD_CONTROLLER_TYPE": controller_type,
         }
+        self._path = child_path(os.environ.get("PATH", ""))
         self.prober: Prober | None = None
         if liveness_probe is not None:
             action = liveness_probe.http_get
@@ -180,7 +192,7 @@ class Child:
         backoff = Backoff(1.0, 30.0, reset_after=60.0)
         command = [expand(arg, self.variables) for arg in self.command]
         while not self._stop.is_set():
-            env = {**os.environ, **self.variables}
+            env = {**os.environ, "PATH": self._path, **self.variables}
             try:
                 # Dies with the manager (PR_SET_PDEATHSIG); this thread waits for it, so it outlives the child.
                 self.proc = popen(

@@ -96,3 +96,17 @@ def test_no_kubeconfig_left_after_a_stop_or_a_sigkill(tmp_path: Path) -> None:
         again.stop(grace=1)
     finally:
         live.rmdir()
+
+
+def test_the_managers_venv_comes_first_on_the_childs_path(tmp_path: Path) -> None:
+    """`.venv/bin/pip install kopf` then `.venv/bin/rangeshard up`: `kopf` is found without activating the venv."""
+    out = tmp_path / "path"
+    code = f"import os; open({str(out)!r}, 'w').write(os.environ['PATH'])"
+    child = _child(["python", "-c", code])  # by name: found through the child's PATH
+    child.start()
+    try:
+        wait_until(out.exists, 10, "the child to report its PATH")
+    finally:
+        child.stop(grace=1)
+    first = out.read_text().split(os.pathsep)[0]
+    assert first == os.path.dirname(sys.executable)
