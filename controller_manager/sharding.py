@@ -97,6 +97,7 @@ from registry import ChildInfo, LeaseKeeper, MainResource, MembershipWatch, Regi
 log = logging.getLogger(__name__)
 
 FENCED = "fenced"
+COUNTERS = ("fences", "rejoins", "unlocks", "self_unlocks", "drain_waits", "epochs", "epoch_refreshes")
 
 
 @dataclass(frozen=True)
@@ -109,17 +110,15 @@ class ShardSettings:
     instance_id: str
     lease_ttl: int
     reconcile_timeout: float
-    #: Published in the record: where the process runs (a live predecessor is told from a crashed one by it).
-    hostname: str | None = None
-    pid: int | None = None
     tick: float = 0.1
     #: ``rejoinGraceSeconds``: > 0 parks the record on a graceful stop instead of leaving.
     rejoin_grace: float = 0.0
-    #: Published in the record at every join: the proxy measures this type's progress on it.
+    #: Published in the record at every join: where it runs, the proxy it uses, what its progress is measured by.
+    hostname: str | None = None
+    pid: int | None = None
+    proxy_url: str | None = None
     main_resource: MainResource | None = None
     stuck_after_seconds: float | None = None
-    #: Published in the record: the proxy this instance uses (``status``/``registry list`` find it there).
-    proxy_url: str | None = None
 
 
 class ShardHost(Protocol):
@@ -196,9 +195,7 @@ class ShardInstance:
         #: Waits after a failed registration or heartbeat (etcd away): the one Backoff, 1 s doubling to 4 s.
         self.etcd_retry = Backoff(1.0, 4.0, jitter=0.2)
         self.joined = threading.Event()
-        self.counters = dict.fromkeys(
-            ("fences", "rejoins", "unlocks", "self_unlocks", "drain_waits", "epochs", "epoch_refreshes"), 0
-        )
+        self.counters = dict.fromkeys(COUNTERS, 0)
 
     def _count(self, what: str) -> None:
         self.counters[what] += 1

@@ -116,7 +116,9 @@ class ServiceAccountTokens:
         sa = ref.get("serviceaccount") or {}
         namespace, name, uid = ref.get("namespace"), sa.get("name"), sa.get("uid")
         audiences = doc.get("aud") or []
-        if not all(isinstance(v, str) for v in (namespace, name, uid)) or not isinstance(audiences, list):
+        if not (isinstance(namespace, str) and isinstance(name, str) and isinstance(uid, str)):
+            return None
+        if not isinstance(audiences, list):
             return None
         return namespace, name, uid, [a for a in audiences if isinstance(a, str)]
 

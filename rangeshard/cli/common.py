@@ -30,6 +30,7 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
+from rangeshard.cli.statefile import etcd_from_state
 from rangeshard.core import help_format, logs
 from rangeshard.core.errors import ConfigError, PlanError, PortInUseError, RangeshardError, RegistryUnavailable
 from rangeshard.core.etcd import EtcdConfig
@@ -145,8 +146,6 @@ class EtcdOptions:
         """The etcd of ``--etcd``; without it the one ``up`` recorded in ``--state-dir`` (else the default)."""
         etcd = self.etcd
         if etcd is None:
-            from rangeshard.cli.state import etcd_from_state  # noqa: PLC0415 (state imports this module's users)
-
             etcd = etcd_from_state(self.state_dir)
         return config_from_options(etcd, self.cacert, self.cert, self.key, self.user, self.password)
 

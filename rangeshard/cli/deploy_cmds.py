@@ -255,8 +255,9 @@ def rbac_command(
     except RangeshardError as e:
         fail(e)
     if kopf and CRDS not in extra and not any(CRDS in r for r in found.values()):
+        verb = "runs" if len(kopf) == 1 else "run"
         typer.echo(
-            f"warning: {', '.join(kopf)} {'runs' if len(kopf) == 1 else 'run'} kopf, which lists and watches customresourcedefinitions"
+            f"warning: {', '.join(kopf)} {verb} kopf, which lists and watches customresourcedefinitions"
             ".apiextensions.k8s.io through the proxy: without read access the proxy answers 403 and kopf "
             "retries forever; add --unsharded customresourcedefinitions.apiextensions.k8s.io "
             "(and give the operator's own role get/list/watch on them)",

@@ -84,7 +84,7 @@ def controller_manager_command(
 
 
 def _record(state_dir: Path, name: str | None, manager: ControllerManager) -> Path:
-    """Write ``DIR/managers/<name>.json`` (the fields of ``rangeshard.cli.state.Component``) for ``status``."""
+    """Write ``DIR/managers/<name>.json`` (the fields of ``rangeshard.cli.statefile.Component``) for ``status``."""
     pid = os.getpid()
     url = manager.status.url if manager.status is not None else None
     doc = {

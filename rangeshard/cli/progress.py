@@ -7,7 +7,7 @@ Purpose
     :func:`fetch` reads those families into :class:`Progress` values;
     :func:`describe` says them in a table cell (``ok``, ``STUCK: 13
     unanswered, oldest 84s``, ``not measurable``). The proxy a ``rangeshard
-    up`` started is found by :func:`rangeshard.cli.state.proxy_from_state`
+    up`` started is found by :func:`rangeshard.cli.statefile.proxy_from_state`
     (the default of ``registry list --proxy`` and the dashboard's
     ``--proxy``), else by the ``proxyUrl`` the instances publish in their
     records. :class:`ProxyAccess` carries the credentials a secured proxy
@@ -97,7 +97,9 @@ def _kubeconfig_credentials(path: str) -> tuple[dict[str, str], Any]:
 
     cfg = k8s.Configuration()
     try:
-        kube_config.load_kube_config(config_file=path, client_configuration=cfg, persist_config=False)
+        kube_config.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=path, client_configuration=cfg, persist_config=False
+        )
     except Exception as e:  # the loader raises ConfigException, OSError, yaml errors, exec plugin failures
         raise ProgressUnavailable(f"--kubeconfig {path}: {e}") from e
     headers: dict[str, str] = {}

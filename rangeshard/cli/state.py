@@ -12,6 +12,9 @@ Purpose
     (graceful leave), then the proxy, the API server and etcd; SIGTERM, then
     SIGKILL after a grace period.
 
+    The record itself (``up.json``, ``managers/*.json``) and its readers are
+    :mod:`rangeshard.cli.statefile`, re-exported here.
+
 Invariants
     * A pid is only signalled while it is still the process ``up`` started
       (same ``/proc/PID/stat`` start time), so a reused pid is never killed.
@@ -19,7 +22,6 @@ Invariants
     * ``status`` exit codes: 0 every component healthy and no instance stuck,
       1 at least one component is down or unhealthy or an instance is stuck,
       3 nothing to report (no ``up.json``).
-    * The state file is written atomically (temp file + rename).
 
 Concurrency model
     Main thread; health probes are sequential blocking HTTP calls with short
@@ -36,97 +38,34 @@ import time
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any
 
 import httpx
 import orjson
 import typer
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from rangeshard.cli.common import DEFAULT_STATE_DIR, KubeconfigOpt, ProxyOpt, ProxyTokenFileOpt, StateDirOpt
 from rangeshard.cli.progress import Progress, ProgressUnavailable, ProxyAccess, describe, fetch, style
+from rangeshard.cli.statefile import (
+    STATE_FILE,
+    Component,
+    UpState,
+    alive,
+    hand_managers,
+    proxy_from_state,
+    read_state,
+    remove_state,
+)
 from rangeshard.cli.tables import Output, OutputOpt, table_console
 from rangeshard.core.errors import ConfigError, RangeshardError
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
-from rangeshard.core.process import process_start_time
 from registry import DEFAULT_PREFIX, ChildInfo, Registry, Snapshot
 
-#: Managers started by hand with ``--state-dir`` record themselves here (``<name>.json``), for ``status``.
-MANAGERS_DIR = "managers"
-
-STATE_FILE = "up.json"
-ComponentKind = Literal["etcd", "apiserver", "proxy", "manager"]
 #: Seconds ``down`` waits after SIGTERM before SIGKILL, per kind (a manager's graceful leave drains first).
 GRACE: dict[str, float] = {"manager": 20.0, "proxy": 10.0, "apiserver": 10.0, "etcd": 10.0, "up": 60.0}
-
-
-class Component(BaseModel):
-    """One child process of ``up`` as recorded in ``up.json``."""
-
-    model_config = ConfigDict(extra="ignore", populate_by_name=True)
-
-    name: str
-    kind: ComponentKind
-    pid: int | None
-    start_time: int | None = Field(None, alias="startTime")
-    port: int | None
-    url: str | None
-    health_url: str | None = Field(None, alias="healthUrl")
-    #: A manager started by hand: the proxy and etcd of its config (so ``status`` finds them without flags).
-    proxy_url: str | None = Field(None, alias="proxyUrl")
-    etcd: str | None = None
-
-
-class UpState(BaseModel):
-    """What ``up`` started (``DIR/up.json``)."""
-
-    model_config = ConfigDict(extra="ignore", populate_by_name=True)
-
-    up_pid: int = Field(alias="upPid")
-    up_start_time: int | None = Field(None, alias="upStartTime")
-    detached: bool
-    kubeconfig: str | None = None
-    components: list[Component]
-
-
-def alive(pid: int | None, start_time: int | None) -> bool:
-    """The process exists and is the one recorded (same start time when one was recorded)."""
-    if pid is None:
-        return False
-    now = process_start_time(pid)
-    return now is not None and (start_time is None or now == start_time)
-
-
-def write_state(state_dir: Path, state: UpState) -> None:
-    path = state_dir / STATE_FILE
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_bytes(orjson.dumps(state.model_dump(mode="json", by_alias=True), option=orjson.OPT_INDENT_2))
-    tmp.replace(path)
-
-
-def read_state(state_dir: Path) -> UpState | None:
-    """The recorded state, or None when there is none (or it is unreadable)."""
-    try:
-        return UpState.model_validate_json((state_dir / STATE_FILE).read_bytes())
-    except (OSError, ValidationError):
-        return None
-
-
-def hand_managers(state_dir: Path) -> list[Component]:
-    """The managers started by hand with ``--state-dir`` (``DIR/managers/*.json``; unreadable files skipped)."""
-    found = []
-    for path in sorted((state_dir / MANAGERS_DIR).glob("*.json")):
-        with contextlib.suppress(OSError, ValidationError):
-            found.append(Component.model_validate_json(path.read_bytes()))
-    return found
-
-
-def remove_state(state_dir: Path) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        (state_dir / STATE_FILE).unlink()
 
 
 def probe(url: str | None, kind: str, timeout: float = 10.0) -> tuple[bool, str]:
@@ -181,16 +120,6 @@ def stop_pids(targets: list[tuple[int, int | None]], grace: float) -> list[int]:
     return [pid for pid, _ in running]
 
 
-def etcd_from_state(state_dir: Path) -> str | None:
-    """The etcd a ``rangeshard up`` (else a manager started by hand) recorded in ``state_dir``, or None."""
-    state = read_state(state_dir)
-    if state is not None:
-        found = next((c.url for c in state.components if c.kind == "etcd" and c.url), None)
-        if found is not None:
-            return found
-    return next((c.etcd for c in hand_managers(state_dir) if c.etcd), None)
-
-
 def proxy_from_records(snapshots: Mapping[str, Snapshot]) -> str | None:
     """The proxy most instances publish in their records (``proxyUrl``), or None."""
     urls = Counter(m.record.proxy_url for s in snapshots.values() for m in s.members if m.record.proxy_url)
@@ -216,14 +145,6 @@ def find_proxy(
     if url is None and snapshots is not None:
         url, source = proxy_from_records(snapshots), "the instances' records"
     return ProxyAccess(url, token_file, kubeconfig, source) if url else None
-
-
-def proxy_from_state(state_dir: Path) -> str | None:
-    """The URL of the proxy a ``rangeshard up`` recorded in ``state_dir`` (``None``: none recorded)."""
-    state = read_state(state_dir)
-    if state is None:
-        return None
-    return next((c.url for c in state.components if c.kind == "proxy" and c.url), None)
 
 
 #: Seconds ``status`` gives each health probe and read: generous, so a loaded machine is not "down".
@@ -324,41 +245,60 @@ def status_command(
     # An external controller that is not running (cannot start, exited, SIGSTOPped, zombie) fails the status.
     broken = [(t, i) for t, i, child in children if child.state != "running"]
     if output is Output.json:
-        doc = {
-            "stateDir": str(state_dir),
-            "upPid": state.up_pid,
-            "detached": state.detached,
-            "components": [
-                {"name": c.name, "kind": c.kind, "pid": c.pid, "port": c.port, "url": c.url, "healthy": h, "detail": d}
-                for c, h, d in rows
-            ],
-            "progress": [{"controllerType": t, "instanceId": i, **p.to_json()} for t, i, p in progress],
-            "children": [
-                {"controllerType": ctype, "instanceId": instance, **child.model_dump(mode="json", by_alias=True)}
-                for ctype, instance, child in children
-            ],
-            "progressError": progress_error,
-            "stuck": [f"{t}/{i}" for t, i in stuck],
-        }
+        doc = _status_json(state_dir, state, rows, progress, children, progress_error)
         sys.stdout.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n")
     else:
-        table = Table(title=f"rangeshard up in {state_dir}", title_justify="left")
-        for col in ("COMPONENT", "PID", "PORT", "HEALTHY", "DETAIL") + (("URL",) if output is Output.wide else ()):
-            table.add_column(col)
-        for c, healthy, detail in rows:
-            cells = [c.name, str(c.pid or "-"), str(c.port or "-"), "yes" if healthy else "no", detail]
-            table.add_row(*cells, *((c.url or "-",) if output is Output.wide else ()))
-        table_console().print(table)
-        if children:
-            kids = Table(title="external controllers", title_justify="left")
-            for col in ("TYPE", "INSTANCE", "CHILD"):
-                kids.add_column(col)
-            for ctype, instance, child in children:
-                kids.add_row(ctype, instance, child.describe())
-            table_console().print(kids)
+        _print_tables(state_dir, output, rows, children)
         _print_progress(progress, progress_error)
     if not all(h for _, h, _ in rows) or stuck or broken:
         raise typer.Exit(1)
+
+
+Row = tuple[Component, bool, str]
+Child = tuple[str, str, ChildInfo]
+
+
+def _status_json(
+    state_dir: Path,
+    state: UpState,
+    rows: list[Row],
+    progress: list[tuple[str, str, Progress]],
+    children: list[Child],
+    progress_error: str | None,
+) -> dict[str, Any]:
+    return {
+        "stateDir": str(state_dir),
+        "upPid": state.up_pid,
+        "detached": state.detached,
+        "components": [
+            {"name": c.name, "kind": c.kind, "pid": c.pid, "port": c.port, "url": c.url, "healthy": h, "detail": d}
+            for c, h, d in rows
+        ],
+        "progress": [{"controllerType": t, "instanceId": i, **p.to_json()} for t, i, p in progress],
+        "children": [
+            {"controllerType": ctype, "instanceId": instance, **child.model_dump(mode="json", by_alias=True)}
+            for ctype, instance, child in children
+        ],
+        "progressError": progress_error,
+        "stuck": [f"{t}/{i}" for t, i, p in progress if p.stuck],
+    }
+
+
+def _print_tables(state_dir: Path, output: Output, rows: list[Row], children: list[Child]) -> None:
+    table = Table(title=f"rangeshard up in {state_dir}", title_justify="left")
+    for col in ("COMPONENT", "PID", "PORT", "HEALTHY", "DETAIL") + (("URL",) if output is Output.wide else ()):
+        table.add_column(col)
+    for c, healthy, detail in rows:
+        cells = [c.name, str(c.pid or "-"), str(c.port or "-"), "yes" if healthy else "no", detail]
+        table.add_row(*cells, *((c.url or "-",) if output is Output.wide else ()))
+    table_console().print(table)
+    if children:
+        kids = Table(title="external controllers", title_justify="left")
+        for col in ("TYPE", "INSTANCE", "CHILD"):
+            kids.add_column(col)
+        for ctype, instance, child in children:
+            kids.add_row(ctype, instance, child.describe())
+        table_console().print(kids)
 
 
 def _print_progress(progress: list[tuple[str, str, Progress]], error: str | None) -> None:

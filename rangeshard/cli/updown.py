@@ -29,7 +29,8 @@ from typing import Any
 
 import httpx
 
-from rangeshard.cli.state import Component, probe
+from rangeshard.cli.state import probe
+from rangeshard.cli.statefile import Component
 from rangeshard.core.errors import ConfigError, RangeshardError
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
 from rangeshard.core.ports import check_ports

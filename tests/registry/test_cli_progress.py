@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 from rangeshard.cli.progress import Progress, describe, parse
-from rangeshard.cli.state import Component, UpState, write_state
+from rangeshard.cli.statefile import Component, UpState, write_state
 from rangeshard.core.etcd import EtcdClient
 from rangeshard.core.etcdserver import EtcdServer
 from rangeshard.core.process import process_start_time

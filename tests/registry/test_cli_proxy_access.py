@@ -13,21 +13,22 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from typer.testing import CliRunner
 
+from rangeshard.cli.main import app
 from rangeshard.cli.progress import ProgressUnavailable, ProxyAccess, fetch
-from rangeshard.cli.state import Component, UpState, write_state
+from rangeshard.cli.statefile import Component, UpState, write_state
 from rangeshard.core.etcd import EtcdClient
 from rangeshard.core.etcdserver import EtcdServer
 from rangeshard.core.process import process_start_time
 from registry import Registry
 from tests.helpers import MetricsServer, progress_metrics
-from tests.registry.test_cli import run
+from tests.registry.test_cli_papercuts import Ran
+from tests.registry.test_cli_papercuts import cli as run
 
 CT = "gadget"
 TOKEN = "sa-token-for-the-proxy"
@@ -140,16 +141,11 @@ def test_commands_read_etcd_from_the_state_dir(
     Registry(etcd_client, key_prefix).join(CT, "a", etcd_client.grant_lease(30))
     _state_with_etcd(tmp_path, etcd_server.url)
 
-    def cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
-        clean = {k: v for k, v in os.environ.items() if k not in ("RANGESHARD_ETCD", "RANGESHARD_STATE_DIR")}
-        return subprocess.run(
-            [sys.executable, "-m", "rangeshard.cli.main", *args],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            env={**clean, **env},
-            stdin=subprocess.DEVNULL,
-        )
+    def cli(*args: str, **env: str) -> Ran:
+        """In this process, with neither RANGESHARD_ETCD nor RANGESHARD_STATE_DIR unless given."""
+        unset: dict[str, str | None] = {"RANGESHARD_ETCD": None, "RANGESHARD_STATE_DIR": None}
+        result = CliRunner().invoke(app, list(args), env={**unset, **env})
+        return Ran(result.exit_code, result.stdout, result.stderr)
 
     here = ("--prefix", key_prefix, "--state-dir", str(tmp_path))
     listed = cli("registry", "list", *here)
