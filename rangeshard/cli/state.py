@@ -13,19 +13,21 @@ Purpose
     SIGKILL after a grace period.
 
     The record itself (``up.json``, ``managers/*.json``) and its readers are
-    :mod:`rangeshard.cli.statefile`, re-exported here.
+    :mod:`rangeshard.cli.statefile`.
 
 Invariants
     * A pid is only signalled while it is still the process ``up`` started
       (same ``/proc/PID/stat`` start time), so a reused pid is never killed.
     * ``down`` is idempotent: nothing running (or no ``up.json``) is success.
     * ``status`` exit codes: 0 every component healthy and no instance stuck,
-      1 at least one component is down or unhealthy or an instance is stuck,
-      3 nothing to report (no ``up.json``).
+      1 at least one component is down or unhealthy, an instance is stuck or
+      an external controller is not running, 3 nothing to report (no
+      ``up.json``).
 
 Concurrency model
-    Main thread; health probes are sequential blocking HTTP calls with short
-    timeouts.
+    Main thread; health probes and reads are sequential blocking calls with
+    timeouts of :data:`STATUS_TIMEOUT` (10 s: a loaded machine answers late,
+    and late is not down).
 """
 
 from __future__ import annotations
@@ -217,8 +219,11 @@ def status_command(
     Progress is measured by the proxy: an instance whose oldest unanswered
     change of a main object is older than its stuckAfterSeconds is STUCK,
     with its count; a controller that never writes status.observedGeneration
-    is "not measurable". Exit code: 0 all healthy; 1 a component is down or
-    unhealthy, or an instance is stuck; 3 no ``up`` recorded in the state dir.
+    is "not measurable". The proxy is --proxy, else the one recorded in the
+    state dir, else the one the instances publish; --token-file or --kubeconfig
+    authenticate to a secured one. Exit code: 0 all healthy; 1 a component is
+    down or unhealthy, an instance is stuck or an external controller is not
+    running; 3 no ``up`` recorded in the state dir.
     """
     state = read_state(state_dir)
     by_hand = hand_managers(state_dir)
