@@ -25,7 +25,7 @@ CT = "gadget"
 
 def _registered(etcd_client: EtcdClient, key_prefix: str) -> None:
     reg = Registry(etcd_client, key_prefix)
-    lease = etcd_client.grant_lease(30)
+    lease = etcd_client.grant_lease(300)  # the test runs a dozen CLI processes: longer than 30 s on a busy machine
     for iid in ("a", "b", "c"):
         reg.join(CT, iid, lease)
 
