@@ -9,7 +9,9 @@ Purpose
     ``python -m controller_manager.audit FILE...`` runs the check from a shell
     (exit 0: no overlap, 1: overlaps, 2: unreadable or malformed input).
 
-    ``--apiserver-audit FILE`` (repeatable) adds the write-level check
+    ``--apiserver-audit FILE...`` (several files after one flag, or the flag
+    repeated; kube-apiserver's rotated ``audit-<timestamp>.log`` beside a named
+    ``audit.log`` are read too, all in time order) adds the write-level check
     (:mod:`controller_manager.write_audit`): from the API server's own audit
     log, no shard key is written by a stale owner token (exit 1 if one is).
     Of the two, the write-level check is the one that states the invariant
@@ -235,11 +237,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("files", nargs="*", metavar="FILE", help="reconcile audit log files (JSON lines)")
     parser.add_argument(
         "--apiserver-audit",
-        action="append",
+        action="extend",
+        nargs="+",
         default=[],
         metavar="FILE",
-        help="an API server audit log (audit.k8s.io/v1 events, JSON lines): check that no shard key is written "
-        "by a stale owner token (repeatable)",
+        help="API server audit logs (audit.k8s.io/v1 events, JSON lines): check that no shard key is written "
+        "by a stale owner token. Several files after one flag; a named audit.log brings its rotated "
+        "audit-<timestamp>.log siblings; all read in time order. Put reconcile FILEs before this flag.",
     )
     try:
         args = parser.parse_args(argv)
@@ -251,7 +255,12 @@ def main(argv: list[str] | None = None) -> int:
     stale = 0
     if args.apiserver_audit:
         try:
-            events, skipped = write_audit.read_events(args.apiserver_audit)
+            paths = write_audit.audit_files(args.apiserver_audit)
+            if len(paths) > 1:
+                print(f"reading {len(paths)} API server audit files in time order:", file=sys.stderr)
+                for path in paths:
+                    print(f"  {path}", file=sys.stderr)
+            events, skipped = write_audit.read_events(paths)
         except ConfigError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2

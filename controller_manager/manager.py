@@ -89,6 +89,7 @@ class ControllerManager:
                 pid=os.getpid(),
                 rejoin_grace=config.rejoin_grace_seconds,
                 stuck_after_seconds=config.stuck_after_seconds,
+                proxy_url=config.proxy.url,
             )
             if section.external is not None:
                 self.runtimes.append(

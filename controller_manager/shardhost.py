@@ -44,6 +44,8 @@ class ShardSettings:
     tick: float = 0.1
     #: ``rejoinGraceSeconds``: > 0 parks the record on a graceful stop instead of leaving.
     rejoin_grace: float = 0.0
+    #: Published in the record at every join: the proxy it uses (the CLI finds a hand-started manager's proxy).
+    proxy_url: str | None = None
     #: Published in the record at every join: the proxy measures this type's progress on it.
     main_resource: MainResource | None = None
     stuck_after_seconds: float | None = None

@@ -106,6 +106,7 @@ from registry import LeaseKeeper, MembershipWatch, Registry, RegistryView, Snaps
 log = logging.getLogger(__name__)
 
 FENCED = Phase.FENCED.value
+COUNTERS = ("fences", "rejoins", "unlocks", "self_unlocks", "drain_waits", "epochs", "epoch_refreshes")
 
 
 class ShardInstance:
@@ -149,9 +150,7 @@ class ShardInstance:
         #: Waits after a failed registration or heartbeat (etcd away): the one Backoff, 1 s doubling to 4 s.
         self.etcd_retry = Backoff(1.0, 4.0, jitter=0.2)
         self.joined = threading.Event()
-        self.counters = dict.fromkeys(
-            ("fences", "rejoins", "unlocks", "self_unlocks", "drain_waits", "epochs", "epoch_refreshes"), 0
-        )
+        self.counters = dict.fromkeys(COUNTERS, 0)
 
     def _count(self, what: str) -> None:
         self.counters[what] += 1
@@ -324,6 +323,7 @@ class ShardInstance:
                 pid=self.settings.pid,
                 main_resource=self.settings.main_resource,
                 stuck_after_seconds=self.settings.stuck_after_seconds,
+                proxy_url=self.settings.proxy_url,
             )
         except RangeshardError as e:
             if isinstance(e, AlreadyRegistered) and self._registered_elsewhere():

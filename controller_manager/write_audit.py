@@ -48,6 +48,8 @@ Concurrency model
 
 from __future__ import annotations
 
+import glob
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -100,6 +102,43 @@ class Report:
     unattributed: list[Write] = field(default_factory=list)
     stale: list[StaleWrite] = field(default_factory=list)
     skipped_lines: int = 0
+
+
+#: kube-apiserver's rotated audit logs (lumberjack): ``audit-2026-11-28T07-00-00.000.log`` beside ``audit.log``.
+_ROTATED = re.compile(r"^(?P<stem>.+)-(?P<stamp>\d{4}-\d{2}-\d{2}T\d{2}-\d{2}-\d{2}(?:\.\d+)?)(?P<ext>\.[^.]+)?$")
+
+
+def audit_files(paths: Iterable[str | Path]) -> list[Path]:
+    """The files to read, in time order: each given file plus its rotated siblings, each file once.
+
+    kube-apiserver rotates ``audit.log`` into ``audit-<timestamp>.log`` in the same
+    directory (``--audit-log-maxsize``); naming ``audit.log`` reads the rotated ones
+    too, oldest first, the current file last. A rotated file named on its own is
+    placed by its timestamp. Files that are neither keep the order given, after the
+    rotation groups they belong to.
+    """
+    chosen: dict[Path, None] = {}
+    for given in map(Path, paths):
+        if given.is_file() and _ROTATED.match(given.name) is None:
+            stem, ext = given.stem, given.suffix
+            for sibling in given.parent.glob(f"{glob.escape(stem)}-*{glob.escape(ext)}"):
+                found = _ROTATED.match(sibling.name)
+                if found is not None and found["stem"] == stem and (found["ext"] or "") == ext:
+                    chosen.setdefault(sibling.resolve(), None)
+        chosen.setdefault(given.resolve() if given.exists() else given, None)
+
+    def key(path: Path) -> tuple[str, str, int, str]:
+        found = _ROTATED.match(path.name)
+        if found is not None:  # a rotated file: its group (the current file's name), then its time
+            return (str(path.parent), found["stem"] + (found["ext"] or ""), 0, found["stamp"])
+        return (str(path.parent), path.name, 1, "")
+
+    order = {p: i for i, p in enumerate(chosen)}
+    groups: dict[tuple[str, str], int] = {}
+    for p in chosen:
+        k = key(p)
+        groups.setdefault((k[0], k[1]), order[p])
+    return sorted(chosen, key=lambda p: (groups[key(p)[:2]], key(p)[2], key(p)[3], order[p]))
 
 
 def read_events(paths: Iterable[str | Path]) -> tuple[list[dict[str, Any]], int]:

@@ -19,7 +19,10 @@ Modules
     ``strategy`` (what an update stores, preconditions, pod grace periods),
     ``watch`` (etcd watch -> asyncio bridge), ``gc`` (cascading deletion),
     ``auth`` (``--token-file``, the fixed policy, TokenReview and
-    SubjectAccessReview), ``middleware`` (body limit, authentication),
+    SubjectAccessReview), ``rbac`` (``--authorization-mode RBAC``: Roles and
+    bindings evaluated as kube does, bootstrap ClusterRoles),
+    ``serviceaccounts`` (TokenRequest, ServiceAccount tokens),
+    ``middleware`` (body limit, authentication),
     ``app`` (``create_app``: the application, health, discovery roots),
     ``routing`` (paths, discovery documents, query parameters, bodies),
     ``handlers`` (one handler per verb), ``scale`` (the Scale subresource),

@@ -81,14 +81,17 @@ def create_app(
     audit_log: AuditLog | None = None,
     simulate_node: str | None = None,
     service_range: ipaddress.IPv4Network = DEFAULT_SERVICE_RANGE,
+    authorization_mode: str = "",
 ) -> FastAPI:
     """Build the local API server application (see module docstring).
 
     ``etcd`` is an :class:`EtcdConfig` or ``URL[,URL...]``; ``prefix`` the
     storage prefix (default ``/registry``); ``bookmark_interval`` the seconds
     between watch bookmarks when a client allows them; ``authenticator`` (from
-    ``--token-file``) turns on authentication and the built-in authorization
-    policy (:mod:`local_apiserver.auth`); ``max_body_bytes`` bounds request
+    ``--token-file``) turns on authentication (ServiceAccount tokens included,
+    :mod:`local_apiserver.serviceaccounts`) and the built-in authorization
+    policy (:mod:`local_apiserver.auth`), or ``authorization_mode`` ``RBAC``
+    (:mod:`local_apiserver.rbac`), ``AlwaysAllow``, ``AlwaysDeny``; ``max_body_bytes`` bounds request
     bodies (413 beyond); ``audit_log`` (from ``--audit-log-path``) receives
     one audit event per API request and is closed at shutdown; ``simulate_node``
     names a simulated node that binds, runs and stops pods
@@ -96,7 +99,7 @@ def create_app(
     cluster IPs come from (:mod:`local_apiserver.services`).
     """
     config = etcd if isinstance(etcd, EtcdConfig) else EtcdConfig.from_urls(etcd)
-    state = State(config, prefix, bookmark_interval, authenticator, service_range)
+    state = State(config, prefix, bookmark_interval, authenticator, service_range, authorization_mode)
     app = FastAPI(
         title="rangeshard local API server",
         lifespan=_lifespan(state, startup_timeout, simulate_node, audit_log),
@@ -107,7 +110,7 @@ def create_app(
     app.state.local = state
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     if authenticator is not None:
-        app.add_middleware(Authenticate, authenticator=authenticator)
+        app.add_middleware(Authenticate, state=state)
     _add_error_handlers(app, state)
     _add_health_routes(app, state)
     _add_openapi_routes(app, state)

@@ -27,6 +27,7 @@ Concurrency model
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from local_apiserver.errors import bad_request, invalid_request
@@ -68,8 +69,10 @@ def _review(kind: str, api_version: str, spec: dict[str, Any], status: dict[str,
     }
 
 
-def token_review(authenticator: StaticTokens | None, body: Any) -> dict[str, Any]:
-    """Answer a ``TokenReview`` (authentication.k8s.io/v1)."""
+def token_review(
+    authenticator: StaticTokens | None, body: Any, user_of: Callable[[str], UserInfo | None] | None = None
+) -> dict[str, Any]:
+    """Answer a ``TokenReview`` (authentication.k8s.io/v1); ``user_of`` also knows ServiceAccount tokens."""
     api_version = "authentication.k8s.io/v1"
     spec = _object(body, "TokenReview", api_version)
     token = spec.get("token")
@@ -80,7 +83,7 @@ def token_review(authenticator: StaticTokens | None, body: Any) -> dict[str, Any
     if authenticator is None:
         status["error"] = "token authentication is not configured (no --token-file)"
     else:
-        user = authenticator.authenticate(token)
+        user = user_of(token) if user_of is not None else authenticator.authenticate(token)
         if user is not None:
             status = {"authenticated": True, "user": user.to_json()}
             if audiences:
@@ -92,6 +95,19 @@ def token_review(authenticator: StaticTokens | None, body: Any) -> dict[str, Any
 
 def subject_access_review(body: Any) -> dict[str, Any]:
     """Answer a ``SubjectAccessReview`` (authorization.k8s.io/v1) with the built-in policy."""
+    spec, user, attrs = parse_subject_access_review(body)
+    allowed, reason = authorize(user, attrs)
+    return subject_access_review_answer(spec, allowed, reason)
+
+
+def subject_access_review_answer(spec: dict[str, Any], allowed: bool, reason: str) -> dict[str, Any]:
+    """The ``SubjectAccessReview`` answered: the request's spec and the decision."""
+    status = {"allowed": allowed, "reason": reason}
+    return _review("SubjectAccessReview", "authorization.k8s.io/v1", spec, status)
+
+
+def parse_subject_access_review(body: Any) -> tuple[dict[str, Any], UserInfo, Attributes]:
+    """The spec of a ``SubjectAccessReview``, its user and the attributes to decide (400/422 when malformed)."""
     api_version = "authorization.k8s.io/v1"
     spec = _object(body, "SubjectAccessReview", api_version)
     user = spec.get("user") or ""
@@ -129,5 +145,4 @@ def subject_access_review(body: Any) -> dict[str, Any]:
         )
     else:
         attrs = Attributes(verb=text("verb"), path=text("path"))
-    allowed, reason = authorize(UserInfo(user, uid, tuple(groups)), attrs)
-    return _review("SubjectAccessReview", api_version, spec, {"allowed": allowed, "reason": reason})
+    return spec, UserInfo(user, uid, tuple(groups)), attrs

@@ -11,8 +11,9 @@ Purpose
     TLS and authentication options are spelled as in the rest of the project
     (``--etcd-cacert/--etcd-cert/--etcd-key/--etcd-user/--etcd-password``,
     the password also from ``RANGESHARD_ETCD_PASSWORD``); ``--token-file``
-    turns on bearer-token authentication and the built-in authorization policy
-    (docs/security.md); ``--audit-log-path``/``--audit-level`` write an
+    turns on bearer-token authentication (ServiceAccount tokens too) and the
+    built-in authorization policy (docs/security.md), or the one
+    ``--authorization-mode`` names (``RBAC``, as kube spells it); ``--audit-log-path``/``--audit-level`` write an
     ``audit.k8s.io/v1`` audit log (:mod:`local_apiserver.audit`).
 
 Invariants
@@ -31,7 +32,7 @@ import logging
 from typing import Any
 
 import typer
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from rangeshard.core.errors import ConfigError, RangeshardError, RegistryUnavailable
 from rangeshard.core.etcd import ENV_ENDPOINTS, EtcdClient
@@ -46,6 +47,9 @@ from rangeshard.core.settings import (
 )
 
 log = logging.getLogger(__name__)
+
+#: The values of ``--authorization-mode`` this server implements (kube's spelling).
+AUTHORIZATION_MODES = ("RBAC", "AlwaysAllow", "AlwaysDeny")
 
 
 class LocalApiServerFlags(ServingFlags, EtcdClientFlags):
@@ -62,6 +66,11 @@ class LocalApiServerFlags(ServingFlags, EtcdClientFlags):
         description='Authenticate every request by bearer token: CSV lines token,user,uid[,"group1,group2"] '
         "(see docs/security.md for the policy).",
     )
+    authorization_mode: str | None = Field(
+        None,
+        description="With --token-file: RBAC (the Roles, ClusterRoles and bindings the server stores, as kube "
+        "evaluates them), AlwaysAllow or AlwaysDeny; default: the built-in policy of docs/security.md.",
+    )
     simulate_node: str | None = Field(
         None,
         description="Register a simulated node NAME that schedules pods and runs them to Ready "
@@ -77,6 +86,27 @@ class LocalApiServerFlags(ServingFlags, EtcdClientFlags):
     service_cluster_ip_range: str = Field(
         "10.96.0.0/12", description="IPv4 CIDR Services' cluster IPs are allocated from."
     )
+
+    @field_validator("authorization_mode")
+    @classmethod
+    def _authorization_mode(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        modes = [m.strip() for m in value.split(",") if m.strip()]
+        unknown = [m for m in modes if m not in AUTHORIZATION_MODES]
+        if unknown or len(modes) != 1:
+            what = f"{unknown[0]!r} is not supported" if unknown else "name exactly one mode"
+            raise ValueError(f"{what} (this server implements {', '.join(AUTHORIZATION_MODES)})")
+        return modes[0]
+
+    @model_validator(mode="after")
+    def _mode_needs_tokens(self) -> LocalApiServerFlags:
+        if self.authorization_mode is not None and self.token_file is None:
+            raise ValueError(
+                f"--authorization-mode {self.authorization_mode} needs --token-file (who may create the first "
+                "bindings?): authentication is off without it"
+            )
+        return self
 
     @field_validator("simulate_node")
     @classmethod
@@ -161,6 +191,7 @@ def app_settings(flags: LocalApiServerFlags) -> dict[str, Any]:
         "service_range": parse_range(flags.service_cluster_ip_range),
         "authenticator": StaticTokens(load_token_file(flags.token_file)) if flags.token_file is not None else None,
         "audit_log": AuditLog(flags.audit_log_path, AuditLevel(flags.audit_level)) if flags.audit_log_path else None,
+        "authorization_mode": flags.authorization_mode or "",
     }
 
 

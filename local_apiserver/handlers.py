@@ -37,8 +37,8 @@ from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from local_apiserver import fieldvalidation, tables
-from local_apiserver.auth import subject_access_review, token_review
+from local_apiserver import fieldvalidation, serviceaccounts, tables
+from local_apiserver.auth import parse_subject_access_review, subject_access_review_answer, token_review
 from local_apiserver.errors import (
     ApiError,
     bad_request,
@@ -72,7 +72,6 @@ from local_apiserver.watch import WatchRequest, watch_events
 from rangeshard.core import requestinfo
 from rangeshard.core.kubeapi import Attributes, UserInfo, forbidden, unauthorized
 from rangeshard.core.listoptions import ListQuery, parse_bool
-from rangeshard.core.policy import authorize
 from rangeshard.core.protobuf_decode import decode_delete_options
 
 log = logging.getLogger(__name__)
@@ -141,13 +140,18 @@ async def dispatch(state: State, request: Request, path: str, info: dict[str, st
         if request.method != "GET":
             raise method_not_allowed(f"{request.method} is not allowed on discovery documents")
         return json_response(target)
-    call = _prepare(state, request, target, info)
+    call = await _prepare(state, request, target, info)
     verb = derive_verb(request.method, target, call.query)
     info["verb"] = verb
-    return await VERBS[verb](call)
+    if target.subresource == "token" and verb != "create":
+        raise method_not_allowed(f"{request.method} is not allowed on serviceaccounts/token: only create (POST)")
+    response = await VERBS[verb](call)
+    if verb not in ("get", "list", "watch"):
+        state.rbac_written(target.spec.group)
+    return response
 
 
-def _prepare(state: State, request: Request, target: Target, info: dict[str, str]) -> Call:
+async def _prepare(state: State, request: Request, target: Target, info: dict[str, str]) -> Call:
     """Record the request's facts in ``info``, check what every verb needs (authorization first) and route it."""
     spec = target.spec
     info.update(
@@ -166,7 +170,9 @@ def _prepare(state: State, request: Request, target: Target, info: dict[str, str
     ):
         raise bad_request("dryRun is allowed on create, update, patch and delete of one object only")
     _dry_run(dry_run)
-    _authorize(state, request, _attributes(request, target))
+    attrs = _attributes(request, target)
+    info["verb"] = attrs.verb  # the audit event of a 403 names the verb too
+    await _authorize(state, request, attrs)
     table = tables.requested(request, target) if request.method == "GET" else None
     if table is None:
         check_accept(request)
@@ -216,6 +222,8 @@ async def _get(call: Call) -> Response:
 
 async def _create(call: Call) -> Response:
     spec, ns = call.spec, call.target.namespace
+    if call.target.subresource == "token":
+        return await _token_request(call)
     if call.target.name is not None:
         raise method_not_allowed(f"POST is not allowed on a single {spec.kind} (use PUT or PATCH)")
     if spec.namespaced and ns is None:
@@ -226,6 +234,17 @@ async def _create(call: Call) -> Response:
     created = await in_thread(call.store.create, spec, ns, body)
     await call.crds_written()
     return _with_warnings(json_response(created, 201), warnings)
+
+
+async def _token_request(call: Call) -> Response:
+    """``POST serviceaccounts/<name>/token``: a token of an existing ServiceAccount (404 otherwise)."""
+    _, body = await read_body(call.request, BODY_MEDIA)
+    audiences, expiration = serviceaccounts.parse_token_request(body)
+    ns = call.target.namespace or ""
+    account = await in_thread(call.store.get, call.spec, ns, call.name)
+    uid = str((account.get("metadata") or {}).get("uid") or "")
+    token, expires = call.state.service_accounts.issue(ns, call.name, uid, audiences, expiration)
+    return json_response(serviceaccounts.token_request_answer(audiences, expiration, token, expires), 201)
 
 
 async def _update(call: Call) -> Response:
@@ -298,14 +317,14 @@ def _attributes(request: Request, target: Target) -> Attributes:
     )
 
 
-def _authorize(state: State, request: Request, attrs: Attributes) -> None:
-    """403 unless the built-in policy allows the authenticated user (no-op without a token file)."""
+async def _authorize(state: State, request: Request, attrs: Attributes) -> None:
+    """403 unless ``--authorization-mode`` allows the authenticated user (no-op without a token file)."""
     if state.authenticator is None:
         return
     user = request.scope.get("state", {}).get("user")
     if not isinstance(user, UserInfo):
         raise unauthorized()
-    allowed, _ = authorize(user, attrs)
+    allowed, _ = await state.authorize(user, attrs)
     if not allowed:
         log.info("forbidden: user %r cannot %s %s", user.username, attrs.verb, attrs.resource or attrs.path)
         raise forbidden(user, attrs)
@@ -319,11 +338,14 @@ async def review(state: State, request: Request, path: str, info: dict[str, str]
     info["verb"] = "create"
     if request.method != "POST":
         raise method_not_allowed(f"{request.method} is not allowed on {resource}: only create (POST)")
-    _authorize(state, request, Attributes(verb="create", resource=resource, group=group))
+    await _authorize(state, request, Attributes(verb="create", resource=resource, group=group))
     _, body = await read_body(request, BODY_MEDIA)
     if resource == "tokenreviews":
-        return json_response(token_review(state.authenticator, body), 201)
-    return json_response(subject_access_review(body), 201)
+        answer = await in_thread(token_review, state.authenticator, body, state.user_of_token)
+        return json_response(answer, 201)
+    spec, user, attrs = parse_subject_access_review(body)
+    allowed, reason = await state.authorize(user, attrs)
+    return json_response(subject_access_review_answer(spec, allowed, reason), 201)
 
 
 async def _list(call: Call) -> Response:

@@ -3,10 +3,13 @@
 Purpose
     :class:`Authenticate` rejects every request without a valid bearer token
     with ``401 Unauthorized`` (except the probes ``/healthz``, ``/livez``,
-    ``/readyz``), answers a non-resource path the static policy
-    (:mod:`rangeshard.core.policy`) does not allow with ``403``, and stores
-    the user in ``scope["state"]["user"]`` for the handlers' authorization of
-    resource requests. The request body limit (413) is the
+    ``/readyz``): a token of the token file, or a ServiceAccount token this
+    server issued (checked against the store in a worker thread); answers a
+    non-resource path the static policy (:mod:`rangeshard.core.policy`) does
+    not allow with ``403`` (with an ``--authorization-mode``, discovery is
+    open to any authenticated user, as kube's system:discovery);
+    and stores the user in ``scope["state"]["user"]`` for the handlers'
+    authorization of resource requests. The request body limit (413) is the
     :class:`rangeshard.core.kubeapi.BodyLimit` the proxy uses too.
 
 Invariants
@@ -21,9 +24,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import anyio
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from rangeshard.core.kubeapi import Attributes, StaticTokens, forbidden, send_status, unauthorized
+from local_apiserver.state import State
+from rangeshard.core.kubeapi import Attributes, bearer_token, forbidden, send_status, unauthorized
 from rangeshard.core.policy import PUBLIC_PATHS, authorize
 from rangeshard.core.rest import parse_rest_path
 
@@ -40,21 +45,35 @@ def _header(scope: Scope, name: bytes) -> str | None:
 class Authenticate:
     """401 for requests without a valid bearer token (see module docstring)."""
 
-    def __init__(self, app: ASGIApp, authenticator: StaticTokens) -> None:
+    def __init__(self, app: ASGIApp, state: State) -> None:
         self.app = app
-        self.authenticator = authenticator
+        self.state = state
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope.get("path") in PUBLIC_PATHS:
             await self.app(scope, receive, send)
             return
-        user = self.authenticator.authenticate_header(_header(scope, b"authorization"))
+        token = bearer_token(_header(scope, b"authorization"))
+        user = None
+        if token is not None:
+            static = self.state.authenticator
+            user = static.authenticate(token) if static is not None else None
+            if user is None:
+                user = await anyio.to_thread.run_sync(self.state.user_of_token, token)
         if user is None:
             log.debug("unauthenticated %s %s", scope.get("method"), scope.get("path"))
             await send_status(send, unauthorized())
             return
         path = str(scope.get("path") or "/")
         if parse_rest_path(path) is None:  # a non-resource path: the policy decides here
+            attrs = Attributes(verb=str(scope.get("method") or "GET").lower(), path=path)
+            if not authorize(user, attrs)[0]:
+                await send_status(send, forbidden(user, attrs))
+                return
+        path = str(scope.get("path") or "/")
+        if (
+            not self.state.authorization_mode and parse_rest_path(path) is None
+        ):  # a non-resource path: the policy decides
             attrs = Attributes(verb=str(scope.get("method") or "GET").lower(), path=path)
             if not authorize(user, attrs)[0]:
                 await send_status(send, forbidden(user, attrs))

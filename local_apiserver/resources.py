@@ -336,3 +336,11 @@ def core_spec(resource: str) -> ResourceSpec:
     if spec is None:  # pragma: no cover - the table always holds these
         raise LookupError(f"{resource} missing from the resource table")
     return spec
+
+
+def builtin_spec(group: str, resource: str) -> ResourceSpec:
+    """A built-in resource of ``group`` the server itself uses (RBAC's objects, ...), at its first version."""
+    for spec in RESOURCES:
+        if spec.group == group and spec.resource == resource:
+            return spec
+    raise LookupError(f"{resource}.{group} missing from the resource table")  # pragma: no cover

@@ -134,6 +134,18 @@ def _resource_list(table: resources.ResourceTable, group: str, version: str) -> 
             if served:
                 sub = {"name": f"{spec.resource}/{subresource}", "singularName": "", "namespaced": spec.namespaced}
                 out.append(sub | kind | {"verbs": ["get", "patch", "update"]})
+        if spec.group == "" and spec.resource == "serviceaccounts":
+            out.append(
+                {
+                    "name": "serviceaccounts/token",
+                    "singularName": "",
+                    "namespaced": True,
+                    "group": "authentication.k8s.io",
+                    "version": "v1",
+                    "kind": "TokenRequest",
+                    "verbs": ["create"],
+                }
+            )
     return {
         "kind": "APIResourceList",
         "apiVersion": "v1",
@@ -186,7 +198,8 @@ def parse_target(path: str, table: resources.ResourceTable = _BUILTIN_TABLE) -> 
     if parsed.namespace is not None and not spec.namespaced:
         raise not_found_path(f"{NOT_FOUND} ({spec.group_resource} is cluster-scoped, not in a namespace)")
     sub = parsed.subresource
-    if sub and not ((sub == "status" and spec.status) or (sub == "scale" and spec.scale)):
+    token = sub == "token" and spec.group == "" and spec.resource == "serviceaccounts"
+    if sub and not ((sub == "status" and spec.status) or (sub == "scale" and spec.scale) or token):
         raise not_found_path(f"{NOT_FOUND} (no subresource {sub!r} of {spec.resource})")
     return Target(spec, parsed.namespace, parsed.name, sub, parsed.watch_prefix)
 

@@ -2,7 +2,8 @@
 
 Purpose
     :class:`State` holds what every route shares (etcd configuration, the
-    store, the garbage collector, the authenticator, per-app metrics);
+    store, the garbage collector, the authenticator and authorizer, per-app
+    metrics);
     :class:`Metrics` is a per-app Prometheus registry so several apps can
     live in one process. ``json_response``/``status_response`` build the
     JSON answers; ``in_thread`` runs a blocking storage call off the loop.
@@ -33,9 +34,18 @@ from local_apiserver import resources, services
 from local_apiserver.crd import CrdSync
 from local_apiserver.errors import ApiError
 from local_apiserver.gc import GarbageCollector
+from local_apiserver.rbac import (
+    BOOTSTRAP_CLUSTER_ROLE_BINDINGS,
+    BOOTSTRAP_CLUSTER_ROLES,
+    RBAC_GROUP,
+    RbacAuthorizer,
+    RbacPolicy,
+)
+from local_apiserver.serviceaccounts import ServiceAccountTokens, service_account_user
 from local_apiserver.store import Store
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
-from rangeshard.core.kubeapi import StaticTokens
+from rangeshard.core.kubeapi import Attributes, StaticTokens, UserInfo
+from rangeshard.core.policy import authorize
 from rangeshard.core.serving import ShutdownSignal
 
 T = TypeVar("T")
@@ -74,10 +84,15 @@ class State:
         bookmark_interval: float,
         authenticator: StaticTokens | None = None,
         service_range: ipaddress.IPv4Network = services.DEFAULT_SERVICE_RANGE,
+        authorization_mode: str = "",
     ) -> None:
         self.config = config
         self.service_range = service_range
         self.authenticator = authenticator
+        #: "" (the built-in policy of local_apiserver.auth), "RBAC", "AlwaysAllow" or "AlwaysDeny".
+        self.authorization_mode = authorization_mode
+        self.service_accounts = ServiceAccountTokens()
+        self.rbac = RbacAuthorizer(self._load_rbac) if authorization_mode == "RBAC" else None
         self.prefix = prefix
         self.bookmark_interval = bookmark_interval
         self.metrics = Metrics()
@@ -104,9 +119,65 @@ class State:
             return self.store
 
     def bootstrap(self) -> None:
-        """Connect and create the built-in namespaces; ``bootstrapped`` once that worked (raises otherwise)."""
-        self.connect().ensure_namespaces()
+        """Connect and create the built-in namespaces (and RBAC's bootstrap roles); ``bootstrapped`` once done."""
+        store = self.connect()
+        store.ensure_namespaces()
+        if self.rbac is not None:
+            for resource, objects in (
+                ("clusterroles", BOOTSTRAP_CLUSTER_ROLES),
+                ("clusterrolebindings", BOOTSTRAP_CLUSTER_ROLE_BINDINGS),
+            ):
+                spec = resources.builtin_spec(RBAC_GROUP, resource)
+                for obj in objects:
+                    try:
+                        store.create(spec, None, obj)
+                    except ApiError as e:
+                        if e.code != 409:
+                            raise
         self.bootstrapped = True
+
+    def _load_rbac(self) -> RbacPolicy:
+        store = self.require_store()
+
+        def all_of(resource: str) -> list[dict[str, Any]]:
+            return list(store.iter_all(resources.builtin_spec(RBAC_GROUP, resource)))
+
+        return RbacPolicy.from_objects(
+            all_of("roles"), all_of("clusterroles"), all_of("rolebindings"), all_of("clusterrolebindings")
+        )
+
+    def user_of_token(self, token: str) -> UserInfo | None:
+        """The user of a bearer token: the token file's, or a live ServiceAccount's (blocking: a store read)."""
+        if self.authenticator is not None:
+            user = self.authenticator.authenticate(token)
+            if user is not None:
+                return user
+        claims = self.service_accounts.claims(token)
+        if claims is None:
+            return None
+        namespace, name, uid, _ = claims
+        try:
+            account = self.require_store().get(resources.core_spec("serviceaccounts"), namespace, name)
+        except ApiError:
+            return None  # deleted (404) or the store unavailable: not authenticated
+        if (account.get("metadata") or {}).get("uid") != uid:
+            return None  # re-created: the old account's tokens are void
+        return service_account_user(namespace, name, uid)
+
+    async def authorize(self, user: UserInfo, attrs: Attributes) -> tuple[bool, str]:
+        """``(allowed, reason)`` by the configured ``--authorization-mode``."""
+        if self.rbac is not None:
+            return await self.rbac.authorize(user, attrs)
+        if self.authorization_mode == "AlwaysAllow":
+            return True, "AlwaysAllow"
+        if self.authorization_mode == "AlwaysDeny":
+            return False, "AlwaysDeny"
+        return authorize(user, attrs)
+
+    def rbac_written(self, group: str) -> None:
+        """A write of an object of ``group`` went through: RBAC reads its objects again."""
+        if self.rbac is not None and group == RBAC_GROUP:
+            self.rbac.invalidate()
 
     async def refresh_crds(self) -> None:
         """Re-read the CRDs when the table is stale (a CRD created through another server is served too)."""

@@ -62,6 +62,10 @@ def name_problem(spec: ResourceSpec, name: str) -> str | None:
                 f"start and end with an alphanumeric character (at most 63 characters), got {name!r}"
             )
         return None
+    if spec.group == "rbac.authorization.k8s.io":  # kube's ValidateRBACName: any path segment (system:...)
+        if name in (".", "..") or "/" in name or "%" in name:
+            return f"may not be '.' or '..' and may not contain '/' or '%', got {name!r}"
+        return None
     if len(name) > 253 or not _DNS_SUBDOMAIN.match(name):
         return (
             f"a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and "

@@ -74,16 +74,23 @@ from fastapi import FastAPI
 from fastapi.responses import HTMLResponse, PlainTextResponse, Response, StreamingResponse
 
 from hashing import MAX_HASH
-from rangeshard.cli.common import EtcdOptions, fail, with_etcd_options
-from rangeshard.cli.progress import Progress, ProgressUnavailable, describe, fetch
-from rangeshard.cli.state import DEFAULT_STATE_DIR, StateDirOpt, proxy_from_state
+from rangeshard.cli.common import (
+    EtcdOptions,
+    KubeconfigOpt,
+    ProxyOpt,
+    ProxyTokenFileOpt,
+    fail,
+    with_etcd_options,
+)
+from rangeshard.cli.progress import Progress, ProgressUnavailable, ProxyAccess, describe, fetch
+from rangeshard.cli.state import find_proxy
 from rangeshard.core import serving
 from rangeshard.core.errors import ConfigError, RangeshardError
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
 from rangeshard.core.loops import join_thread, start_thread
 from rangeshard.core.process import free_port
 from rangeshard.core.serving import ShutdownSignal
-from registry import DEFAULT_PREFIX, MembershipWatch, RegistryView
+from registry import DEFAULT_PREFIX, MembershipWatch, Registry, RegistryView
 from registry.models import check_name
 
 log = logging.getLogger(__name__)
@@ -347,7 +354,7 @@ class EtcdProbe:
 class ProgressPoller:
     """Named thread (``dashboard-progress``) reading each instance's progress from the proxy's metrics."""
 
-    def __init__(self, proxy_url: str, hub: RingHub, interval: float = PROGRESS_POLL_SECONDS) -> None:
+    def __init__(self, proxy_url: str | ProxyAccess, hub: RingHub, interval: float = PROGRESS_POLL_SECONDS) -> None:
         self.proxy_url = proxy_url
         self.hub = hub
         self.interval = interval
@@ -382,7 +389,7 @@ def create_app(
     controller_type: str | None = None,
     hub: RingHub | None = None,
     keepalive: float = KEEPALIVE_SECONDS,
-    proxy_url: str | None = None,
+    proxy_url: str | ProxyAccess | None = None,
     progress_interval: float = PROGRESS_POLL_SECONDS,
 ) -> FastAPI:
     """The dashboard app; its lifespan starts and stops the membership watch (and the progress poller)."""
@@ -452,7 +459,7 @@ def serve(
     port: int,
     prefix: str = DEFAULT_PREFIX,
     controller_type: str | None = None,
-    proxy_url: str | None = None,
+    proxy_url: str | ProxyAccess | None = None,
 ) -> None:
     """Run the dashboard in the foreground until SIGINT/SIGTERM."""
     hub = RingHub(prefix)
@@ -482,17 +489,9 @@ def dashboard_command(
         str, typer.Option("--host", help="Address to listen on (the page is read-only and has no login).")
     ] = "127.0.0.1",
     controller_type: Annotated[str | None, typer.Option("--type", "-t", help="Only this controller type.")] = None,
-    proxy: Annotated[
-        str | None,
-        typer.Option(
-            "--proxy",
-            envvar="RANGESHARD_PROXY",
-            help="Range filter proxy (started with --etcd) whose /metrics give each instance's progress "
-            "(stuck instances are marked); default: the proxy of a rangeshard up in --state-dir, if any.",
-            show_default=False,
-        ),
-    ] = None,
-    state_dir: StateDirOpt = DEFAULT_STATE_DIR,
+    proxy: ProxyOpt = None,
+    token_file: ProxyTokenFileOpt = None,
+    kubeconfig: KubeconfigOpt = None,
     *,
     etcd_options: EtcdOptions,
 ) -> None:
@@ -504,15 +503,19 @@ def dashboard_command(
             raise ConfigError(f"--port: {port} is outside 0-65535")
         config = etcd_options.config()
         prefix = etcd_options.prefix
+        access = find_proxy(proxy, token_file, kubeconfig, etcd_options.state_dir)
+        if access is None:  # the proxy the instances publish in their records
+            with contextlib.suppress(RangeshardError), EtcdClient(config) as client:
+                _rev, snaps = Registry(client, prefix).snapshots()
+                access = find_proxy(None, token_file, kubeconfig, etcd_options.state_dir, snaps)
     except RangeshardError as e:
         fail(e)
     if port == 0:
         port = free_port(host)
-    proxy = proxy or proxy_from_state(state_dir)
     shown = f"[{host}]" if ":" in host else host
-    progress = f"progress from {proxy}" if proxy else "no proxy: progress unknown"
+    progress = f"progress from {access.url}" if access else "no proxy: progress unknown"
     typer.echo(
         f"rangeshard dashboard on http://{shown}:{port}/ (etcd {config.urls}, prefix {prefix}; {progress}); "
         "Ctrl-C stops it"
     )
-    serve(config, host=host, port=port, prefix=prefix, controller_type=controller_type, proxy_url=proxy)
+    serve(config, host=host, port=port, prefix=prefix, controller_type=controller_type, proxy_url=access)

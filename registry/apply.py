@@ -57,6 +57,23 @@ def wait_settled(registry: Registry, controller_type: str, timeout: float, poll:
         time.sleep(poll)
 
 
+def wait_republished(registry: Registry, controller_type: str, timeout: float, poll: float = 0.2) -> bool:
+    """Wait until every owning instance heartbeated again (its ``workloadNum`` is of its new range).
+
+    ``heartbeatAt`` changes with every heartbeat, which publishes the workload; True
+    when all did within ``timeout``, False otherwise (the figures are pending).
+    """
+    first = {m.instance_id: m.record.heartbeat_at for m in owned(registry.snapshot(controller_type))}
+    deadline = time.monotonic() + timeout
+    while True:
+        now = {m.instance_id: m.record.heartbeat_at for m in owned(registry.snapshot(controller_type))}
+        if all(now.get(i) != at for i, at in first.items()):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(poll)
+
+
 def next_move(snap: Snapshot, targets: Sequence[int]) -> Move | None:
     """A move that is valid now (keeps order and non-empty ranges), or ``None`` when all are done."""
     members = owned(snap)

@@ -138,13 +138,21 @@ class ChildInfo(BaseModel):
     state: str = "running"
     restarts: int = 0
     last_exit: int | None = Field(default=None, alias="lastExit")
+    #: Why it is not running: ``cannot start 'kopf': not found ...`` or ``'kopf' exited with code 1 after 0s: ...``.
+    error: str | None = None
 
     def describe(self) -> str:
-        """``running pid 123, 2 restarts, last exit -9`` (one cell of ``registry list -o wide``)."""
-        head = f"running pid {self.pid}" if self.state == "running" and self.pid else self.state
+        """``running pid 123, 2 restarts, last exit -9`` (one cell of ``registry list -o wide``).
+
+        ``stopped pid 123`` (SIGSTOP) and ``zombie pid 123`` as ``/proc`` says; the error of a child
+        that is not running follows its state.
+        """
+        head = f"{self.state} pid {self.pid}" if self.pid and self.state != "restarting" else self.state
         parts = [head, f"{self.restarts} restart{'s' if self.restarts != 1 else ''}"]
         if self.last_exit is not None:
             parts.append(f"last exit {self.last_exit}")
+        if self.error and self.state == "restarting":
+            parts.append(self.error)
         return ", ".join(parts)
 
 
@@ -211,6 +219,12 @@ class InstanceRecord(BaseModel):
     )
     child: ChildInfo | None = Field(
         default=None, description="an external controller's process, as its manager runs it (`command`)"
+    )
+    proxy_url: str | None = Field(
+        default=None,
+        alias="proxyUrl",
+        description="the range filter proxy the instance lists and watches through (found by `status`, "
+        "`registry list` and the dashboard when no proxy is given or recorded)",
     )
     stuck_after_seconds: Annotated[float | None, BeforeValidator(_lenient_seconds)] = Field(
         default=None,

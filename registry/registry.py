@@ -178,6 +178,7 @@ class Registry:
         workload_num: int = 0,
         main_resource: MainResource | None = None,
         stuck_after_seconds: float | None = None,
+        proxy_url: str | None = None,
     ) -> Member:
         """Register an instance by splitting the largest range; retried on conflict.
 
@@ -196,6 +197,7 @@ class Registry:
             "workload_num": workload_num,
             "main_resource": main_resource,
             "stuck_after_seconds": stuck_after_seconds,
+            "proxy_url": proxy_url,
         }
         pause = _race_backoff()
         for attempt in range(_MAX_ATTEMPTS):

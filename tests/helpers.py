@@ -69,18 +69,27 @@ def run_cli(
 class MetricsServer:
     """A stand-in for a proxy's ``/metrics`` (and ``/readyz``) on a loopback port, served from a thread.
 
-    ``text`` is what ``/metrics`` answers (change it at any time). Use as a context manager.
+    ``text`` is what ``/metrics`` answers (change it at any time). With ``token``, ``/metrics``
+    answers 401 unless the request carries ``Authorization: Bearer <token>`` (a secured proxy).
+    Use as a context manager.
     """
 
-    def __init__(self, text: str = "") -> None:
+    def __init__(self, text: str = "", token: str | None = None) -> None:
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer  # noqa: PLC0415
 
         outer = self
         self.text = text
+        self.token = token
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
-                body = (outer.text if self.path.startswith("/metrics") else "ok").encode()
+                metrics = self.path.startswith("/metrics")
+                if metrics and outer.token and self.headers.get("Authorization") != f"Bearer {outer.token}":
+                    self.send_response(401)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                body = (outer.text if metrics else "ok").encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "text/plain; version=0.0.4")
                 self.send_header("Content-Length", str(len(body)))

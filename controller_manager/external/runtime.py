@@ -144,7 +144,7 @@ class ExternalRuntime(ShardHost):
         if self.shard.fatal is not None:
             return self.shard.fatal
         if self.child is not None and not self.child.running:
-            return "the external controller is not running"
+            return self.child.error or "the external controller is not running"
         return f"{self.shard.state} (waiting for a handover)"
 
     def start(self) -> None:

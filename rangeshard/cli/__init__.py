@@ -10,8 +10,9 @@ Modules
     ``main`` (the application, logging, exit codes), ``components`` (the
     component servers as subcommands), ``manager`` (``rangeshard
     controller-manager``, registered alone when asked for), ``up`` and ``updown`` (``rangeshard
-    up``: port plan, readiness, demo), ``state`` (``status`` / ``down`` and
-    the state directory), ``registry_cmds`` (``rangeshard registry``),
+    up``: port plan, readiness, demo), ``state`` (``status`` / ``down``),
+    ``statefile`` (the state directory's records: ``up.json``, hand-started
+    managers, the etcd and proxy recorded there), ``registry_cmds`` (``rangeshard registry``),
     ``rebalance_cmds`` (``rangeshard rebalance``), ``deploy_cmds``
     (``rangeshard deploy rbac``: the proxy's read RBAC of a manager config), ``progress`` (each
     instance's unanswered changes as the proxy measures them: stuck instances), ``common`` (shared

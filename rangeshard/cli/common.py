@@ -2,7 +2,9 @@
 
 Purpose
     Declare each shared option once so every command spells it the same way,
-    and turn them into an :class:`~rangeshard.core.etcd.EtcdConfig`; the
+    and turn them into an :class:`~rangeshard.core.etcd.EtcdConfig` (without
+    ``--etcd``/``RANGESHARD_ETCD``: the etcd a ``rangeshard up`` recorded in
+    ``--state-dir``, else ``http://127.0.0.1:2379``); the
     errors and stop signal several commands share (:func:`fail`,
     :func:`unknown_type`, :func:`stop_on_signals`).
 
@@ -23,10 +25,12 @@ import signal
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
 
+from rangeshard.cli.statefile import etcd_from_state
 from rangeshard.core import help_format, logs
 from rangeshard.core.errors import ConfigError, PlanError, PortInUseError, RangeshardError, RegistryUnavailable
 from rangeshard.core.etcd import EtcdConfig
@@ -41,11 +45,50 @@ EtcdOpt = Annotated[
     typer.Option(
         "--etcd",
         envvar="RANGESHARD_ETCD",
-        help="etcd endpoints, URL[,URL...] (default http://127.0.0.1:2379).",
+        help="etcd endpoints, URL[,URL...] (default: the etcd of a rangeshard up in --state-dir, "
+        "else http://127.0.0.1:2379).",
         show_default=False,
     ),
 ]
 PrefixOpt = Annotated[str, typer.Option("--prefix", help="Registry key prefix in etcd.")]
+StateDirOpt = Annotated[
+    Path,
+    typer.Option(
+        "--state-dir",
+        envvar="RANGESHARD_STATE_DIR",
+        help="Where etcd data, logs and the kubeconfig live; what rangeshard up recorded there (etcd, proxy) "
+        "is the default of --etcd and --proxy.",
+    ),
+]
+DEFAULT_STATE_DIR = Path(".rangeshard")
+ProxyOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--proxy",
+        envvar="RANGESHARD_PROXY",
+        help="Range filter proxy (started with --etcd) whose /metrics give each instance's progress; default: "
+        "the proxy of a rangeshard up in --state-dir, else the one the instances publish in their records.",
+        show_default=False,
+    ),
+]
+ProxyTokenFileOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--token-file",
+        help="Bearer token for a secured proxy's /metrics (--auth-mode delegate/static), e.g. a ServiceAccount "
+        "token; re-read on every request.",
+        show_default=False,
+    ),
+]
+KubeconfigOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--kubeconfig",
+        help="Credentials for a secured proxy as kubectl reads them: the current context's user (token, "
+        "token file, exec plugin, client certificate). The proxy's address is --proxy.",
+        show_default=False,
+    ),
+]
 
 
 def configure_logging(level: str) -> None:
@@ -97,9 +140,14 @@ class EtcdOptions:
     key: str | None
     user: str | None
     password: str | None = field(repr=False)
+    state_dir: Path = DEFAULT_STATE_DIR
 
     def config(self) -> EtcdConfig:
-        return config_from_options(self.etcd, self.cacert, self.cert, self.key, self.user, self.password)
+        """The etcd of ``--etcd``; without it the one ``up`` recorded in ``--state-dir`` (else the default)."""
+        etcd = self.etcd
+        if etcd is None:
+            etcd = etcd_from_state(self.state_dir)
+        return config_from_options(etcd, self.cacert, self.cert, self.key, self.user, self.password)
 
 
 # (parameter name, annotation, default, EtcdOptions field)
@@ -111,6 +159,7 @@ _ETCD_PARAMS: list[tuple[str, Any, Any, str]] = [
     ("etcd_key", KeyOpt, None, "key"),
     ("etcd_user", UserOpt, None, "user"),
     ("etcd_password", PasswordOpt, None, "password"),
+    ("state_dir", StateDirOpt, DEFAULT_STATE_DIR, "state_dir"),
 ]
 
 
@@ -119,8 +168,8 @@ def with_etcd_options(fn: Callable[..., None]) -> Callable[..., None]:
 
     The options are declared once here instead of in every command: the
     wrapper's signature is the command's own parameters (minus
-    ``etcd_options``) followed by ``--etcd``, ``--prefix`` and the TLS/auth
-    options, which Typer reads like any other.
+    ``etcd_options``) followed by ``--etcd``, ``--prefix``, the TLS/auth
+    options and ``--state-dir``, which Typer reads like any other.
     """
     sig = inspect.signature(fn, eval_str=True)
     own = [p for p in sig.parameters.values() if p.name != "etcd_options"]

@@ -17,6 +17,11 @@ Purpose
     (pass-through carries the caller's token), so the write RBAC belongs to
     the controllers' ServiceAccounts, not here.
 
+    An external entry whose ``command`` runs kopf without
+    ``--unsharded customresourcedefinitions.apiextensions.k8s.io`` gets a
+    warning on stderr: kopf lists and watches the CRDs through the proxy, which
+    would answer 403 and leave kopf retrying forever.
+
 Invariants
     * Least privilege: only ``list`` and ``watch``, only the named resources,
       no wildcards, no subresources, no ``resourceNames``.
@@ -94,6 +99,31 @@ def config_resources(path: Path) -> dict[str, set[GroupResource]]:
             cls = classes[name]
             found[controller_type(name, cls)] = {(r.group, r.name) for r in (cls.main, *cls.dependents)}
     return found  # never empty: the loader requires at least one controller
+
+
+#: What kopf lists and watches besides its handlers' resources (to notice new resources).
+CRDS: GroupResource = ("apiextensions.k8s.io", "customresourcedefinitions")
+
+
+def runs_kopf(command: Sequence[str]) -> bool:
+    """Whether an external entry's ``command`` runs kopf (``kopf run``, ``python -m kopf``, ``sh -c 'kopf ...'``)."""
+    words = [w for arg in command for w in arg.split()]
+    for i, word in enumerate(words):
+        if Path(word).name == "kopf" or (word == "-m" and i + 1 < len(words) and words[i + 1] == "kopf"):
+            return True
+    return False
+
+
+def kopf_types(path: Path) -> list[str]:
+    """The controller types of the config whose external ``command`` runs kopf."""
+    from controller_manager.config import load_config  # noqa: PLC0415
+
+    cfg = load_config(path)
+    return sorted(
+        name
+        for name, section in cfg.controllers.items()
+        if section.external is not None and runs_kopf(section.external.command or [])
+    )
 
 
 def parse_unsharded(values: Iterable[str]) -> set[GroupResource]:
@@ -221,8 +251,18 @@ def rbac_command(
     try:
         found = config_resources(config)
         extra = parse_unsharded(unsharded or [])
+        kopf = kopf_types(config)
     except RangeshardError as e:
         fail(e)
+    if kopf and CRDS not in extra and not any(CRDS in r for r in found.values()):
+        verb = "runs" if len(kopf) == 1 else "run"
+        typer.echo(
+            f"warning: {', '.join(kopf)} {verb} kopf, which lists and watches customresourcedefinitions"
+            ".apiextensions.k8s.io through the proxy: without read access the proxy answers 403 and kopf "
+            "retries forever; add --unsharded customresourcedefinitions.apiextensions.k8s.io "
+            "(and give the operator's own role get/list/watch on them)",
+            err=True,
+        )
     resources = set().union(*found.values()) | extra
     role_name = name or default_name(found)
     docs = proxy_rbac(resources, role_name, namespace, service_account)

@@ -84,7 +84,7 @@ def controller_manager_command(
 
 
 def _record(state_dir: Path, name: str | None, manager: ControllerManager) -> Path:
-    """Write ``DIR/managers/<name>.json`` (the fields of ``rangeshard.cli.state.Component``) for ``status``."""
+    """Write ``DIR/managers/<name>.json`` (the fields of ``rangeshard.cli.statefile.Component``) for ``status``."""
     pid = os.getpid()
     url = manager.status.url if manager.status is not None else None
     doc = {
@@ -95,6 +95,9 @@ def _record(state_dir: Path, name: str | None, manager: ControllerManager) -> Pa
         "port": manager.status.port if manager.status is not None else None,
         "url": url,
         "healthUrl": f"{url}/readyz" if url else None,
+        # What `status`, `registry list` and the dashboard need to find without flags.
+        "proxyUrl": manager.config.proxy.url,
+        "etcd": ",".join(manager.config.etcd.endpoints),
     }
     path = state_dir / "managers" / f"{name or pid}.json"
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -7,9 +7,14 @@ Purpose
     :func:`fetch` reads those families into :class:`Progress` values;
     :func:`describe` says them in a table cell (``ok``, ``STUCK: 13
     unanswered, oldest 84s``, ``not measurable``). The proxy a ``rangeshard
-    up`` started is found by :func:`rangeshard.cli.state.proxy_from_state`
+    up`` started is found by :func:`rangeshard.cli.statefile.proxy_from_state`
     (the default of ``registry list --proxy`` and the dashboard's
-    ``--proxy``).
+    ``--proxy``), else by the ``proxyUrl`` the instances publish in their
+    records. :class:`ProxyAccess` carries the credentials a secured proxy
+    (``--auth-mode delegate`` or ``static``) wants on ``/metrics``: a bearer
+    token from ``--token-file`` (re-read on every call: rotated tokens work),
+    or the current context's user of ``--kubeconfig`` as kubectl reads it
+    (token, token file, exec plugin, client certificate).
 
 Invariants
     * An instance the proxy does not report, or a proxy that does not answer,
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -59,6 +65,51 @@ class ProgressUnavailable(Exception):
     """The proxy's metrics could not be read (the message says why)."""
 
 
+@dataclass(frozen=True)
+class ProxyAccess:
+    """Where the proxy is and how to authenticate to it (module docstring); ``source`` says where the URL came from."""
+
+    url: str
+    token_file: str | None = None
+    kubeconfig: str | None = None
+    source: str = "--proxy"
+
+    def request_options(self) -> tuple[dict[str, str], Any]:
+        """``(headers, cert)`` for one request (:class:`ProgressUnavailable` when the credentials cannot be read)."""
+        if self.token_file is not None:
+            try:
+                with open(self.token_file, encoding="utf-8") as f:
+                    token = f.read().strip()
+            except (OSError, UnicodeDecodeError) as e:
+                raise ProgressUnavailable(f"--token-file {self.token_file}: cannot read: {e}") from e
+            if not token:
+                raise ProgressUnavailable(f"--token-file {self.token_file}: empty")
+            return {"Authorization": f"Bearer {token}"}, None
+        if self.kubeconfig is not None:
+            return _kubeconfig_credentials(self.kubeconfig)
+        return {}, None
+
+
+def _kubeconfig_credentials(path: str) -> tuple[dict[str, str], Any]:
+    """The current context's user of a kubeconfig, as the official client (and kubectl) reads it."""
+    from kubernetes import client as k8s  # noqa: PLC0415 (heavy: only with --kubeconfig)
+    from kubernetes import config as kube_config  # noqa: PLC0415
+
+    cfg = k8s.Configuration()
+    try:
+        kube_config.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=path, client_configuration=cfg, persist_config=False
+        )
+    except Exception as e:  # the loader raises ConfigException, OSError, yaml errors, exec plugin failures
+        raise ProgressUnavailable(f"--kubeconfig {path}: {e}") from e
+    headers: dict[str, str] = {}
+    auth = (cfg.api_key or {}).get("authorization") or (cfg.api_key or {}).get("BearerToken")
+    if auth:
+        headers["Authorization"] = auth if auth.lower().startswith("bearer ") else f"Bearer {auth}"
+    cert = (cfg.cert_file, cfg.key_file) if cfg.cert_file and cfg.key_file else None
+    return headers, cert
+
+
 def _number(value: float | None) -> float | None:
     return None if value is None or math.isnan(value) else value
 
@@ -85,14 +136,22 @@ def parse(text: str) -> dict[tuple[str, str], Progress]:
     return out
 
 
-def fetch(proxy_url: str, timeout: float = 3.0, token: str | None = None) -> dict[tuple[str, str], Progress]:
-    """Read the progress of every instance from the proxy at ``proxy_url``; :class:`ProgressUnavailable` if not."""
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
+def fetch(proxy: str | ProxyAccess, timeout: float = 3.0, token: str | None = None) -> dict[tuple[str, str], Progress]:
+    """Read the progress of every instance from the proxy; :class:`ProgressUnavailable` if not."""
+    access = proxy if isinstance(proxy, ProxyAccess) else ProxyAccess(proxy)
+    proxy_url = access.url
+    headers, cert = access.request_options()
+    if token:
+        headers = {"Authorization": f"Bearer {token}"}
     try:
-        with httpx.Client(timeout=timeout, verify=False) as client:  # noqa: S501 (our own proxy, like status)
+        # verify=False: our own proxy, as status probes it; the token goes only where --proxy points.
+        with httpx.Client(timeout=timeout, verify=False, cert=cert) as client:  # noqa: S501
             resp = client.get(proxy_url.rstrip("/") + "/metrics", headers=headers)
     except httpx.HTTPError as e:
         raise ProgressUnavailable(f"proxy {proxy_url} does not answer ({type(e).__name__})") from e
+    if resp.status_code in (401, 403):
+        hint = "" if "Authorization" in headers else ": give --token-file FILE or --kubeconfig FILE"
+        raise ProgressUnavailable(f"proxy {proxy_url}/metrics answered {resp.status_code}{hint}")
     if resp.status_code != 200:
         raise ProgressUnavailable(f"proxy {proxy_url}/metrics answered {resp.status_code}")
     try:
@@ -109,8 +168,8 @@ def _age(seconds: float | None) -> str:
 
 
 def describe(progress: Progress | None) -> str:
-    """A table cell: ``STUCK: 13 unanswered, oldest 84s (> 5s)``, ``ok``, ``ok: 3 waiting, oldest 1s``,
-    ``not measurable`` or ``-`` (unknown)."""
+    """A table cell: ``STUCK: 13 unanswered, oldest 84s (> 5s)``, ``ok`` (nothing unanswered),
+    ``waiting: 3 unanswered, oldest 1s`` (below the stuck threshold), ``not measurable`` or ``-`` (unknown)."""
     if progress is None:
         return "-"
     if not progress.measurable:
@@ -121,11 +180,13 @@ def describe(progress: Progress | None) -> str:
         return f"STUCK: {n} unanswered, oldest {_age(progress.oldest_seconds)}{after}"
     if n == 0:
         return "ok"
-    return f"ok: {n} waiting, oldest {_age(progress.oldest_seconds)}"
+    return f"waiting: {n} unanswered, oldest {_age(progress.oldest_seconds)}"
 
 
 def style(progress: Progress | None) -> str:
     """The rich style of :func:`describe`'s cell."""
     if progress is None or not progress.measurable:
         return "dim"
-    return "bold red" if progress.stuck else "green"
+    if progress.stuck:
+        return "bold red"
+    return "yellow" if progress.unreconciled else "green"

@@ -45,7 +45,7 @@ from rangeshard.cli.tables import table_console
 from rangeshard.core.errors import ConfigError, RangeshardError
 from rangeshard.core.etcd import EtcdClient
 from registry import Registry, Snapshot
-from registry.apply import AutoPolicy, apply_plan, set_key_settled, wait_settled
+from registry.apply import AutoPolicy, apply_plan, set_key_settled, wait_republished, wait_settled
 from registry.histogram import COST_UNITS_PER_SECOND
 from registry.models import check_name
 from registry.rebalance import Move, Plan, Strategy, loads_of, make_plan, max_over_mean, owned
@@ -101,11 +101,17 @@ def gated(plan: Plan, min_gain: float) -> tuple[Plan, bool]:
     return replace(plan, moves=(), predicted_loads=plan.current_loads), True
 
 
+#: Seconds ``apply`` waits after the last handover for the instances to publish their new workloads.
+REPUBLISH_SECONDS = 15.0
+
+
 def show_data(snap: Snapshot) -> dict[str, Any]:
+    """``show``'s figures; the cost ones are ``None`` (n/a) when no instance published a reconcile time."""
     members = owned(snap)
     loads = [m.record.workload_num for m in members]
     costs = loads_of(snap, Strategy.COST)
     total_objects, total_cost = sum(loads), sum(costs)
+    measured = total_cost > 0
     instances = [
         {
             "instanceId": m.instance_id,
@@ -117,8 +123,8 @@ def show_data(snap: Snapshot) -> dict[str, Any]:
             "share": round(m.range.share, 6) if m.range else 0.0,
             "workloadNum": m.record.workload_num,
             "objectShare": round(m.record.workload_num / total_objects, 6) if total_objects else 0.0,
-            "costSeconds": round(cost / COST_UNITS_PER_SECOND, 6),
-            "costShare": round(cost / total_cost, 6) if total_cost else 0.0,
+            "costSeconds": round(cost / COST_UNITS_PER_SECOND, 6) if measured else None,
+            "costShare": round(cost / total_cost, 6) if measured else None,
         }
         for m, cost in zip(members, costs, strict=True)
     ]
@@ -126,7 +132,7 @@ def show_data(snap: Snapshot) -> dict[str, Any]:
         "controllerType": snap.controller_type,
         "instances": instances,
         "maxOverMean": round(max_over_mean(loads), 4),
-        "costMaxOverMean": round(max_over_mean(costs), 4),
+        "costMaxOverMean": round(max_over_mean(costs), 4) if measured else None,
     }
 
 
@@ -148,9 +154,10 @@ def show_command(
     if as_json:
         sys.stdout.write(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode() + "\n")
         return
+    cost = data["costMaxOverMean"]
+    cost_text = f"{cost:.2f}" if cost is not None else "n/a (no reconcile time published)"
     table = Table(
-        title=f"{controller_type}: max/mean {data['maxOverMean']:.2f} (objects), "
-        f"{data['costMaxOverMean']:.2f} (measured cost)",
+        title=f"{controller_type}: max/mean {data['maxOverMean']:.2f} (objects), {cost_text} (measured cost)",
         title_justify="left",
     )
     for col in ("INSTANCE", "STATE", "LOCKED", "RANGE START", "RANGE END", "SHARE", "WORKLOAD", "OBJECTS", "COST"):
@@ -165,7 +172,7 @@ def show_command(
             f"{i['share'] * 100:.2f}%",
             str(i["workloadNum"]),
             f"{i['objectShare'] * 100:.1f}%",
-            f"{i['costShare'] * 100:.1f}%",
+            f"{i['costShare'] * 100:.1f}%" if i["costShare"] is not None else "n/a",
         )
     table_console().print(table)
 
@@ -215,11 +222,42 @@ def set_key_command(
         fail(e)
 
 
-def _print_plan(console: Console, plan: Plan, dropped: Plan | None = None, min_gain: float = 0.0) -> None:
-    console.print(
-        f"{plan.controller_type} by {plan.by}: max/mean {plan.current_ratio:.2f} -> {plan.predicted_ratio:.2f} "
-        f"(predicted loads {list(plan.predicted_loads)}, now {list(plan.current_loads)})"
+#: What a plan's loads count, per strategy (one metric per sentence).
+_LOADS = {Strategy.WORKLOAD: "objects", Strategy.COST: "measured cost", Strategy.RANGE: "objects"}
+
+
+def _range_sizes(plan: Plan, snap: Snapshot | None) -> tuple[list[int], list[int]] | None:
+    """Key-range sizes now and after the plan (instance order), or None without the snapshot."""
+    members = owned(snap) if snap is not None else []
+    if not members or len(members) != len(plan.targets) or members[0].range is None:
+        return None
+    now = [m.range.hi - m.range.lo + 1 for m in members if m.range is not None]
+    lows = [members[0].range.lo] + [t + 1 for t in plan.targets[:-1]]
+    return now, [hi - lo + 1 for lo, hi in zip(lows, plan.targets, strict=True)]
+
+
+def plan_sentences(plan: Plan, snap: Snapshot | None = None) -> list[str]:
+    """What a plan changes, one metric per sentence."""
+    what = _LOADS[Strategy(plan.by)]
+    loads = (
+        f"{what.capitalize()}: max/mean {plan.current_ratio:.2f} -> {plan.predicted_ratio:.2f} "
+        f"(now {list(plan.current_loads)}, predicted {list(plan.predicted_loads)})."
     )
+    if Strategy(plan.by) is not Strategy.RANGE:
+        return [f"{plan.controller_type} by {plan.by}.", loads]
+    lines = [f"{plan.controller_type} by range."]
+    sizes = _range_sizes(plan, snap)
+    if sizes is not None:
+        lines.append(f"Key ranges: max/mean {max_over_mean(sizes[0]):.2f} -> {max_over_mean(sizes[1]):.2f}.")
+    lines.append(loads.removesuffix(".") + " (assuming objects spread evenly inside each histogram bucket).")
+    return lines
+
+
+def _print_plan(
+    console: Console, plan: Plan, dropped: Plan | None = None, min_gain: float = 0.0, snap: Snapshot | None = None
+) -> None:
+    for line in plan_sentences(plan, snap):
+        console.print(line)
     if dropped is not None:
         console.print(
             f"nothing to move: the best plan ({len(dropped.moves)} move(s)) would lower max/mean by only "
@@ -263,7 +301,8 @@ def plan_command(
     try:
         client, reg = _registry(etcd_options)
         with client:
-            full = make_plan(known_snapshot(reg, controller_type), by)
+            snap = known_snapshot(reg, controller_type)
+            full = make_plan(snap, by)
             plan, was_dropped = gated(full, min_gain)
     except RangeshardError as e:
         fail(e)
@@ -272,7 +311,7 @@ def plan_command(
         doc = _plan_json(plan, dropped, min_gain)
         sys.stdout.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n")
     else:
-        _print_plan(table_console(), plan, dropped, min_gain)
+        _print_plan(table_console(), plan, dropped, min_gain, snap)
 
 
 @app.command("apply")
@@ -294,9 +333,10 @@ def apply_command(
     try:
         client, reg = _registry(etcd_options)
         with client:
-            full = make_plan(known_snapshot(reg, controller_type), by)
+            snap = known_snapshot(reg, controller_type)
+            full = make_plan(snap, by)
             plan, was_dropped = gated(full, min_gain)
-            _print_plan(console, plan, full if was_dropped else None, min_gain)
+            _print_plan(console, plan, full if was_dropped else None, min_gain, snap)
             if not plan.moves:
                 console.print("nothing applied")
                 return
@@ -307,8 +347,16 @@ def apply_command(
                 console.print(f"[{done + 1}/{total}] {move.instance_id}: {move.old_key} -> {move.new_key} ...")
 
             moved = apply_plan(reg, plan, timeout=timeout, progress=progress)
-            after = reg.snapshot(controller_type)
-            console.print(f"applied {moved} move(s); registry now: max/mean {show_data(after)['maxOverMean']:.2f}")
+            console.print(f"applied {moved} move(s); waiting for the instances to publish their new workloads ...")
+            fresh = wait_republished(reg, controller_type, min(timeout, REPUBLISH_SECONDS))
+            ratio = show_data(reg.snapshot(controller_type))["maxOverMean"]
+            if fresh:
+                console.print(f"registry now: objects max/mean {ratio:.2f} (republished by every instance)")
+            else:
+                console.print(
+                    f"registry now: objects max/mean {ratio:.2f} as last published; the new figure is pending "
+                    f"(predicted {plan.predicted_ratio:.2f}): see `rangeshard rebalance show --type {controller_type}`"
+                )
     except RangeshardError as e:
         fail(e)
 

@@ -38,9 +38,17 @@ from rich.table import Table
 from rich.text import Text
 
 from rangeshard.cli import progress as progress_mod
-from rangeshard.cli.common import EtcdOptions, fail, unknown_type, with_etcd_options
-from rangeshard.cli.progress import Progress, ProgressUnavailable
-from rangeshard.cli.state import DEFAULT_STATE_DIR, StateDirOpt, proxy_from_state
+from rangeshard.cli.common import (
+    EtcdOptions,
+    KubeconfigOpt,
+    ProxyOpt,
+    ProxyTokenFileOpt,
+    fail,
+    unknown_type,
+    with_etcd_options,
+)
+from rangeshard.cli.progress import Progress, ProgressUnavailable, ProxyAccess
+from rangeshard.cli.state import find_proxy
 from rangeshard.cli.tables import Output, OutputOpt, table_console
 from rangeshard.core.errors import RangeshardError
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
@@ -51,21 +59,10 @@ app = typer.Typer(help="Inspect the instance registry in etcd.", no_args_is_help
 
 STATE_STYLE = {"init": "cyan", "locked": "yellow", "wait": "magenta", "active": "green", "parked": "blue"}
 
-ProxyOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--proxy",
-        envvar="RANGESHARD_PROXY",
-        help="Range filter proxy (started with --etcd) whose /metrics give each instance's progress for -o wide "
-        "and -o json; default: the proxy of a rangeshard up in --state-dir, if any.",
-        show_default=False,
-    ),
-]
-
 ProgressView = dict[tuple[str, str], Progress]
 
 
-def read_progress(proxy: str | None) -> tuple[ProgressView | None, str | None]:
+def read_progress(proxy: ProxyAccess | str | None) -> tuple[ProgressView | None, str | None]:
     """Every instance's progress from ``proxy``, or ``None`` and why not (a caption line)."""
     if proxy is None:
         return None, "progress: no proxy known (give --proxy URL, or run in a rangeshard up state dir)"
@@ -217,7 +214,8 @@ def list_command(
     output: OutputOpt = Output.table,
     watch: Annotated[bool, typer.Option("--watch", "-w", help="Redraw on every registry change.")] = False,
     proxy: ProxyOpt = None,
-    state_dir: StateDirOpt = DEFAULT_STATE_DIR,
+    token_file: ProxyTokenFileOpt = None,
+    kubeconfig: KubeconfigOpt = None,
     *,
     etcd_options: EtcdOptions,
 ) -> None:
@@ -231,20 +229,22 @@ def list_command(
     """
     as_json = as_json or output is Output.json
     wide = output is Output.wide
-    proxy = proxy or proxy_from_state(state_dir)
     try:
         if controller_type is not None:
             check_name("--type", controller_type)
         config = etcd_options.config()
+        access = find_proxy(proxy, token_file, kubeconfig, etcd_options.state_dir)
         if watch:
-            _watch(config, etcd_options.prefix, controller_type, as_json, wide, proxy)
+            _watch(config, etcd_options.prefix, controller_type, as_json, wide, access)
             return
         with EtcdClient(config) as client:
             rev, snaps = Registry(client, etcd_options.prefix).snapshots()
+            access = access or find_proxy(None, token_file, kubeconfig, etcd_options.state_dir, snaps)
+            proxy = access.url if access is not None else None
             if controller_type is not None and not snaps.get(controller_type):
                 raise unknown_type(controller_type, snaps)
             snaps = _filter(snaps, controller_type)
-            progress, note = read_progress(proxy) if wide or (as_json and proxy) else (None, None)
+            progress, note = read_progress(access) if wide or (as_json and proxy) else (None, None)
             if as_json:
                 doc = rows(snaps, client, progress if proxy else None)
                 sys.stdout.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n")
@@ -255,7 +255,12 @@ def list_command(
 
 
 def _watch(
-    config: EtcdConfig, prefix: str, controller_type: str | None, as_json: bool, wide: bool, proxy: str | None
+    config: EtcdConfig,
+    prefix: str,
+    controller_type: str | None,
+    as_json: bool,
+    wide: bool,
+    proxy: ProxyAccess | None,
 ) -> None:
     def measured() -> tuple[ProgressView | None, str | None]:
         return read_progress(proxy) if wide or (as_json and proxy) else (None, None)

@@ -12,18 +12,22 @@ Purpose
     (graceful leave), then the proxy, the API server and etcd; SIGTERM, then
     SIGKILL after a grace period.
 
+    The record itself (``up.json``, ``managers/*.json``) and its readers are
+    :mod:`rangeshard.cli.statefile`.
+
 Invariants
     * A pid is only signalled while it is still the process ``up`` started
       (same ``/proc/PID/stat`` start time), so a reused pid is never killed.
     * ``down`` is idempotent: nothing running (or no ``up.json``) is success.
     * ``status`` exit codes: 0 every component healthy and no instance stuck,
-      1 at least one component is down or unhealthy or an instance is stuck,
-      3 nothing to report (no ``up.json``).
-    * The state file is written atomically (temp file + rename).
+      1 at least one component is down or unhealthy, an instance is stuck or
+      an external controller is not running, 3 nothing to report (no
+      ``up.json``).
 
 Concurrency model
-    Main thread; health probes are sequential blocking HTTP calls with short
-    timeouts.
+    Main thread; health probes and reads are sequential blocking calls with
+    timeouts of :data:`STATUS_TIMEOUT` (10 s: a loaded machine answers late,
+    and late is not down).
 """
 
 from __future__ import annotations
@@ -33,103 +37,40 @@ import os
 import signal
 import sys
 import time
+from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any
 
 import httpx
 import orjson
 import typer
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from rangeshard.cli.progress import Progress, ProgressUnavailable, describe, fetch, style
+from rangeshard.cli.common import DEFAULT_STATE_DIR, KubeconfigOpt, ProxyOpt, ProxyTokenFileOpt, StateDirOpt
+from rangeshard.cli.progress import Progress, ProgressUnavailable, ProxyAccess, describe, fetch, style
+from rangeshard.cli.statefile import (
+    STATE_FILE,
+    Component,
+    UpState,
+    alive,
+    hand_managers,
+    proxy_from_state,
+    read_state,
+    remove_state,
+)
 from rangeshard.cli.tables import Output, OutputOpt, table_console
-from rangeshard.core.errors import RangeshardError
+from rangeshard.core.errors import ConfigError, RangeshardError
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
-from rangeshard.core.process import process_start_time
-from registry import DEFAULT_PREFIX, ChildInfo, Registry
+from registry import DEFAULT_PREFIX, ChildInfo, Registry, Snapshot
 
-#: Managers started by hand with ``--state-dir`` record themselves here (``<name>.json``), for ``status``.
-MANAGERS_DIR = "managers"
-
-STATE_FILE = "up.json"
-ComponentKind = Literal["etcd", "apiserver", "proxy", "manager"]
 #: Seconds ``down`` waits after SIGTERM before SIGKILL, per kind (a manager's graceful leave drains first).
 GRACE: dict[str, float] = {"manager": 20.0, "proxy": 10.0, "apiserver": 10.0, "etcd": 10.0, "up": 60.0}
 
-StateDirOpt = Annotated[
-    Path,
-    typer.Option("--state-dir", envvar="RANGESHARD_STATE_DIR", help="Where etcd data, logs and the kubeconfig live."),
-]
-DEFAULT_STATE_DIR = Path(".rangeshard")
 
-
-class Component(BaseModel):
-    """One child process of ``up`` as recorded in ``up.json``."""
-
-    model_config = ConfigDict(extra="ignore", populate_by_name=True)
-
-    name: str
-    kind: ComponentKind
-    pid: int | None
-    start_time: int | None = Field(None, alias="startTime")
-    port: int | None
-    url: str | None
-    health_url: str | None = Field(None, alias="healthUrl")
-
-
-class UpState(BaseModel):
-    """What ``up`` started (``DIR/up.json``)."""
-
-    model_config = ConfigDict(extra="ignore", populate_by_name=True)
-
-    up_pid: int = Field(alias="upPid")
-    up_start_time: int | None = Field(None, alias="upStartTime")
-    detached: bool
-    kubeconfig: str | None = None
-    components: list[Component]
-
-
-def alive(pid: int | None, start_time: int | None) -> bool:
-    """The process exists and is the one recorded (same start time when one was recorded)."""
-    if pid is None:
-        return False
-    now = process_start_time(pid)
-    return now is not None and (start_time is None or now == start_time)
-
-
-def write_state(state_dir: Path, state: UpState) -> None:
-    path = state_dir / STATE_FILE
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_bytes(orjson.dumps(state.model_dump(mode="json", by_alias=True), option=orjson.OPT_INDENT_2))
-    tmp.replace(path)
-
-
-def read_state(state_dir: Path) -> UpState | None:
-    """The recorded state, or None when there is none (or it is unreadable)."""
-    try:
-        return UpState.model_validate_json((state_dir / STATE_FILE).read_bytes())
-    except (OSError, ValidationError):
-        return None
-
-
-def hand_managers(state_dir: Path) -> list[Component]:
-    """The managers started by hand with ``--state-dir`` (``DIR/managers/*.json``; unreadable files skipped)."""
-    found = []
-    for path in sorted((state_dir / MANAGERS_DIR).glob("*.json")):
-        with contextlib.suppress(OSError, ValidationError):
-            found.append(Component.model_validate_json(path.read_bytes()))
-    return found
-
-
-def remove_state(state_dir: Path) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        (state_dir / STATE_FILE).unlink()
-
-
-def probe(url: str | None, kind: str, timeout: float = 2.0) -> tuple[bool, str]:
+def probe(url: str | None, kind: str, timeout: float = 10.0) -> tuple[bool, str]:
     """(healthy, detail) of one health endpoint; etcd's ``/health`` must also say ``"health":"true"``."""
     if url is None:
         return True, "no health endpoint"
@@ -181,54 +122,108 @@ def stop_pids(targets: list[tuple[int, int | None]], grace: float) -> list[int]:
     return [pid for pid, _ in running]
 
 
-def proxy_from_state(state_dir: Path) -> str | None:
-    """The URL of the proxy a ``rangeshard up`` recorded in ``state_dir`` (``None``: none recorded)."""
-    state = read_state(state_dir)
-    if state is None:
-        return None
-    return next((c.url for c in state.components if c.kind == "proxy" and c.url), None)
+def proxy_from_records(snapshots: Mapping[str, Snapshot]) -> str | None:
+    """The proxy most instances publish in their records (``proxyUrl``), or None."""
+    urls = Counter(m.record.proxy_url for s in snapshots.values() for m in s.members if m.record.proxy_url)
+    return urls.most_common(1)[0][0] if urls else None
 
 
-def _progress(state: UpState) -> tuple[list[tuple[str, str, Progress]], str | None]:
-    """``[(type, instance, Progress)]`` from the recorded proxy's metrics, or why there is none."""
-    proxy = next((c for c in state.components if c.kind == "proxy" and c.url), None)
-    if proxy is None or proxy.url is None:
-        return [], "no proxy recorded"
-    if not alive(proxy.pid, proxy.start_time):
+def find_proxy(
+    proxy: str | None,
+    token_file: str | None,
+    kubeconfig: str | None,
+    state_dir: Path,
+    snapshots: Mapping[str, Snapshot] | None = None,
+) -> ProxyAccess | None:
+    """The proxy to ask for progress: ``--proxy``; else the one ``up`` (or a manager by hand) recorded in
+    ``state_dir``; else the one the instances publish. With the credentials given (ConfigError for both)."""
+    if token_file is not None and kubeconfig is not None:
+        raise ConfigError("--token-file and --kubeconfig: give one of them")
+    url, source = proxy, "--proxy"
+    if url is None:
+        url, source = proxy_from_state(state_dir), f"{state_dir / STATE_FILE}"
+    if url is None:
+        url, source = next((c.proxy_url for c in hand_managers(state_dir) if c.proxy_url), None), str(state_dir)
+    if url is None and snapshots is not None:
+        url, source = proxy_from_records(snapshots), "the instances' records"
+    return ProxyAccess(url, token_file, kubeconfig, source) if url else None
+
+
+#: Seconds ``status`` gives each health probe and read: generous, so a loaded machine is not "down".
+STATUS_TIMEOUT = 10.0
+
+
+def _progress(
+    state: UpState, access: ProxyAccess | None, timeout: float = STATUS_TIMEOUT
+) -> tuple[list[tuple[str, str, Progress]], str | None]:
+    """``[(type, instance, Progress)]`` from the proxy's metrics, or why there is none."""
+    if access is None:
+        return [], "no proxy recorded or published: give --proxy URL"
+    recorded = next((c for c in state.components if c.kind == "proxy" and c.url == access.url), None)
+    if recorded is not None and not alive(recorded.pid, recorded.start_time):
         return [], "the proxy is not running"
     try:
-        found = fetch(proxy.url)
+        found = fetch(access, timeout=timeout)
     except ProgressUnavailable as e:
         return [], str(e)
     return [(t, i, p) for (t, i), p in sorted(found.items())], None
 
 
-def _children(state: UpState) -> tuple[list[tuple[str, str, ChildInfo]], str | None]:
-    """``[(type, instance, child)]``: the external controllers the managers run, from the registry records."""
-    etcd = next((c for c in state.components if c.kind == "etcd" and c.url), None)
-    if etcd is None or etcd.url is None or not alive(etcd.pid, etcd.start_time):
-        return [], "no running etcd recorded"
+def _snapshots(state: UpState, etcd: str | None) -> tuple[dict[str, Snapshot], str | None]:
+    """Every type's registry snapshot from the etcd given, recorded by ``up`` or by a manager, or why not."""
+    if etcd is None:
+        recorded = next((c for c in state.components if c.kind == "etcd" and c.url), None)
+        if recorded is not None and not alive(recorded.pid, recorded.start_time):
+            return {}, "no running etcd recorded"
+        etcd = recorded.url if recorded is not None else None
+    if etcd is None:
+        etcd = next((c.etcd for c in state.components if c.kind == "manager" and c.etcd), None)
+    if etcd is None:
+        return {}, "no etcd recorded"
     try:
-        with EtcdClient(EtcdConfig.from_urls(etcd.url, timeout=3.0)) as client:
+        with EtcdClient(EtcdConfig.from_urls(etcd, timeout=STATUS_TIMEOUT)) as client:
             _rev, snaps = Registry(client, DEFAULT_PREFIX).snapshots()
     except RangeshardError as e:
-        return [], f"the registry cannot be read: {e}"
+        return {}, f"the registry cannot be read: {e}"
+    return snaps, None
+
+
+def _children(snaps: Mapping[str, Snapshot]) -> list[tuple[str, str, ChildInfo]]:
+    """``[(type, instance, child)]``: the external controllers the managers run, from the registry records."""
     return [
         (ctype, m.instance_id, m.record.child)
         for ctype, snap in sorted(snaps.items())
         for m in snap.members
         if m.record.child is not None
-    ], None
+    ]
 
 
-def status_command(state_dir: StateDirOpt = DEFAULT_STATE_DIR, output: OutputOpt = Output.table) -> None:
+def status_command(
+    state_dir: StateDirOpt = DEFAULT_STATE_DIR,
+    output: OutputOpt = Output.table,
+    proxy: ProxyOpt = None,
+    token_file: ProxyTokenFileOpt = None,
+    kubeconfig: KubeconfigOpt = None,
+    etcd: Annotated[
+        str | None,
+        typer.Option(
+            "--etcd",
+            envvar="RANGESHARD_ETCD",
+            help="etcd of the registry (default: the one recorded in --state-dir).",
+            show_default=False,
+        ),
+    ] = None,
+) -> None:
     """Show each component ``up`` started in the state dir (pid, port, healthy or not) and each instance's progress.
 
     Progress is measured by the proxy: an instance whose oldest unanswered
     change of a main object is older than its stuckAfterSeconds is STUCK,
     with its count; a controller that never writes status.observedGeneration
-    is "not measurable". Exit code: 0 all healthy; 1 a component is down or
-    unhealthy, or an instance is stuck; 3 no ``up`` recorded in the state dir.
+    is "not measurable". The proxy is --proxy, else the one recorded in the
+    state dir, else the one the instances publish; --token-file or --kubeconfig
+    authenticate to a secured one. Exit code: 0 all healthy; 1 a component is
+    down or unhealthy, an instance is stuck or an external controller is not
+    running; 3 no ``up`` recorded in the state dir.
     """
     state = read_state(state_dir)
     by_hand = hand_managers(state_dir)
@@ -243,45 +238,72 @@ def status_command(state_dir: StateDirOpt = DEFAULT_STATE_DIR, output: OutputOpt
             typer.echo(f"nothing running: no {state_dir / STATE_FILE} (start one with rangeshard up --detach)")
         raise typer.Exit(3)
     rows = [(c, *component_health(c)) for c in state.components]
-    progress, progress_error = _progress(state)
-    children, _children_error = _children(state)
+    snaps, _registry_error = _snapshots(state, etcd)
+    try:
+        access = find_proxy(proxy, token_file, kubeconfig, state_dir, snaps)
+    except ConfigError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from e
+    progress, progress_error = _progress(state, access)
+    children = _children(snaps)
     stuck = [(t, i) for t, i, p in progress if p.stuck]
+    # An external controller that is not running (cannot start, exited, SIGSTOPped, zombie) fails the status.
+    broken = [(t, i) for t, i, child in children if child.state != "running"]
     if output is Output.json:
-        doc = {
-            "stateDir": str(state_dir),
-            "upPid": state.up_pid,
-            "detached": state.detached,
-            "components": [
-                {"name": c.name, "kind": c.kind, "pid": c.pid, "port": c.port, "url": c.url, "healthy": h, "detail": d}
-                for c, h, d in rows
-            ],
-            "progress": [{"controllerType": t, "instanceId": i, **p.to_json()} for t, i, p in progress],
-            "children": [
-                {"controllerType": ctype, "instanceId": instance, **child.model_dump(mode="json", by_alias=True)}
-                for ctype, instance, child in children
-            ],
-            "progressError": progress_error,
-            "stuck": [f"{t}/{i}" for t, i in stuck],
-        }
+        doc = _status_json(state_dir, state, rows, progress, children, progress_error)
         sys.stdout.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n")
     else:
-        table = Table(title=f"rangeshard up in {state_dir}", title_justify="left")
-        for col in ("COMPONENT", "PID", "PORT", "HEALTHY", "DETAIL") + (("URL",) if output is Output.wide else ()):
-            table.add_column(col)
-        for c, healthy, detail in rows:
-            cells = [c.name, str(c.pid or "-"), str(c.port or "-"), "yes" if healthy else "no", detail]
-            table.add_row(*cells, *((c.url or "-",) if output is Output.wide else ()))
-        table_console().print(table)
-        if children:
-            kids = Table(title="external controllers", title_justify="left")
-            for col in ("TYPE", "INSTANCE", "CHILD"):
-                kids.add_column(col)
-            for ctype, instance, child in children:
-                kids.add_row(ctype, instance, child.describe())
-            table_console().print(kids)
+        _print_tables(state_dir, output, rows, children)
         _print_progress(progress, progress_error)
-    if not all(h for _, h, _ in rows) or stuck:
+    if not all(h for _, h, _ in rows) or stuck or broken:
         raise typer.Exit(1)
+
+
+Row = tuple[Component, bool, str]
+Child = tuple[str, str, ChildInfo]
+
+
+def _status_json(
+    state_dir: Path,
+    state: UpState,
+    rows: list[Row],
+    progress: list[tuple[str, str, Progress]],
+    children: list[Child],
+    progress_error: str | None,
+) -> dict[str, Any]:
+    return {
+        "stateDir": str(state_dir),
+        "upPid": state.up_pid,
+        "detached": state.detached,
+        "components": [
+            {"name": c.name, "kind": c.kind, "pid": c.pid, "port": c.port, "url": c.url, "healthy": h, "detail": d}
+            for c, h, d in rows
+        ],
+        "progress": [{"controllerType": t, "instanceId": i, **p.to_json()} for t, i, p in progress],
+        "children": [
+            {"controllerType": ctype, "instanceId": instance, **child.model_dump(mode="json", by_alias=True)}
+            for ctype, instance, child in children
+        ],
+        "progressError": progress_error,
+        "stuck": [f"{t}/{i}" for t, i, p in progress if p.stuck],
+    }
+
+
+def _print_tables(state_dir: Path, output: Output, rows: list[Row], children: list[Child]) -> None:
+    table = Table(title=f"rangeshard up in {state_dir}", title_justify="left")
+    for col in ("COMPONENT", "PID", "PORT", "HEALTHY", "DETAIL") + (("URL",) if output is Output.wide else ()):
+        table.add_column(col)
+    for c, healthy, detail in rows:
+        cells = [c.name, str(c.pid or "-"), str(c.port or "-"), "yes" if healthy else "no", detail]
+        table.add_row(*cells, *((c.url or "-",) if output is Output.wide else ()))
+    table_console().print(table)
+    if children:
+        kids = Table(title="external controllers", title_justify="left")
+        for col in ("TYPE", "INSTANCE", "CHILD"):
+            kids.add_column(col)
+        for ctype, instance, child in children:
+            kids.add_row(ctype, instance, child.describe())
+        table_console().print(kids)
 
 
 def _print_progress(progress: list[tuple[str, str, Progress]], error: str | None) -> None:

@@ -59,18 +59,9 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.text import Text
 
-from rangeshard.cli.common import fail, stop_on_signals
-from rangeshard.cli.state import (
-    DEFAULT_STATE_DIR,
-    Component,
-    ComponentKind,
-    StateDirOpt,
-    UpState,
-    read_state,
-    remove_state,
-    running_components,
-    write_state,
-)
+from rangeshard.cli.common import DEFAULT_STATE_DIR, StateDirOpt, fail, stop_on_signals
+from rangeshard.cli.state import running_components
+from rangeshard.cli.statefile import Component, ComponentKind, UpState, read_state, remove_state, write_state
 from rangeshard.cli.tables import table_console
 from rangeshard.cli.updown import PortPlan, choose_port, demo_summary, plan_ports, wait_healthy
 from rangeshard.core.backoff import Backoff

@@ -29,7 +29,8 @@ from typing import Any
 
 import httpx
 
-from rangeshard.cli.state import Component, probe
+from rangeshard.cli.state import probe
+from rangeshard.cli.statefile import Component
 from rangeshard.core.errors import ConfigError, RangeshardError
 from rangeshard.core.etcd import EtcdClient, EtcdConfig
 from rangeshard.core.ports import check_ports
@@ -114,6 +115,9 @@ def wait_healthy(
         reg = Registry(client)
 
         def check() -> tuple[bool, str]:
+            failed = child_errors(reg)
+            if failed:  # a controller that cannot start: said at once, not after the whole timeout
+                raise NotReadyError("an external controller cannot run: " + "; ".join(failed))
             unhealthy = unhealthy_components(components) or _inactive(reg, controller_types, managers)
             return not unhealthy, "; ".join(unhealthy)
 
@@ -144,6 +148,17 @@ def unhealthy_components(components: Sequence[Component]) -> list[str]:
         elif not ok:
             unhealthy.append(f"{c.name} {detail}")
     return unhealthy
+
+
+def child_errors(reg: Registry) -> list[str]:
+    """``type/instance: <error>`` of every external controller that is not running and says why (its record)."""
+    _, snaps = reg.snapshots()
+    return [
+        f"{t}/{m.instance_id}: {m.record.child.error}"
+        for t, snap in sorted(snaps.items())
+        for m in snap.members
+        if m.record.child is not None and m.record.child.error and m.record.child.state == "restarting"
+    ]
 
 
 def _inactive(reg: Registry, controller_types: Sequence[str], managers: int) -> list[str]:

@@ -310,6 +310,16 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+def process_state(pid: int) -> str | None:
+    """Field 3 of ``/proc/PID/stat`` (``R``, ``S``, ``D``, ``T`` stopped, ``t`` traced, ``Z`` zombie, ...), or None."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[-1].split()
+    return fields[0] if fields else None
+
+
 def process_start_time(pid: int) -> int | None:
     """Field 22 of ``/proc/PID/stat`` (clock ticks since boot), or None when the process is gone."""
     try:

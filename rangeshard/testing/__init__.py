@@ -55,7 +55,7 @@ from controller_manager.process import ManagerProcess
 from controller_manager.resources import raw_request
 from controller_manager.write_audit import check as check_writes
 from controller_manager.write_audit import print_report, read_events
-from rangeshard.cli.state import Component
+from rangeshard.cli.statefile import Component
 from rangeshard.cli.updown import unhealthy_components
 from rangeshard.core.backoff import Backoff
 from rangeshard.core.errors import RangeshardError

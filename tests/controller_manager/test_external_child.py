@@ -87,8 +87,11 @@ def test_the_childs_kubeconfig_points_at_the_endpoint_and_holds_no_credentials(t
     assert cluster["server"] == ENDPOINT
     assert not {"certificate-authority", "certificate-authority-data"} & set(cluster)
     # As the official client sees it: the endpoint, and nothing to authenticate with.
+    assert not Path(seen["path"]).exists(), "removed when the child stopped"
+    copy = tmp_path / "kubeconfig"
+    copy.write_text(seen["text"])
     cfg = k8s.Configuration()
-    k8s_config.load_kube_config(config_file=seen["path"], client_configuration=cfg)
+    k8s_config.load_kube_config(config_file=str(copy), client_configuration=cfg)
     assert cfg.host == ENDPOINT
     assert not cfg.api_key and not cfg.username and not cfg.password
     assert cfg.cert_file is None and cfg.key_file is None

@@ -223,3 +223,32 @@ def test_root_rule_keys_a_pod_by_the_top_of_its_owner_chain() -> None:
     for e, token in zip(events[4:], writers, strict=True):
         e["userAgent"] = _declared(token, "owner")
     assert check(events).stale == []
+
+
+def test_several_files_after_one_flag_and_rotated_logs_in_time_order(tmp_path: Path) -> None:
+    """kube-apiserver rotates audit.log into audit-<timestamp>.log: all are read, oldest first, audit.log last."""
+    events = [
+        _event(A, "create", "pods", "p1", "p1", code=201, responseObject=_pod("p1", "p1", "rs-1")),
+        _event(B, "create", "pods", "p2", "p2", code=201, responseObject=_pod("p2", "p2", "rs-1")),
+        _event(A, "delete", "pods", "p1", "p1"),  # stale only if read after B's write
+    ]
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    older = logs / "audit-2026-01-01T00-00-01.000.log"
+    newer = logs / "audit-2026-01-01T00-00-02.000.log"
+    current = logs / "audit.log"
+    for path, event in zip((older, newer, current), events, strict=True):
+        path.write_text(json.dumps(event) + "\n")
+    (logs / "other-2026-01-01T00-00-03.000.log").write_text(json.dumps(events[0]) + "\n")  # not audit.log's
+
+    assert main(["--apiserver-audit", str(current)]) == 1, "the rotated files are read before audit.log"
+    assert main(["--apiserver-audit", str(current), str(newer), str(older)]) == 1, "given out of order: sorted"
+    assert main(["--apiserver-audit", str(newer)]) == 0, "a rotated file named alone: no siblings"
+    assert check(list(reversed(events))).stale == [], "the order matters: read newest first, nothing is stale"
+    from controller_manager.write_audit import audit_files  # noqa: PLC0415
+
+    assert audit_files([current]) == [older.resolve(), newer.resolve(), current.resolve()]
+    # Reconcile FILEs go before the flag; the flag still takes several files.
+    reconcile = tmp_path / "reconcile.jsonl"
+    reconcile.write_text("")
+    assert main([str(reconcile), "--apiserver-audit", str(older), str(newer), str(current)]) == 1

@@ -211,3 +211,35 @@ def test_checked_in_files_are_the_commands_output(path: str, monkeypatch: pytest
     # ... from the manager config of its own directory (the one its component mounts).
     (config,) = [argv[i + 1] for i, a in enumerate(argv) if a == "--config"]
     assert Path(config) == Path("deploy") / Path(path).parent / "manager.yaml"
+
+
+def test_a_kopf_command_without_crd_read_access_is_warned(tmp_path: Path) -> None:
+    """kopf lists and watches the CRDs through the proxy: without --unsharded for them, a 403 loop."""
+    config = tmp_path / "manager.yaml"
+    config.write_text(
+        HEADER
+        + """\
+controllers:
+  gadget:
+    external:
+      command: ["/venv/bin/kopf", "run", "--standalone", "operator.py"]
+      shard: [{resource: gadgets.bars.example.org, by: uid}]
+  other:
+    external:
+      command: ["python", "-m", "kopf", "run", "other.py"]
+      shard: [{resource: widgets.bars.example.org, by: uid}]
+  plain:
+    external:
+      command: ["./controller"]
+      shard: [{resource: configmaps, by: uid}]
+"""
+    )
+    warned = run("--config", str(config))
+    assert warned.exit_code == 0, warned.output
+    assert "warning: gadget, other run kopf" in warned.stderr, warned.stderr
+    assert "--unsharded customresourcedefinitions.apiextensions.k8s.io" in warned.stderr
+    assert "warning" not in warned.stdout, "the YAML stays clean for a pipe"
+    fine = run("--config", str(config), "--unsharded", "customresourcedefinitions.apiextensions.k8s.io")
+    assert fine.exit_code == 0 and "warning" not in fine.stderr, fine.stderr
+    assert not deploy_cmds.runs_kopf(["./controller", "--kopf-like-flag"])
+    assert deploy_cmds.runs_kopf(["sh", "-c", "exec kopf run op.py"])

@@ -138,6 +138,7 @@ def test_rbac_for_the_operator_and_the_proxys_caches() -> None:
     roles = {r["metadata"]["name"]: r for r in by_kind(docs(), "ClusterRole")}
     operator = _granted(roles["gadget-operator"])
     assert ("bars.example.org", "gadgets", "patch") in operator  # kopf keeps its progress in annotations
+    assert ("bars.example.org", "gadgets/status", "patch") in operator  # status.observedGeneration
     assert {("", "configmaps", v) for v in ("create", "patch", "list", "watch")} <= operator
     assert not any("*" in x for t in operator for x in t), "no wildcards"
     # The proxy lists and watches the shard resources and the CRDs kopf watches (unsharded) through it.

@@ -73,12 +73,15 @@ MANAGER_NEEDS = {("", "pods", v) for v in ("get", "list", "watch", "create", "de
     ("apps", "replicasets", "watch"),
     ("apps", "replicasets", "create"),
     ("apps", "replicasets", "patch"),
+    ("apps", "replicasets", "delete"),
     ("apps", "replicasets/status", "update"),
     ("apps", "replicasets/finalizers", "update"),
     ("apps", "deployments", "get"),
     ("apps", "deployments", "list"),
     ("apps", "deployments", "watch"),
-    ("apps", "deployments/status", "update"),
+    ("apps", "deployments", "patch"),
+    ("apps", "deployments/status", "patch"),
+    ("", "events", "create"),
     ("apps", "deployments/finalizers", "update"),
 }
 

@@ -24,6 +24,7 @@ KUSTOMIZATIONS = [
     "base",
     "builtin-controllers",
     "external-sidecar",
+    "prometheus-rules",
     "overlays/builtin-controllers",
     "overlays/external-sidecar",
     "overlays/dev",

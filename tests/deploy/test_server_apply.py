@@ -22,10 +22,6 @@ that is neither served nor listed fails the test.
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-import uuid
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,43 +30,11 @@ import pytest
 import yaml
 
 from local_apiserver.process import LocalApiServerProcess
-from rangeshard.core.etcd import EtcdClient, EtcdConfig
-from rangeshard.core.etcdserver import EtcdServer
+from tests.deploy.conftest import Kubectl
 from tests.deploy.test_manifests import DEPLOY, kustomize
-from tests.helpers import missing_prerequisite
 
 #: kind -> why the local API server cannot take it (and so it is not applied). None today.
 SKIP_KINDS: dict[str, str] = {}
-
-Kubectl = Callable[..., subprocess.CompletedProcess[str]]
-
-
-@pytest.fixture
-def server(etcd_server: EtcdServer, tmp_path: Path) -> Iterator[LocalApiServerProcess]:
-    """A local API server of this test's own (a fresh storage prefix, deleted afterwards)."""
-    prefix = f"/test-deploy-{uuid.uuid4().hex[:10]}"
-    proc = LocalApiServerProcess(etcd_server.url, prefix=prefix, log_file=tmp_path / "apiserver.log")
-    proc.start()
-    yield proc
-    proc.stop()
-    with EtcdClient(EtcdConfig.from_urls(etcd_server.url)) as client:
-        client.delete_prefix(prefix + "/")
-
-
-@pytest.fixture
-def kubectl(server: LocalApiServerProcess, tmp_path: Path) -> Kubectl:
-    exe = shutil.which("kubectl")
-    if exe is None:
-        missing_prerequisite("kubectl is not installed")
-    home = tmp_path / "home"  # no user kubeconfig, no shared discovery cache
-    home.mkdir()
-
-    def run(*args: str, input: str | None = None) -> subprocess.CompletedProcess[str]:
-        cmd = [exe, "--server", server.url, "--cache-dir", str(tmp_path / "cache"), *args]
-        env = {"HOME": str(home), "PATH": "/usr/bin:/bin"}
-        return subprocess.run(cmd, capture_output=True, text=True, input=input, timeout=120, env=env)
-
-    return run
 
 
 def served_kinds(url: str) -> set[tuple[str, str]]:

@@ -108,6 +108,13 @@ def test_a_sigstopped_kopf_is_named_stuck_with_its_count(fenced_cluster: Cluster
             "the other instances answered theirs",
         )
         assert victim.alive and len(cluster.snapshot("gadget")) == 3, "the manager itself keeps running"
+
+        def child_state() -> str | None:
+            rec = next(m.record for m in cluster.snapshot("gadget") if m.instance_id == victim_id)
+            return rec.child.state if rec.child is not None else None
+
+        # The record says what /proc says: stopped, not running (status and registry list -o wide print it).
+        wait_until(lambda: child_state() == "stopped", 30, "the record to say the child is stopped")
     finally:
         os.kill(child, signal.SIGCONT)
     wait_until(

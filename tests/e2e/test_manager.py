@@ -261,7 +261,7 @@ def test_bad_config_exits_2(tmp_path: Path, controllers: dict[str, object]) -> N
 
 def test_readyz_and_up_name_the_informer_that_keeps_a_manager_not_ready(cluster: Cluster, etcd_server: Any) -> None:
     """A manager whose controller's resource is not served says why on /readyz (and `up` repeats it)."""
-    from rangeshard.cli.state import Component  # noqa: PLC0415
+    from rangeshard.cli.statefile import Component  # noqa: PLC0415
     from rangeshard.cli.updown import NotReadyError, wait_healthy  # noqa: PLC0415
 
     m = cluster.start_manager({"certificate": {"class": "tests.e2e.unserved_controller:CertificateController"}})

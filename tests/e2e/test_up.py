@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import httpx
+import yaml
 from typer.testing import CliRunner
 
 from rangeshard.core.process import free_port
@@ -219,6 +220,12 @@ def test_up_detach_status_down(tmp_path: Path) -> None:
         assert status.returncode == 0, status.stdout
         for name in ("etcd", "local API server", "proxy", "manager m0"):
             assert name in status.stdout
+        # The README's next lines after `up --etcd-port 0`: etcd (and the proxy) from the state dir, no --etcd.
+        listed = run_cli_sync(["registry", "list", "--state-dir", str(state), "-o", "wide"])
+        assert listed.returncode == 0 and "m0-replicaset" in listed.stdout, listed.stdout + listed.stderr
+        assert "progress: unknown" not in listed.stdout and "no proxy known" not in listed.stdout, listed.stdout
+        shown = run_cli_sync(["rebalance", "show", "--state-dir", str(state), "--type", "replicaset"])
+        assert shown.returncode == 0, shown.stderr
 
         proxy = next(c for c in recorded["components"] if c["kind"] == "proxy")
         os.kill(proxy["pid"], signal.SIGKILL)
@@ -237,3 +244,38 @@ def test_up_detach_status_down(tmp_path: Path) -> None:
     assert again.returncode == 0 and "nothing to stop" in again.stdout
     assert in_process(["status", "--state-dir", str(state)]).returncode == 3
     assert (state / "etcd").is_dir(), "etcd data must be kept"
+
+
+def test_a_child_that_cannot_start_fails_up_at_once(tmp_path: Path) -> None:
+    """`kopf` not on PATH: up names the command and why within seconds, not after its 90 s wait."""
+    state = tmp_path / "state"
+    config = tmp_path / "op.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "etcd": {"endpoints": ["http://127.0.0.1:2379"]},
+                "proxy": {"url": "http://127.0.0.1:8001"},
+                "metrics": {"host": "127.0.0.1", "port": 0},
+                "controllers": {
+                    "gadget": {
+                        "external": {
+                            "command": ["kopf-not-on-path", "run", "operator.py"],
+                            "shard": [{"resource": "configmaps", "by": "uid"}],
+                        }
+                    }
+                },
+            }
+        )
+    )
+    t0 = time.monotonic()
+    up = run_cli_sync(
+        [
+            *("up", "--managers", "1", "--state-dir", str(state), "--config", str(config)),
+            *("--etcd-port", "0", "--apiserver-port", "0", "--proxy-port", "0"),
+        ],
+        timeout=120,
+    )
+    took = time.monotonic() - t0
+    assert up.returncode == 1, up.stdout + up.stderr
+    assert "cannot start 'kopf-not-on-path': not found" in up.stderr, up.stderr
+    assert took < 60, f"up took {took:.0f}s to say it"

@@ -15,7 +15,7 @@ from pathlib import Path
 from rich.console import Console
 
 from controller_manager.process import ManagerProcess
-from rangeshard.cli.state import Component, UpState, read_state, write_state
+from rangeshard.cli.statefile import Component, UpState, read_state, write_state
 from rangeshard.cli.up import ManagerSupervisor
 from rangeshard.core.process import process_start_time
 from tests.helpers import wait_until

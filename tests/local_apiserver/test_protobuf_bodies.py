@@ -138,7 +138,7 @@ def _path(api_version: str, kind: str, namespace: str | None) -> str:
 CREATED = sorted(
     p
     for p in [*(FIXTURES / "kubectl").glob("*.pb"), *(FIXTURES / "encoded").glob("*.pb")]
-    if not p.stem.startswith(("deleteoptions", "scale"))
+    if not p.stem.startswith(("deleteoptions", "scale", "token"))  # subresource bodies: tested on their own
 )
 
 
@@ -175,6 +175,19 @@ def test_captured_bodies_are_answered_as_their_json(http: httpx.Client, body: Pa
     # What the server derives from the name (a Job's job-name label, a Namespace's name label) follows it back.
     created = [_comparable(json.loads(a.text.replace(f"{name}-json", name) if name else a.text)) for a in answers]
     assert created[0] == created[1]
+
+
+def test_kubectl_create_token_body_is_answered(http: httpx.Client) -> None:
+    """``kubectl create token``'s protobuf TokenRequest, POSTed to ``serviceaccounts/NAME/token``: a token."""
+    http.post("/api/v1/namespaces", json={"metadata": {"name": "demo"}})
+    created = http.post("/api/v1/namespaces/demo/serviceaccounts", json={"metadata": {"name": "op"}})
+    assert created.status_code in (201, 409), created.text
+    body = (FIXTURES / "kubectl" / "token.pb").read_bytes()
+    answer = http.post("/api/v1/namespaces/demo/serviceaccounts/op/token", content=body, headers=PB)
+    assert answer.status_code == 201, answer.text
+    doc = answer.json()
+    assert doc["kind"] == "TokenRequest" and doc["spec"]["audiences"] == ["aud1"]
+    assert doc["spec"]["expirationSeconds"] == 1200 and doc["status"]["token"].count(".") == 2
 
 
 # ---- status, scale and delete, as controllers send them ------------------------------------------------------

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 from rangeshard.cli.progress import Progress, describe, parse
-from rangeshard.cli.state import Component, UpState, write_state
+from rangeshard.cli.statefile import Component, UpState, write_state
 from rangeshard.core.etcd import EtcdClient
 from rangeshard.core.etcdserver import EtcdServer
 from rangeshard.core.process import process_start_time
@@ -25,7 +25,7 @@ CT = "gadget"
 
 def _registered(etcd_client: EtcdClient, key_prefix: str) -> None:
     reg = Registry(etcd_client, key_prefix)
-    lease = etcd_client.grant_lease(30)
+    lease = etcd_client.grant_lease(300)  # the test runs a dozen CLI processes: longer than 30 s on a busy machine
     for iid in ("a", "b", "c"):
         reg.join(CT, iid, lease)
 
@@ -45,7 +45,7 @@ def test_parse_and_describe() -> None:
     assert describe(got[CT, "a"]) == "STUCK: 13 unanswered, oldest 84s (> 5s)"
     assert describe(got[CT, "b"]) == "ok"
     assert describe(got[CT, "c"]) == "not measurable" and got[CT, "c"].unreconciled is None
-    assert describe(Progress(True, 2, 1.5, False, 5.0)) == "ok: 2 waiting, oldest 1s"
+    assert describe(Progress(True, 2, 1.5, False, 5.0)) == "waiting: 2 unanswered, oldest 1s"
     assert describe(None) == "-"
 
 
@@ -101,7 +101,7 @@ def test_registry_list_wide_shows_stuck_instances(
         proxy.text = progress_metrics((CT, "a", 0, 0.0, 5.0), (CT, "b", 1, 2.0, 5.0))
         status = run("status", "--state-dir", str(tmp_path))
         assert status.returncode == 0, status.stdout + status.stderr
-        assert "ok: 1 waiting, oldest 2s" in status.stdout
+        assert "waiting: 1 unanswered, oldest 2s" in status.stdout
 
     # The proxy gone: progress is unknown (said so), never healthy.
     wide = run(*base, "-o", "wide", "--proxy", proxy.url)
