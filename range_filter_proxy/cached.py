@@ -146,7 +146,6 @@ class CachedObject(msgspec.Struct, eq=False, gc=False):
             # orjson's result keeps its growth buffer (~8 KiB resident for a 1 KiB pod);
             # an exact-size copy is what we keep.
             raw = bytes(memoryview(orjson.dumps(obj)))
-        hashes = ObjectHashes.of(obj)
         prev = previous.get((namespace or "", name)) if previous is not None else None
         kept: Mapping[str, str]
         if not isinstance(labels, dict) or not labels:
@@ -155,6 +154,8 @@ class CachedObject(msgspec.Struct, eq=False, gc=False):
             kept = prev.labels
         else:
             kept = {sys.intern(str(k)): sys.intern(str(v)) for k, v in labels.items()}
+        # The labels kept are the ones ``by: label`` hashes (one mapping, shared with the object).
+        hashes = ObjectHashes.of(obj, with_labels=False).with_labels(kept)
         if prev is not None and prev.hashes == hashes:
             hashes = prev.hashes
         return cls(raw, hashes, rv, namespace, name, kept)
@@ -200,6 +201,7 @@ class CachedObject(msgspec.Struct, eq=False, gc=False):
             kept = prev.labels
         else:
             kept = {sys.intern(k): sys.intern(v) for k, v in labels.items()}
+        hashes = hashes.with_labels(kept)  # what ``by: label`` hashes
         if prev is not None and prev.hashes == hashes:
             hashes = prev.hashes
         return cls(data, hashes, rv, namespace, name, kept, start, end, line_type)

@@ -38,6 +38,7 @@ from fastapi import Request, Response
 from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTask
 
+from hashing import ShardBy
 from range_filter_proxy.auth import AuthMode
 from range_filter_proxy.cache import CacheManager
 from range_filter_proxy.errors import UpstreamError
@@ -51,6 +52,7 @@ from rangeshard.core.ownertoken import (
     FENCED_HEADER,
     SHARD_BY_HEADER,
     SHARD_HASH_HEADER,
+    SHARD_LABEL_HEADER,
     OwnerToken,
     fenced_status,
     parse_shard_hash,
@@ -98,6 +100,15 @@ class PassThrough:
             rule = relay.declared_rule(request.headers)
         except ValueError as e:
             return json_response(400, status_object(400, "BadRequest", f"{SHARD_BY_HEADER}: {e}"))
+        label: str | None = None
+        if rule is ShardBy.LABEL:
+            try:
+                label = relay.declared_label(request.headers)
+            except ValueError as e:
+                return json_response(400, status_object(400, "BadRequest", f"{SHARD_LABEL_HEADER}: {e}"))
+            if label is None:
+                message = f"{SHARD_BY_HEADER}: label needs the label key in {SHARD_LABEL_HEADER}"
+                return json_response(400, status_object(400, "BadRequest", message))
         target = parse_rest_path(request.url.path)
         body: Any = None
         if request.method in OBJECT_BODY_METHODS:
@@ -131,7 +142,7 @@ class PassThrough:
                 root_key = cache.chain.key_of_object
         declared = parse_shard_hash(request.headers.get(SHARD_HASH_HEADER))
         namespace = target.namespace if target is not None else None
-        keys, verdict = write_keys(rule, declared, body, cached, namespace, root_key)
+        keys, verdict = write_keys(rule, declared, body, cached, namespace, root_key, label)
         if verdict is None:
             verdict = await fence.check(token, keys)
         if verdict is None:

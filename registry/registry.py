@@ -23,6 +23,15 @@ Invariants
       so a heartbeat cannot undo an unlock.
     * A key move (:meth:`Registry.set_key`) locks the receiving instance with
       the giving one as giver, in the same transaction that moves the key.
+    * **Pins** live at ``<prefix>/pins/<type>/<instance-id>`` (JSON
+      ``{"pinnedAt": <wall seconds>}``), bound to no lease: they survive the
+      record (restart, parked grace, crash). A join never splits a pinned
+      range (it splits the largest unpinned one; :class:`NoSplittableRange`
+      when only pinned or parked ranges exist, and the manager retries). The
+      join's transaction also compares that no pin of the type changed since
+      its snapshot, so a pin written meanwhile is honoured. A plan's move
+      (:meth:`Registry.set_key` with ``respect_pins``) never moves a pinned
+      range's bounds; ``rebalance set-key`` by hand may (widening a canary).
 
 Concurrency model
     Stateless apart from the :class:`~rangeshard.core.etcd.EtcdClient`; methods may be
@@ -37,6 +46,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import orjson
+
 from hashing import MAX_HASH, split_largest
 from rangeshard.core.backoff import Backoff
 from rangeshard.core.errors import (
@@ -47,7 +58,7 @@ from rangeshard.core.errors import (
     NotRegistered,
     RangeshardError,
 )
-from rangeshard.core.etcd import KV, Compare, Delete, EtcdClient, Put
+from rangeshard.core.etcd import KV, Compare, Delete, EtcdClient, Put, prefix_end
 from registry.models import ChildInfo, InstanceRecord, MainResource, Member, Snapshot, State, check_name, now
 
 log = logging.getLogger(__name__)
@@ -68,6 +79,26 @@ class Layout:
     @property
     def controllers(self) -> str:
         return f"{self.prefix}/controllers/"
+
+    @property
+    def pins(self) -> str:
+        """``<prefix>/pins/``: one key per pinned instance, ``<prefix>/pins/<type>/<instance-id>``."""
+        return f"{self.prefix}/pins/"
+
+    def pin_prefix(self, controller_type: str) -> str:
+        return f"{self.pins}{controller_type}/"
+
+    def pin_key(self, controller_type: str, instance_id: str) -> str:
+        return f"{self.pin_prefix(controller_type)}{instance_id}"
+
+    def parse_pin_key(self, key: str) -> tuple[str, str] | None:
+        """``(controller_type, instance_id)`` of a pin key, or ``None``."""
+        if not key.startswith(self.pins):
+            return None
+        rest = key[len(self.pins) :].split("/")
+        if len(rest) != 2 or not rest[0] or not rest[1]:
+            return None
+        return rest[0], rest[1]
 
     def type_prefix(self, controller_type: str) -> str:
         return f"{self.controllers}{controller_type}/"
@@ -102,6 +133,16 @@ def parse_members(layout: Layout, kvs: list[KV]) -> dict[str, list[tuple[Instanc
     return out
 
 
+def parse_pins(layout: Layout, kvs: list[KV]) -> dict[str, set[str]]:
+    """Pinned instance ids by controller type (keys that are not pins are skipped)."""
+    out: dict[str, set[str]] = {}
+    for kv in kvs:
+        parsed = layout.parse_pin_key(kv.key)
+        if parsed is not None:
+            out.setdefault(parsed[0], set()).add(parsed[1])
+    return out
+
+
 def _race_backoff() -> Backoff:
     """Pauses after lost races: short, longer with every attempt and jittered, so racing writers spread out."""
     return Backoff(0.01, 0.1, jitter=0.9)
@@ -113,15 +154,31 @@ def _newcomer(snap: Snapshot, fields: dict[str, Any]) -> InstanceRecord:
     The first instance owns ``[0, MAX_HASH]`` and starts in ``init``; a later one
     starts ``locked`` with the instance that may still process its keys as
     ``giver`` (the split instance, or the giver that one still waits for).
-    A parked range waits for its own instance: it is never split.
+    A parked range waits for its own instance and a pinned one stays as it is:
+    neither is ever split (the largest unpinned range is).
     """
     controller_type = snap.controller_type
     base = {**fields, "controller_type": controller_type}
-    owned = [(m, m.range) for m in snap.members if m.range is not None and not m.record.is_parked]
-    if not owned and any(m.record.is_parked for m in snap.members):
+    owned = [(m, m.range) for m in snap.members if m.range is not None and not m.record.is_parked and not m.pinned]
+    if not owned and any(m.record.is_parked or m.pinned for m in snap.members):
+        pinned = sorted(m.instance_id for m in snap.members if m.pinned)
+        parked = sorted(m.instance_id for m in snap.members if m.record.is_parked and not m.pinned)
+        why = "; ".join(
+            part
+            for part in (
+                f"pinned: {', '.join(pinned)} (rangeshard rebalance unpin frees one)" if pinned else "",
+                f"parked (waiting for its instance to rejoin): {', '.join(parked)}" if parked else "",
+            )
+            if part
+        )
+        if not parked:
+            raise NoSplittableRange(
+                f"{controller_type}: only pinned ranges exist, a joiner never splits one ({why}); "
+                "waiting for an unpinned range"
+            )
         raise NoSplittableRange(
-            f"{controller_type}: every range is parked (waiting for its instance to rejoin); "
-            "a newcomer joins after one rejoined or its grace ran out"
+            f"{controller_type}: every range is parked or pinned ({why}); "
+            "a newcomer joins after one rejoined, its grace ran out, or one was unpinned"
         )
     if not owned:
         return InstanceRecord.model_validate({**base, "hash_key": MAX_HASH, "is_locked": False, "state": State.INIT})
@@ -151,16 +208,61 @@ class Registry:
 
     # -- reads -------------------------------------------------------------
     def snapshot(self, controller_type: str) -> Snapshot:
-        """All instances of one controller type, read at one revision."""
+        """All instances of one controller type (and which are pinned), read at one revision."""
         rev, kvs = self.client.get_prefix(self.layout.type_prefix(controller_type))
         items = parse_members(self.layout, kvs).get(controller_type, [])
-        return Snapshot.build(controller_type, rev, items)
+        pins = self._pins_at(self.layout.pin_prefix(controller_type), rev).get(controller_type, set())
+        return Snapshot.build(controller_type, rev, items, pins)
 
     def snapshots(self) -> tuple[int, dict[str, Snapshot]]:
         """Every controller type, read at one revision: ``(revision, {type: snapshot})``."""
         rev, kvs = self.client.get_prefix(self.layout.controllers)
         grouped = parse_members(self.layout, kvs)
-        return rev, {t: Snapshot.build(t, rev, items) for t, items in sorted(grouped.items())}
+        pins = self._pins_at(self.layout.pins, rev)
+        return rev, {t: Snapshot.build(t, rev, items, pins.get(t, set())) for t, items in sorted(grouped.items())}
+
+    def _pins_at(self, prefix: str, revision: int) -> dict[str, set[str]]:
+        """The pins under ``prefix`` as of ``revision`` (the revision the records were read at)."""
+        _rev, kvs, _more = self.client.get_range(prefix, prefix_end(prefix), revision=revision)
+        return parse_pins(self.layout, kvs)
+
+    def pins(self) -> dict[str, set[str]]:
+        """Every pin: ``{type: {instance ids}}`` (also of instances that are not registered now)."""
+        _rev, kvs = self.client.get_prefix(self.layout.pins)
+        return parse_pins(self.layout, kvs)
+
+    # -- pins --------------------------------------------------------------
+    def pin(self, controller_type: str, instance_id: str) -> bool:
+        """Pin an instance (``rangeshard rebalance pin``); False when it already was.
+
+        The instance must be registered (running or parked): :class:`ConfigError`
+        otherwise. The pin is a key of its own, bound to no lease (see the module docstring).
+        """
+        check_name("controller type", controller_type)
+        check_name("instance id", instance_id)
+        snap = self.snapshot(controller_type)
+        if snap.get(instance_id) is None:
+            known = ", ".join(m.instance_id for m in snap.members) or "none"
+            raise ConfigError(
+                f"--instance: {instance_id!r} is not a registered instance of {controller_type} (known: {known})"
+            )
+        key = self.layout.pin_key(controller_type, instance_id)
+        value = orjson.dumps({"pinnedAt": now()})
+        created = self.client.transaction(
+            compare=[Compare.version(key, "==", 0)], success=[Put(key, value)], what=f"pinning {key}"
+        ).succeeded
+        if created:
+            log.info("pinned %s/%s", controller_type, instance_id)
+        return created
+
+    def unpin(self, controller_type: str, instance_id: str) -> bool:
+        """Remove a pin; False when there was none."""
+        check_name("controller type", controller_type)
+        check_name("instance id", instance_id)
+        removed = self.client.delete(self.layout.pin_key(controller_type, instance_id))
+        if removed:
+            log.info("unpinned %s/%s", controller_type, instance_id)
+        return removed
 
     def raw(self) -> tuple[int, list[KV]]:
         """Every key under the registry prefix, as stored."""
@@ -234,10 +336,16 @@ class Registry:
         raise CompareFailed(f"joining {controller_type}/{instance_id}: lost {_MAX_ATTEMPTS} races in a row")
 
     def _put_if_type_unchanged(self, snap: Snapshot, puts: list[Put], what: str) -> bool:
-        """Write ``puts`` in one transaction if no record of ``snap``'s type changed since it was read."""
+        """Write ``puts`` in one transaction if no record (nor pin) of ``snap``'s type changed since it was read."""
         prefix = self.layout.type_prefix(snap.controller_type)
+        pins = self.layout.pin_prefix(snap.controller_type)
         return self.client.transaction(
-            compare=[Compare.mod(prefix, "<", snap.revision + 1, prefix=True)], success=puts, what=what
+            compare=[
+                Compare.mod(prefix, "<", snap.revision + 1, prefix=True),
+                Compare.mod(pins, "<", snap.revision + 1, prefix=True),
+            ],
+            success=puts,
+            what=what,
         ).succeeded
 
     def _unpark(self, member: Member, lease_id: int, published: dict[str, Any]) -> Member | None:
@@ -473,7 +581,13 @@ class Registry:
         log.info("%s: giver %s is gone, unlocked", what, giver)
 
     def set_key(
-        self, controller_type: str, instance_id: str, new_key: int, *, dry_run: bool = False
+        self,
+        controller_type: str,
+        instance_id: str,
+        new_key: int,
+        *,
+        dry_run: bool = False,
+        respect_pins: bool = False,
     ) -> tuple[Member, Member | None]:
         """Move one boundary: ``instance_id``'s key becomes ``new_key``.
 
@@ -509,6 +623,11 @@ class Registry:
         else:
             receiver, giver = succ, me
         for party in (me, succ):
+            if respect_pins and party.pinned:
+                raise ConfigError(
+                    f"{party.instance_id} is pinned: a rebalance never moves its range "
+                    f"(rangeshard rebalance unpin --type {controller_type} --instance {party.instance_id})"
+                )
             if party.record.is_parked:
                 raise ConfigError(
                     f"{party.instance_id} is parked (waiting up to its rejoin grace for its instance): "
