@@ -44,7 +44,7 @@ import logging
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar
@@ -62,7 +62,7 @@ from controller_manager.resources import Resource, controller_ref, object_key, r
 from controller_manager.sharding import ShardHost, ShardInstance, ShardSettings
 from controller_manager.watchdog import ReconcileTracker
 from controller_manager.workqueue import WorkQueue
-from hashing import MAX_CHAIN, HashRange, ShardBy, hash_key, root_path
+from hashing import MAX_CHAIN, HashRange, ShardBy, hash_key, label_path, root_path
 from rangeshard.core.clock import MONOTONIC, Clock
 from rangeshard.core.errors import ControllerError, ReconcileTimeout
 from rangeshard.core.loops import start_thread
@@ -230,8 +230,13 @@ class ControllerRuntime(ShardHost):
         reconcile_delay: float = 0.0,
         reconcile_hold_file: str | None = None,
         cost_window: float = 300.0,
+        shard_labels: Mapping[str, str] | None = None,
     ) -> None:
-        """``shard``: the instance's settings; its ``main_resource`` is set here, from the controller class."""
+        """``shard``: the instance's settings; its ``main_resource`` is set here, from the controller class.
+
+        ``shard_labels``: resources (``plural.group``) placed ``by: label`` instead of their built-in rule,
+        with their label key (the config's ``shard``).
+        """
         self.api_client = api_client
         self.name = shard.controller_type
         self.instance_id = shard.instance_id
@@ -256,9 +261,18 @@ class ControllerRuntime(ShardHost):
         self._uids_lock = threading.Lock()
         self._fenced_tokens: set[OwnerToken | None] = set()  # one log line per fenced epoch
         self.controller = controller_cls(self)
-        # Published in the record: the proxy measures progress on the main resource (by uid).
+        self.shard_labels = dict(shard_labels or {})
+        #: The label key placing the main resource (``by: label``), else ``None`` (by its own uid).
+        self.main_label = self.shard_labels.get(controller_cls.main.gvr.label)
+        # Published in the record: the proxy measures progress on the main resource (by its rule).
         main = controller_cls.main
-        main_resource = MainResource(group=main.group, version=main.version, resource=main.name, by=ShardBy.UID)
+        main_resource = MainResource(
+            group=main.group,
+            version=main.version,
+            resource=main.name,
+            by=ShardBy.LABEL if self.main_label else ShardBy.UID,
+            label_key=self.main_label,
+        )
         self.shard = ShardInstance(replace(shard, main_resource=main_resource), self)
         self.informers = self._informers(controller_cls, api_client)
         for informed, inf in self.informers.items():
@@ -285,8 +299,14 @@ class ControllerRuntime(ShardHost):
                 for res, via in controller_cls.chained
             ),
         ]
+        labels = self.shard_labels
+        handlers = [
+            (res, ShardBy.LABEL, label_path(labels[res.gvr.label]), on_event) if res.gvr.label in labels else h
+            for h in handlers
+            for res, _rule, _path, on_event in (h,)
+        ]
         if isinstance(api_client, FencedApiClient):
-            api_client.set_rules({resource.gvr.label: rule for resource, rule, _, _ in handlers})
+            api_client.set_rules({resource.gvr.label: rule for resource, rule, _, _ in handlers}, labels)
         return {
             resource.name: Informer(
                 api_client,
@@ -310,7 +330,12 @@ class ControllerRuntime(ShardHost):
 
     def key_hash(self, key: str) -> int | None:
         obj = self.informers[self.controller.main.name].get(key)
-        uid = (obj.get("metadata") or {}).get("uid") if obj is not None else None
+        meta = (obj.get("metadata") or {}) if obj is not None else {}
+        if self.main_label is not None:
+            value = (meta.get("labels") or {}).get(self.main_label)
+            if isinstance(value, str):
+                return _uid_hash(value)  # by: label: the value's hash (a copy of the string, as for uids)
+        uid = meta.get("uid")
         if uid:
             return _uid_hash(uid)
         with self._uids_lock:

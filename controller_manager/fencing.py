@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -50,10 +50,12 @@ from rangeshard.core.errors import ControllerError
 from rangeshard.core.ownertoken import (
     SHARD_BY_HEADER,
     SHARD_HASH_HEADER,
+    SHARD_LABEL_HEADER,
     OwnerToken,
     fence_reason,
     format_shard_hash,
     plain_user_agent,
+    shard_by_agent,
 )
 from rangeshard.core.relay import write_rule
 from rangeshard.core.requestinfo import classify, is_write
@@ -79,10 +81,17 @@ class FencedApiClient(k8s.ApiClient):  # type: ignore[misc,unused-ignore]
         self._local = threading.local()
         #: The shard rule of each resource this instance shards, by ``resource.group`` label.
         self.rules: dict[str, ShardBy] = {}
+        #: The label key of each resource placed ``by: label``.
+        self.labels: dict[str, str] = {}
 
-    def set_rules(self, rules: dict[str, ShardBy]) -> None:
-        """Declare ``rules`` (``resource.group`` label -> rule) on every write to those resources."""
+    def set_rules(self, rules: dict[str, ShardBy], labels: Mapping[str, str] | None = None) -> None:
+        """Declare ``rules`` (``resource.group`` label -> rule) on every write to those resources.
+
+        ``labels``: the label key of each resource placed ``by: label``, declared with it (in a header, and
+        in the User-Agent for the API server's audit log).
+        """
         self.rules = dict(rules)
+        self.labels = dict(labels or {})
 
     def set_token(self, token: OwnerToken) -> None:
         self.token = token
@@ -112,9 +121,15 @@ class FencedApiClient(k8s.ApiClient):  # type: ignore[misc,unused-ignore]
             shard_hash = getattr(self._local, "shard_hash", None)
             if shard_hash is not None:
                 extra[SHARD_HASH_HEADER] = shard_hash
-            rule = write_rule(self.rules, classify(method, urlsplit(url).path, {})) if self.rules else None
+            info = classify(method, urlsplit(url).path, {}) if self.rules else None
+            rule = write_rule(self.rules, info) if info is not None else None
             if rule is not None:
                 extra[SHARD_BY_HEADER] = rule.value
+            label = self.labels.get(info.resource.label) if info is not None and info.resource is not None else None
+            if rule is ShardBy.LABEL and label is not None:
+                extra[SHARD_LABEL_HEADER] = label
+                agent = (header_params or {}).get("User-Agent") or self.user_agent
+                extra["User-Agent"] = f"{agent} {shard_by_agent(rule, label)}"  # the audit log records no header
             if extra:
                 header_params = {**(header_params or {}), **extra}
         try:

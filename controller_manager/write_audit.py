@@ -204,7 +204,8 @@ def check(events: Iterable[Mapping[str, Any]]) -> Report:
             if own is not None and (uid is None or own == uid):
                 uid = own
                 owner_of[own] = _controller_uid(obj)
-                labels = obj["metadata"].get("labels")
+                meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+                labels = meta.get("labels") if isinstance(meta, Mapping) else None
                 labels_of[own] = labels if isinstance(labels, Mapping) else {}
         ident = (str(ref.get("resource") or ""), str(ref.get("namespace") or ""), str(ref.get("name") or ""))
         if uid is not None and ident[2]:

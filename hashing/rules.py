@@ -288,7 +288,7 @@ class ShardBy(enum.Enum):
         """The :class:`ObjectHashes` attribute this rule reads (``label``: none, see :func:`path_hash`)."""
         if self is ShardBy.LABEL:
             raise ValueError("the label rule reads ObjectHashes.label(key): use path_hash(path)")
-        return self.value
+        return str(self.value)
 
     @property
     def matches_absent(self) -> bool:
