@@ -7,11 +7,11 @@ from collections.abc import Callable
 
 import pytest
 
-from hashing import MAX_HASH
+from hashing import MAX_HASH, ShardBy
 from rangeshard.core.errors import ConfigError, NoSplittableRange
 from rangeshard.core.etcd import EtcdClient
 from rangeshard.core.etcdserver import EtcdServer
-from registry import Registry, State
+from registry import MainResource, Registry, State
 from registry.apply import apply_plan
 from registry.rebalance import Move, Plan, Strategy, make_plan
 from tests.registry.test_cli import run
@@ -125,3 +125,33 @@ def test_pin_cli_and_where_it_shows(
     assert unpinned.returncode == 0 and unpinned.stdout.strip() == f"unpinned {CT}/b"
     again = run("rebalance", "unpin", "--type", CT, "--instance", "b", *opts)
     assert again.returncode == 0 and "was not pinned" in again.stdout
+
+
+def test_isolate_is_refused_with_one_line(
+    registry: Registry, etcd_server: EtcdServer, key_prefix: str, leases: Callable[..., int]
+) -> None:
+    """Another rule, the first or last instance, both or neither flag: exit 2 and one line, nothing moved."""
+    by_ns = MainResource(group="", resource="configmaps", by=ShardBy.NAMESPACE)
+    for name in ("a", "b", "c"):
+        registry.join("nsctl", name, leases(), main_resource=by_ns)
+    registry.join(CT, "r", leases(), main_resource=MainResource(group="apps", resource="replicasets", by=ShardBy.UID))
+    opts = ("--etcd", etcd_server.url, "--prefix", key_prefix)
+    before = [(m.instance_id, m.record.hash_key) for m in registry.snapshot("nsctl")]
+    order = [i for i, _ in before]
+    cases = {
+        ("--type", CT, "--namespace", "x", "--instance", "r"): "isolate: --namespace needs a type whose main "
+        "resource is sharded by: namespace; replicaset shards replicasets.apps by: uid",
+        ("--type", "nsctl", "--label", "v", "--instance", order[1]): "isolate: --label needs a type whose main "
+        "resource is sharded by: label; nsctl shards configmaps by: namespace",
+        ("--type", "nsctl", "--namespace", "team-a", "--instance", order[0]): f"{order[0]} is the first instance",
+        ("--type", "nsctl", "--namespace", "team-a", "--instance", order[2]): f"{order[2]} is the last instance",
+        ("--type", "nsctl", "--instance", order[1]): "isolate: give exactly one of --namespace NS or --label VALUE",
+        ("--type", "nsctl", "--namespace", "n", "--label", "v", "--instance", order[1]): "give exactly one of",
+    }
+    for args, message in cases.items():
+        result = run("rebalance", "isolate", *args, *opts)
+        assert result.returncode == 2, (args, result.stdout, result.stderr)
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and message in lines[0], (args, result.stderr)
+    assert [(m.instance_id, m.record.hash_key) for m in registry.snapshot("nsctl")] == before
+    assert not registry.snapshot("nsctl").pinned
