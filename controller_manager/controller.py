@@ -328,16 +328,21 @@ class ControllerRuntime(ShardHost):
     def store(self, resource: Resource) -> Informer:
         return self.informers[resource.name]
 
-    def key_hash(self, key: str) -> int | None:
-        obj = self.informers[self.controller.main.name].get(key)
-        meta = (obj.get("metadata") or {}) if obj is not None else {}
+    def _main_hash(self, obj: dict[str, Any]) -> int | None:
+        """The key of a main object under its rule: its uid's, or (``by: label``) its label value's, else its uid's."""
+        meta = obj.get("metadata") or {}
         if self.main_label is not None:
             value = (meta.get("labels") or {}).get(self.main_label)
             if isinstance(value, str):
-                return _uid_hash(value)  # by: label: the value's hash (a copy of the string, as for uids)
+                return _uid_hash(value)  # the value's hash (a copy of the string, as for uids)
         uid = meta.get("uid")
-        if uid:
-            return _uid_hash(uid)
+        return _uid_hash(uid) if uid else None
+
+    def key_hash(self, key: str) -> int | None:
+        obj = self.informers[self.controller.main.name].get(key)
+        found = self._main_hash(obj) if obj is not None else None
+        if found is not None:
+            return found
         with self._uids_lock:
             return self._gone.get(key)
 
@@ -372,8 +377,8 @@ class ControllerRuntime(ShardHost):
         self.metrics.handover.labels(self.name, event).inc()
 
     def workload(self, rng: HashRange) -> tuple[int, dict[str, Any] | None]:
-        uids = [(obj.get("metadata") or {}).get("uid") for obj in self.informers[self.controller.main.name].items()]
-        keys = [_uid_hash(uid) for uid in uids if uid]
+        found = (self._main_hash(obj) for obj in self.informers[self.controller.main.name].items())
+        keys = [k for k in found if k is not None]
         hist = gap_histogram(keys, rng)
         # The 256 equal-width counts of earlier versions too, for their readers (the planner reads the gaps).
         hist["counts"] = histogram(keys, rng)
@@ -390,9 +395,9 @@ class ControllerRuntime(ShardHost):
         key = object_key(obj)
         with self._uids_lock:
             if event == "DELETED":
-                uid = (obj.get("metadata") or {}).get("uid")
-                if uid:
-                    self._gone[key] = _uid_hash(uid)
+                gone = self._main_hash(obj)
+                if gone is not None:
+                    self._gone[key] = gone
             else:
                 self._gone.pop(key, None)
         self.queue.add(key)
