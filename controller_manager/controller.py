@@ -232,11 +232,7 @@ class ControllerRuntime(ShardHost):
         cost_window: float = 300.0,
         shard_labels: Mapping[str, str] | None = None,
     ) -> None:
-        """``shard``: the instance's settings; its ``main_resource`` is set here, from the controller class.
-
-        ``shard_labels``: resources (``plural.group``) placed ``by: label`` instead of their built-in rule,
-        with their label key (the config's ``shard``).
-        """
+        """``shard``: the instance's settings (``main_resource`` set here); ``shard_labels``: the config's ``shard``."""
         self.api_client = api_client
         self.name = shard.controller_type
         self.instance_id = shard.instance_id
@@ -261,18 +257,12 @@ class ControllerRuntime(ShardHost):
         self._uids_lock = threading.Lock()
         self._fenced_tokens: set[OwnerToken | None] = set()  # one log line per fenced epoch
         self.controller = controller_cls(self)
-        self.shard_labels = dict(shard_labels or {})
-        #: The label key placing the main resource (``by: label``), else ``None`` (by its own uid).
-        self.main_label = self.shard_labels.get(controller_cls.main.gvr.label)
+        self.shard_labels = dict(shard_labels or {})  # plural.group placed by: label -> its label key
+        self.main_label = self.shard_labels.get(controller_cls.main.gvr.label)  # None: the main by its uid
         # Published in the record: the proxy measures progress on the main resource (by its rule).
-        main = controller_cls.main
-        main_resource = MainResource(
-            group=main.group,
-            version=main.version,
-            resource=main.name,
-            by=ShardBy.LABEL if self.main_label else ShardBy.UID,
-            label_key=self.main_label,
-        )
+        main, by = controller_cls.main, ShardBy.LABEL if self.main_label else ShardBy.UID
+        main_resource = MainResource(group=main.group, version=main.version, resource=main.name, by=by)
+        main_resource = main_resource.model_copy(update={"label_key": self.main_label})
         self.shard = ShardInstance(replace(shard, main_resource=main_resource), self)
         self.informers = self._informers(controller_cls, api_client)
         for informed, inf in self.informers.items():
@@ -299,11 +289,10 @@ class ControllerRuntime(ShardHost):
                 for res, via in controller_cls.chained
             ),
         ]
-        labels = self.shard_labels
+        labels = self.shard_labels  # the config's by: label entries replace the built-in rule
         handlers = [
-            (res, ShardBy.LABEL, label_path(labels[res.gvr.label]), on_event) if res.gvr.label in labels else h
-            for h in handlers
-            for res, _rule, _path, on_event in (h,)
+            (r, ShardBy.LABEL, label_path(labels[r.gvr.label]), f) if r.gvr.label in labels else (r, b, p, f)
+            for r, b, p, f in handlers
         ]
         if isinstance(api_client, FencedApiClient):
             api_client.set_rules({resource.gvr.label: rule for resource, rule, _, _ in handlers}, labels)
@@ -329,13 +318,10 @@ class ControllerRuntime(ShardHost):
         return self.informers[resource.name]
 
     def _main_hash(self, obj: dict[str, Any]) -> int | None:
-        """The key of a main object under its rule: its uid's, or (``by: label``) its label value's, else its uid's."""
+        """A main object's key: its uid's hash, or (``by: label``) its label value's when it has the label."""
         meta = obj.get("metadata") or {}
-        if self.main_label is not None:
-            value = (meta.get("labels") or {}).get(self.main_label)
-            if isinstance(value, str):
-                return _uid_hash(value)  # the value's hash (a copy of the string, as for uids)
-        uid = meta.get("uid")
+        value = (meta.get("labels") or {}).get(self.main_label) if self.main_label is not None else None
+        uid = value if isinstance(value, str) else meta.get("uid")  # the value: hashed like a uid (a copy)
         return _uid_hash(uid) if uid else None
 
     def key_hash(self, key: str) -> int | None:

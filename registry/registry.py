@@ -23,15 +23,9 @@ Invariants
       so a heartbeat cannot undo an unlock.
     * A key move (:meth:`Registry.set_key`) locks the receiving instance with
       the giving one as giver, in the same transaction that moves the key.
-    * **Pins** live at ``<prefix>/pins/<type>/<instance-id>`` (JSON
-      ``{"pinnedAt": <wall seconds>}``), bound to no lease: they survive the
-      record (restart, parked grace, crash). A join never splits a pinned
-      range (it splits the largest unpinned one; :class:`NoSplittableRange`
-      when only pinned or parked ranges exist, and the manager retries). The
-      join's transaction also compares that no pin of the type changed since
-      its snapshot, so a pin written meanwhile is honoured. A plan's move
-      (:meth:`Registry.set_key` with ``respect_pins``) never moves a pinned
-      range's bounds; ``rebalance set-key`` by hand may (widening a canary).
+    * **Pins** (:mod:`registry.pins`): a join splits the largest unpinned
+      range, and its transaction also guards the type's pins; a plan's move
+      (``set_key(respect_pins=True)``) never moves a pinned range's bounds.
 
 Concurrency model
     Stateless apart from the :class:`~rangeshard.core.etcd.EtcdClient`; methods may be
@@ -46,8 +40,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import orjson
-
 from hashing import MAX_HASH, split_largest
 from rangeshard.core.backoff import Backoff
 from rangeshard.core.errors import (
@@ -60,6 +52,7 @@ from rangeshard.core.errors import (
 )
 from rangeshard.core.etcd import KV, Compare, Delete, EtcdClient, Put, prefix_end
 from registry.models import ChildInfo, InstanceRecord, MainResource, Member, Snapshot, State, check_name, now
+from registry.pins import nothing_to_split, parse_pins, pin, unpin
 
 log = logging.getLogger(__name__)
 
@@ -133,16 +126,6 @@ def parse_members(layout: Layout, kvs: list[KV]) -> dict[str, list[tuple[Instanc
     return out
 
 
-def parse_pins(layout: Layout, kvs: list[KV]) -> dict[str, set[str]]:
-    """Pinned instance ids by controller type (keys that are not pins are skipped)."""
-    out: dict[str, set[str]] = {}
-    for kv in kvs:
-        parsed = layout.parse_pin_key(kv.key)
-        if parsed is not None:
-            out.setdefault(parsed[0], set()).add(parsed[1])
-    return out
-
-
 def _race_backoff() -> Backoff:
     """Pauses after lost races: short, longer with every attempt and jittered, so racing writers spread out."""
     return Backoff(0.01, 0.1, jitter=0.9)
@@ -161,25 +144,7 @@ def _newcomer(snap: Snapshot, fields: dict[str, Any]) -> InstanceRecord:
     base = {**fields, "controller_type": controller_type}
     owned = [(m, m.range) for m in snap.members if m.range is not None and not m.record.is_parked and not m.pinned]
     if not owned and any(m.record.is_parked or m.pinned for m in snap.members):
-        pinned = sorted(m.instance_id for m in snap.members if m.pinned)
-        parked = sorted(m.instance_id for m in snap.members if m.record.is_parked and not m.pinned)
-        why = "; ".join(
-            part
-            for part in (
-                f"pinned: {', '.join(pinned)} (rangeshard rebalance unpin frees one)" if pinned else "",
-                f"parked (waiting for its instance to rejoin): {', '.join(parked)}" if parked else "",
-            )
-            if part
-        )
-        if not parked:
-            raise NoSplittableRange(
-                f"{controller_type}: only pinned ranges exist, a joiner never splits one ({why}); "
-                "waiting for an unpinned range"
-            )
-        raise NoSplittableRange(
-            f"{controller_type}: every range is parked or pinned ({why}); "
-            "a newcomer joins after one rejoined, its grace ran out, or one was unpinned"
-        )
+        raise nothing_to_split(snap)
     if not owned:
         return InstanceRecord.model_validate({**base, "hash_key": MAX_HASH, "is_locked": False, "state": State.INIT})
     try:
@@ -231,38 +196,14 @@ class Registry:
         _rev, kvs = self.client.get_prefix(self.layout.pins)
         return parse_pins(self.layout, kvs)
 
-    # -- pins --------------------------------------------------------------
+    # -- pins (registry.pins) ----------------------------------------------
     def pin(self, controller_type: str, instance_id: str) -> bool:
-        """Pin an instance (``rangeshard rebalance pin``); False when it already was.
-
-        The instance must be registered (running or parked): :class:`ConfigError`
-        otherwise. The pin is a key of its own, bound to no lease (see the module docstring).
-        """
-        check_name("controller type", controller_type)
-        check_name("instance id", instance_id)
-        snap = self.snapshot(controller_type)
-        if snap.get(instance_id) is None:
-            known = ", ".join(m.instance_id for m in snap.members) or "none"
-            raise ConfigError(
-                f"--instance: {instance_id!r} is not a registered instance of {controller_type} (known: {known})"
-            )
-        key = self.layout.pin_key(controller_type, instance_id)
-        value = orjson.dumps({"pinnedAt": now()})
-        created = self.client.transaction(
-            compare=[Compare.version(key, "==", 0)], success=[Put(key, value)], what=f"pinning {key}"
-        ).succeeded
-        if created:
-            log.info("pinned %s/%s", controller_type, instance_id)
-        return created
+        """Pin a registered instance (``rangeshard rebalance pin``); ``False`` when it already was."""
+        return pin(self, controller_type, instance_id)
 
     def unpin(self, controller_type: str, instance_id: str) -> bool:
-        """Remove a pin; False when there was none."""
-        check_name("controller type", controller_type)
-        check_name("instance id", instance_id)
-        removed = self.client.delete(self.layout.pin_key(controller_type, instance_id))
-        if removed:
-            log.info("unpinned %s/%s", controller_type, instance_id)
-        return removed
+        """Remove a pin; ``False`` when there was none."""
+        return unpin(self, controller_type, instance_id)
 
     def raw(self) -> tuple[int, list[KV]]:
         """Every key under the registry prefix, as stored."""

@@ -51,7 +51,8 @@ from rangeshard.core.errors import RangeshardError, WatchCompacted
 from rangeshard.core.etcd import KV, EtcdClient, EtcdConfig, WatchBatch
 from rangeshard.core.loops import join_thread, start_thread
 from registry.models import Snapshot
-from registry.registry import DEFAULT_PREFIX, Layout, parse_members, parse_pins
+from registry.pins import parse_pins
+from registry.registry import DEFAULT_PREFIX, Layout, parse_members
 
 log = logging.getLogger(__name__)
 
