@@ -21,58 +21,49 @@ Concurrency model
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 import orjson
 
 from rangeshard.core.errors import ConfigError, NoSplittableRange
-from rangeshard.core.etcd import KV, Compare, Put
-from registry.models import Snapshot, check_name, now
-
-if TYPE_CHECKING:
-    from registry.registry import Layout, Registry
+from rangeshard.core.etcd import KV, Compare, EtcdClient, Put
+from registry.models import Snapshot, now
 
 log = logging.getLogger(__name__)
 
 
-def parse_pins(layout: Layout, kvs: list[KV]) -> dict[str, set[str]]:
-    """Pinned instance ids by controller type (keys that are not pins are skipped)."""
+def parse_pins(kvs: list[KV], parse_key: Callable[[str], tuple[str, str] | None]) -> dict[str, set[str]]:
+    """Pinned instance ids by controller type (``parse_key``: ``Layout.parse_pin_key``; other keys are skipped)."""
     out: dict[str, set[str]] = {}
     for kv in kvs:
-        parsed = layout.parse_pin_key(kv.key)
+        parsed = parse_key(kv.key)
         if parsed is not None:
             out.setdefault(parsed[0], set()).add(parsed[1])
     return out
 
 
-def pin(registry: Registry, controller_type: str, instance_id: str) -> bool:
-    """Pin a registered instance; ``False`` when it already was (see the module docstring)."""
-    check_name("controller type", controller_type)
-    check_name("instance id", instance_id)
-    snap = registry.snapshot(controller_type)
+def pin(client: EtcdClient, key: str, snap: Snapshot, instance_id: str) -> bool:
+    """Pin ``instance_id`` (registered in ``snap``) at ``key``; ``False`` when it already was (module docstring)."""
     if snap.get(instance_id) is None:
         known = ", ".join(m.instance_id for m in snap.members) or "none"
         raise ConfigError(
-            f"--instance: {instance_id!r} is not a registered instance of {controller_type} (known: {known})"
+            f"--instance: {instance_id!r} is not a registered instance of {snap.controller_type} (known: {known})"
         )
-    key = registry.layout.pin_key(controller_type, instance_id)
-    created = registry.client.transaction(
+    created = client.transaction(
         compare=[Compare.version(key, "==", 0)],
         success=[Put(key, orjson.dumps({"pinnedAt": now()}))],
         what=f"pinning {key}",
     ).succeeded
     if created:
-        log.info("pinned %s/%s", controller_type, instance_id)
+        log.info("pinned %s/%s", snap.controller_type, instance_id)
     return created
 
 
-def unpin(registry: Registry, controller_type: str, instance_id: str) -> bool:
-    """Remove a pin; ``False`` when there was none."""
-    check_name("controller type", controller_type)
-    check_name("instance id", instance_id)
-    removed = registry.client.delete(registry.layout.pin_key(controller_type, instance_id))
+def unpin(client: EtcdClient, key: str) -> bool:
+    """Remove the pin at ``key``; ``False`` when there was none."""
+    removed = client.delete(key)
     if removed:
-        log.info("unpinned %s/%s", controller_type, instance_id)
+        log.info("unpinned %s", key)
     return removed
 
 

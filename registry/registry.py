@@ -51,8 +51,8 @@ from rangeshard.core.errors import (
     RangeshardError,
 )
 from rangeshard.core.etcd import KV, Compare, Delete, EtcdClient, Put, prefix_end
+from registry import pins
 from registry.models import ChildInfo, InstanceRecord, MainResource, Member, Snapshot, State, check_name, now
-from registry.pins import nothing_to_split, parse_pins, pin, unpin
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +144,7 @@ def _newcomer(snap: Snapshot, fields: dict[str, Any]) -> InstanceRecord:
     base = {**fields, "controller_type": controller_type}
     owned = [(m, m.range) for m in snap.members if m.range is not None and not m.record.is_parked and not m.pinned]
     if not owned and any(m.record.is_parked or m.pinned for m in snap.members):
-        raise nothing_to_split(snap)
+        raise pins.nothing_to_split(snap)
     if not owned:
         return InstanceRecord.model_validate({**base, "hash_key": MAX_HASH, "is_locked": False, "state": State.INIT})
     try:
@@ -176,34 +176,34 @@ class Registry:
         """All instances of one controller type (and which are pinned), read at one revision."""
         rev, kvs = self.client.get_prefix(self.layout.type_prefix(controller_type))
         items = parse_members(self.layout, kvs).get(controller_type, [])
-        pins = self._pins_at(self.layout.pin_prefix(controller_type), rev).get(controller_type, set())
-        return Snapshot.build(controller_type, rev, items, pins)
+        pinned = self._pins_at(self.layout.pin_prefix(controller_type), rev).get(controller_type, set())
+        return Snapshot.build(controller_type, rev, items, pinned)
 
     def snapshots(self) -> tuple[int, dict[str, Snapshot]]:
         """Every controller type, read at one revision: ``(revision, {type: snapshot})``."""
         rev, kvs = self.client.get_prefix(self.layout.controllers)
         grouped = parse_members(self.layout, kvs)
-        pins = self._pins_at(self.layout.pins, rev)
-        return rev, {t: Snapshot.build(t, rev, items, pins.get(t, set())) for t, items in sorted(grouped.items())}
+        pinned = self._pins_at(self.layout.pins, rev)
+        return rev, {t: Snapshot.build(t, rev, items, pinned.get(t, set())) for t, items in sorted(grouped.items())}
 
     def _pins_at(self, prefix: str, revision: int) -> dict[str, set[str]]:
         """The pins under ``prefix`` as of ``revision`` (the revision the records were read at)."""
         _rev, kvs, _more = self.client.get_range(prefix, prefix_end(prefix), revision=revision)
-        return parse_pins(self.layout, kvs)
-
-    def pins(self) -> dict[str, set[str]]:
-        """Every pin: ``{type: {instance ids}}`` (also of instances that are not registered now)."""
-        _rev, kvs = self.client.get_prefix(self.layout.pins)
-        return parse_pins(self.layout, kvs)
+        return pins.parse_pins(kvs, self.layout.parse_pin_key)
 
     # -- pins (registry.pins) ----------------------------------------------
     def pin(self, controller_type: str, instance_id: str) -> bool:
         """Pin a registered instance (``rangeshard rebalance pin``); ``False`` when it already was."""
-        return pin(self, controller_type, instance_id)
+        check_name("controller type", controller_type)
+        check_name("instance id", instance_id)
+        key = self.layout.pin_key(controller_type, instance_id)
+        return pins.pin(self.client, key, self.snapshot(controller_type), instance_id)
 
     def unpin(self, controller_type: str, instance_id: str) -> bool:
         """Remove a pin; ``False`` when there was none."""
-        return unpin(self, controller_type, instance_id)
+        check_name("controller type", controller_type)
+        check_name("instance id", instance_id)
+        return pins.unpin(self.client, self.layout.pin_key(controller_type, instance_id))
 
     def raw(self) -> tuple[int, list[KV]]:
         """Every key under the registry prefix, as stored."""

@@ -133,9 +133,9 @@ class MembershipWatch:
         grouped = parse_members(self.layout, kvs)
         if self.pins and self.controller_type:
             grouped = {t: items for t, items in grouped.items() if t == self.controller_type}
-        pins = parse_pins(self.layout, kvs) if self.pins else {}
+        pinned = parse_pins(kvs, self.layout.parse_pin_key) if self.pins else {}
         snaps = {
-            t: Snapshot.build(t, self._revision, items, pins.get(t, set())) for t, items in sorted(grouped.items())
+            t: Snapshot.build(t, self._revision, items, pinned.get(t, set())) for t, items in sorted(grouped.items())
         }
         return RegistryView(self._revision, snaps, reconnected)
 
