@@ -44,7 +44,7 @@ import logging
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar
@@ -63,7 +63,7 @@ from controller_manager.shardhost import ShardHost, ShardSettings
 from controller_manager.sharding import ShardInstance
 from controller_manager.watchdog import ReconcileTracker
 from controller_manager.workqueue import WorkQueue
-from hashing import MAX_CHAIN, HashRange, ShardBy, hash_key, root_path
+from hashing import MAX_CHAIN, HashRange, ShardBy, hash_key, label_path, root_path
 from rangeshard.core.clock import MONOTONIC, Clock
 from rangeshard.core.errors import ControllerError, ReconcileTimeout
 from rangeshard.core.loops import start_thread
@@ -231,8 +231,9 @@ class ControllerRuntime(ShardHost):
         reconcile_delay: float = 0.0,
         reconcile_hold_file: str | None = None,
         cost_window: float = 300.0,
+        shard_labels: Mapping[str, str] | None = None,
     ) -> None:
-        """``shard``: the instance's settings; its ``main_resource`` is set here, from the controller class."""
+        """``shard``: the instance's settings (``main_resource`` set here); ``shard_labels``: the config's ``shard``."""
         self.api_client = api_client
         self.name = shard.controller_type
         self.instance_id = shard.instance_id
@@ -257,9 +258,12 @@ class ControllerRuntime(ShardHost):
         self._uids_lock = threading.Lock()
         self._fenced_tokens: set[OwnerToken | None] = set()  # one log line per fenced epoch
         self.controller = controller_cls(self)
-        # Published in the record: the proxy measures progress on the main resource (by uid).
-        main = controller_cls.main
-        main_resource = MainResource(group=main.group, version=main.version, resource=main.name, by=ShardBy.UID)
+        self.shard_labels = dict(shard_labels or {})  # plural.group placed by: label -> its label key
+        self.main_label = self.shard_labels.get(controller_cls.main.gvr.label)  # None: the main by its uid
+        # Published in the record: the proxy measures progress on the main resource (by its rule).
+        main, by = controller_cls.main, ShardBy.LABEL if self.main_label else ShardBy.UID
+        main_resource = MainResource(group=main.group, version=main.version, resource=main.name, by=by)
+        main_resource = main_resource.model_copy(update={"label_key": self.main_label})
         self.shard = ShardInstance(replace(shard, main_resource=main_resource), self)
         self.informers = self._informers(controller_cls, api_client)
         for informed, inf in self.informers.items():
@@ -286,8 +290,13 @@ class ControllerRuntime(ShardHost):
                 for res, via in controller_cls.chained
             ),
         ]
+        labels = self.shard_labels  # the config's by: label entries replace the built-in rule
+        handlers = [
+            (r, ShardBy.LABEL, label_path(labels[r.gvr.label]), f) if r.gvr.label in labels else (r, b, p, f)
+            for r, b, p, f in handlers
+        ]
         if isinstance(api_client, FencedApiClient):
-            api_client.set_rules({resource.gvr.label: rule for resource, rule, _, _ in handlers})
+            api_client.set_rules({resource.gvr.label: rule for resource, rule, _, _ in handlers}, labels)
         return {
             resource.name: Informer(
                 api_client,
@@ -309,11 +318,18 @@ class ControllerRuntime(ShardHost):
     def store(self, resource: Resource) -> Informer:
         return self.informers[resource.name]
 
+    def _main_hash(self, obj: dict[str, Any]) -> int | None:
+        """A main object's key: its uid's hash, or (``by: label``) its label value's when it has the label."""
+        meta = obj.get("metadata") or {}
+        value = (meta.get("labels") or {}).get(self.main_label) if self.main_label is not None else None
+        uid = value if isinstance(value, str) else meta.get("uid")  # the value: hashed like a uid (a copy)
+        return _uid_hash(uid) if uid else None
+
     def key_hash(self, key: str) -> int | None:
         obj = self.informers[self.controller.main.name].get(key)
-        uid = (obj.get("metadata") or {}).get("uid") if obj is not None else None
-        if uid:
-            return _uid_hash(uid)
+        found = self._main_hash(obj) if obj is not None else None
+        if found is not None:
+            return found
         with self._uids_lock:
             return self._gone.get(key)
 
@@ -348,8 +364,8 @@ class ControllerRuntime(ShardHost):
         self.metrics.handover.labels(self.name, event).inc()
 
     def workload(self, rng: HashRange) -> tuple[int, dict[str, Any] | None]:
-        uids = [(obj.get("metadata") or {}).get("uid") for obj in self.informers[self.controller.main.name].items()]
-        keys = [_uid_hash(uid) for uid in uids if uid]
+        found = (self._main_hash(obj) for obj in self.informers[self.controller.main.name].items())
+        keys = [k for k in found if k is not None]
         hist = workload_histogram(keys, rng, self.costs.snapshot(), self.costs.window)  # cost: rebalance --by cost
         total = sum(hist["objects"])
         self.metrics.workload.labels(self.name).set(total)
@@ -361,9 +377,9 @@ class ControllerRuntime(ShardHost):
         key = object_key(obj)
         with self._uids_lock:
             if event == "DELETED":
-                uid = (obj.get("metadata") or {}).get("uid")
-                if uid:
-                    self._gone[key] = _uid_hash(uid)
+                gone = self._main_hash(obj)
+                if gone is not None:
+                    self._gone[key] = gone
             else:
                 self._gone.pop(key, None)
         self.queue.add(key)

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -54,6 +54,7 @@ from rangeshard.core.kubeapi import read_status, status_message
 from rangeshard.core.ownertoken import (
     SHARD_BY_HEADER,
     SHARD_HASH_HEADER,
+    SHARD_LABEL_HEADER,
     OwnerToken,
     fence_reason,
     format_shard_hash,
@@ -83,10 +84,17 @@ class FencedApiClient(k8s.ApiClient):  # type: ignore[misc,unused-ignore]
         self._local = threading.local()
         #: The shard rule of each resource this instance shards, by ``resource.group`` label.
         self.rules: dict[str, ShardBy] = {}
+        #: The label key of each resource placed ``by: label``.
+        self.labels: dict[str, str] = {}
 
-    def set_rules(self, rules: dict[str, ShardBy]) -> None:
-        """Declare ``rules`` (``resource.group`` label -> rule) on every write to those resources."""
+    def set_rules(self, rules: dict[str, ShardBy], labels: Mapping[str, str] | None = None) -> None:
+        """Declare ``rules`` (``resource.group`` label -> rule) on every write to those resources.
+
+        ``labels``: the label key of each resource placed ``by: label``, declared with it (in a header, and
+        in the User-Agent for the API server's audit log).
+        """
         self.rules = dict(rules)
+        self.labels = dict(labels or {})
 
     def set_token(self, token: OwnerToken) -> None:
         self.token = token
@@ -116,15 +124,19 @@ class FencedApiClient(k8s.ApiClient):  # type: ignore[misc,unused-ignore]
             shard_hash = getattr(self._local, "shard_hash", None)
             if shard_hash is not None:
                 extra[SHARD_HASH_HEADER] = shard_hash
-            rule = write_rule(self.rules, classify(method, urlsplit(url).path, {})) if self.rules else None
+            info = classify(method, urlsplit(url).path, {}) if self.rules else None
+            rule = write_rule(self.rules, info) if info is not None else None
+            label = self.labels.get(info.resource.label) if info is not None and info.resource is not None else None
             header_params = {**(header_params or {}), **extra}
             if rule is not None and token is not None:
-                # Declared as the external endpoint declares: the one relay function (token and rule in the
-                # User-Agent, which an API server's audit log records, and the rule header for the proxy).
+                # Declared as the external endpoint declares: the one relay function (token, rule and label in
+                # the User-Agent, which an API server's audit log records, and the rule headers for the proxy).
                 own = [(k, v) for k, v in header_params.items() if k.lower() != "user-agent"]
-                header_params = dict(declare(own, token, rule))
+                header_params = dict(declare(own, token, rule, label))
             elif rule is not None:
                 header_params[SHARD_BY_HEADER] = rule.value
+                if rule is ShardBy.LABEL and label is not None:
+                    header_params[SHARD_LABEL_HEADER] = label
         try:
             response = super().call_api(method, url, header_params, body, post_params, _request_timeout)
         except ApiException as e:

@@ -140,6 +140,7 @@ class ControllerManager:
             reconcile_delay=section.reconcile_delay_seconds,
             reconcile_hold_file=section.reconcile_hold_file,
             cost_window=self.config.cost_window_seconds,
+            shard_labels={item.resource: item.label for item in section.shard if item.label},
         )
 
     def ready(self) -> bool:

@@ -145,6 +145,17 @@ def controller_type(name: str, cls: type[Controller]) -> str:
     return declared if isinstance(declared, str) and declared else name
 
 
+def _check_shard(cls: type[Controller], shard: list[Any]) -> None:
+    """``shard[].resource`` of an in-process entry must name the class's main resource or a dependent."""
+    readable = {r.gvr.label: r for r in (cls.main, *cls.dependents)}
+    for i, item in enumerate(shard):
+        if item.resource not in readable:
+            raise PluginProblem(
+                f"shard[{i}].resource: {item.resource!r} is not read by {cls.__name__} "
+                f"(its main resource or dependents: {', '.join(sorted(readable))})"
+            )
+
+
 def resolve_controllers(sections: Mapping[str, Any], source: str | Path | None = None) -> dict[str, type[Controller]]:
     """Classes of the ``controllers`` section (``name -> section`` with an optional ``class_``).
 
@@ -170,6 +181,7 @@ def resolve_controllers(sections: Mapping[str, Any], source: str | Path | None =
                 raise PluginProblem(f"name clashes: controllers.{types[kind]} also runs controller type {kind!r}")
             types[kind] = name
             if cls is not None:
+                _check_shard(cls, getattr(section, "shard", None) or [])
                 resolved[name] = cls
         except PluginProblem as e:
             problems.append(f"{prefix}controllers.{name}: {e}")

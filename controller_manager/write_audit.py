@@ -23,9 +23,11 @@ Purpose
     controller ownerReferences as the log's objects show it (every owner the
     log saw is followed, at most ``hashing.MAX_CHAIN``; the proxy follows only
     the ``via`` kinds, so a chain through a kind outside them is keyed higher
-    here than there: a conservative check). A write that declares no rule (a
-    resource its writer does not shard) is keyed by the uid of the object's
-    controller ownerReference, else its own uid. Owners are
+    here than there: a conservative check), ``label`` the value of the label
+    it names (``rangeshard-shard-label/<key>``) as the log's objects show it,
+    else its own uid. A write that declares no rule (a resource its writer
+    does not shard) is keyed by the uid of the object's controller
+    ownerReference, else its own uid. Owners are
     read from ``requestObject``/``responseObject`` (level ``Request`` or
     ``RequestResponse``) and remembered per object uid, so deletes (whose
     bodies are DeleteOptions) are attributed too; an event naming no uid
@@ -59,7 +61,7 @@ import orjson
 
 from hashing import MAX_CHAIN, ShardBy, controller_owner_uid
 from rangeshard.core.errors import ConfigError
-from rangeshard.core.ownertoken import OwnerToken, declared_shard_by
+from rangeshard.core.ownertoken import OwnerToken, declared_shard_by, declared_shard_label
 
 WRITE_VERBS = frozenset({"create", "update", "patch", "delete"})
 
@@ -177,13 +179,24 @@ def _own_uid(obj: Any) -> str | None:
 
 
 def _shard_key(
-    ev: Mapping[str, Any], namespace: str, uid: str | None, owner_of: Mapping[str, str | None]
+    ev: Mapping[str, Any],
+    namespace: str,
+    uid: str | None,
+    owner_of: Mapping[str, str | None],
+    labels_of: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> str | None:
     """The shard key of one write by the writer's declared rule, else by its owner (module docstring)."""
     try:
         rule = declared_shard_by(None, ev.get("userAgent"))
     except ValueError:
         rule = None
+    if rule is ShardBy.LABEL:
+        try:
+            key = declared_shard_label(None, ev.get("userAgent"))
+        except ValueError:
+            key = None
+        value = (labels_of or {}).get(uid or "", {}).get(key) if key is not None else None
+        return f"label/{key}={value}" if isinstance(value, str) else uid
     if rule is ShardBy.NAMESPACE:
         return f"namespace/{namespace}" if namespace else None
     if rule is ShardBy.UID:
@@ -210,6 +223,7 @@ def check(events: Iterable[Mapping[str, Any]]) -> Report:
     """Attribute writes and find stale-owner writes (see module docstring)."""
     report = Report()
     owner_of: dict[str, str | None] = {}  # object uid -> controller owner uid (None: known to have none)
+    labels_of: dict[str, Mapping[str, Any]] = {}  # object uid -> its labels as last seen (by: label)
     uid_of: dict[tuple[str, str, str], str] = {}  # (resource, namespace, name) -> uid, for events naming no uid
     last: dict[tuple[str, str], Write] = {}  # (type, shard key) -> the last write
     seen: dict[tuple[str, str], set[OwnerToken]] = {}
@@ -224,6 +238,9 @@ def check(events: Iterable[Mapping[str, Any]]) -> Report:
             if own is not None and (uid is None or own == uid):
                 uid = own
                 owner_of[own] = _controller_uid(obj)
+                meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+                labels = meta.get("labels") if isinstance(meta, Mapping) else None
+                labels_of[own] = labels if isinstance(labels, Mapping) else {}
         ident = (str(ref.get("resource") or ""), str(ref.get("namespace") or ""), str(ref.get("name") or ""))
         if uid is not None and ident[2]:
             uid_of[ident] = uid
@@ -241,7 +258,7 @@ def check(events: Iterable[Mapping[str, Any]]) -> Report:
         )
         report.writes += 1
         tokens.add(token)
-        shard_key = _shard_key(ev, namespace, uid, owner_of)
+        shard_key = _shard_key(ev, namespace, uid, owner_of, labels_of)
         if shard_key is None and write.name:
             # Nothing says which object (a Metadata-level log without uids): the object's name is the key.
             shard_key = f"{resource}/{write.namespace}/{write.name}"

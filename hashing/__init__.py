@@ -17,7 +17,7 @@ Modules
     ``keys`` (FNV-1a, ``hash_key``), ``rules`` (``ShardBy``: the one shard
     rule, which hash places an object, for reads, the write fence and the
     audit alike -- ``uid``, ``owner``, ``namespace``, ``root`` through ``via``
-    kinds; ``ObjectHashes``), ``ranges`` (``HashRange`` and
+    kinds, ``label`` by one label's value; ``ObjectHashes``), ``ranges`` (``HashRange`` and
     splitting), ``selector`` (the KEP-5866 ``shardSelector`` grammar: parse,
     print canonically, match), ``resources`` (the one parser of kubectl-style
     resource names, behind ``via``, ``--resources`` and the manager's shard
@@ -49,6 +49,10 @@ from hashing.rules import (
     ObjectHashes,
     ShardBy,
     canonical_via,
+    check_label_key,
+    label_of_path,
+    label_path,
+    path_hash,
     root_path,
     root_via,
 )
@@ -80,12 +84,16 @@ __all__ = [
     "ShardRange",
     "ShardSelector",
     "canonical_via",
+    "check_label_key",
     "controller_owner_uid",
     "derive_ranges",
     "fnv1a_64",
     "hash_key",
+    "label_of_path",
+    "label_path",
     "object_hash_key",
     "parse_shard_selector",
+    "path_hash",
     "range_to_selector",
     "ranges_to_selector",
     "root_path",

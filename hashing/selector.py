@@ -16,6 +16,9 @@ Purpose
     * ``object.metadata.ownerReferences.controller.uid`` (ours): the uid of the
       controller ownerReference; an object without one matches every range,
       so orphans stay visible to every instance and can be adopted.
+    * ``object.metadata.ownerReferences.root(<kinds>).uid`` (ours, ``by: root``).
+    * ``object.metadata.labels(<label key>)`` (ours, ``by: label``): the value of
+      that label; an object without the label by its own ``metadata.uid``.
 
 Invariants
     * :func:`parse_shard_selector` either returns a non-empty
@@ -38,7 +41,7 @@ from typing import Any
 
 from hashing.keys import UINT64_SPACE
 from hashing.ranges import HashRange
-from hashing.rules import PATHS, UID_PATH, ObjectHashes, ShardBy, is_path
+from hashing.rules import PATHS, UID_PATH, ObjectHashes, ShardBy, is_path, label_of_path
 
 _MAX_SELECTOR_LENGTH = 16 * 1024
 _MAX_TERMS = 256
@@ -95,7 +98,7 @@ class ShardSelector:
         namespace path) matches no term of that path, except the owner path:
         no controller reference matches every owner-path term.
         """
-        return any(ShardBy.of_path(t.path).in_range(hashes, t.start, t.end) for t in self.terms)
+        return any(ShardBy.of_path(t.path).in_range(hashes, t.start, t.end, label_of_path(t.path)) for t in self.terms)
 
     def predicate(self) -> Callable[[ObjectHashes], bool]:
         """:meth:`matches_hashes` specialised to this selector, for hot loops.
@@ -124,6 +127,14 @@ class ShardSelector:
                 return v is not None and start <= v < end
 
             return root_in
+        if rule is ShardBy.LABEL:
+            key = label_of_path(term.path) or ""
+
+            def label_in(h: ObjectHashes) -> bool:
+                v = h.label(key)
+                return v is not None and start <= v < end
+
+            return label_in
         if rule is ShardBy.UID:
 
             def uid_in(h: ObjectHashes) -> bool:
@@ -145,7 +156,7 @@ class ShardSelector:
 
 _TERM_RE = re.compile(
     r"""\s*shardRange\s*\(\s*
-        (?P<path>[A-Za-z_][A-Za-z0-9_.]*(?:\([A-Za-z0-9_.,-]*\)[A-Za-z0-9_.]*)?)\s*,\s*
+        (?P<path>[A-Za-z_][A-Za-z0-9_.]*(?:\([A-Za-z0-9_.,/-]*\)[A-Za-z0-9_.]*)?)\s*,\s*
         (?P<start>'[^']*'|"[^"]*"|[^,)\s]+)\s*,\s*
         (?P<end>'[^']*'|"[^"]*"|[^,)\s]+)\s*
         \)\s*""",
@@ -199,7 +210,8 @@ def parse_shard_selector(text: str) -> ShardSelector:
         if not is_path(path):
             raise SelectorSyntaxError(
                 f"at offset {m.start('path')}: unsupported path {path!r}; supported: {', '.join(PATHS)}, "
-                "or object.metadata.ownerReferences.root(<resource.group>,...).uid (via kinds sorted, each once)"
+                "object.metadata.ownerReferences.root(<resource.group>,...).uid (via kinds sorted, each once), "
+                "or object.metadata.labels(<label key>)"
             )
         start = _parse_bound(m.group("start"), "hexStart", m.start("start"))
         end = _parse_bound(m.group("end"), "hexEnd", m.start("end"))

@@ -34,10 +34,10 @@ Concurrency model
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from hashing import ShardBy
+from hashing import ObjectHashes, ShardBy, path_hash
 from range_filter_proxy.cached import CachedEvent
 from range_filter_proxy.watcher import Watcher
 
@@ -46,7 +46,8 @@ from range_filter_proxy.watcher import Watcher
 class _PathIndex:
     """The watchers of one shard path, by elementary interval of the 64-bit space."""
 
-    attribute: str
+    #: The hash of this path (:func:`hashing.path_hash`: an attribute, or a label's value).
+    value: Callable[[ObjectHashes], int | None]
     bounds: tuple[int, ...]
     #: ``segments[bisect_right(bounds, v)]``: the watchers whose ranges contain ``v``.
     segments: tuple[tuple[Watcher, ...], ...]
@@ -96,7 +97,7 @@ class _PathIndex:
         segments.append(())
         rule = ShardBy.of_path(path)  # the one shard rule: which hash, and whether its absence matches all
         missing = tuple(w for w, _ in entries) if rule.matches_absent else ()
-        return cls(rule.attribute, tuple(bounds), tuple(segments), missing)
+        return cls(path_hash(path), tuple(bounds), tuple(segments), missing)
 
     def lookup(self, value: int | None) -> tuple[Watcher, ...]:
         if value is None:
@@ -134,11 +135,11 @@ class DispatchIndex:
         cur = ev.cur.hashes
         prev = ev.prev.hashes if ev.prev is not None else None
         for index in paths:
-            attr = index.attribute
-            value = getattr(cur, attr)
+            of = index.value
+            value = of(cur)
             hit = index.lookup(value)
             if prev is not None:
-                old = getattr(prev, attr)
+                old = of(prev)
                 if old != value:
                     hit = hit + tuple(w for w in index.lookup(old) if w not in hit)
             if hit:

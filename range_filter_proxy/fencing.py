@@ -167,6 +167,7 @@ def write_keys(
     cached: Any,
     namespace: str | None = None,
     root_key: Callable[[Any], int | None] | None = None,
+    label: str | None = None,
 ) -> tuple[tuple[int, ...], Verdict | None]:
     """The shard keys a write must own (see module docstring), or a ``ShardHashMismatch`` verdict.
 
@@ -174,6 +175,9 @@ def write_keys(
     ``root_key`` resolves the ``root`` key of an object through the proxy's
     owner chain of the resource (:mod:`range_filter_proxy.rootchain`); without
     one, ``root`` is the chain of one step (:meth:`hashing.ShardBy.key`).
+    ``label`` is the label key of a ``label`` rule: the body's label value
+    (its uid without one) and the cached object's must both lie in the range,
+    so a label change that moves an object out of the range is refused.
     """
     if rule is None:
         key, verdict = shard_hash_of(declared, body, cached)
@@ -182,7 +186,7 @@ def write_keys(
     for obj in (_object(body), _object(cached)):
         if obj is None:
             continue
-        key = root_key(obj) if root_key is not None and rule is ShardBy.ROOT else rule.key(obj, namespace)
+        key = root_key(obj) if root_key is not None and rule is ShardBy.ROOT else rule.key(obj, namespace, label)
         if key is not None and key not in keys:
             keys.append(key)
     if declared is not None:

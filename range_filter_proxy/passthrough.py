@@ -56,6 +56,7 @@ from typing import Any
 import orjson
 from fastapi import Request, Response
 
+from hashing import ShardBy
 from range_filter_proxy.auth import AuthMode
 from range_filter_proxy.cache import CacheManager
 from range_filter_proxy.fencing import WriteFence, write_keys
@@ -77,6 +78,7 @@ from rangeshard.core.ownertoken import (
     FENCED_HEADER,
     SHARD_BY_HEADER,
     SHARD_HASH_HEADER,
+    SHARD_LABEL_HEADER,
     OwnerToken,
     fenced_status,
     parse_shard_hash,
@@ -140,6 +142,15 @@ class PassThrough:
             rule = relay.declared_rule(headers)
         except ValueError as e:
             return _refusal(400, status_object(400, "BadRequest", f"{SHARD_BY_HEADER}: {e}"))
+        label: str | None = None
+        if rule is ShardBy.LABEL:
+            try:
+                label = relay.declared_label(headers)
+            except ValueError as e:
+                return _refusal(400, status_object(400, "BadRequest", f"{SHARD_LABEL_HEADER}: {e}"))
+            if label is None:
+                message = f"{SHARD_BY_HEADER}: label needs the label key in {SHARD_LABEL_HEADER}"
+                return _refusal(400, status_object(400, "BadRequest", message))
         target = parse_rest_path(path)
         body: Any = None
         if method in OBJECT_BODY_METHODS:
@@ -167,7 +178,7 @@ class PassThrough:
                 root_key = cache.chain.key_of_object
         declared = parse_shard_hash(headers.get(SHARD_HASH_HEADER.lower()))
         namespace = target.namespace if target is not None else None
-        keys, verdict = write_keys(rule, declared, body, cached, namespace, root_key)
+        keys, verdict = write_keys(rule, declared, body, cached, namespace, root_key, label)
         if verdict is None:
             verdict = await fence.check(token, keys)
         if verdict is None:

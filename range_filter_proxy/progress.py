@@ -269,14 +269,19 @@ def main_of(snap: Snapshot) -> MainResource | None:
 
 
 def attribute(
-    snap: Snapshot, rule: ShardBy, pending: Mapping[Any, Pending], now: float
+    snap: Snapshot, rule: ShardBy, pending: Mapping[Any, Pending], now: float, label: str | None = None
 ) -> dict[str, tuple[int, float]]:
-    """``instance id -> (unanswered objects, oldest age)`` of the instances of ``snap`` that have some."""
+    """``instance id -> (unanswered objects, oldest age)`` of the instances of ``snap`` that have some.
+
+    ``label``: the label key of a ``by: label`` rule (its objects without a key count for nobody).
+    """
+    if rule is ShardBy.LABEL and label is None:
+        return {}
     owned = sorted((m.range.hi, m.range.lo, m.instance_id) for m in snap.members if m.range is not None)
     his = [hi for hi, _, _ in owned]
     out: dict[str, tuple[int, float]] = {}
     for entry in pending.values():
-        h = rule.hash64(entry.hashes)
+        h = rule.hash64(entry.hashes, label)
         if h is None:
             continue  # absent under the rule (an orphan under ``owner``): nobody's
         key = h >> 1
@@ -411,7 +416,7 @@ class ProgressTracker:
             main = main_of(snap)
             progress = self.resources.get(main.label) if main is not None else None
             measured = (
-                attribute(snap, main.by, progress.pending, now)
+                attribute(snap, main.by, progress.pending, now, main.label_key)
                 if main is not None and progress is not None and progress.synced and progress.measurable
                 else None
             )

@@ -19,7 +19,8 @@ Purpose
     path); ``owner`` files it by ``ObjectHashes.owner`` (its controller
     ownerReference's uid) and keeps an object without a controller owner in
     :attr:`_PathBuckets.unowned`, a candidate of every owner-path range
-    (such an object matches every one).
+    (such an object matches every one); ``label`` files it by the hash of
+    its label's value, else of its uid (:func:`hashing.path_hash`).
 
 Invariants
     * For every built path and every object ``o`` of the store: ``o``'s key is
@@ -41,10 +42,10 @@ Concurrency model
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from itertools import chain
 
-from hashing import ObjectHashes, ShardBy, ShardSelector
+from hashing import ObjectHashes, ShardBy, ShardSelector, path_hash
 from range_filter_proxy.cached import CachedObject
 
 #: Buckets per path: 4,096, by the top 12 bits of the 64-bit hash. At a million objects a
@@ -59,18 +60,19 @@ Key = tuple[str, str]
 class _PathBuckets:
     """The store's keys by bucket of one path's hash."""
 
-    __slots__ = ("attribute", "buckets", "unowned")
+    __slots__ = ("buckets", "unowned", "value")
 
     def __init__(self, path: str) -> None:
         rule = ShardBy.of_path(path)  # the one shard rule: which hash, and whether its absence matches all
-        self.attribute = rule.attribute
+        #: The hash of this path (an :class:`ObjectHashes` attribute, or a label's value for ``by: label``).
+        self.value: Callable[[ObjectHashes], int | None] = path_hash(path)
         #: ``buckets[h >> _SHIFT]``: the keys whose hash is ``h`` on this path (``None``: empty).
         self.buckets: list[set[Key] | None] = [None] * _BUCKETS
         #: Owner path only: the keys of objects without a controller owner (they match every range).
         self.unowned: set[Key] | None = set() if rule.matches_absent else None
 
     def add(self, key: Key, hashes: ObjectHashes) -> None:
-        value: int | None = getattr(hashes, self.attribute)
+        value = self.value(hashes)
         if value is None:
             if self.unowned is not None:
                 self.unowned.add(key)
@@ -83,7 +85,7 @@ class _PathBuckets:
             bucket.add(key)
 
     def discard(self, key: Key, hashes: ObjectHashes) -> None:
-        value: int | None = getattr(hashes, self.attribute)
+        value = self.value(hashes)
         if value is None:
             if self.unowned is not None:
                 self.unowned.discard(key)
@@ -139,8 +141,8 @@ class StoreIndex:
         if old is new or old == new:
             return
         for index in self._paths.values():
-            attr = index.attribute
-            if getattr(old, attr) != getattr(new, attr):
+            of = index.value
+            if of(old) != of(new):
                 index.discard(key, old)
                 index.add(key, new)
 

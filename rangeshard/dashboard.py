@@ -405,6 +405,7 @@ def create_app(
             prefix=prefix,
             name="dashboard",
             probe_interval=WATCH_PROBE_SECONDS,
+            pins=True,  # the ring shows which instances are pinned (rangeshard rebalance pin)
         )
         probe = EtcdProbe(config, hub)
         poller = ProgressPoller(proxy_url, hub, progress_interval) if proxy_url else None

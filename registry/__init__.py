@@ -12,6 +12,7 @@ Owns
     The instance registry only: records (:mod:`registry.models`), the guarded
     membership transactions (:mod:`registry.registry`), the lease keeper
     (:mod:`registry.lease`), the membership watch (:mod:`registry.watch`),
+    pinned instances (:mod:`registry.pins`: a key per pin, outside the lease),
     ownership periods for write fencing (:mod:`registry.epochs`), the
     workload histograms managers publish (:mod:`registry.histogram`),
     rebalance planning (:mod:`registry.rebalance`) and applying a plan

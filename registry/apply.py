@@ -98,12 +98,15 @@ def apply_plan(
     *,
     timeout: float = 60.0,
     progress: Callable[[int, int, Move], None] | None = None,
+    respect_pins: bool = True,
 ) -> int:
     """Apply ``plan`` one boundary at a time, waiting for each handover; return the moves made.
 
     A move whose guarded transaction lost a race (a heartbeat or state change
     of the same type landed between its read and its write) is re-planned from
-    a fresh settled snapshot, a bounded number of times.
+    a fresh settled snapshot, a bounded number of times. A move that would
+    change a pinned range is refused (:class:`ConfigError`) unless
+    ``respect_pins`` is false (``rebalance isolate`` checked its own plan).
     """
     snap = wait_settled(registry, plan.controller_type, timeout)
     total = len(plan.moves)
@@ -116,7 +119,7 @@ def apply_plan(
         if progress is not None:
             progress(done, total, move)
         try:
-            registry.set_key(plan.controller_type, move.instance_id, move.new_key)
+            registry.set_key(plan.controller_type, move.instance_id, move.new_key, respect_pins=respect_pins)
         except CompareFailed as e:
             races += 1
             if races > _MAX_MOVE_RACES:

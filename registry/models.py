@@ -34,6 +34,11 @@ A parked record keeps its ``hashKey`` and so its range, which nobody owns
 meanwhile: no newcomer splits it and no neighbour absorbs it, and write fencing
 refuses every token for it (the record's lease is the grace lease).
 
+Pins (issue 50): ``rangeshard rebalance pin`` writes ``<prefix>/pins/<type>/<instance-id>``, a key
+of its own bound to no lease, so it outlives the record (a restart, a parked grace, a crash and a
+rejoin under the same id). :attr:`Member.pinned` says whether a member is pinned: no rebalance
+moves its key or its predecessor's, and no joiner splits its range.
+
 Progress fields (issue 38): a record may name its type's main resource
 (``mainResource: {group, version, resource, by}``, :class:`MainResource`) and
 the age past which an unanswered change of it means the instance is stuck
@@ -170,6 +175,8 @@ class MainResource(BaseModel):
     version: str | None = None
     resource: str = Field(min_length=1)
     by: ShardBy = ShardBy.UID
+    #: ``by: label`` only: the label key whose value places an object (without it: its uid).
+    label_key: str | None = Field(default=None, alias="labelKey")
 
     @property
     def label(self) -> str:
@@ -274,6 +281,9 @@ class Member:
     mod_revision: int
     create_revision: int
     lease_id: int
+    #: Pinned by ``rangeshard rebalance pin`` (a key of its own, ``<prefix>/pins/<type>/<id>``): no
+    #: rebalance moves its range and no joiner splits it.
+    pinned: bool = False
 
     @property
     def instance_id(self) -> str:
@@ -293,6 +303,7 @@ class Member:
             "workloadNum": rec.workload_num,
             "host": rec.host,
             "pid": rec.pid,
+            "pinned": self.pinned,
         }
 
 
@@ -317,18 +328,38 @@ class Snapshot:
         """The member whose range contains ``key``."""
         return next((m for m in self.members if m.range is not None and m.range.contains(key)), None)
 
+    @property
+    def pinned(self) -> frozenset[str]:
+        """The instance ids of the pinned members."""
+        return frozenset(m.instance_id for m in self.members if m.pinned)
+
     def receivers_of(self, giver: str) -> list[Member]:
         """Locked members waiting for ``giver`` to unlock them."""
         return [m for m in self.members if m.record.is_locked and m.record.giver == giver]
 
     @classmethod
     def build(
-        cls, controller_type: str, revision: int, items: list[tuple[InstanceRecord, str, int, int, int]]
+        cls,
+        controller_type: str,
+        revision: int,
+        items: list[tuple[InstanceRecord, str, int, int, int]],
+        pinned: frozenset[str] | set[str] = frozenset(),
     ) -> Snapshot:
-        """Derive ranges from ``(record, key, mod_revision, create_revision, lease_id)`` items."""
+        """Derive ranges from ``(record, key, mod_revision, create_revision, lease_id)`` items.
+
+        ``pinned``: the instance ids pinned at that revision (``<prefix>/pins/<type>/``).
+        """
         derived = derive_ranges((item, item[0].hash_key) for item in items)
         members = tuple(
-            Member(record=rec, range=rng, key=key, mod_revision=mod, create_revision=create, lease_id=lease)
+            Member(
+                record=rec,
+                range=rng,
+                key=key,
+                mod_revision=mod,
+                create_revision=create,
+                lease_id=lease,
+                pinned=rec.instance_id in pinned,
+            )
             for (rec, key, mod, create, lease), rng in derived
         )
         return cls(controller_type, revision, members)

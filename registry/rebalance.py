@@ -10,7 +10,8 @@ Purpose
 
 Invariants
     * Plans keep the instance order and give every instance a non-empty range;
-      the last key stays ``MAX_HASH``.
+      the last key stays ``MAX_HASH``. A parked or pinned instance's range is
+      never changed by a plan (:func:`movable_runs`).
     * Both published histogram layouts are read (gap histograms, and the
       equal-width ones of earlier versions); one that does not describe the
       instance's current range counts as one segment with its ``workloadNum``.
@@ -238,16 +239,17 @@ def loads_of(snap: Snapshot, by: Strategy | str) -> list[int]:
 
 
 def movable_runs(members: Sequence[Member]) -> list[tuple[int, int]]:
-    """``[i, j)`` index runs of consecutive members that are not parked.
+    """``[i, j)`` index runs of consecutive members that are neither parked nor pinned.
 
-    A parked record's range waits for its own instance: neither its key nor
-    its predecessor's may move, so each run is balanced on its own, within
-    the space its members own now (its last member's key stays).
+    A parked record's range waits for its own instance, and a pinned one
+    (``rangeshard rebalance pin``) stays as it is: neither its key nor its
+    predecessor's may move, so each run is balanced on its own, within the
+    space its members own now (its last member's key stays).
     """
     runs: list[tuple[int, int]] = []
     start = 0
     for i, m in enumerate(members):
-        if m.record.is_parked:
+        if m.record.is_parked or m.pinned:
             if start < i:
                 runs.append((start, i))
             start = i + 1
@@ -416,3 +418,62 @@ _PLANNERS: dict[Strategy, Callable[[Snapshot], Plan]] = {
 def make_plan(snap: Snapshot, by: Strategy | str) -> Plan:
     """The plan of ``by`` (a :class:`Strategy` or ``--by``'s text: :class:`ConfigError` if it names none)."""
     return _PLANNERS[Strategy.parse(by)](snap)
+
+
+def isolate_targets(snap: Snapshot, instance_id: str, point: int) -> list[int]:
+    """Target keys (of the owning members, in order) that give ``instance_id`` exactly ``[point, point]``.
+
+    The instance's predecessor gets key ``point - 1`` and the instance key
+    ``point``; members further down whose keys are not below ``point - 1`` are
+    pressed down (one key each), members further up whose keys are not above
+    ``point`` pushed up, so every member keeps a non-empty range and the order.
+    :class:`PlanError` (one line) when the order makes it impossible: the first
+    instance always starts at 0 and the last always ends at ``MAX_HASH``, or
+    when another pinned (or parked) member's range would have to change.
+    """
+    members = owned(snap)
+    idx = next((i for i, m in enumerate(members) if m.instance_id == instance_id), None)
+    if idx is None:
+        known = ", ".join(m.instance_id for m in members) or "none"
+        raise PlanError(f"--instance: {instance_id!r} owns no range of {snap.controller_type} (known: {known})")
+    n = len(members)
+    interior = [m.instance_id for m in members[1:-1]]
+    hint = f"; instances that can be isolated: {', '.join(interior)}" if interior else ""
+    if idx == 0 and point > 0:
+        raise PlanError(
+            f"{instance_id} is the first instance of {snap.controller_type}: its range always starts at 0, "
+            f"so it cannot own only key {point}{hint}"
+        )
+    if idx == n - 1 and point < MAX_HASH:
+        raise PlanError(
+            f"{instance_id} is the last instance of {snap.controller_type}: its range always ends at {MAX_HASH}, "
+            f"so it cannot own only key {point}{hint}"
+        )
+    if point < idx or MAX_HASH - point < n - 1 - idx:
+        raise PlanError(f"key {point} leaves no room for the instances around {instance_id}")
+    keys = [m.record.hash_key for m in members]
+    keys[-1] = MAX_HASH
+    targets = list(keys)
+    targets[idx] = point
+    for j in range(idx - 1, -1, -1):  # below: the predecessor ends at point - 1, the others below it
+        targets[j] = point - 1 if j == idx - 1 else min(keys[j], targets[j + 1] - 1)
+    for j in range(idx + 1, n - 1):  # above: each key above the previous one
+        targets[j] = max(keys[j], targets[j - 1] + 1)
+    for j, m in enumerate(members):
+        if m.instance_id == instance_id:
+            continue
+        lower_moves = j > 0 and targets[j - 1] != keys[j - 1]
+        if (m.pinned or m.record.is_parked) and (targets[j] != keys[j] or lower_moves):
+            what = "pinned" if m.pinned else "parked"
+            raise PlanError(
+                f"{m.instance_id} is {what}: isolating key {point} on {instance_id} would change its range "
+                f"[{m.range.lo if m.range else '?'}, {m.range.hi if m.range else '?'}]"
+            )
+    return targets
+
+
+def isolate_plan(snap: Snapshot, instance_id: str, point: int) -> Plan:
+    """The moves of :func:`isolate_targets` as a :class:`Plan` (loads predicted by workload)."""
+    members = owned(snap)
+    targets = isolate_targets(snap, instance_id, point)
+    return _plan(snap, Strategy.WORKLOAD, members, targets, segments(snap))

@@ -23,6 +23,9 @@ Invariants
       so a heartbeat cannot undo an unlock.
     * A key move (:meth:`Registry.set_key`) locks the receiving instance with
       the giving one as giver, in the same transaction that moves the key.
+    * **Pins** (:mod:`registry.pins`): a join splits the largest unpinned
+      range, and its transaction also guards the type's pins; a plan's move
+      (``set_key(respect_pins=True)``) never moves a pinned range's bounds.
 
 Concurrency model
     Stateless apart from the :class:`~rangeshard.core.etcd.EtcdClient`; methods may be
@@ -47,7 +50,8 @@ from rangeshard.core.errors import (
     NotRegistered,
     RangeshardError,
 )
-from rangeshard.core.etcd import KV, Compare, Delete, EtcdClient, Put
+from rangeshard.core.etcd import KV, Compare, Delete, EtcdClient, Put, prefix_end
+from registry import pins
 from registry.models import ChildInfo, InstanceRecord, MainResource, Member, Snapshot, State, check_name, now
 
 log = logging.getLogger(__name__)
@@ -68,6 +72,26 @@ class Layout:
     @property
     def controllers(self) -> str:
         return f"{self.prefix}/controllers/"
+
+    @property
+    def pins(self) -> str:
+        """``<prefix>/pins/``: one key per pinned instance, ``<prefix>/pins/<type>/<instance-id>``."""
+        return f"{self.prefix}/pins/"
+
+    def pin_prefix(self, controller_type: str) -> str:
+        return f"{self.pins}{controller_type}/"
+
+    def pin_key(self, controller_type: str, instance_id: str) -> str:
+        return f"{self.pin_prefix(controller_type)}{instance_id}"
+
+    def parse_pin_key(self, key: str) -> tuple[str, str] | None:
+        """``(controller_type, instance_id)`` of a pin key, or ``None``."""
+        if not key.startswith(self.pins):
+            return None
+        rest = key[len(self.pins) :].split("/")
+        if len(rest) != 2 or not rest[0] or not rest[1]:
+            return None
+        return rest[0], rest[1]
 
     def type_prefix(self, controller_type: str) -> str:
         return f"{self.controllers}{controller_type}/"
@@ -113,16 +137,14 @@ def _newcomer(snap: Snapshot, fields: dict[str, Any]) -> InstanceRecord:
     The first instance owns ``[0, MAX_HASH]`` and starts in ``init``; a later one
     starts ``locked`` with the instance that may still process its keys as
     ``giver`` (the split instance, or the giver that one still waits for).
-    A parked range waits for its own instance: it is never split.
+    A parked range waits for its own instance and a pinned one stays as it is:
+    neither is ever split (the largest unpinned range is).
     """
     controller_type = snap.controller_type
     base = {**fields, "controller_type": controller_type}
-    owned = [(m, m.range) for m in snap.members if m.range is not None and not m.record.is_parked]
-    if not owned and any(m.record.is_parked for m in snap.members):
-        raise NoSplittableRange(
-            f"{controller_type}: every range is parked (waiting for its instance to rejoin); "
-            "a newcomer joins after one rejoined or its grace ran out"
-        )
+    owned = [(m, m.range) for m in snap.members if m.range is not None and not m.record.is_parked and not m.pinned]
+    if not owned and any(m.record.is_parked or m.pinned for m in snap.members):
+        raise pins.nothing_to_split(snap)
     if not owned:
         return InstanceRecord.model_validate({**base, "hash_key": MAX_HASH, "is_locked": False, "state": State.INIT})
     try:
@@ -151,16 +173,37 @@ class Registry:
 
     # -- reads -------------------------------------------------------------
     def snapshot(self, controller_type: str) -> Snapshot:
-        """All instances of one controller type, read at one revision."""
+        """All instances of one controller type (and which are pinned), read at one revision."""
         rev, kvs = self.client.get_prefix(self.layout.type_prefix(controller_type))
         items = parse_members(self.layout, kvs).get(controller_type, [])
-        return Snapshot.build(controller_type, rev, items)
+        pinned = self._pins_at(self.layout.pin_prefix(controller_type), rev).get(controller_type, set())
+        return Snapshot.build(controller_type, rev, items, pinned)
 
     def snapshots(self) -> tuple[int, dict[str, Snapshot]]:
         """Every controller type, read at one revision: ``(revision, {type: snapshot})``."""
         rev, kvs = self.client.get_prefix(self.layout.controllers)
         grouped = parse_members(self.layout, kvs)
-        return rev, {t: Snapshot.build(t, rev, items) for t, items in sorted(grouped.items())}
+        pinned = self._pins_at(self.layout.pins, rev)
+        return rev, {t: Snapshot.build(t, rev, items, pinned.get(t, set())) for t, items in sorted(grouped.items())}
+
+    def _pins_at(self, prefix: str, revision: int) -> dict[str, set[str]]:
+        """The pins under ``prefix`` as of ``revision`` (the revision the records were read at)."""
+        _rev, kvs, _more = self.client.get_range(prefix, prefix_end(prefix), revision=revision)
+        return pins.parse_pins(kvs, self.layout.parse_pin_key)
+
+    # -- pins (registry.pins) ----------------------------------------------
+    def pin(self, controller_type: str, instance_id: str) -> bool:
+        """Pin a registered instance (``rangeshard rebalance pin``); ``False`` when it already was."""
+        check_name("controller type", controller_type)
+        check_name("instance id", instance_id)
+        key = self.layout.pin_key(controller_type, instance_id)
+        return pins.pin(self.client, key, self.snapshot(controller_type), instance_id)
+
+    def unpin(self, controller_type: str, instance_id: str) -> bool:
+        """Remove a pin; ``False`` when there was none."""
+        check_name("controller type", controller_type)
+        check_name("instance id", instance_id)
+        return pins.unpin(self.client, self.layout.pin_key(controller_type, instance_id))
 
     def raw(self) -> tuple[int, list[KV]]:
         """Every key under the registry prefix, as stored."""
@@ -236,10 +279,16 @@ class Registry:
         raise CompareFailed(f"joining {controller_type}/{instance_id}: lost {_MAX_ATTEMPTS} races in a row")
 
     def _put_if_type_unchanged(self, snap: Snapshot, puts: list[Put], what: str) -> bool:
-        """Write ``puts`` in one transaction if no record of ``snap``'s type changed since it was read."""
+        """Write ``puts`` in one transaction if no record (nor pin) of ``snap``'s type changed since it was read."""
         prefix = self.layout.type_prefix(snap.controller_type)
+        pins = self.layout.pin_prefix(snap.controller_type)
         return self.client.transaction(
-            compare=[Compare.mod(prefix, "<", snap.revision + 1, prefix=True)], success=puts, what=what
+            compare=[
+                Compare.mod(prefix, "<", snap.revision + 1, prefix=True),
+                Compare.mod(pins, "<", snap.revision + 1, prefix=True),
+            ],
+            success=puts,
+            what=what,
         ).succeeded
 
     def _unpark(self, member: Member, lease_id: int, published: dict[str, Any]) -> Member | None:
@@ -475,7 +524,13 @@ class Registry:
         log.info("%s: giver %s is gone, unlocked", what, giver)
 
     def set_key(
-        self, controller_type: str, instance_id: str, new_key: int, *, dry_run: bool = False
+        self,
+        controller_type: str,
+        instance_id: str,
+        new_key: int,
+        *,
+        dry_run: bool = False,
+        respect_pins: bool = False,
     ) -> tuple[Member, Member | None]:
         """Move one boundary: ``instance_id``'s key becomes ``new_key``.
 
@@ -511,6 +566,11 @@ class Registry:
         else:
             receiver, giver = succ, me
         for party in (me, succ):
+            if respect_pins and party.pinned:
+                raise ConfigError(
+                    f"{party.instance_id} is pinned: a rebalance never moves its range "
+                    f"(rangeshard rebalance unpin --type {controller_type} --instance {party.instance_id})"
+                )
             if party.record.is_parked:
                 raise ConfigError(
                     f"{party.instance_id} is parked (waiting up to its rejoin grace for its instance): "

@@ -23,6 +23,9 @@ Invariants
       a watch response (one transaction) are applied before delivering.
     * Views are delivered in revision order, never twice for the same revision
       except right after a reconnect (``view.reconnected`` is then true).
+    * With ``pins=True`` the watch covers the whole registry prefix, so the
+      views also say which members are pinned (:attr:`Member.pinned`); the
+      views are then those of ``controller_type`` only, when one is given.
     * ``on_revision(revision, kvs, relisted)``, if given, sees the registry
       after *every* revision, even when etcd batches several revisions in
       one watch response (the fencing epochs of :mod:`registry.epochs` need
@@ -48,6 +51,7 @@ from rangeshard.core.errors import RangeshardError, WatchCompacted
 from rangeshard.core.etcd import KV, EtcdClient, EtcdConfig, WatchBatch
 from rangeshard.core.loops import join_thread, start_thread
 from registry.models import Snapshot
+from registry.pins import parse_pins
 from registry.registry import DEFAULT_PREFIX, Layout, parse_members
 
 log = logging.getLogger(__name__)
@@ -88,12 +92,17 @@ class MembershipWatch:
         probe_interval: float = 2.0,
         retry_interval: float = 0.5,
         on_revision: Callable[[int, Mapping[str, KV], bool], None] | None = None,
+        pins: bool = False,
     ) -> None:
         self.config = replace(config, timeout=min(config.timeout, max(probe_interval, 0.5)))
         self.callback = callback
         self.layout = Layout(prefix)
         self.controller_type = controller_type
-        self.watch_prefix = self.layout.type_prefix(controller_type) if controller_type else self.layout.controllers
+        self.pins = pins
+        if pins:
+            self.watch_prefix = self.layout.prefix + "/"  # the records and the pins (rangeshard rebalance pin)
+        else:
+            self.watch_prefix = self.layout.type_prefix(controller_type) if controller_type else self.layout.controllers
         self.name = name or (controller_type or "all")
         self.probe_interval = probe_interval
         self.backoff = Backoff(retry_interval, max(retry_interval, 5.0), jitter=0.2)
@@ -120,8 +129,14 @@ class MembershipWatch:
 
     # -- internals -----------------------------------------------------------
     def _view(self, reconnected: bool) -> RegistryView:
-        grouped = parse_members(self.layout, sorted(self._kvs.values(), key=lambda kv: kv.key))
-        snaps = {t: Snapshot.build(t, self._revision, items) for t, items in sorted(grouped.items())}
+        kvs = sorted(self._kvs.values(), key=lambda kv: kv.key)
+        grouped = parse_members(self.layout, kvs)
+        if self.pins and self.controller_type:
+            grouped = {t: items for t, items in grouped.items() if t == self.controller_type}
+        pinned = parse_pins(kvs, self.layout.parse_pin_key) if self.pins else {}
+        snaps = {
+            t: Snapshot.build(t, self._revision, items, pinned.get(t, set())) for t, items in sorted(grouped.items())
+        }
         return RegistryView(self._revision, snaps, reconnected)
 
     def _deliver(self, reconnected: bool = False) -> None:

@@ -23,7 +23,7 @@ from pydantic import (
 )
 
 from controller_manager.config.common import Section
-from hashing import ShardBy, root_path
+from hashing import ShardBy, check_label_key
 from hashing.resources import resource_label
 from rangeshard.core.settings import field_error
 from registry.models import MainResource
@@ -41,13 +41,22 @@ class ShardResourceSection(Section):
         "`deployments.apps`, `gadgets.bars.example.org`; `plural.version.group` (`deployments.v1.apps`) "
         "names the same resource (every version of it is sharded).",
     )
-    by: Literal["uid", "owner", "namespace", "root"] = Field(
+    by: Literal["uid", "owner", "namespace", "root", "label"] = Field(
         "uid",
         description="What places an object in the hash space (the one shard rule, `hashing.ShardBy`): its own "
         "`uid`; its controller `owner`'s uid (an object without a controller owner is seen by every instance, "
         "so orphans can be adopted); its `namespace`; or its `root`: the uid of the top of its chain of "
         "controller owners through the `via` kinds (itself without a controller owner), resolved by the proxy "
-        "from its caches, so a pod lands with its Deployment. Reads and the proxy's write fence use the same rule.",
+        "from its caches, so a pod lands with its Deployment; or a `label`: the value of the label named in "
+        "`label` (an object without that label by its own uid), so objects that belong together without an "
+        "owner reference land together. Reads and the proxy's write fence use the same rule.",
+    )
+    label: str | None = Field(
+        None,
+        strict=True,
+        description="`by: label` only (and required there): the label key whose value places an object, e.g. "
+        "`tenant` or `tekton.dev/pipelineRun`. An object without the label is placed by its own uid; changing "
+        "the label moves the object (a write by the old owner that moves it out of its range is fenced).",
     )
     via: list[str] = Field(
         default_factory=list,
@@ -92,23 +101,27 @@ class ShardResourceSection(Section):
             out.append(label)
         return out
 
+    @field_validator("label")
+    @classmethod
+    def _label(cls, value: str | None) -> str | None:
+        return check_label_key(value) if value is not None else None
+
     @model_validator(mode="after")
     def _via_needs_root(self) -> ShardResourceSection:
         if self.via and self.by != "root":
             raise ValueError(f"via: only for by: root (this entry is by: {self.by})")
+        if self.by == "label" and self.label is None:
+            raise ValueError("label: required with by: label (the label key whose value places an object)")
+        if self.label is not None and self.by != "label":
+            raise ValueError(f"label: only for by: label (this entry is by: {self.by})")
         if self.resource in self.via:
             raise ValueError(f"via: {self.resource} cannot pass through itself")
         return self
 
     @property
-    def label(self) -> str:
-        """``plural.group`` (``plural`` for the core group): how requests name the resource."""
-        return self.resource
-
-    @property
     def path(self) -> str:
-        """The ``shardSelector`` path of this entry's rule (``root``: through its ``via`` kinds)."""
-        return root_path(self.via) if self.rule is ShardBy.ROOT else self.rule.path
+        """The ``shardSelector`` path of this entry's rule (``root``: through its ``via`` kinds; ``label``: its key)."""
+        return self.rule.path_for(via=self.via, label=self.label)
 
     @property
     def rule(self) -> ShardBy:
@@ -351,4 +364,4 @@ class ExternalSection(Section):
         """The main resource as the registry record publishes it (no version: readers take the preferred one)."""
         main = self.main_resource
         resource, _, group = main.resource.partition(".")
-        return MainResource(group=group, resource=resource, by=main.rule)
+        return MainResource(group=group, resource=resource, by=main.rule, label_key=main.label)

@@ -29,7 +29,7 @@ from controller_manager.config.common import (
     derived_reconcile_timeout,
     none_to_empty_mapping,
 )
-from controller_manager.config.external import ExternalSection
+from controller_manager.config.external import ExternalSection, ShardResourceSection
 from controller_manager.config.sections import EtcdSection, MetricsSection, ProxySection
 from rangeshard.core.settings import KeyPrefix, field_error
 
@@ -70,8 +70,36 @@ class ControllerSection(Section):
         "class: see docs/external-controllers.md. Excludes `class` and `workers`.",
     )
 
+    shard: list[ShardResourceSection] = Field(
+        default_factory=list,
+        description="In-process controllers only: place a resource the controller reads (its main resource or "
+        "a dependent, `plural.group`) by a label instead of its built-in rule (main by `uid`, dependents by "
+        "`owner`): `{resource: R, by: label, label: KEY}` puts an object by FNV of that label's value (without "
+        "the label by its own uid), so objects that share the value land on one instance. Only `by: label` may "
+        "be set here (the other rules are the controller's own); external controllers say it in `external.shard`.",
+    )
+
+    @field_validator("shard")
+    @classmethod
+    def _label_only(cls, value: list[ShardResourceSection]) -> list[ShardResourceSection]:
+        seen: set[str] = set()
+        for i, item in enumerate(value):
+            if item.by != "label":
+                raise ValueError(
+                    f"[{i}].by: an in-process controller's rules are its own (main by uid, dependents by owner); "
+                    f"only by: label may be set here, got by: {item.by}"
+                )
+            if item.via or item.main:
+                raise ValueError(f"[{i}]: via and main are for external.shard only")
+            if item.resource in seen:
+                raise ValueError(f"resource {item.resource!r} is listed twice")
+            seen.add(item.resource)
+        return value
+
     @model_validator(mode="after")
     def _external_alone(self) -> ControllerSection:
+        if self.external is not None and self.shard:
+            raise ValueError("shard: an external controller says it in external.shard")
         if self.external is not None:
             clash = [f for f in ("class_", "workers") if f in self.model_fields_set]
             if clash:

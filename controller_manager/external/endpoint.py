@@ -49,7 +49,7 @@ from controller_manager.config import ExternalSection
 from controller_manager.external.serving import ServingState, Shard
 from controller_manager.external.workload import MainObjects
 from controller_manager.handover import rank
-from hashing import ShardBy
+from hashing import ShardBy, label_of_path
 from rangeshard.core import relay
 from rangeshard.core.errors import AnswerLost, LineTooLong, PeerError
 from rangeshard.core.http1 import MAX_LINE_BYTES, LineSplitter
@@ -111,16 +111,16 @@ class Endpoint:
         self.state = ServingState(
             name,
             shard,
-            {s.label: s.rule for s in section.shard},
+            {s.resource: s.rule for s in section.shard},
             section.drain_seconds,
-            paths={s.label: s.path for s in section.shard},
-            ranks={s.label: rank(s.rule, s.via) for s in section.shard},
+            paths={s.resource: s.path for s in section.shard},
+            ranks={s.resource: rank(s.rule, s.via) for s in section.shard},
             step_seconds=section.handover_step_seconds,
             settle_seconds=section.handover_settle_seconds,
         )
         #: The main resource's objects the controller was served: the instance's workload (rebalance).
-        self.main_label = section.main_resource.label
-        self.main = MainObjects(section.main_resource.rule)
+        self.main_label = section.main_resource.resource
+        self.main = MainObjects(section.main_resource.rule, section.main_resource.label)
         #: The manager's token for the proxy (``proxy.tokenFile``), replacing the controller's own.
         self.token_file = BearerTokenFile(token_file) if token_file is not None else None
         self.upstream = ClientPool(proxy_url, ssl_context=client_ssl(ca_cert))
@@ -195,7 +195,8 @@ class Endpoint:
             return
         with self.state.write() as token:
             if token is not None:
-                headers = relay.declare(headers, token, write_rule)
+                label = label_of_path(self.state.paths.get(info.resource.label, "")) if info.resource else None
+                headers = relay.declare(headers, token, write_rule, label)
             fenced = await self._relay(request, response, request.target, headers)
         if fenced == "StaleEpoch" and token is not None:
             # The proxy saw a registry change our views folded away (a range that changed and changed back):

@@ -47,8 +47,10 @@ def _identity(obj: Any) -> tuple[Key, Any] | None:
 class MainObjects:
     """Keys of the main resource's objects the controller was served (see module docstring)."""
 
-    def __init__(self, rule: ShardBy) -> None:
+    def __init__(self, rule: ShardBy, label: str | None = None) -> None:
         self.rule = rule
+        #: The label key of a ``by: label`` main resource.
+        self.label = label
         self._lock = threading.Lock()
         self._keys: dict[Key, int | None] = {}
 
@@ -65,7 +67,7 @@ class MainObjects:
         for item in items:
             ident = _identity(item)
             if ident is not None:
-                found[ident[0]] = self.rule.key(item, ident[0][0] or None)
+                found[ident[0]] = self.rule.key(item, ident[0][0] or None, self.label)
         with self._lock:
             if namespace is None:
                 self._keys = found
@@ -85,7 +87,7 @@ class MainObjects:
             if etype == "DELETED":
                 self._keys.pop(key, None)
             elif etype in ("ADDED", "MODIFIED"):
-                self._keys[key] = self.rule.key(obj, key[0] or None)
+                self._keys[key] = self.rule.key(obj, key[0] or None, self.label)
 
     def workload(self, rng: HashRange) -> tuple[int, dict[str, Any] | None]:
         """``(objects in rng, histogram)`` for the registry record (the in-process controllers' shape)."""

@@ -5,7 +5,10 @@ Purpose
     boundary through the handover protocol; ``plan``/``apply`` equalise owned
     objects (``--by workload``, from the instances' hash histograms) or key
     ranges (``--by range``); ``auto`` applies plans when the imbalance exceeds
-    a threshold, with hysteresis.
+    a threshold, with hysteresis. ``pin``/``unpin`` keep an instance's range
+    out of every plan and every joiner's split; ``isolate`` gives one
+    namespace (``by: namespace``) or label value (``by: label``) an instance
+    of its own and pins it.
 
 Invariants
     * Invalid input (unknown instance, colliding key, empty range, key outside
@@ -39,7 +42,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from hashing import MAX_HASH
+from hashing import MAX_HASH, ShardBy, hash_key
 from rangeshard.cli.common import EtcdOptions, fail, stop_on_signals, unknown_type, with_etcd_options
 from rangeshard.cli.tables import table_console
 from rangeshard.core.errors import ConfigError, RangeshardError
@@ -48,7 +51,7 @@ from registry import Registry, Snapshot
 from registry.apply import AutoPolicy, apply_plan, set_key_settled, wait_republished, wait_settled
 from registry.histogram import COST_UNITS_PER_SECOND
 from registry.models import check_name
-from registry.rebalance import Move, Plan, Strategy, loads_of, make_plan, max_over_mean, owned
+from registry.rebalance import Move, Plan, Strategy, isolate_plan, loads_of, make_plan, max_over_mean, owned
 
 app = typer.Typer(help="Show and fix the balance of hash ranges between instances.", no_args_is_help=True)
 
@@ -117,6 +120,7 @@ def show_data(snap: Snapshot) -> dict[str, Any]:
             "instanceId": m.instance_id,
             "state": m.record.state.value,
             "isLocked": m.record.is_locked,
+            "pinned": m.pinned,
             "hashKey": m.record.hash_key,
             "rangeStart": m.range.lo if m.range else None,
             "rangeEnd": m.range.hi if m.range else None,
@@ -165,7 +169,7 @@ def show_command(
     for i in data["instances"]:
         table.add_row(
             i["instanceId"],
-            i["state"],
+            i["state"] + (", pinned" if i["pinned"] else ""),
             "yes" if i["isLocked"] else "no",
             str(i["rangeStart"]),
             str(i["rangeEnd"]),
@@ -409,3 +413,140 @@ def auto_command(
             if once:
                 return
             stop.wait(wait)
+
+
+InstanceOpt = Annotated[str, typer.Option("--instance", "-i", help="Instance id.", show_default=False)]
+
+
+@app.command("pin")
+@with_etcd_options
+def pin_command(
+    controller_type: TypeOpt,
+    instance: InstanceOpt,
+    *,
+    etcd_options: EtcdOptions,
+) -> None:
+    """Pin an instance: no plan, apply or auto moves its range, and no joiner splits it.
+
+    The pin is a key of its own in etcd (<prefix>/pins/<type>/<instance>), not part of the
+    instance's record: it survives the instance's restart under the same id. `set-key` by
+    hand still moves it (widening a canary); `unpin` removes it.
+    """
+    try:
+        check_name("--instance", instance)
+        client, reg = _registry(etcd_options)
+        with client:
+            snap = known_snapshot(reg, controller_type)
+            created = reg.pin(controller_type, instance)
+            member = snap.get(instance)
+        rng = member.range if member is not None else None
+        where = f"range [{rng.lo}, {rng.hi}]" if rng is not None else "its range"
+        if created:
+            typer.echo(f"pinned {controller_type}/{instance}: {where} is kept by rebalances and joins")
+        else:
+            typer.echo(f"{controller_type}/{instance} was already pinned: {where}")
+    except RangeshardError as e:
+        fail(e)
+
+
+@app.command("unpin")
+@with_etcd_options
+def unpin_command(
+    controller_type: TypeOpt,
+    instance: InstanceOpt,
+    *,
+    etcd_options: EtcdOptions,
+) -> None:
+    """Remove an instance's pin: rebalances may move its range again and joiners may split it."""
+    try:
+        check_name("--type", controller_type)
+        check_name("--instance", instance)
+        client, reg = _registry(etcd_options)
+        with client:
+            removed = reg.unpin(controller_type, instance)
+        typer.echo(
+            f"unpinned {controller_type}/{instance}" if removed else f"{controller_type}/{instance} was not pinned"
+        )
+    except RangeshardError as e:
+        fail(e)
+
+
+@app.command("isolate")
+@with_etcd_options
+def isolate_command(
+    controller_type: TypeOpt,
+    instance: InstanceOpt,
+    namespace: Annotated[
+        str | None,
+        typer.Option(
+            "--namespace", "-n", help="The namespace to isolate (a type sharded by: namespace).", show_default=False
+        ),
+    ] = None,
+    label: Annotated[
+        str | None,
+        typer.Option("--label", help="The label value to isolate (a type sharded by: label).", show_default=False),
+    ] = None,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
+    timeout: TimeoutOpt = 60.0,
+    *,
+    etcd_options: EtcdOptions,
+) -> None:
+    """Give one namespace (or label value) an instance of its own: ID owns exactly its hash point, pinned.
+
+    For a type whose main resource is sharded `by: namespace` (--namespace) or `by: label`
+    (--label VALUE): the keys around the point move (one handover at a time) so that the
+    point is a range of its own, owned by --instance, which is then pinned. Refused (exit 2)
+    for other rules, and for the first or last instance (their ranges always reach 0 or the
+    end of the space).
+    """
+    console = table_console()
+    try:
+        check_name("--instance", instance)
+        if (namespace is None) == (label is None):
+            raise ConfigError("isolate: give exactly one of --namespace NS or --label VALUE")
+        client, reg = _registry(etcd_options)
+        with client:
+            snap = known_snapshot(reg, controller_type)
+            point = _isolated_point(snap, namespace, label)
+            plan = isolate_plan(snap, instance, point)
+            what = f"namespace {namespace}" if namespace is not None else f"label value {label}"
+            console.print(f"{controller_type}: {what} is key {point}; {instance} will own exactly [{point}, {point}]")
+            for m in plan.moves:
+                console.print(f"  {m.instance_id}: {m.old_key} -> {m.new_key}")
+            if plan.moves and not yes and sys.stdin.isatty() and not typer.confirm("apply these moves?"):
+                raise typer.Exit(1)
+            # Pinned first: no joiner splits it and no rebalance moves it while the keys move.
+            reg.pin(controller_type, instance)
+
+            def progress(done: int, total: int, move: Move) -> None:
+                console.print(f"[{done + 1}/{total}] {move.instance_id}: {move.old_key} -> {move.new_key} ...")
+
+            moved = apply_plan(reg, plan, timeout=timeout, progress=progress, respect_pins=False)
+            after = reg.snapshot(controller_type).get(instance)
+            rng = after.range if after is not None else None
+            if rng is None or (rng.lo, rng.hi) != (point, point):
+                raise RangeshardError(f"{instance} owns {rng} after {moved} move(s), not [{point}, {point}]")
+            console.print(f"isolated {what} on {controller_type}/{instance}: range [{point}, {point}], pinned")
+    except RangeshardError as e:
+        fail(e)
+
+
+def _isolated_point(snap: Snapshot, namespace: str | None, label: str | None) -> int:
+    """The key of ``namespace`` / the label value, after checking the type's main resource rule (exit 2)."""
+    named = [m for m in snap.members if m.record.main_resource is not None]
+    main = max(named, key=lambda m: m.mod_revision).record.main_resource if named else None
+    if main is None:
+        raise ConfigError(
+            f"isolate: the instances of {snap.controller_type} publish no main resource, so its shard rule is unknown"
+        )
+    want = ShardBy.NAMESPACE if namespace is not None else ShardBy.LABEL
+    if main.by is not want:
+        flag = "--namespace" if namespace is not None else "--label"
+        raise ConfigError(
+            f"isolate: {flag} needs a type whose main resource is sharded by: {want.value}; "
+            f"{snap.controller_type} shards {main.label} by: {main.by.value}"
+        )
+    value = namespace if namespace is not None else label
+    if not value:
+        raise ConfigError("isolate: the namespace or label value must not be empty")
+    return hash_key(value)

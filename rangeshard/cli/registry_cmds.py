@@ -1,7 +1,8 @@
 """``rangeshard registry``: inspect the instance registry in etcd.
 
 Purpose
-    ``list`` shows, per controller type, every instance with its state, lock,
+    ``list`` shows, per controller type, every instance with its state (``, pinned``
+    when ``rangeshard rebalance pin`` pinned it; ``pinned`` in JSON), lock,
     derived range, share of the hash space, workloadNum, lease TTL left and
     age (``--json`` for machines, ``--watch`` to redraw on every change);
     ``-o wide`` adds host, pid, lease and each instance's *progress* as the
@@ -169,7 +170,8 @@ def render(
             table.add_row(
                 r["instanceId"],
                 Text(
-                    f"PARKED ({r['parkedSecondsLeft']}s left)" if r["state"] == "parked" else r["state"],
+                    (f"PARKED ({r['parkedSecondsLeft']}s left)" if r["state"] == "parked" else r["state"])
+                    + (", pinned" if r.get("pinned") else ""),
                     style=STATE_STYLE.get(r["state"], ""),
                 ),
                 locked,
@@ -268,7 +270,7 @@ def _watch(
     views: queue.Queue[RegistryView] = queue.Queue()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    watch = MembershipWatch(config, views.put, controller_type=controller_type, prefix=prefix, name="cli")
+    watch = MembershipWatch(config, views.put, controller_type=controller_type, prefix=prefix, name="cli", pins=True)
     watch.start()
     console = table_console()
     try:

@@ -18,7 +18,9 @@ Purpose
     ``rangeshard-shard-by/<rule>`` (:func:`shard_by_agent`), because an API
     server's audit log records the User-Agent but no other header: the
     write-level audit check reads it there. See docs/reliability.md for how
-    the proxy checks both.
+    the proxy checks both. A write under ``label`` also names the label key,
+    in :data:`SHARD_LABEL_HEADER` and as the product token
+    ``rangeshard-shard-label/<key, percent-encoded>`` (a key may hold ``/``).
 
 Invariants
     * ``epoch`` names the registry revision at which the instance's current
@@ -35,9 +37,10 @@ Concurrency model
 from __future__ import annotations
 
 import re
+import urllib.parse
 from dataclasses import dataclass
 
-from hashing import ShardBy
+from hashing import ShardBy, check_label_key
 from rangeshard import __version__
 from rangeshard.core.kubeapi import status_object
 
@@ -48,6 +51,11 @@ SHARD_BY_HEADER = "X-Rangeshard-Shard-By"
 #: The User-Agent product token that repeats the declared rule for the audit log.
 SHARD_BY_PRODUCT = "rangeshard-shard-by"
 _SHARD_BY_RE = re.compile(r"(?:^|\s)rangeshard-shard-by/(?P<rule>[A-Za-z]+)(?:\s|$)")
+#: The header a ``by: label`` writer names its label key in.
+SHARD_LABEL_HEADER = "X-Rangeshard-Shard-Label"
+#: The User-Agent product token that repeats the label key for the audit log (percent-encoded).
+SHARD_LABEL_PRODUCT = "rangeshard-shard-label"
+_SHARD_LABEL_RE = re.compile(r"(?:^|\s)rangeshard-shard-label/(?P<key>[^\s()]+)(?:\s|$)")
 
 _TOKEN_RE = re.compile(
     r"rangeshard-controller-manager/(?P<version>[^ ()]+) "
@@ -92,9 +100,29 @@ def plain_user_agent() -> str:
     return f"{PRODUCT}/{__version__}"
 
 
-def shard_by_agent(rule: ShardBy) -> str:
-    """The User-Agent product token declaring ``rule`` (``rangeshard-shard-by/<rule>``)."""
-    return f"{SHARD_BY_PRODUCT}/{rule.value}"
+def shard_by_agent(rule: ShardBy, label: str | None = None) -> str:
+    """The User-Agent product token declaring ``rule`` (``rangeshard-shard-by/<rule>``).
+
+    ``label`` (``by: label``): followed by ``rangeshard-shard-label/<key>`` (percent-encoded).
+    """
+    agent = f"{SHARD_BY_PRODUCT}/{rule.value}"
+    if rule is ShardBy.LABEL and label:
+        agent += f" {SHARD_LABEL_PRODUCT}/{urllib.parse.quote(label, safe='')}"
+    return agent
+
+
+def declared_shard_label(header: str | None, user_agent: str | None = None) -> str | None:
+    """The label key a ``by: label`` write declares: its :data:`SHARD_LABEL_HEADER`, else its User-Agent's.
+
+    ``None`` when neither names one; ``ValueError`` for a value that is not a label key.
+    """
+    if header is not None and header.strip():
+        return check_label_key(header.strip())
+    if user_agent:
+        found = _SHARD_LABEL_RE.search(user_agent)
+        if found is not None:
+            return check_label_key(urllib.parse.unquote(found["key"]))
+    return None
 
 
 def declared_shard_by(header: str | None, user_agent: str | None = None) -> ShardBy | None:

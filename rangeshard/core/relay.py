@@ -37,7 +37,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from hashing import ShardBy
-from rangeshard.core.ownertoken import SHARD_BY_HEADER, OwnerToken, declared_shard_by, shard_by_agent
+from rangeshard.core.ownertoken import (
+    SHARD_BY_HEADER,
+    SHARD_LABEL_HEADER,
+    OwnerToken,
+    declared_shard_by,
+    declared_shard_label,
+    shard_by_agent,
+)
 from rangeshard.core.requestinfo import RequestInfo, is_write
 
 Headers = Iterable[tuple[str, str]]
@@ -58,6 +65,7 @@ HOP_BY_HOP = frozenset(
     }
 )
 _SHARD_BY = SHARD_BY_HEADER.lower()
+_SHARD_LABEL = SHARD_LABEL_HEADER.lower()
 
 
 def json_accept(value: str) -> str:
@@ -111,19 +119,24 @@ def write_rule(rules: Mapping[str, ShardBy], info: RequestInfo) -> ShardBy | Non
     return rules.get(info.resource.label)
 
 
-def declare(headers: Headers, token: OwnerToken, rule: ShardBy) -> list[tuple[str, str]]:
-    """``headers`` of a write by ``token`` under ``rule``: the token first in the User-Agent, the rule declared."""
+def declare(headers: Headers, token: OwnerToken, rule: ShardBy, label: str | None = None) -> list[tuple[str, str]]:
+    """``headers`` of a write by ``token`` under ``rule``: the token first in the User-Agent, the rule declared.
+
+    ``label``: the label key of a ``by: label`` rule (declared too).
+    """
     agent = ""
     out: list[tuple[str, str]] = []
     for key, value in headers:
         k = key.lower()
         if k == "user-agent":
             agent = agent or value
-        elif k != _SHARD_BY:
+        elif k not in (_SHARD_BY, _SHARD_LABEL):
             out.append((key, value))
     # The owner token, the client's own agent, then the rule again for the audit log (which records no header).
-    out.append(("User-Agent", " ".join(filter(None, (token.user_agent(), agent, shard_by_agent(rule))))))
+    out.append(("User-Agent", " ".join(filter(None, (token.user_agent(), agent, shard_by_agent(rule, label))))))
     out.append((SHARD_BY_HEADER, rule.value))
+    if rule is ShardBy.LABEL and label:
+        out.append((SHARD_LABEL_HEADER, label))
     return out
 
 
@@ -133,3 +146,11 @@ def declared_rule(headers: Mapping[str, str]) -> ShardBy | None:
     ``headers`` is keyed by lower case names.
     """
     return declared_shard_by(headers.get(_SHARD_BY), headers.get("user-agent"))
+
+
+def declared_label(headers: Mapping[str, str]) -> str | None:
+    """The label key a write declares (header, else User-Agent product token); ``ValueError`` for a bad one.
+
+    ``headers`` is keyed by lower case names.
+    """
+    return declared_shard_label(headers.get(_SHARD_LABEL), headers.get("user-agent"))

@@ -217,7 +217,7 @@ INVALID_CONTROLLERS = [
     ("controllers: {replicaset: {workers: true}}", "controllers.replicaset.workers: Input should be a valid integer"),
     (
         "controllers: {replicaset: {threads: 4}}",
-        "controllers.replicaset.threads: unknown field; expected one of: class, external, reconcileDelaySeconds, reconcileHoldFile, workers",
+        "controllers.replicaset.threads: unknown field; expected one of: class, external, reconcileDelaySeconds, reconcileHoldFile, shard, workers",
     ),
     ("controllers: {replicaset: 4}", "controllers.replicaset: expected a mapping"),
     (

@@ -252,3 +252,31 @@ def test_several_files_after_one_flag_and_rotated_logs_in_time_order(tmp_path: P
     reconcile = tmp_path / "reconcile.jsonl"
     reconcile.write_text("")
     assert main([str(reconcile), "--apiserver-audit", str(older), str(newer), str(current)]) == 1
+
+
+def test_by_label_writes_are_keyed_by_the_label_value() -> None:
+    """``rangeshard-shard-by/label rangeshard-shard-label/<key>``: one key per value; without the label, the uid."""
+    from hashing import ShardBy  # noqa: PLC0415
+    from rangeshard.core.ownertoken import shard_by_agent  # noqa: PLC0415
+
+    def labelled(token: OwnerToken, verb: str, name: str, tenant: str | None) -> dict[str, Any]:
+        obj = {"metadata": {"name": name, "uid": name, "labels": {"example.com/tenant": tenant} if tenant else {}}}
+        ev = _event(token, verb, "configmaps", name, name, responseObject=obj)
+        ev["userAgent"] = f"{token.user_agent()} {shard_by_agent(ShardBy.LABEL, 'example.com/tenant')}"
+        return ev
+
+    moved = [
+        labelled(A, "update", "c1", "acme"),
+        labelled(B, "update", "c2", "acme"),  # the value moved to B
+        labelled(A, "update", "c3", "acme"),  # A writes the value again: stale, though c3 is another object
+    ]
+    report = check(moved)
+    assert [s.shard_key for s in report.stale] == ["label/example.com/tenant=acme"]
+    apart = [
+        labelled(A, "update", "c1", "acme"),
+        labelled(B, "update", "c2", "globex"),
+        labelled(A, "update", "c3", "acme"),
+        labelled(B, "update", "c4", None),  # no label: keyed by its uid
+        labelled(A, "update", "c5", None),
+    ]
+    assert check(apart).stale == []

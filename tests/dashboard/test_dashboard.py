@@ -189,6 +189,16 @@ def test_api_ring_and_events(dashboard: Dashboard, etcd_client: EtcdClient, key_
     assert b["share"] == pytest.approx(0.5) and a["share"] == pytest.approx(0.5)
     assert b["isLocked"] is True and b["state"] == "locked" and b["giver"] == "rs-a"
     assert a["state"] == "init" and a["workloadNum"] == 7 and a["host"] == "test-host" and a["pid"] == 4242
+    assert b["pinned"] is False and a["pinned"] is False
+    # A pin (its own key, outside the record) shows in the ring as soon as it is written, and goes with unpin.
+    reg.pin("replicaset", "rs-b")
+
+    def pinned() -> dict[str, bool]:
+        return {i["instanceId"]: i["pinned"] for i in types()[0]["instances"]}  # type: ignore[index]
+
+    wait_until(lambda: pinned() == {"rs-b": True, "rs-a": False}, message="rs-b pinned in /api/ring")
+    reg.unpin("replicaset", "rs-b")
+    wait_until(lambda: pinned() == {"rs-b": False, "rs-a": False}, message="rs-b unpinned in /api/ring")
 
 
 def test_page_draws_the_ring_live(

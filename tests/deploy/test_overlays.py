@@ -28,6 +28,8 @@ KUSTOMIZATIONS = [
     "overlays/builtin-controllers",
     "overlays/external-sidecar",
     "overlays/dev",
+    "autoscaling",
+    "overlays/autoscaling",
 ]
 NAMESPACE_LABEL = "rangeshard.io/client-namespace"
 CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding"}

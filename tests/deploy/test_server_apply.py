@@ -90,7 +90,9 @@ def rendered(path: Path) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all(kustomize(path)) if d]
 
 
-@pytest.mark.parametrize("overlay", ["overlays/builtin-controllers", "overlays/external-sidecar", "overlays/dev"])
+@pytest.mark.parametrize(
+    "overlay", ["overlays/builtin-controllers", "overlays/external-sidecar", "overlays/dev", "overlays/autoscaling"]
+)
 def test_overlay_is_accepted(overlay: str, kubectl: Kubectl, server: LocalApiServerProcess) -> None:
     out = apply(kubectl, server.url, rendered(DEPLOY / overlay))
     assert "namespace/rangeshard" in out and "deployment.apps/rangeshard-proxy" in out

@@ -13,7 +13,8 @@ Modes (argv[1]), namespace or label in argv[2]:
     with a controller ownerReference to it and ``spec.replicas`` of the
     Deployment; the Deployment's ``status`` copies the ReplicaSet's
     ``status.replicas`` and its ``observedGeneration``; the annotation
-    ``rules.test/by`` of the ReplicaSet names the writer.
+    ``rules.test/by`` of the ReplicaSet names the writer, ``rules.test/version``
+    its version (``RULES_VERSION``, default ``v1``: a canary runs ``v2``).
 ``replicaset NS``
     ReplicaSet-like: for every ReplicaSet in NS, pods with a controller
     ownerReference to it (adopting orphan pods whose labels match its selector
@@ -51,6 +52,9 @@ core = client.CoreV1Api(api)
 mode, arg = sys.argv[1], sys.argv[2]
 me = os.environ.get("RANGESHARD_INSTANCE_ID", "?")
 BY = "rules.test/by"
+#: The "version" of this controller (``RULES_VERSION``, default v1): a canary runs another one.
+VERSION = "rules.test/version"
+version = os.environ.get("RULES_VERSION", "v1")
 
 
 def controller_uid(obj):
@@ -83,7 +87,7 @@ def deploy_pass(ns):
                 "metadata": {
                     "name": f"{d.metadata.name}-rs",
                     "labels": {"app": d.metadata.name},
-                    "annotations": {BY: me},
+                    "annotations": {BY: me, VERSION: version},
                     "ownerReferences": [owner_ref("Deployment", d)],
                 },
                 "spec": {
@@ -98,7 +102,7 @@ def deploy_pass(ns):
             apps.create_namespaced_replica_set(ns, body)
             continue
         if rs.spec.replicas != want:
-            patch = {"metadata": {"annotations": {BY: me}}, "spec": {"replicas": want}}
+            patch = {"metadata": {"annotations": {BY: me, VERSION: version}}, "spec": {"replicas": want}}
             apps.patch_namespaced_replica_set(rs.metadata.name, ns, patch)
         have = (rs.status.replicas or 0) if rs.status else 0
         status = d.status

@@ -26,7 +26,7 @@ from local_apiserver.process import LocalApiServerProcess
 from range_filter_proxy.process import ProxyProcess
 from rangeshard.core.etcd import EtcdClient
 from rangeshard.core.etcdserver import EtcdServer
-from rangeshard.core.ownertoken import FENCED_HEADER, SHARD_BY_HEADER, OwnerToken
+from rangeshard.core.ownertoken import FENCED_HEADER, SHARD_BY_HEADER, SHARD_LABEL_HEADER, OwnerToken
 from registry import Registry
 from tests.helpers import wait_until
 
@@ -193,9 +193,11 @@ def test_an_owned_object_written_by_uid_is_judged_by_its_own_uid(
         assert by_owner.status_code == 409 and by_owner.headers[FENCED_HEADER] == "OutOfRange", by_owner.text
         undeclared = put(token.user_agent())  # no rule: the owner's hash, as before rules were declared
         assert undeclared.status_code == 409 and undeclared.headers[FENCED_HEADER] == "OutOfRange"
-        bogus = put(token.user_agent(), **{SHARD_BY_HEADER: "label"})
+        bogus = put(token.user_agent(), **{SHARD_BY_HEADER: "name"})
         assert bogus.status_code == 400 and bogus.json()["kind"] == "Status", bogus.text
         assert SHARD_BY_HEADER in bogus.json()["message"] and "uid, owner, namespace" in bogus.json()["message"]
+        keyless = put(token.user_agent(), **{SHARD_BY_HEADER: "label"})  # by: label names its key
+        assert keyless.status_code == 400 and SHARD_LABEL_HEADER in keyless.json()["message"], keyless.text
         # A delete by uid: judged by the cached object's own uid.
         gone = http.delete(
             f"{rss}/{rs['metadata']['name']}", headers={"User-Agent": token.user_agent(), SHARD_BY_HEADER: "owner"}
@@ -353,3 +355,46 @@ def test_a_root_write_is_judged_by_the_top_of_the_owner_chain(
             f"{pods}/p-mine", json=patch, headers={**merge, "User-Agent": token.user_agent(), SHARD_BY_HEADER: "owner"}
         )
         assert by_owner.status_code == 409 and by_owner.headers[FENCED_HEADER] == "OutOfRange", by_owner.text
+
+
+def _values(in_a: bool, count: int) -> list[str]:
+    """Fixed label values whose hash lies in ``a``'s half (``in_a``) or in ``b``'s."""
+    return [v for v in (f"tenant-{i}" for i in range(200)) if _in_a(v) == in_a][:count]
+
+
+def test_by_label_the_fence_judges_the_label_value_from_body_and_cache(
+    stack: Stack, etcd_client: EtcdClient, key_prefix: str
+) -> None:
+    """``by: label``: a write is judged by its label's value (its uid without one); moving it out is refused."""
+    token = _token_of_upper_half(etcd_client, key_prefix)
+    (mine,), (theirs,) = _values(True, 1), _values(False, 1)
+    ns = f"l-{uuid.uuid4().hex[:6]}"
+    agent = f"{token.user_agent()} rangeshard-shard-by/label rangeshard-shard-label/example.com%2Ftenant"
+    with httpx.Client(base_url=stack.proxy, timeout=10) as http:
+        assert http.post("/api/v1/namespaces", json={"metadata": {"name": ns}}).status_code == 201
+        rss = f"/apis/apps/v1/namespaces/{ns}/replicasets"
+        body = _rs("mine", ("x", "x"))
+        body["metadata"] = {"name": "mine", "labels": {"example.com/tenant": mine}}
+        assert http.post(rss, json=body).status_code == 201  # created by a client without a token
+        other = {**body, "metadata": {"name": "theirs", "labels": {"example.com/tenant": theirs}}}
+        assert http.post(rss, json=other).status_code == 201
+        wait_until(lambda: len(http.get(rss, params={"resourceVersion": "0"}).json()["items"]) == 2, timeout=10)
+        merge = {"Content-Type": "application/merge-patch+json", "User-Agent": agent}
+
+        def patch(name: str, doc: dict[str, Any], **extra: str) -> httpx.Response:
+            return http.patch(f"{rss}/{name}", json=doc, headers={**merge, **extra})
+
+        note = {"metadata": {"annotations": {"n": "1"}}}
+        assert patch("mine", note).status_code == 200  # the value is in a's range (from the cache)
+        fenced = patch("theirs", note)
+        assert fenced.status_code == 409 and fenced.headers[FENCED_HEADER] == "OutOfRange", fenced.text
+        moved_out = patch("mine", {"metadata": {"labels": {"example.com/tenant": theirs}}})
+        assert moved_out.status_code == 409 and moved_out.headers[FENCED_HEADER] == "OutOfRange", moved_out.text
+        moved_in = patch("theirs", {"metadata": {"labels": {"example.com/tenant": mine}}})  # the cache says b's
+        assert moved_in.status_code == 409 and moved_in.headers[FENCED_HEADER] == "OutOfRange", moved_in.text
+        assert http.get(f"{rss}/mine").json()["metadata"]["labels"] == {"example.com/tenant": mine}
+        # The header spelling of the declaration works as the agent's does.
+        headers = {SHARD_BY_HEADER: "label", SHARD_LABEL_HEADER: "example.com/tenant", "User-Agent": token.user_agent()}
+        assert patch("mine", {"metadata": {"annotations": {"n": "2"}}}, **headers).status_code == 200
+        bad = patch("mine", note, **{SHARD_BY_HEADER: "label", SHARD_LABEL_HEADER: "not a key"})
+        assert bad.status_code == 400 and "is not a label key" in bad.json()["message"]

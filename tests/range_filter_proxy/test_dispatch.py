@@ -139,7 +139,9 @@ def test_an_update_shares_unchanged_labels_and_hashes() -> None:
     same = CachedObject.build(_pod(1, 6, phase="Pending"), POD, previous=store)
     assert same.labels is first.labels and same.hashes is first.hashes
     relabelled = CachedObject.build(_pod(1, 7, labels={"app": "z"}), POD, previous=store)
-    assert relabelled.labels == {"app": "z"} and relabelled.hashes is first.hashes
+    assert relabelled.labels == {"app": "z"}
+    # The labels are part of the hashes (``by: label``), shared with the object; the rest is unchanged.
+    assert relabelled.hashes.labels is relabelled.labels and relabelled.hashes.uid == first.hashes.uid
     other = CachedObject.build(_pod(2, 8), POD, previous=store)
     assert other.labels is not first.labels and other.hashes != first.hashes
 

@@ -425,11 +425,11 @@ def test_apply_plan_replans_a_move_that_lost_a_race(registry: Registry, leases: 
 
         racing = False
 
-        def set_key(self, controller_type: str, instance_id: str, new_key: int, *, dry_run: bool = False):  # type: ignore[no-untyped-def]
+        def set_key(self, controller_type: str, instance_id: str, new_key: int, *, dry_run: bool = False, **kw):  # type: ignore[no-untyped-def]
             self.attempts += 1
             self.racing = True
             try:
-                result = super().set_key(controller_type, instance_id, new_key, dry_run=dry_run)
+                result = super().set_key(controller_type, instance_id, new_key, dry_run=dry_run, **kw)
             finally:
                 self.racing = False
             receiver = result[1]

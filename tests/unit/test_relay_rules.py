@@ -80,7 +80,15 @@ def test_which_writes_carry_the_token_and_how() -> None:
     assert relay.declared_rule({"user-agent": agents[0]}) is ShardBy.UID, "the audit log's copy, in the agent"
     assert relay.declared_rule({"user-agent": "kopf/1.37"}) is None
     with pytest.raises(ValueError, match="uid"):
-        relay.declared_rule({"x-rangeshard-shard-by": "label"})
+        relay.declared_rule({"x-rangeshard-shard-by": "name"})
+    by_label = relay.declare(CLIENT, token, ShardBy.LABEL, "tekton.dev/pipelineRun")
+    label_agent = dict(by_label)["User-Agent"]
+    assert label_agent.endswith("rangeshard-shard-by/label rangeshard-shard-label/tekton.dev%2FpipelineRun")
+    assert dict(by_label)["X-Rangeshard-Shard-Label"] == "tekton.dev/pipelineRun"
+    assert relay.declared_label({"user-agent": label_agent}) == "tekton.dev/pipelineRun", "the audit log's copy"
+    assert relay.declared_label({k.lower(): v for k, v in by_label}) == "tekton.dev/pipelineRun"
+    with pytest.raises(ValueError, match="is not a label key"):
+        relay.declared_label({"x-rangeshard-shard-label": "a b"})
     no_agent = relay.declare([], token, ShardBy.OWNER)
     assert dict(no_agent)["User-Agent"] == f"{token.user_agent()} rangeshard-shard-by/owner"
 

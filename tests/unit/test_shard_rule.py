@@ -20,6 +20,8 @@ from hashing import (
     ObjectHashes,
     ShardBy,
     hash_key,
+    label_of_path,
+    label_path,
     parse_shard_selector,
     range_to_selector,
 )
@@ -37,21 +39,25 @@ def _obj(uid: str | None = None, namespace: str | None = None, owner: str | None
 
 
 def test_rules_paths_and_names() -> None:
-    assert {r.value: r.path for r in ShardBy} == {
+    fixed = [r for r in ShardBy if r is not ShardBy.LABEL]
+    assert {r.value: r.path for r in fixed} == {
         "uid": UID_PATH,
         "owner": OWNER_PATH,
         "namespace": NAMESPACE_PATH,
         "root": ROOT_PATH,
     }
-    assert {r.path for r in ShardBy} == set(PATHS)
+    assert {r.path for r in fixed} == set(PATHS)
     for rule in ShardBy:
-        assert ShardBy.of_path(rule.path) is rule
+        path = rule.path_for(label="tenant")
+        assert ShardBy.of_path(path) is rule
         assert ShardBy.parse(rule.value) is rule
         assert ShardBy.parse(f" {rule.value} ") is rule
-    with pytest.raises(ValueError, match=r"unknown shard rule 'label'; one of: uid, owner, namespace, root"):
-        ShardBy.parse("label")
+    with pytest.raises(ValueError, match=r"unknown shard rule 'name'; one of: uid, owner, namespace, root, label"):
+        ShardBy.parse("name")
     with pytest.raises(ValueError, match="unsupported path"):
         ShardBy.of_path("object.metadata.name")
+    with pytest.raises(ValueError, match="label_path"):
+        _ = ShardBy.LABEL.path
     assert [r for r in ShardBy if r.matches_absent] == [ShardBy.OWNER]
 
 
@@ -80,20 +86,51 @@ _UIDS = st.one_of(st.none(), st.text(min_size=1, max_size=12))
     owner=_UIDS,
     bounds=st.tuples(st.integers(0, MAX_HASH), st.integers(0, MAX_HASH)),
     rule=st.sampled_from(list(ShardBy)),
+    tenant=_UIDS,
 )
 def test_the_key_lies_in_a_range_exactly_when_the_selector_of_that_range_matches(
-    uid: str | None, namespace: str | None, owner: str | None, bounds: tuple[int, int], rule: ShardBy
+    uid: str | None,
+    namespace: str | None,
+    owner: str | None,
+    bounds: tuple[int, int],
+    rule: ShardBy,
+    tenant: str | None,
 ) -> None:
     """What the fence checks (the key in the range) is what the informers and the endpoint read (the selector)."""
     rng = HashRange(min(bounds), max(bounds))
     obj = _obj(uid, namespace, owner)
-    selector = parse_shard_selector(range_to_selector(rng, rule.path))
-    key = rule.key(obj)
+    if tenant is not None:
+        obj["metadata"]["labels"] = {"example.com/tenant": tenant, "other": "x"}
+    label = "example.com/tenant" if rule is ShardBy.LABEL else None
+    selector = parse_shard_selector(range_to_selector(rng, rule.path_for(label="example.com/tenant")))
+    key = rule.key(obj, label=label)
     matched = selector.matches(obj)
     assert matched == (rule.matches_absent if key is None else rng.contains(key))
     assert selector.predicate()(ObjectHashes.of(obj)) == matched
     term = selector.terms[0]
-    assert rule.in_range(ObjectHashes.of(obj), term.start, term.end) == matched
+    assert rule.in_range(ObjectHashes.of(obj), term.start, term.end, label) == matched
+
+
+def test_by_label_places_by_the_value_else_by_the_uid() -> None:
+    """``{by: label, label: KEY}``: FNV of the label's value; an object without the label by its own uid."""
+    labelled = {"metadata": {"uid": "u-1", "labels": {"tekton.dev/pipelineRun": "run-7"}}}
+    other = {"metadata": {"uid": "u-2", "labels": {"tekton.dev/pipelineRun": "run-7", "x": "y"}}}
+    bare = {"metadata": {"uid": "u-3"}}
+    key = "tekton.dev/pipelineRun"
+    assert ShardBy.LABEL.key(labelled, label=key) == hash_key("run-7") == ShardBy.LABEL.key(other, label=key)
+    assert ShardBy.LABEL.key(bare, label=key) == hash_key("u-3")
+    assert ShardBy.LABEL.key({"metadata": {"labels": {}}}, label=key) is None  # a create: no uid yet
+    path = label_path(key)
+    assert path == "object.metadata.labels(tekton.dev/pipelineRun)"
+    assert ShardBy.of_path(path) is ShardBy.LABEL and label_of_path(path) == key
+    sel = parse_shard_selector(range_to_selector(HashRange(hash_key("run-7"), hash_key("run-7")), path))
+    assert sel.matches(labelled) and sel.matches(other) and not sel.matches(bare)
+    assert str(sel) == range_to_selector(HashRange(hash_key("run-7"), hash_key("run-7")), path)
+    with pytest.raises(ValueError, match="needs a label key"):
+        ShardBy.LABEL.key(labelled)
+    for bad in ("", "-x", "a/b/c", "UPPER.example.com/x", "x" * 64):
+        with pytest.raises(ValueError, match="is not a label key"):
+            label_path(bad)
 
 
 def test_config_reads_rules_and_resource_names_as_the_proxy_does() -> None:
@@ -106,7 +143,7 @@ def test_config_reads_rules_and_resource_names_as_the_proxy_does() -> None:
             ]
         }
     )
-    assert [(s.label, s.rule) for s in section.shard] == [
+    assert [(s.resource, s.rule) for s in section.shard] == [
         ("deployments.apps", ShardBy.UID),
         ("pods", ShardBy.OWNER),
         ("gadgets.bars.example.org", ShardBy.NAMESPACE),
@@ -116,4 +153,16 @@ def test_config_reads_rules_and_resource_names_as_the_proxy_does() -> None:
             {"shard": [{"resource": "deployments.apps"}, {"resource": "deployments.v1.apps", "by": "owner"}]}
         )
     with pytest.raises(ValueError, match="uid"):
+        ExternalSection.model_validate({"shard": [{"resource": "pods", "by": "name"}]})
+    with pytest.raises(ValueError, match="label: required with by: label"):
         ExternalSection.model_validate({"shard": [{"resource": "pods", "by": "label"}]})
+    with pytest.raises(ValueError, match="label: only for by: label"):
+        ExternalSection.model_validate({"shard": [{"resource": "pods", "by": "uid", "label": "tenant"}]})
+    with pytest.raises(ValueError, match="is not a label key"):
+        ExternalSection.model_validate({"shard": [{"resource": "pods", "by": "label", "label": "a b"}]})
+    labelled = ExternalSection.model_validate(
+        {"shard": [{"resource": "taskruns.tekton.dev", "by": "label", "label": "tekton.dev/pipelineRun"}]}
+    )
+    assert labelled.shard[0].path == "object.metadata.labels(tekton.dev/pipelineRun)"
+    main = labelled.published_main()
+    assert main.by is ShardBy.LABEL and main.label_key == "tekton.dev/pipelineRun"
