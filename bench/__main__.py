@@ -525,12 +525,40 @@ def render_sidecar(sc: dict[str, Any], console: Console) -> None:
 
 
 def render_scale(sc: dict[str, Any], console: Console) -> None:
-    """The tables of the ``scale`` section."""
-    m = sc["managers"]
+    """The tables of the ``scale`` section (the parts that ran)."""
+    if "managers" in sc:
+        render_scale_managers(sc, sc["managers"], "no pods", console)
+    mp = sc.get("managersWithPods")
+    if mp:
+        render_scale_managers(sc, mp, "no pods", console)
+        render_scale_managers(sc, {**mp, "rows": mp["rowsWithPods"]}, f"{mp['podsPerReplicaSet']} pods each", console)
+        console.print(
+            _table(
+                f"Scale, managers: {mp['objects']} ReplicaSets with {mp['podsPerReplicaSet']} pods each over the same "
+                f"with none (one run; target CPU per reconcile <= {mp['cpuPerReconcileTarget']}x)",
+                ["managers", "reconcile CPU/reconcile", "process CPU/reconcile", "reconciles/s", "max RSS"],
+                [
+                    [
+                        c["managers"],
+                        c["reconcileCpuPerReconcile"],
+                        c["processCpuPerReconcile"],
+                        c["reconcilesPerSecond"],
+                        c["maxRss"],
+                    ]
+                    for c in mp["podsOverNoPods"]
+                ],
+            )
+        )
+    if "proxy" in sc:
+        render_scale_proxy(sc["proxy"], console)
+
+
+def render_scale_managers(sc: dict[str, Any], m: dict[str, Any], what: str, console: Console) -> None:
+    """One table of manager rows (``m["rows"]``)."""
     delay = m["reconcileDelaySeconds"]
     console.print(
         _table(
-            f"Scale, managers: {m['objects']} ReplicaSets (no pods), built-in controller, {m['workersPerManager']} "
+            f"Scale, managers: {m['objects']} ReplicaSets ({what}), built-in controller, {m['workersPerManager']} "
             f"workers, reconcile waits {delay}s; idle manager {m['idleRssMiB']} MiB "
             f"(bare loop {sc['bareLoop']['loopsPerSecond']}/s)",
             [
@@ -539,6 +567,7 @@ def render_scale(sc: dict[str, Any], console: Console) -> None:
                 "reconciles/s",
                 "speedup",
                 "target",
+                "CPU ms/reconcile",
                 "max RSS MiB",
                 "peak MiB",
                 "RSS-idle share",
@@ -553,6 +582,7 @@ def render_scale(sc: dict[str, Any], console: Console) -> None:
                     r["reconcilesPerSecond"],
                     r["speedup"],
                     r["throughputTarget"],
+                    r.get("processCpuMsPerReconcile"),
                     r["maxRssMiB"],
                     r["maxPeakRssMiB"],
                     r["memoryShare"],
@@ -564,7 +594,10 @@ def render_scale(sc: dict[str, Any], console: Console) -> None:
             ],
         )
     )
-    p = sc["proxy"]
+
+
+def render_scale_proxy(p: dict[str, Any], console: Console) -> None:
+    """The tables of the scale section's proxy part."""
     console.print(
         _table(
             f"Scale, proxy: {p['objects']} pods ({p['rawJsonBytes']} B JSON each) from the synthetic upstream",
@@ -664,6 +697,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scale-replicasets", type=int, help="scale section: ReplicaSets (default 20000; quick 40)")
     p.add_argument("--scale-pods", type=int, help="scale section: pods the proxy caches (default 1000000; quick 2000)")
     p.add_argument(
+        "--scale-pod-replicasets",
+        type=int,
+        help="scale section, managers with pods: ReplicaSets (default 5000; quick 20)",
+    )
+    p.add_argument(
+        "--scale-pods-per-replicaset",
+        type=int,
+        help="scale section, managers with pods: pods per ReplicaSet (default 4; quick 2)",
+    )
+    p.add_argument(
+        "--scale-parts",
+        default="managers,pods,proxy",
+        help="scale section: comma-separated subset of managers,pods,proxy (default: all)",
+    )
+    p.add_argument(
         "--chains-deployments", type=int, help="chains section: Deployments (x 3 pods; default 2000; quick 30)"
     )
     p.add_argument("-v", "--verbose", action="store_true", help="log progress (INFO)")
@@ -673,6 +721,10 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [s for s in sections if s not in SECTIONS]
     if unknown:
         p.error(f"unknown sections: {', '.join(unknown)}")
+    scale_parts = tuple(s.strip() for s in args.scale_parts.split(",") if s.strip())
+    unknown = [s for s in scale_parts if s not in ("managers", "pods", "proxy")]
+    if unknown or not scale_parts:
+        p.error(f"--scale-parts: unknown parts {', '.join(unknown)}; choose from managers,pods,proxy")
 
     from bench import (  # noqa: PLC0415 (after logging setup)
         balance,
@@ -723,7 +775,13 @@ def main(argv: list[str] | None = None) -> int:
     guarded(
         "scale",
         lambda: scale.run(
-            workdir / "scale", quick=quick, rs_objects=args.scale_replicasets, pod_objects=args.scale_pods
+            workdir / "scale",
+            quick=quick,
+            rs_objects=args.scale_replicasets,
+            pod_objects=args.scale_pods,
+            pod_replicasets=args.scale_pod_replicasets,
+            pods_per_rs=args.scale_pods_per_replicaset,
+            parts=scale_parts,
         ),
     )
     guarded(

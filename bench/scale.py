@@ -187,6 +187,78 @@ def create_replicasets(api: str, n: int, namespace: str = RS_NAMESPACE, concurre
     return time.monotonic() - t0
 
 
+def _pod_for(rs: dict[str, Any], j: int) -> dict[str, Any]:
+    """Pod ``j`` of ``rs``, as its controller would create it (the template's labels, a controller owner)."""
+    meta = rs["metadata"]
+    template = rs["spec"]["template"]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": f"{meta['name']}-{j}",
+            "labels": dict(template["metadata"]["labels"]),
+            "ownerReferences": [
+                {
+                    "apiVersion": "apps/v1",
+                    "kind": "ReplicaSet",
+                    "name": meta["name"],
+                    "uid": meta["uid"],
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        },
+        "spec": template["spec"],
+    }
+
+
+def add_pods(api: str, per_rs: int, namespace: str = RS_NAMESPACE, concurrency: int = 8) -> float:
+    """Give every ReplicaSet of ``namespace`` ``per_rs`` pods and the status that counts them; seconds taken.
+
+    ``spec.replicas`` becomes ``per_rs``, the pods are created with the ReplicaSet as controller owner (none
+    is ready: no kubelet), and the status says ``replicas``/``fullyLabeledReplicas`` = ``per_rs``: a
+    reconcile then finds everything right and writes nothing, as in the no-pod case, but reads its pods.
+    """
+    t0 = time.monotonic()
+
+    async def go() -> None:
+        async with httpx.AsyncClient(base_url=api, timeout=60) as client:
+            path = f"/apis/apps/v1/namespaces/{namespace}/replicasets"
+            listed = (await client.get(path)).json()["items"]
+            sem = asyncio.Semaphore(concurrency)
+
+            async def one(rs: dict[str, Any]) -> None:
+                async with sem:
+                    name = rs["metadata"]["name"]
+                    r = await client.patch(
+                        f"{path}/{name}",
+                        json={"spec": {"replicas": per_rs}},
+                        headers={"Content-Type": "application/merge-patch+json"},
+                    )
+                    if r.status_code != 200:
+                        raise RuntimeError(f"scale replicaset: HTTP {r.status_code}: {r.text[:200]}")
+                    rs = r.json()
+                    for j in range(per_rs):
+                        r = await client.post(f"/api/v1/namespaces/{namespace}/pods", json=_pod_for(rs, j))
+                        if r.status_code != 201:
+                            raise RuntimeError(f"create pod: HTTP {r.status_code}: {r.text[:200]}")
+                    rs["status"] = {
+                        "replicas": per_rs,
+                        "fullyLabeledReplicas": per_rs,
+                        "readyReplicas": 0,
+                        "availableReplicas": 0,
+                        "observedGeneration": rs["metadata"].get("generation", 1),
+                    }
+                    r = await client.put(f"{path}/{name}/status", json=rs)
+                    if r.status_code != 200:
+                        raise RuntimeError(f"write replicaset status: HTTP {r.status_code}: {r.text[:200]}")
+
+            await asyncio.gather(*(one(rs) for rs in listed))
+
+    asyncio.run(go())
+    return time.monotonic() - t0
+
+
 class _Managers:
     """N manager processes of the built-in replicaset controller on one registry prefix."""
 
@@ -233,13 +305,16 @@ class _Managers:
         self.procs[i] = self._process(i).start()
         self.wait_active(len(self.procs), timeout)
 
-    def wait_cached(self, objects: int, timeout: float) -> None:
-        """Until the managers' ReplicaSet caches hold ``objects`` in all (each its range, after a relist)."""
+    def wait_cached(self, objects: int, timeout: float, pods: int = 0) -> None:
+        """Until the managers' caches hold ``objects`` ReplicaSets and ``pods`` pods in all (each its range)."""
 
         def cached() -> tuple[bool, str]:
             name = "rangeshard_informer_cache_objects"
-            total = sum(int(metric_value(t, name, informer="replicasets")) for t in self.scrape_all())
-            return total == objects, f"{total} of {objects} ReplicaSets cached"
+            texts = self.scrape_all()
+            total = sum(int(metric_value(t, name, informer="replicasets")) for t in texts)
+            in_pods = sum(int(metric_value(t, name, informer="pods")) for t in texts)
+            ok = total == objects and in_pods == pods
+            return ok, f"{total} of {objects} ReplicaSets, {in_pods} of {pods} pods cached"
 
         wait_managers(cached, self.procs, timeout, "the managers' caches to hold every ReplicaSet")
 
@@ -283,6 +358,7 @@ def _one_count(
     window: float,
     timeout: float,
     objects: int = 0,
+    pods: int = 0,
 ) -> dict[str, Any]:
     ms = _Managers(cluster, workdir, workers=workers, delay=delay)
     try:
@@ -292,15 +368,22 @@ def _one_count(
         synced = time.monotonic() - t0
         # Reconciles/s while every manager still works through the resync of its range.
         before = ms.scrape_all()
+        cpu_before = [proc_cpu_seconds(p.pid) for p in ms.procs]
         t1 = time.monotonic()
         time.sleep(window)  # the measurement window itself, not synchronisation
         after = ms.scrape_all()
+        cpu_after = [proc_cpu_seconds(p.pid) for p in ms.procs]
         elapsed = time.monotonic() - t1
-        done = [
-            metric_value(a, "rangeshard_reconciles_total", controller=CONTROLLER)
-            - metric_value(b, "rangeshard_reconciles_total", controller=CONTROLLER)
-            for a, b in zip(after, before, strict=True)
-        ]
+
+        def delta(name: str) -> list[float]:
+            return [
+                metric_value(a, name, controller=CONTROLLER) - metric_value(b, name, controller=CONTROLLER)
+                for a, b in zip(after, before, strict=True)
+            ]
+
+        done = delta("rangeshard_reconciles_total")
+        reconcile_cpu = delta("rangeshard_reconcile_cpu_seconds_total")
+        process_cpu = [a - b for a, b in zip(cpu_after, cpu_before, strict=True)]
         depth = [metric_value(a, "rangeshard_workqueue_depth", controller=CONTROLLER) for a in after]
         rows = _manager_row(ms, after)
         restarted: list[int] | None = None
@@ -309,7 +392,7 @@ def _one_count(
             # its own range, never having held a wider one while the others joined.
             for i in range(n):
                 ms.restart_one(i, timeout)
-            ms.wait_cached(objects, timeout)
+            ms.wait_cached(objects, timeout, pods)
             restarted = [proc_memory(p.pid or 0)["rssKiB"] for p in ms.procs]
     finally:
         ms.close()
@@ -318,6 +401,11 @@ def _one_count(
         "managers": n,
         "startToSyncedSeconds": round(synced, 2),
         "reconcilesPerSecond": round(sum(done) / elapsed, 1),
+        # CPU per reconcile: the reconciling threads' own (thread_time inside reconcile) and the whole
+        # processes' (informers, HTTP, metrics too) over the window, per reconcile done in it.
+        "reconcileCpuMsPerReconcile": round(sum(reconcile_cpu) / sum(done) * 1000, 3) if sum(done) else None,
+        "processCpuMsPerReconcile": round(sum(process_cpu) / sum(done) * 1000, 3) if sum(done) else None,
+        "processCpuSeconds": round(sum(process_cpu), 2),
         "saturated": all(d > 0 for d in depth),
         "queueDepthAtEnd": [int(d) for d in depth],
         "maxRssMiB": round(max(rss) / 1024, 1),
@@ -331,41 +419,8 @@ def _one_count(
     }
 
 
-def run_managers(
-    workdir: Path,
-    *,
-    objects: int,
-    counts: list[int],
-    workers: int = 4,
-    delay: float = 0.02,
-    window: float = 5.0,
-) -> dict[str, Any]:
-    """The managers part (see module docstring); its own cluster, stopped at the end."""
-    cluster = BenchCluster(workdir / "cluster", proxy_resources=("pods", "replicasets.apps"))
-    cluster.start()
-    try:
-        if cluster.apiserver is None:
-            raise RuntimeError("the benchmark cluster is not started")
-        # The idle manager: the same controller with nothing to cache yet.
-        idle = _one_count(cluster, workdir / "idle", 1, workers=workers, delay=delay, window=0.5, timeout=90)
-        created = create_replicasets(cluster.apiserver.url, objects)
-        timeout = 120 + objects / 200
-        rows = [
-            _one_count(
-                cluster,
-                workdir / f"n{n}",
-                n,
-                workers=workers,
-                delay=delay,
-                window=window,
-                timeout=timeout,
-                objects=objects,
-            )
-            for n in counts
-        ]
-    finally:
-        cluster.stop()
-    idle_mib = idle["maxRssMiB"]
+def _rates(rows: list[dict[str, Any]], idle_mib: float) -> None:
+    """Speedup, memory share and their targets of each row, against the first row (N = 1)."""
     base = rows[0]
     base_rate = base["reconcilesPerSecond"]
     base_mem = base["maxRssMiB"] - idle_mib
@@ -379,7 +434,61 @@ def run_managers(
         after = r.get("afterRollingRestartRssMiB")
         if after and base_mem > 0:
             r["afterRollingRestartMemoryShare"] = round((max(after) - idle_mib) / base_mem, 3)
-    return {
+
+
+def run_managers(
+    workdir: Path,
+    *,
+    objects: int,
+    counts: list[int],
+    workers: int = 4,
+    delay: float = 0.02,
+    window: float = 5.0,
+    pods_per_rs: int = 0,
+) -> dict[str, Any]:
+    """The managers part (see module docstring); its own cluster, stopped at the end.
+
+    With ``pods_per_rs`` > 0 the same ReplicaSets are measured twice in one run: first with no pods
+    (``rows``), then each with ``pods_per_rs`` pods it controls (``rowsWithPods``); ``podsOverNoPods``
+    compares the two per N (CPU per reconcile, reconciles/s, RSS).
+    """
+    cluster = BenchCluster(workdir / "cluster", proxy_resources=("pods", "replicasets.apps"))
+    cluster.start()
+    try:
+        if cluster.apiserver is None:
+            raise RuntimeError("the benchmark cluster is not started")
+        # The idle manager: the same controller with nothing to cache yet.
+        idle = _one_count(cluster, workdir / "idle", 1, workers=workers, delay=delay, window=0.5, timeout=90)
+        created = create_replicasets(cluster.apiserver.url, objects)
+        timeout = 120 + objects / 200
+
+        def measure(tag: str, pods: int) -> list[dict[str, Any]]:
+            return [
+                _one_count(
+                    cluster,
+                    workdir / f"{tag}n{n}",
+                    n,
+                    workers=workers,
+                    delay=delay,
+                    window=window,
+                    timeout=timeout + pods / 200,
+                    objects=objects,
+                    pods=pods,
+                )
+                for n in counts
+            ]
+
+        rows = measure("", 0)
+        pod_rows: list[dict[str, Any]] = []
+        pods_created = 0.0
+        if pods_per_rs > 0:
+            pods_created = add_pods(cluster.apiserver.url, pods_per_rs)
+            pod_rows = measure("pods-", objects * pods_per_rs)
+    finally:
+        cluster.stop()
+    idle_mib = idle["maxRssMiB"]
+    _rates(rows, idle_mib)
+    out: dict[str, Any] = {
         "objects": objects,
         "workersPerManager": workers,
         "reconcileDelaySeconds": delay,
@@ -389,6 +498,33 @@ def run_managers(
         "idleRssMiB": idle_mib,
         "idlePeakRssMiB": idle["maxPeakRssMiB"],
         "rows": rows,
+    }
+    if pod_rows:
+        _rates(pod_rows, idle_mib)
+        out |= {
+            "podsPerReplicaSet": pods_per_rs,
+            "pods": objects * pods_per_rs,
+            "addPodsSeconds": round(pods_created, 1),
+            "rowsWithPods": pod_rows,
+            "podsOverNoPods": [_compare(a, b) for a, b in zip(rows, pod_rows, strict=True)],
+            "cpuPerReconcileTarget": 1.5,
+        }
+    return out
+
+
+def _compare(none: dict[str, Any], pods: dict[str, Any]) -> dict[str, Any]:
+    """One N with pods against the same N without (ratios; target: CPU per reconcile <= 1.5x)."""
+
+    def ratio(key: str) -> float | None:
+        a, b = none.get(key), pods.get(key)
+        return round(b / a, 2) if a and b is not None else None
+
+    return {
+        "managers": none["managers"],
+        "reconcileCpuPerReconcile": ratio("reconcileCpuMsPerReconcile"),
+        "processCpuPerReconcile": ratio("processCpuMsPerReconcile"),
+        "reconcilesPerSecond": ratio("reconcilesPerSecond"),
+        "maxRss": ratio("maxRssMiB"),
     }
 
 
@@ -565,18 +701,47 @@ def run_proxy(
     }
 
 
-def run(workdir: Path, *, quick: bool, rs_objects: int | None = None, pod_objects: int | None = None) -> dict[str, Any]:
-    """Both parts: quick sizes check behaviour only; the full sizes are issue 27's (20,000 / 1,000,000)."""
+#: The parts of the section, in the order they run (``--scale-parts``).
+PARTS = ("managers", "pods", "proxy")
+
+
+def run(
+    workdir: Path,
+    *,
+    quick: bool,
+    rs_objects: int | None = None,
+    pod_objects: int | None = None,
+    pod_replicasets: int | None = None,
+    pods_per_rs: int | None = None,
+    parts: tuple[str, ...] = PARTS,
+) -> dict[str, Any]:
+    """The parts asked for: quick sizes check behaviour only; the full sizes are issue 27's (20,000 ReplicaSets,
+    1,000,000 pods) and issue 49's (5,000 ReplicaSets x 4 pods, over N = 1, 2, 4, 8)."""
     result: dict[str, Any] = {"bareLoop": bare_loop()}
-    if quick:
+    counts = [1, 2] if quick else [1, 2, 4, 8]
+    if "managers" in parts:
         result["managers"] = run_managers(
-            workdir / "managers", objects=rs_objects or 40, counts=[1, 2], window=1.0, delay=0.02
+            workdir / "managers",
+            objects=rs_objects or (40 if quick else 20_000),
+            counts=counts,
+            window=1.0 if quick else 5.0,
+            delay=0.02,
         )
-        result["proxy"] = run_proxy(
-            workdir / "proxy", objects=pod_objects or 2000, small=4, large=32, events=400, rate=1000, list_sample=64
+    if "pods" in parts:
+        result["managersWithPods"] = run_managers(
+            workdir / "managers-pods",
+            objects=pod_replicasets or (20 if quick else 5_000),
+            counts=counts,
+            window=1.0 if quick else 5.0,
+            delay=0.02,
+            pods_per_rs=pods_per_rs or (2 if quick else 4),
         )
-    else:
-        result["managers"] = run_managers(workdir / "managers", objects=rs_objects or 20_000, counts=[1, 2, 4, 8])
-        result["proxy"] = run_proxy(workdir / "proxy", objects=pod_objects or 1_000_000)
+    if "proxy" in parts:
+        if quick:
+            result["proxy"] = run_proxy(
+                workdir / "proxy", objects=pod_objects or 2000, small=4, large=32, events=400, rate=1000, list_sample=64
+            )
+        else:
+            result["proxy"] = run_proxy(workdir / "proxy", objects=pod_objects or 1_000_000)
     result["bareLoopAtEnd"] = bare_loop()
     return result

@@ -235,3 +235,22 @@ def test_scale_managers_partition_their_caches_and_the_proxy_its_watchers(result
         assert w["delivered"] == w["events"], w  # each event reached exactly one range watcher
         assert w["cutOff"] == 0, w
     assert [w["watchers"] for w in p["watchers"]] == [4, 32]
+
+
+@pytest.mark.slow
+def test_scale_managers_with_pods_cache_every_pod_once_beside_the_no_pod_rows(result: dict[str, Any]) -> None:
+    mp = result["scale"]["managersWithPods"]
+    assert mp["pods"] == mp["objects"] * mp["podsPerReplicaSet"] > 0
+    assert [r["managers"] for r in mp["rows"]] == [r["managers"] for r in mp["rowsWithPods"]] == [1, 2]
+    for r in mp["rows"]:
+        assert r["cachedReplicaSets"] == mp["objects"] and r["cachedPods"] == 0, r
+    for r in mp["rowsWithPods"]:
+        # Each pod is in exactly one manager's cache: with its owner (placed by the owner's uid).
+        assert r["cachedReplicaSets"] == mp["objects"] and r["cachedPods"] == mp["pods"], r
+        assert r["reconcilesTotal"] > 0 and r["processCpuMsPerReconcile"] is not None, r
+    # Same N, same ReplicaSets, one run: the ratios exist for every N (their values are the published run's).
+    assert [c["managers"] for c in mp["podsOverNoPods"]] == [1, 2]
+    assert all(c["processCpuPerReconcile"] is not None for c in mp["podsOverNoPods"])
+    assert mp["cpuPerReconcileTarget"] == 1.5
+    two = mp["rowsWithPods"][1]
+    assert len(two["afterRollingRestartRssMiB"]) == 2 and min(two["afterRollingRestartRssMiB"]) > 0, two
