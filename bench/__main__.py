@@ -526,6 +526,25 @@ def render_sidecar(sc: dict[str, Any], console: Console) -> None:
 
 def render_scale(sc: dict[str, Any], console: Console) -> None:
     """The tables of the ``scale`` section (the parts that ran)."""
+    rp = sc.get("reconcileProfile")
+    if rp:
+        console.print(
+            _table(
+                f"Scale, one ReplicaSet reconcile in process: {rp['replicaSets']} ReplicaSets, "
+                f"{rp['podsPerReplicaSet']} pods each or none (CPU us per reconcile)",
+                ["code", "no pods", "with pods", "ratio", "most own time with pods"],
+                [
+                    [
+                        r["code"],
+                        r["noPods"]["cpuUsPerReconcile"],
+                        r["withPods"]["cpuUsPerReconcile"],
+                        r["withPodsOverNoPods"],
+                        ", ".join(f"{t['function']} {t['ownShare']:.0%}" for t in r["withPods"]["top"][:3]),
+                    ]
+                    for r in rp["rows"]
+                ],
+            )
+        )
     if "managers" in sc:
         render_scale_managers(sc, sc["managers"], "no pods", console)
     mp = sc.get("managersWithPods")
@@ -708,8 +727,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument(
         "--scale-parts",
-        default="managers,pods,proxy",
-        help="scale section: comma-separated subset of managers,pods,proxy (default: all)",
+        default="profile,managers,pods,proxy",
+        help="scale section: comma-separated subset of profile,managers,pods,proxy (default: all)",
     )
     p.add_argument(
         "--chains-deployments", type=int, help="chains section: Deployments (x 3 pods; default 2000; quick 30)"
@@ -722,9 +741,9 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         p.error(f"unknown sections: {', '.join(unknown)}")
     scale_parts = tuple(s.strip() for s in args.scale_parts.split(",") if s.strip())
-    unknown = [s for s in scale_parts if s not in ("managers", "pods", "proxy")]
+    unknown = [s for s in scale_parts if s not in ("profile", "managers", "pods", "proxy")]
     if unknown or not scale_parts:
-        p.error(f"--scale-parts: unknown parts {', '.join(unknown)}; choose from managers,pods,proxy")
+        p.error(f"--scale-parts: unknown parts {', '.join(unknown)}; choose from profile,managers,pods,proxy")
 
     from bench import (  # noqa: PLC0415 (after logging setup)
         balance,

@@ -68,6 +68,7 @@ import httpx
 import orjson
 import yaml
 
+from bench import reconcile_profile
 from bench.common import (
     BenchCluster,
     metric_value,
@@ -702,7 +703,7 @@ def run_proxy(
 
 
 #: The parts of the section, in the order they run (``--scale-parts``).
-PARTS = ("managers", "pods", "proxy")
+PARTS = ("profile", "managers", "pods", "proxy")
 
 
 def run(
@@ -719,6 +720,12 @@ def run(
     1,000,000 pods) and issue 49's (5,000 ReplicaSets x 4 pods, over N = 1, 2, 4, 8)."""
     result: dict[str, Any] = {"bareLoop": bare_loop()}
     counts = [1, 2] if quick else [1, 2, 4, 8]
+    if "profile" in parts:
+        result["reconcileProfile"] = reconcile_profile.run(
+            replicasets=pod_replicasets or (200 if quick else 5_000),
+            pods_per_rs=pods_per_rs or (2 if quick else 4),
+            sample=50 if quick else 500,
+        )
     if "managers" in parts:
         result["managers"] = run_managers(
             workdir / "managers",

@@ -78,6 +78,14 @@ HistoryEventsOpt = Annotated[
 HistorySecondsOpt = Annotated[
     float, typer.Option("--history-seconds", help="Seconds of events kept per resource (at least)")
 ]
+HistoryMaxBytesOpt = Annotated[
+    int,
+    typer.Option(
+        "--history-max-bytes",
+        help="Most bytes of events kept per resource (JSON plus 256 per event), whatever --history-events and "
+        "--history-seconds ask for",
+    ),
+]
 ConsistentReadTimeoutOpt = Annotated[
     float,
     typer.Option(
@@ -138,6 +146,7 @@ def proxy_command(
     bookmark_interval: BookmarkIntervalOpt = 10.0,
     history_events: HistoryEventsOpt = 10_000,
     history_seconds: HistorySecondsOpt = 300.0,
+    history_max_bytes: HistoryMaxBytesOpt = 64 * 1024 * 1024,
     consistent_read_timeout: ConsistentReadTimeoutOpt = 0.5,
     log_level: LogLevelOpt = "info",
     upstream_ca: UpstreamCaOpt = None,
@@ -215,6 +224,7 @@ def proxy_settings(
     etcd_key: str | None,
     etcd_user: str | None,
     etcd_password: str | None,
+    history_max_bytes: int = 64 * 1024 * 1024,
     **_other: Any,
 ) -> ProxySettings:
     """The settings root of the command's options (``ConfigError`` naming the flag for a bad value)."""
@@ -229,6 +239,8 @@ def proxy_settings(
             "--bookmark-interval must be > 0, --history-events >= 1, "
             "--history-seconds and --consistent-read-timeout >= 0"
         )
+    if history_max_bytes < 1:
+        raise ConfigError(f"--history-max-bytes must be > 0, got {history_max_bytes}")
     if gc_freeze_interval < 0 or (gc_freeze_interval > 0 and gc_full_interval < gc_freeze_interval):
         raise ConfigError("--gc-freeze-interval must be >= 0 and --gc-full-interval >= --gc-freeze-interval")
     return ProxySettings(
@@ -238,6 +250,7 @@ def proxy_settings(
             history_events=history_events,
             history_seconds=history_seconds,
             history_hard_cap=max(10 * history_events, 100_000),
+            history_max_bytes=history_max_bytes,
             consistent_read_timeout=consistent_read_timeout,
         ),
         auth=auth,

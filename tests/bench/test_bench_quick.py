@@ -254,3 +254,18 @@ def test_scale_managers_with_pods_cache_every_pod_once_beside_the_no_pod_rows(re
     assert mp["cpuPerReconcileTarget"] == 1.5
     two = mp["rowsWithPods"][1]
     assert len(two["afterRollingRestartRssMiB"]) == 2 and min(two["afterRollingRestartRssMiB"]) > 0, two
+
+
+@pytest.mark.slow
+def test_scale_reconcile_profile_before_and_after(result: dict[str, Any]) -> None:
+    rp = result["scale"]["reconcileProfile"]
+    assert [r["code"] for r in rp["rows"]] == ["before", "after"]
+    for r in rp["rows"]:
+        assert r["noPods"]["pods"] == 0 and r["withPods"]["pods"] == rp["replicaSets"] * rp["podsPerReplicaSet"]
+        assert r["noPods"]["cpuUsPerReconcile"] > 0 and r["withPods"]["cpuUsPerReconcile"] > 0
+        assert r["withPods"]["top"], r
+    # Structure, not speed: the scan read every pod per reconcile; the indexes read none of the others.
+    before, after = rp["rows"]
+    calls = {t["function"]: t["callsPerReconcile"] for t in before["withPods"]["top"]}
+    assert any(c >= rp["replicaSets"] * rp["podsPerReplicaSet"] for c in calls.values()), calls
+    assert all(t["callsPerReconcile"] < 100 for t in after["withPods"]["top"]), after["withPods"]["top"]
