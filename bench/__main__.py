@@ -570,6 +570,23 @@ def render_scale(sc: dict[str, Any], console: Console) -> None:
         )
     if "proxy" in sc:
         render_scale_proxy(sc["proxy"], console)
+    pr = sc.get("proxyReal")
+    if pr:
+        console.print(
+            _table(
+                f"Scale, proxy on real-shaped pods: {pr['objects']} pods of {pr['rawJsonBytes']} B "
+                f"({pr['rawJsonMiB']} MiB JSON), {pr['churnPerSecond']} status updates/s for {pr['churnSeconds']} s; "
+                f"idle proxy {pr['idleRssMiB']} MiB",
+                ["history bound", "objects RSS MiB", "x raw", "history events", "history MiB", "window s",
+                 "history RSS MiB", "RSS/byte", "RSS-idle MiB", "target MiB", "met"],
+                [
+                    [r["historyMaxBytes"] or "none", r["objectsRssMiB"], r["objectsRssOverRawJson"],
+                     r["historyEvents"], r["historyMiB"], r["historyWindowSeconds"], r["historyRssMiB"],
+                     r["historyRssOverBytes"], r["rssOverIdleMiB"], r["targetMiB"], r["targetMet"]]
+                    for r in pr["rows"]
+                ],
+            )
+        )  # fmt: skip
 
 
 def render_scale_managers(sc: dict[str, Any], m: dict[str, Any], what: str, console: Console) -> None:
@@ -727,8 +744,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument(
         "--scale-parts",
-        default="profile,managers,pods,proxy",
-        help="scale section: comma-separated subset of profile,managers,pods,proxy (default: all)",
+        default="",
+        help="scale section: comma-separated subset of profile,managers,pods,proxy,proxyReal "
+        "(default: all; with --quick all but proxyReal)",
     )
     p.add_argument(
         "--chains-deployments", type=int, help="chains section: Deployments (x 3 pods; default 2000; quick 30)"
@@ -741,9 +759,12 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         p.error(f"unknown sections: {', '.join(unknown)}")
     scale_parts = tuple(s.strip() for s in args.scale_parts.split(",") if s.strip())
-    unknown = [s for s in scale_parts if s not in ("profile", "managers", "pods", "proxy")]
-    if unknown or not scale_parts:
-        p.error(f"--scale-parts: unknown parts {', '.join(unknown)}; choose from profile,managers,pods,proxy")
+    scale_choices = ("profile", "managers", "pods", "proxy", "proxyReal")
+    if not scale_parts:
+        scale_parts = tuple(c for c in scale_choices if not (args.quick and c == "proxyReal"))
+    unknown = [s for s in scale_parts if s not in scale_choices]
+    if unknown:
+        p.error(f"--scale-parts: unknown parts {', '.join(unknown)}; choose from {','.join(scale_choices)}")
 
     from bench import (  # noqa: PLC0415 (after logging setup)
         balance,

@@ -74,6 +74,7 @@ from bench.common import (
     metric_value,
     percentile,
     proc_cpu_seconds,
+    real_pod,
     scrape,
     settled,
     stored_pod,
@@ -532,22 +533,27 @@ def _compare(none: dict[str, Any], pods: dict[str, Any]) -> dict[str, Any]:
 # ---- proxy --------------------------------------------------------------------------------------
 
 
-def raw_json_bytes(samples: int = 200) -> float:
+def raw_json_bytes(samples: int = 200, shape: str = "synthetic") -> float:
     """Mean JSON size of the pods :mod:`bench.upstream_server` serves (the same generator)."""
+    make = real_pod if shape == "real" else stored_pod
     total = 0
     for i in range(samples):
-        pod = stored_pod(f"pod-{i}", FEED_NAMESPACE, 1000)
+        pod = make(f"pod-{i}", FEED_NAMESPACE, 1000)
         pod["metadata"]["annotations"][SENT_ANNOTATION] = "0"
         total += len(orjson.dumps(pod))
     return total / samples
 
 
-def _proxy_over(objects: int, workdir: Path, name: str) -> tuple[subprocess.Popen[bytes], ProxyProcess, str, float]:
+def _proxy_over(
+    objects: int, workdir: Path, name: str, *, shape: str = "synthetic", extra: tuple[str, ...] = ()
+) -> tuple[subprocess.Popen[bytes], ProxyProcess, str, float]:
     """The synthetic upstream with ``objects`` pods and a `rangeshard proxy` synced from it; seconds to sync."""
-    upstream, port = _spawn_printing_port(["bench.upstream_server", "--objects", str(objects), "--max-seconds", "3600"])
+    upstream, port = _spawn_printing_port(
+        ["bench.upstream_server", "--objects", str(objects), "--max-seconds", "3600", "--shape", shape]
+    )
     url = f"http://127.0.0.1:{port}"
     proxy = ProxyProcess(
-        url, resources=["pods"], log_file=workdir / f"{name}.log", extra_args=["--log-level", "warning"]
+        url, resources=["pods"], log_file=workdir / f"{name}.log", extra_args=["--log-level", "warning", *extra]
     )
     t0 = time.monotonic()
     try:
@@ -702,8 +708,119 @@ def run_proxy(
     }
 
 
+# ---- proxy on real-shaped objects (issue 49) -----------------------------------------------------
+
+#: A bound no run reaches: the history kept by the two minimums alone (10,000 events or 300 s).
+NO_BYTE_BOUND = 1 << 40
+
+
+def _churn(proxy_url: str, upstream_url: str, pid: int, rate: int, seconds: float) -> dict[str, Any]:
+    """Status churn: ``rate`` MODIFIED events/s for ``seconds`` (each a new version of a cached pod); the history
+    then, from the proxy's gauges, and RSS sampled every second (the peak of the samples)."""
+    count = max(1, int(rate * seconds))
+    samples: list[int] = []
+
+    async def go() -> dict[str, Any]:
+        async with httpx.AsyncClient(base_url=upstream_url, timeout=30) as up:
+            (await up.post("/bench/feed", params={"rate": rate, "count": count})).raise_for_status()
+            deadline = time.monotonic() + seconds * 3 + 60
+            while not (await up.get("/bench/feed")).json().get("done"):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the churn of {count} events did not end")
+                samples.append(proc_memory(pid)["rssKiB"])
+                await asyncio.sleep(1.0)
+        async with httpx.AsyncClient(base_url=proxy_url, timeout=30) as client:
+            deadline = time.monotonic() + 30
+            while True:  # every event received (the proxy may lag the upstream's send a little)
+                text = (await client.get("/metrics")).text
+                if metric_value(text, "range_filter_proxy_events_received_total", resource="pods") >= count:
+                    break
+                if time.monotonic() > deadline:
+                    raise TimeoutError("the proxy did not receive every churn event")
+                await asyncio.sleep(0.2)
+        return {
+            "events": count,
+            "historyEvents": int(metric_value(text, "range_filter_proxy_history_events", resource="pods")),
+            "historyBytes": int(metric_value(text, "range_filter_proxy_history_bytes", resource="pods")),
+        }
+
+    out = _run_loop(go())
+    out["rssSamplesMaxKiB"] = max(samples, default=0)
+    return out
+
+
+def run_proxy_real(
+    workdir: Path,
+    *,
+    objects: int,
+    rate: int,
+    seconds: float,
+    bounds: tuple[int, ...] = (64 * 1024 * 1024, NO_BYTE_BOUND),
+) -> dict[str, Any]:
+    """The proxy caching ``objects`` real-shaped pods under ``rate``/s status churn for ``seconds``, once per
+    history byte bound: RSS after sync (objects) and after the churn (plus history), from ``/proc``; the
+    history's events and bytes from its gauges. Target: RSS over idle <= 2 x raw JSON of the objects + bound."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    raw = raw_json_bytes(shape="real")
+    up0, idle, _, _ = _proxy_over(1, workdir, "proxy-real-idle", shape="real")
+    try:
+        idle_rss = proc_memory(idle.pid or 0)["rssKiB"]
+    finally:
+        idle.stop()
+        _stop([up0])
+    rows = []
+    for bound in bounds:
+        name = f"proxy-real-{bound}"
+        upstream, proxy, upstream_url, sync = _proxy_over(
+            objects, workdir, name, shape="real", extra=("--history-max-bytes", str(bound))
+        )
+        try:
+            pid = proxy.pid or 0
+            synced = proc_memory(pid)
+            churn = _churn(proxy.url, upstream_url, pid, rate, seconds)
+            end = proc_memory(pid)
+        finally:
+            proxy.stop()
+            _stop([upstream])
+        objects_kib = synced["rssKiB"] - idle_rss
+        history_kib = end["rssKiB"] - synced["rssKiB"]
+        raw_objects = raw * objects
+        limit = 2 * raw_objects + (bound if bound < NO_BYTE_BOUND else churn["historyBytes"])
+        rows.append(
+            {
+                "historyMaxBytes": bound if bound < NO_BYTE_BOUND else None,
+                "firstSyncSeconds": round(sync, 2),
+                "rssAfterSyncMiB": round(synced["rssKiB"] / 1024, 1),
+                "rssAfterChurnMiB": round(end["rssKiB"] / 1024, 1),
+                "peakRssMiB": round(end["peakRssKiB"] / 1024, 1),
+                "objectsRssMiB": round(objects_kib / 1024, 1),
+                "objectsRssOverRawJson": round(objects_kib * 1024 / raw_objects, 2),
+                "historyRssMiB": round(history_kib / 1024, 1),
+                **churn,
+                "historyMiB": round(churn["historyBytes"] / 2**20, 1),
+                "historyRssOverBytes": round(history_kib * 1024 / churn["historyBytes"], 2)
+                if churn["historyBytes"]
+                else None,
+                "historyWindowSeconds": round(churn["historyEvents"] / rate, 1),
+                "rssOverIdleMiB": round((end["rssKiB"] - idle_rss) / 1024, 1),
+                "targetMiB": round(limit / 2**20, 1),
+                "targetMet": (end["rssKiB"] - idle_rss) * 1024 <= limit,
+            }
+        )
+    return {
+        "objects": objects,
+        "upstream": "bench.upstream_server --shape real (managedFields, full status, 5 labels, 3 annotations)",
+        "rawJsonBytes": round(raw),
+        "rawJsonMiB": round(raw * objects / 2**20, 1),
+        "churnPerSecond": rate,
+        "churnSeconds": seconds,
+        "idleRssMiB": round(idle_rss / 1024, 1),
+        "rows": rows,
+    }
+
+
 #: The parts of the section, in the order they run (``--scale-parts``).
-PARTS = ("profile", "managers", "pods", "proxy")
+PARTS = ("profile", "managers", "pods", "proxy", "proxyReal")
 
 
 def run(
@@ -750,5 +867,12 @@ def run(
             )
         else:
             result["proxy"] = run_proxy(workdir / "proxy", objects=pod_objects or 1_000_000)
+    if "proxyReal" in parts:
+        if quick:
+            result["proxyReal"] = run_proxy_real(
+                workdir / "proxy-real", objects=300, rate=200, seconds=2.0, bounds=(256 * 1024, NO_BYTE_BOUND)
+            )
+        else:
+            result["proxyReal"] = run_proxy_real(workdir / "proxy-real", objects=20_000, rate=100, seconds=150.0)
     result["bareLoopAtEnd"] = bare_loop()
     return result
