@@ -48,8 +48,8 @@ class CacheSettings:
     history_seconds: float = 300.0
     history_hard_cap: int = 100_000
     #: The most bytes of events the history holds (:func:`event_bytes` each), whatever the two minimums
-    #: above say: 64 MiB keeps kube-apiserver's 75 s window for a resource changing at 850 KiB/s, e.g.
-    #: ~165 status updates/s of 5 KiB pods (docs/proxy.md, docs/benchmarks.md: issue 49).
+    #: above say: 64 MiB keeps kube-apiserver's 75 s window for a resource changing at ~870 KiB/s, e.g.
+    #: ~147 status updates/s of 5.8 KiB pods (docs/proxy.md, docs/benchmarks.md: issue 49).
     history_max_bytes: int = 64 * 1024 * 1024
     bookmark_interval: float = 10.0
     watcher_queue_size: int = 1_000
