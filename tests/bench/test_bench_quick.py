@@ -247,10 +247,16 @@ def test_scale_managers_with_pods_cache_every_pod_once_beside_the_no_pod_rows(re
     for r in mp["rowsWithPods"]:
         # Each pod is in exactly one manager's cache: with its owner (placed by the owner's uid).
         assert r["cachedReplicaSets"] == mp["objects"] and r["cachedPods"] == mp["pods"], r
-        assert r["reconcilesTotal"] > 0 and r["processCpuMsPerReconcile"] is not None, r
-    # Same N, same ReplicaSets, one run: the ratios exist for every N (their values are the published run's).
+        assert r["reconcilesTotal"] > 0, r
+        # Quick sizes may drain before any sample or the window sees a backlog: then there is no figure,
+        # never a made-up one (the published run's sizes keep every manager busy).
+        cpu = r["processCpuMsPerReconcile"]
+        assert (cpu is None) == (r["cpuMeasuredOver"] == "window" and r["reconcilesPerSecond"] == 0), r
+        assert cpu is None or cpu > 0, r
+        assert r["managersWithBacklog"] <= r["managers"] and len(r["backlogSeconds"]) == r["managers"], r
+    # Same N, same ReplicaSets, one run: a comparison for every N (its values are the published run's).
     assert [c["managers"] for c in mp["podsOverNoPods"]] == [1, 2]
-    assert all(c["processCpuPerReconcile"] is not None for c in mp["podsOverNoPods"])
+    assert all("processCpuPerReconcile" in c for c in mp["podsOverNoPods"])
     assert mp["cpuPerReconcileTarget"] == 1.5
     two = mp["rowsWithPods"][1]
     assert len(two["afterRollingRestartRssMiB"]) == 2 and min(two["afterRollingRestartRssMiB"]) > 0, two
