@@ -426,6 +426,7 @@ def _one_count(
     timeout: float,
     objects: int = 0,
     pods: int = 0,
+    restart: bool = True,
 ) -> dict[str, Any]:
     ms = _Managers(cluster, workdir, workers=workers, delay=delay)
     sampler = _Sampler(ms)
@@ -458,7 +459,7 @@ def _one_count(
         depth = [metric_value(a, "rangeshard_workqueue_depth", controller=CONTROLLER) for a in after]
         rows = _manager_row(ms, after)
         restarted: list[int] | None = None
-        if objects and n > 1:
+        if objects and n > 1 and restart:
             # A rolling restart (each id parks and takes its range back): every process then lists only
             # its own range, never having held a wider one while the others joined.
             for i in range(n):
@@ -544,6 +545,7 @@ def run_managers(
     delay: float = 0.02,
     window: float = 5.0,
     pods_per_rs: int = 0,
+    restart_without_pods: bool = True,
 ) -> dict[str, Any]:
     """The managers part (see module docstring); its own cluster, stopped at the end.
 
@@ -561,7 +563,7 @@ def run_managers(
         created = create_replicasets(cluster.apiserver.url, objects)
         timeout = 120 + objects / 200
 
-        def measure(tag: str, pods: int) -> list[dict[str, Any]]:
+        def measure(tag: str, pods: int, restart: bool = True) -> list[dict[str, Any]]:
             return [
                 _one_count(
                     cluster,
@@ -573,11 +575,12 @@ def run_managers(
                     timeout=timeout + pods / 200,
                     objects=objects,
                     pods=pods,
+                    restart=restart,
                 )
                 for n in counts
             ]
 
-        rows = measure("", 0)
+        rows = measure("", 0, restart=restart_without_pods or not pods_per_rs)
         pod_rows: list[dict[str, Any]] = []
         pods_created = 0.0
         if pods_per_rs > 0:
@@ -957,6 +960,7 @@ def run(
             window=1.0 if quick else 5.0,
             delay=0.02,
             pods_per_rs=pods_per_rs or (2 if quick else 4),
+            restart_without_pods=not quick,  # quick: the rolling restart of the rows with pods only
         )
     if "proxy" in parts:
         if quick:
