@@ -171,7 +171,9 @@ class Informer:
         Down the owner indexes: the objects owned by ``uid``, then those owned by the objects of the
         :attr:`via` informers owned by ``uid``, and so on (at most :data:`hashing.MAX_CHAIN` levels, each
         uid once): for a Deployment's uid in a pod informer chained through ``replicasets.apps``, its pods.
-        Without ``via`` informers it is :meth:`by_owner` (a chain of one step).
+        Without ``via`` informers it is :meth:`by_owner` (a chain of one step). Each store is read under
+        its own lock: an event just applied to one informer may not be in another yet (as with client-go's
+        listers); the next event of either enqueues the main object again.
         """
         found: list[Obj] = []
         level = [uid]
