@@ -561,20 +561,92 @@ def render_passthrough(pt: dict[str, Any], console: Console) -> None:
 
 
 def render_scale(sc: dict[str, Any], console: Console) -> None:
-    """The tables of the ``scale`` section."""
-    m = sc["managers"]
+    """The tables of the ``scale`` section (the parts that ran)."""
+    rp = sc.get("reconcileProfile")
+    if rp:
+        console.print(
+            _table(
+                f"Scale, one ReplicaSet reconcile in process: {rp['replicaSets']} ReplicaSets, "
+                f"{rp['podsPerReplicaSet']} pods each or none (CPU us per reconcile)",
+                ["code", "no pods", "with pods", "ratio", "most own time with pods"],
+                [
+                    [
+                        r["code"],
+                        r["noPods"]["cpuUsPerReconcile"],
+                        r["withPods"]["cpuUsPerReconcile"],
+                        r["withPodsOverNoPods"],
+                        ", ".join(f"{t['function']} {t['ownShare']:.0%}" for t in r["withPods"]["top"][:3]),
+                    ]
+                    for r in rp["rows"]
+                ],
+            )
+        )
+    if "managers" in sc:
+        render_scale_managers(sc, sc["managers"], "no pods", console)
+    mp = sc.get("managersWithPods")
+    if mp:
+        render_scale_managers(sc, mp, "no pods", console)
+        render_scale_managers(sc, {**mp, "rows": mp["rowsWithPods"]}, f"{mp['podsPerReplicaSet']} pods each", console)
+        console.print(
+            _table(
+                f"Scale, managers: {mp['objects']} ReplicaSets with {mp['podsPerReplicaSet']} pods each over the same "
+                f"with none (one run; target CPU per reconcile <= {mp['cpuPerReconcileTarget']}x)",
+                [
+                    "managers",
+                    "reconcile CPU/reconcile",
+                    "process CPU/reconcile",
+                    "reconciles/s with backlog",
+                    "max RSS",
+                ],
+                [
+                    [
+                        c["managers"],
+                        c["reconcileCpuPerReconcile"],
+                        c["processCpuPerReconcile"],
+                        c.get("backlogReconcilesPerSecond"),
+                        c["maxRss"],
+                    ]
+                    for c in mp["podsOverNoPods"]
+                ],
+            )
+        )
+    if "proxy" in sc:
+        render_scale_proxy(sc["proxy"], console)
+    pr = sc.get("proxyReal")
+    if pr:
+        console.print(
+            _table(
+                f"Scale, proxy on real-shaped pods: {pr['objects']} pods of {pr['rawJsonBytes']} B "
+                f"({pr['rawJsonMiB']} MiB JSON), {pr['churnPerSecond']} status updates/s for {pr['churnSeconds']} s; "
+                f"idle proxy {pr['idleRssMiB']} MiB",
+                ["history bound", "objects RSS MiB", "x raw", "history events", "history MiB", "window s",
+                 "history RSS MiB", "RSS/byte", "RSS-idle MiB", "target MiB", "met"],
+                [
+                    [r["historyMaxBytes"] or "none", r["objectsRssMiB"], r["objectsRssOverRawJson"],
+                     r["historyEvents"], r["historyMiB"], r["historyWindowSeconds"], r["historyRssMiB"],
+                     r["historyRssOverBytes"], r["rssOverIdleMiB"], r["targetMiB"], r["targetMet"]]
+                    for r in pr["rows"]
+                ],
+            )
+        )  # fmt: skip
+
+
+def render_scale_managers(sc: dict[str, Any], m: dict[str, Any], what: str, console: Console) -> None:
+    """One table of manager rows (``m["rows"]``)."""
     delay = m["reconcileDelaySeconds"]
     console.print(
         _table(
-            f"Scale, managers: {m['objects']} ReplicaSets (no pods), built-in controller, {m['workersPerManager']} "
+            f"Scale, managers: {m['objects']} ReplicaSets ({what}), built-in controller, {m['workersPerManager']} "
             f"workers, reconcile waits {delay}s; idle manager {m['idleRssMiB']} MiB "
             f"(bare loop {sc['bareLoop']['loopsPerSecond']}/s)",
             [
                 "managers",
                 "start->synced s",
-                "reconciles/s",
+                "reconciles/s (window)",
+                "with backlog",
                 "speedup",
                 "target",
+                "CPU ms/reconcile",
                 "max RSS MiB",
                 "peak MiB",
                 "RSS-idle share",
@@ -587,8 +659,10 @@ def render_scale(sc: dict[str, Any], console: Console) -> None:
                     r["managers"],
                     r["startToSyncedSeconds"],
                     r["reconcilesPerSecond"],
-                    r["speedup"],
+                    r.get("backlogReconcilesPerSecond"),
+                    r.get("backlogSpeedup", r["speedup"]),
                     r["throughputTarget"],
+                    r.get("processCpuMsPerReconcile"),
                     r["maxRssMiB"],
                     r["maxPeakRssMiB"],
                     r["memoryShare"],
@@ -600,7 +674,10 @@ def render_scale(sc: dict[str, Any], console: Console) -> None:
             ],
         )
     )
-    p = sc["proxy"]
+
+
+def render_scale_proxy(p: dict[str, Any], console: Console) -> None:
+    """The tables of the scale section's proxy part."""
     console.print(
         _table(
             f"Scale, proxy: {p['objects']} pods ({p['rawJsonBytes']} B JSON each) from the synthetic upstream",
@@ -727,6 +804,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scale-replicasets", type=int, help="scale section: ReplicaSets (default 20000; quick 40)")
     p.add_argument("--scale-pods", type=int, help="scale section: pods the proxy caches (default 1000000; quick 2000)")
     p.add_argument(
+        "--scale-pod-replicasets",
+        type=int,
+        help="scale section, managers with pods: ReplicaSets (default 5000; quick 20)",
+    )
+    p.add_argument(
+        "--scale-pods-per-replicaset",
+        type=int,
+        help="scale section, managers with pods: pods per ReplicaSet (default 4; quick 2)",
+    )
+    p.add_argument(
+        "--scale-parts",
+        default="",
+        help="scale section: comma-separated subset of profile,managers,pods,proxy,proxyReal "
+        "(default: all; with --quick all but proxyReal)",
+    )
+    p.add_argument(
         "--chains-deployments", type=int, help="chains section: Deployments (x 3 pods; default 2000; quick 30)"
     )
     p.add_argument(
@@ -741,6 +834,13 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [s for s in sections if s not in SECTIONS]
     if unknown:
         p.error(f"unknown sections: {', '.join(unknown)}")
+    scale_parts = tuple(s.strip() for s in args.scale_parts.split(",") if s.strip())
+    scale_choices = ("profile", "managers", "pods", "proxy", "proxyReal")
+    if not scale_parts:
+        scale_parts = tuple(c for c in scale_choices if not (args.quick and c == "proxyReal"))
+    unknown = [s for s in scale_parts if s not in scale_choices]
+    if unknown:
+        p.error(f"--scale-parts: unknown parts {', '.join(unknown)}; choose from {','.join(scale_choices)}")
 
     from bench import (  # noqa: PLC0415 (after logging setup)
         balance,
@@ -793,7 +893,13 @@ def main(argv: list[str] | None = None) -> int:
     guarded(
         "scale",
         lambda: scale.run(
-            workdir / "scale", quick=quick, rs_objects=args.scale_replicasets, pod_objects=args.scale_pods
+            workdir / "scale",
+            quick=quick,
+            rs_objects=args.scale_replicasets,
+            pod_objects=args.scale_pods,
+            pod_replicasets=args.scale_pod_replicasets,
+            pods_per_rs=args.scale_pods_per_replicaset,
+            parts=scale_parts,
         ),
     )
     guarded(

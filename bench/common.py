@@ -172,6 +172,178 @@ def make_pod(name: str, namespace: str, *, uid: str | None = None, owner_uid: st
     }
 
 
+def _managed(
+    manager: str, operation: str, time_: str, fields: dict[str, Any], sub: str | None = None
+) -> dict[str, Any]:
+    entry = {
+        "manager": manager,
+        "operation": operation,
+        "apiVersion": "v1",
+        "time": time_,
+        "fieldsType": "FieldsV1",
+        "fieldsV1": fields,
+    }
+    if sub:
+        entry["subresource"] = sub
+    return entry
+
+
+def real_pod(name: str, namespace: str, rv: int) -> dict[str, Any]:
+    """A pod as a real kube-apiserver stores a Deployment's pod: ~5 KiB of JSON.
+
+    What :func:`stored_pod` leaves out: ``managedFields`` (kube-controller-manager's
+    create, the kubelet's status updates), a full ``status`` (conditions, container
+    statuses, IPs, QoS), five labels, three annotations, an owner reference, the
+    service-account volume and the tolerations the admission plugins add.
+    """
+    uid = str(uuid.uuid4())
+    ts = "2026-01-01T00:00:00Z"
+    labels = {
+        "app.kubernetes.io/name": "shop",
+        "app.kubernetes.io/instance": "shop-prod",
+        "app.kubernetes.io/component": "backend",
+        "pod-template-hash": "5d8f7c9b6",
+        "team": "payments",
+    }
+    annotations = {
+        "kubectl.kubernetes.io/restartedAt": ts,
+        "prometheus.io/scrape": "true",
+        "checksum/config": "4f8b2c1e9a7d6b5c3e2f1a0b9c8d7e6f5a4b3c2d1e0f9a8b7c6d5e4f3a2b1c0d",
+    }
+    fields_create = {
+        "f:metadata": {
+            "f:generateName": {},
+            "f:labels": {".": {}, **{f"f:{k}": {} for k in labels}},
+            "f:annotations": {".": {}, **{f"f:{k}": {} for k in annotations}},
+            "f:ownerReferences": {".": {}, 'k:{"uid":"' + uid + '"}': {}},
+        },
+        "f:spec": {
+            "f:containers": {
+                'k:{"name":"app"}': {
+                    ".": {},
+                    "f:args": {},
+                    "f:env": {
+                        ".": {},
+                        **{f'k:{{"name":"ENV_{i}"}}': {".": {}, "f:name": {}, "f:value": {}} for i in range(6)},
+                    },
+                    "f:image": {},
+                    "f:imagePullPolicy": {},
+                    "f:name": {},
+                    "f:ports": {".": {}, 'k:{"containerPort":8080,"protocol":"TCP"}': {".": {}, "f:containerPort": {}}},
+                    "f:resources": {
+                        ".": {},
+                        "f:limits": {".": {}, "f:memory": {}},
+                        "f:requests": {".": {}, "f:cpu": {}},
+                    },
+                    "f:terminationMessagePath": {},
+                    "f:terminationMessagePolicy": {},
+                }
+            },
+            "f:dnsPolicy": {},
+            "f:enableServiceLinks": {},
+            "f:restartPolicy": {},
+            "f:schedulerName": {},
+            "f:securityContext": {},
+            "f:terminationGracePeriodSeconds": {},
+        },
+    }
+    fields_status: dict[str, Any] = {
+        "f:status": {
+            "f:conditions": {
+                f'k:{{"type":"{t}"}}': {
+                    ".": {},
+                    "f:lastProbeTime": {},
+                    "f:lastTransitionTime": {},
+                    "f:status": {},
+                    "f:type": {},
+                }
+                for t in ("ContainersReady", "Initialized", "PodReadyToStartContainers", "Ready")
+            },
+            "f:containerStatuses": {},
+            "f:hostIP": {},
+            "f:hostIPs": {},
+            "f:phase": {},
+            "f:podIP": {},
+            "f:podIPs": {".": {}, 'k:{"ip":"10.244.1.17"}': {".": {}, "f:ip": {}}},
+            "f:startTime": {},
+        }
+    }
+    pod = make_pod(name, namespace, uid=uid, owner_uid=str(uuid.uuid4()))
+    meta = pod["metadata"]
+    meta |= {
+        "generateName": "shop-prod-5d8f7c9b6-",
+        "labels": labels,
+        "annotations": annotations,
+        "resourceVersion": str(rv),
+        "creationTimestamp": ts,
+        "managedFields": [
+            _managed("kube-controller-manager", "Update", ts, fields_create),
+            _managed("kubelet", "Update", ts, fields_status, "status"),
+        ],
+    }
+    spec = pod["spec"]
+    spec["containers"][0] |= {
+        "imagePullPolicy": "IfNotPresent",
+        "terminationMessagePath": "/dev/termination-log",
+        "terminationMessagePolicy": "File",
+        "volumeMounts": [
+            {
+                "name": "kube-api-access-x7k2p",
+                "readOnly": True,
+                "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount",
+            }
+        ],
+    }
+    spec |= {
+        "volumes": [{"name": "kube-api-access-x7k2p", "projected": {"defaultMode": 420, "sources": [
+            {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
+            {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+            {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {"fieldPath": "metadata.namespace"}}]}},
+        ]}}],
+        "dnsPolicy": "ClusterFirst",
+        "serviceAccountName": "default",
+        "serviceAccount": "default",
+        "securityContext": {},
+        "schedulerName": "default-scheduler",
+        "terminationGracePeriodSeconds": 30,
+        "enableServiceLinks": True,
+        "preemptionPolicy": "PreemptLowerPriority",
+        "priority": 0,
+        "tolerations": [
+            {"key": f"node.kubernetes.io/{k}", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300}
+            for k in ("not-ready", "unreachable")
+        ],
+    }  # fmt: skip
+    cond = {"status": "True", "lastProbeTime": None, "lastTransitionTime": ts}
+    pod["status"] = {
+        "phase": "Running",
+        "conditions": [
+            {"type": t, **cond}
+            for t in ("PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady", "PodScheduled")
+        ],
+        "hostIP": "10.0.3.41",
+        "hostIPs": [{"ip": "10.0.3.41"}],
+        "podIP": "10.244.1.17",
+        "podIPs": [{"ip": "10.244.1.17"}],
+        "startTime": ts,
+        "containerStatuses": [
+            {
+                "name": "app",
+                "state": {"running": {"startedAt": ts}},
+                "lastState": {},
+                "ready": True,
+                "restartCount": 0,
+                "image": "registry.example.com/bench/app:1.2.3",
+                "imageID": "registry.example.com/bench/app@sha256:" + "ab12" * 16,
+                "containerID": "containerd://" + "9f8e" * 16,
+                "started": True,
+            }
+        ],
+        "qosClass": "Burstable",
+    }  # fmt: skip
+    return pod
+
+
 def stored_pod(name: str, namespace: str, rv: int, *, owner_uid: str | None = None) -> dict[str, Any]:
     """A pod as an API server returns it (uid, resourceVersion, creationTimestamp, status): ~1.2 KiB of JSON."""
     pod = make_pod(name, namespace, uid=str(uuid.uuid4()), owner_uid=owner_uid)

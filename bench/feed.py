@@ -43,7 +43,7 @@ from urllib.parse import parse_qs
 
 import orjson
 
-from bench.common import stored_pod
+from bench.common import real_pod, stored_pod
 from range_filter_proxy.errors import UpstreamError
 from range_filter_proxy.resources import ResourceInfo
 from range_filter_proxy.upstream import ListResult, Upstream, WatchEvent, decode_watch_line
@@ -123,9 +123,12 @@ class PodsUpstream(Upstream):
 class FeedUpstream(PodsUpstream):
     """In-memory :class:`~range_filter_proxy.upstream.Upstream` of pods with rate-controlled bursts."""
 
-    def __init__(self, objects: int) -> None:
+    def __init__(self, objects: int, shape: str = "synthetic") -> None:
+        """``objects`` pods: ``synthetic`` (~1.2 KiB, :func:`stored_pod`) or ``real`` (~5.8 KiB, :func:`real_pod`:
+        managedFields, a full status, labels and annotations as a real API server stores them)."""
         self.rv = 1000
-        self.pods = [stored_pod(f"pod-{i}", NAMESPACE, self.rv) for i in range(objects)]
+        make = real_pod if shape == "real" else stored_pod
+        self.pods = [make(f"pod-{i}", NAMESPACE, self.rv) for i in range(objects)]
         for p in self.pods:
             p["metadata"]["annotations"][SENT_ANNOTATION] = "0"
         self.templates = [_template(p) for p in self.pods]

@@ -56,8 +56,10 @@ Concurrency model
 from __future__ import annotations
 
 import asyncio
+import itertools
 import signal
 import subprocess
+import threading
 import time
 import uuid
 from functools import partial
@@ -68,11 +70,13 @@ import httpx
 import orjson
 import yaml
 
+from bench import reconcile_profile
 from bench.common import (
     BenchCluster,
     metric_value,
     percentile,
     proc_cpu_seconds,
+    real_pod,
     scrape,
     settled,
     stored_pod,
@@ -187,6 +191,78 @@ def create_replicasets(api: str, n: int, namespace: str = RS_NAMESPACE, concurre
     return time.monotonic() - t0
 
 
+def _pod_for(rs: dict[str, Any], j: int) -> dict[str, Any]:
+    """Pod ``j`` of ``rs``, as its controller would create it (the template's labels, a controller owner)."""
+    meta = rs["metadata"]
+    template = rs["spec"]["template"]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": f"{meta['name']}-{j}",
+            "labels": dict(template["metadata"]["labels"]),
+            "ownerReferences": [
+                {
+                    "apiVersion": "apps/v1",
+                    "kind": "ReplicaSet",
+                    "name": meta["name"],
+                    "uid": meta["uid"],
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        },
+        "spec": template["spec"],
+    }
+
+
+def add_pods(api: str, per_rs: int, namespace: str = RS_NAMESPACE, concurrency: int = 8) -> float:
+    """Give every ReplicaSet of ``namespace`` ``per_rs`` pods and the status that counts them; seconds taken.
+
+    ``spec.replicas`` becomes ``per_rs``, the pods are created with the ReplicaSet as controller owner (none
+    is ready: no kubelet), and the status says ``replicas``/``fullyLabeledReplicas`` = ``per_rs``: a
+    reconcile then finds everything right and writes nothing, as in the no-pod case, but reads its pods.
+    """
+    t0 = time.monotonic()
+
+    async def go() -> None:
+        async with httpx.AsyncClient(base_url=api, timeout=60) as client:
+            path = f"/apis/apps/v1/namespaces/{namespace}/replicasets"
+            listed = (await client.get(path)).json()["items"]
+            sem = asyncio.Semaphore(concurrency)
+
+            async def one(rs: dict[str, Any]) -> None:
+                async with sem:
+                    name = rs["metadata"]["name"]
+                    r = await client.patch(
+                        f"{path}/{name}",
+                        json={"spec": {"replicas": per_rs}},
+                        headers={"Content-Type": "application/merge-patch+json"},
+                    )
+                    if r.status_code != 200:
+                        raise RuntimeError(f"scale replicaset: HTTP {r.status_code}: {r.text[:200]}")
+                    rs = r.json()
+                    for j in range(per_rs):
+                        r = await client.post(f"/api/v1/namespaces/{namespace}/pods", json=_pod_for(rs, j))
+                        if r.status_code != 201:
+                            raise RuntimeError(f"create pod: HTTP {r.status_code}: {r.text[:200]}")
+                    rs["status"] = {
+                        "replicas": per_rs,
+                        "fullyLabeledReplicas": per_rs,
+                        "readyReplicas": 0,
+                        "availableReplicas": 0,
+                        "observedGeneration": rs["metadata"].get("generation", 1),
+                    }
+                    r = await client.put(f"{path}/{name}/status", json=rs)
+                    if r.status_code != 200:
+                        raise RuntimeError(f"write replicaset status: HTTP {r.status_code}: {r.text[:200]}")
+
+            await asyncio.gather(*(one(rs) for rs in listed))
+
+    asyncio.run(go())
+    return time.monotonic() - t0
+
+
 class _Managers:
     """N manager processes of the built-in replicaset controller on one registry prefix."""
 
@@ -233,13 +309,16 @@ class _Managers:
         self.procs[i] = self._process(i).start()
         self.wait_active(len(self.procs), timeout)
 
-    def wait_cached(self, objects: int, timeout: float) -> None:
-        """Until the managers' ReplicaSet caches hold ``objects`` in all (each its range, after a relist)."""
+    def wait_cached(self, objects: int, timeout: float, pods: int = 0) -> None:
+        """Until the managers' caches hold ``objects`` ReplicaSets and ``pods`` pods in all (each its range)."""
 
         def cached() -> tuple[bool, str]:
             name = "rangeshard_informer_cache_objects"
-            total = sum(int(metric_value(t, name, informer="replicasets")) for t in self.scrape_all())
-            return total == objects, f"{total} of {objects} ReplicaSets cached"
+            texts = self.scrape_all()
+            total = sum(int(metric_value(t, name, informer="replicasets")) for t in texts)
+            in_pods = sum(int(metric_value(t, name, informer="pods")) for t in texts)
+            ok = total == objects and in_pods == pods
+            return ok, f"{total} of {objects} ReplicaSets, {in_pods} of {pods} pods cached"
 
         wait_managers(cached, self.procs, timeout, "the managers' caches to hold every ReplicaSet")
 
@@ -273,6 +352,69 @@ def _manager_row(ms: _Managers, texts: list[str]) -> list[dict[str, Any]]:
     return rows
 
 
+class _Sampler:
+    """Samples every manager's counters every ``interval`` seconds on a named thread, from spawn to stop.
+
+    Per sample and manager: time, ``rangeshard_reconciles_total``, ``rangeshard_reconcile_cpu_seconds_total``,
+    ``rangeshard_workqueue_depth``, whether the instance is ``active`` and the process's CPU seconds.
+    """
+
+    def __init__(self, ms: _Managers, interval: float = 0.5) -> None:
+        self.ms = ms
+        self.interval = interval
+        self.samples: list[list[tuple[float, float, float, float, bool, float]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bench-scale-sampler", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            procs, urls = list(self.ms.procs), list(self.ms.metrics_urls)
+            row = []
+            for p, url in zip(procs, urls, strict=True):
+                try:
+                    text = scrape(url, timeout=5)
+                except Exception:  # not listening yet, or restarting: no sample of it this time
+                    text = ""
+                t = time.monotonic()
+                active = metric_value(text, "rangeshard_instance_state", controller=CONTROLLER, state="active")
+                row.append(
+                    (
+                        t,
+                        metric_value(text, "rangeshard_reconciles_total", controller=CONTROLLER),
+                        metric_value(text, "rangeshard_reconcile_cpu_seconds_total", controller=CONTROLLER),
+                        metric_value(text, "rangeshard_workqueue_depth", controller=CONTROLLER),
+                        active > 0,
+                        proc_cpu_seconds(p.pid),
+                    )
+                )
+            self.samples.append(row)
+
+
+def backlog_rates(samples: list[list[tuple[float, float, float, float, bool, float]]]) -> list[dict[str, float]]:
+    """Per manager: reconciles, seconds and CPU over the sample intervals in which it was active with a backlog
+    (active and a non-empty queue at both ends): what it does while demand exceeds its capacity."""
+    managers = max((len(row) for row in samples), default=0)
+    out = []
+    for m in range(managers):
+        series = [row[m] for row in samples if len(row) > m]
+        done = seconds = pcpu = rcpu = 0.0
+        for a, b in itertools.pairwise(series):
+            if a[4] and b[4] and a[3] > 0 and b[3] > 0 and b[1] >= a[1]:
+                done += b[1] - a[1]
+                seconds += b[0] - a[0]
+                rcpu += b[2] - a[2]
+                pcpu += b[5] - a[5]
+        out.append({"reconciles": done, "seconds": seconds, "reconcileCpu": rcpu, "processCpu": pcpu})
+    return out
+
+
 def _one_count(
     cluster: BenchCluster,
     workdir: Path,
@@ -283,41 +425,75 @@ def _one_count(
     window: float,
     timeout: float,
     objects: int = 0,
+    pods: int = 0,
+    restart: bool = True,
 ) -> dict[str, Any]:
     ms = _Managers(cluster, workdir, workers=workers, delay=delay)
+    sampler = _Sampler(ms)
     try:
         t0 = time.monotonic()
         ms.spawn(n)
+        sampler.start()
         ms.wait_active(n, timeout)
         synced = time.monotonic() - t0
         # Reconciles/s while every manager still works through the resync of its range.
         before = ms.scrape_all()
+        cpu_before = [proc_cpu_seconds(p.pid) for p in ms.procs]
         t1 = time.monotonic()
         time.sleep(window)  # the measurement window itself, not synchronisation
         after = ms.scrape_all()
+        cpu_after = [proc_cpu_seconds(p.pid) for p in ms.procs]
         elapsed = time.monotonic() - t1
-        done = [
-            metric_value(a, "rangeshard_reconciles_total", controller=CONTROLLER)
-            - metric_value(b, "rangeshard_reconciles_total", controller=CONTROLLER)
-            for a, b in zip(after, before, strict=True)
-        ]
+        sampler.stop()
+        backlog = backlog_rates(sampler.samples)
+
+        def delta(name: str) -> list[float]:
+            return [
+                metric_value(a, name, controller=CONTROLLER) - metric_value(b, name, controller=CONTROLLER)
+                for a, b in zip(after, before, strict=True)
+            ]
+
+        done = delta("rangeshard_reconciles_total")
+        reconcile_cpu = delta("rangeshard_reconcile_cpu_seconds_total")
+        process_cpu = [a - b for a, b in zip(cpu_after, cpu_before, strict=True)]
         depth = [metric_value(a, "rangeshard_workqueue_depth", controller=CONTROLLER) for a in after]
         rows = _manager_row(ms, after)
         restarted: list[int] | None = None
-        if objects and n > 1:
+        if objects and n > 1 and restart:
             # A rolling restart (each id parks and takes its range back): every process then lists only
             # its own range, never having held a wider one while the others joined.
             for i in range(n):
                 ms.restart_one(i, timeout)
-            ms.wait_cached(objects, timeout)
+            ms.wait_cached(objects, timeout, pods)
             restarted = [proc_memory(p.pid or 0)["rssKiB"] for p in ms.procs]
     finally:
+        sampler.stop()
         ms.close()
     rss = [r["rssKiB"] for r in rows]
+    busy = [b for b in backlog if b["seconds"] > 0 and b["reconciles"] > 0]
+    busy_done = sum(b["reconciles"] for b in busy)
     return {
         "managers": n,
         "startToSyncedSeconds": round(synced, 2),
         "reconcilesPerSecond": round(sum(done) / elapsed, 1),
+        # Capacity: the sum over managers of each one's rate while it was active with a backlog
+        # (sampled every 0.5 s from spawn), whether or not the backlogs overlapped in time; and the
+        # CPU per reconcile over the same intervals (the reconciling threads' own thread_time, and the
+        # whole processes': informers, HTTP, metrics too).
+        "backlogReconcilesPerSecond": round(sum(b["reconciles"] / b["seconds"] for b in busy), 1) if busy else None,
+        "managersWithBacklog": len(busy),
+        "backlogSeconds": [round(b["seconds"], 1) for b in backlog],
+        "reconcileCpuMsPerReconcile": _per_reconcile(
+            [b["reconcileCpu"] for b in busy], busy_done, reconcile_cpu, sum(done)
+        ),
+        "processCpuMsPerReconcile": _per_reconcile([b["processCpu"] for b in busy], busy_done, process_cpu, sum(done)),
+        # Where the two figures above come from: the backlog intervals, or (no manager ever had a backlog
+        # in a sample interval: too few objects) the fixed window after all were active.
+        "cpuMeasuredOver": "backlog" if busy_done else "window",
+        # The same over the fixed window after all were active (a manager may have drained by then).
+        "windowReconcileCpuMsPerReconcile": round(sum(reconcile_cpu) / sum(done) * 1000, 3) if sum(done) else None,
+        "windowProcessCpuMsPerReconcile": round(sum(process_cpu) / sum(done) * 1000, 3) if sum(done) else None,
+        "processCpuSeconds": round(sum(process_cpu), 2),
         "saturated": all(d > 0 for d in depth),
         "queueDepthAtEnd": [int(d) for d in depth],
         "maxRssMiB": round(max(rss) / 1024, 1),
@@ -331,6 +507,35 @@ def _one_count(
     }
 
 
+def _per_reconcile(
+    busy_cpu: list[float], busy_done: float, window_cpu: list[float], window_done: float
+) -> float | None:
+    """CPU ms per reconcile over the backlog intervals, else over the window (``None``: no reconcile at all)."""
+    if busy_done:
+        return round(sum(busy_cpu) / busy_done * 1000, 3)
+    return round(sum(window_cpu) / window_done * 1000, 3) if window_done else None
+
+
+def _rates(rows: list[dict[str, Any]], idle_mib: float) -> None:
+    """Speedup, memory share and their targets of each row, against the first row (N = 1)."""
+    base = rows[0]
+    base_rate = base["reconcilesPerSecond"]
+    base_backlog = base.get("backlogReconcilesPerSecond")
+    base_mem = base["maxRssMiB"] - idle_mib
+    for r in rows:
+        n = r["managers"] / base["managers"]
+        r["speedup"] = round(r["reconcilesPerSecond"] / base_rate, 2) if base_rate else None
+        backlog = r.get("backlogReconcilesPerSecond")
+        r["backlogSpeedup"] = round(backlog / base_backlog, 2) if backlog and base_backlog else None
+        r["throughputTarget"] = round(0.9 * n, 2)
+        r["memoryOverIdleMiB"] = round(r["maxRssMiB"] - idle_mib, 1)
+        r["memoryShare"] = round((r["maxRssMiB"] - idle_mib) / base_mem, 3) if base_mem > 0 else None
+        r["memoryTarget"] = round(1 / n + 0.1, 3)
+        after = r.get("afterRollingRestartRssMiB")
+        if after and base_mem > 0:
+            r["afterRollingRestartMemoryShare"] = round((max(after) - idle_mib) / base_mem, 3)
+
+
 def run_managers(
     workdir: Path,
     *,
@@ -339,8 +544,15 @@ def run_managers(
     workers: int = 4,
     delay: float = 0.02,
     window: float = 5.0,
+    pods_per_rs: int = 0,
+    restart_without_pods: bool = True,
 ) -> dict[str, Any]:
-    """The managers part (see module docstring); its own cluster, stopped at the end."""
+    """The managers part (see module docstring); its own cluster, stopped at the end.
+
+    With ``pods_per_rs`` > 0 the same ReplicaSets are measured twice in one run: first with no pods
+    (``rows``), then each with ``pods_per_rs`` pods it controls (``rowsWithPods``); ``podsOverNoPods``
+    compares the two per N (CPU per reconcile, reconciles/s, RSS).
+    """
     cluster = BenchCluster(workdir / "cluster", proxy_resources=("pods", "replicasets.apps"))
     cluster.start()
     try:
@@ -350,36 +562,35 @@ def run_managers(
         idle = _one_count(cluster, workdir / "idle", 1, workers=workers, delay=delay, window=0.5, timeout=90)
         created = create_replicasets(cluster.apiserver.url, objects)
         timeout = 120 + objects / 200
-        rows = [
-            _one_count(
-                cluster,
-                workdir / f"n{n}",
-                n,
-                workers=workers,
-                delay=delay,
-                window=window,
-                timeout=timeout,
-                objects=objects,
-            )
-            for n in counts
-        ]
+
+        def measure(tag: str, pods: int, restart: bool = True) -> list[dict[str, Any]]:
+            return [
+                _one_count(
+                    cluster,
+                    workdir / f"{tag}n{n}",
+                    n,
+                    workers=workers,
+                    delay=delay,
+                    window=window,
+                    timeout=timeout + pods / 200,
+                    objects=objects,
+                    pods=pods,
+                    restart=restart,
+                )
+                for n in counts
+            ]
+
+        rows = measure("", 0, restart=restart_without_pods or not pods_per_rs)
+        pod_rows: list[dict[str, Any]] = []
+        pods_created = 0.0
+        if pods_per_rs > 0:
+            pods_created = add_pods(cluster.apiserver.url, pods_per_rs)
+            pod_rows = measure("pods-", objects * pods_per_rs)
     finally:
         cluster.stop()
     idle_mib = idle["maxRssMiB"]
-    base = rows[0]
-    base_rate = base["reconcilesPerSecond"]
-    base_mem = base["maxRssMiB"] - idle_mib
-    for r in rows:
-        n = r["managers"] / base["managers"]
-        r["speedup"] = round(r["reconcilesPerSecond"] / base_rate, 2) if base_rate else None
-        r["throughputTarget"] = round(0.9 * n, 2)
-        r["memoryOverIdleMiB"] = round(r["maxRssMiB"] - idle_mib, 1)
-        r["memoryShare"] = round((r["maxRssMiB"] - idle_mib) / base_mem, 3) if base_mem > 0 else None
-        r["memoryTarget"] = round(1 / n + 0.1, 3)
-        after = r.get("afterRollingRestartRssMiB")
-        if after and base_mem > 0:
-            r["afterRollingRestartMemoryShare"] = round((max(after) - idle_mib) / base_mem, 3)
-    return {
+    _rates(rows, idle_mib)
+    out: dict[str, Any] = {
         "objects": objects,
         "workersPerManager": workers,
         "reconcileDelaySeconds": delay,
@@ -390,27 +601,60 @@ def run_managers(
         "idlePeakRssMiB": idle["maxPeakRssMiB"],
         "rows": rows,
     }
+    if pod_rows:
+        _rates(pod_rows, idle_mib)
+        out |= {
+            "podsPerReplicaSet": pods_per_rs,
+            "pods": objects * pods_per_rs,
+            "addPodsSeconds": round(pods_created, 1),
+            "rowsWithPods": pod_rows,
+            "podsOverNoPods": [_compare(a, b) for a, b in zip(rows, pod_rows, strict=True)],
+            "cpuPerReconcileTarget": 1.5,
+        }
+    return out
+
+
+def _compare(none: dict[str, Any], pods: dict[str, Any]) -> dict[str, Any]:
+    """One N with pods against the same N without (ratios; target: CPU per reconcile <= 1.5x)."""
+
+    def ratio(key: str) -> float | None:
+        a, b = none.get(key), pods.get(key)
+        return round(b / a, 2) if a and b is not None else None
+
+    return {
+        "managers": none["managers"],
+        "reconcileCpuPerReconcile": ratio("reconcileCpuMsPerReconcile"),
+        "processCpuPerReconcile": ratio("processCpuMsPerReconcile"),
+        "reconcilesPerSecond": ratio("reconcilesPerSecond"),
+        "backlogReconcilesPerSecond": ratio("backlogReconcilesPerSecond"),
+        "maxRss": ratio("maxRssMiB"),
+    }
 
 
 # ---- proxy --------------------------------------------------------------------------------------
 
 
-def raw_json_bytes(samples: int = 200) -> float:
+def raw_json_bytes(samples: int = 200, shape: str = "synthetic") -> float:
     """Mean JSON size of the pods :mod:`bench.upstream_server` serves (the same generator)."""
+    make = real_pod if shape == "real" else stored_pod
     total = 0
     for i in range(samples):
-        pod = stored_pod(f"pod-{i}", FEED_NAMESPACE, 1000)
+        pod = make(f"pod-{i}", FEED_NAMESPACE, 1000)
         pod["metadata"]["annotations"][SENT_ANNOTATION] = "0"
         total += len(orjson.dumps(pod))
     return total / samples
 
 
-def _proxy_over(objects: int, workdir: Path, name: str) -> tuple[subprocess.Popen[bytes], ProxyProcess, str, float]:
+def _proxy_over(
+    objects: int, workdir: Path, name: str, *, shape: str = "synthetic", extra: tuple[str, ...] = ()
+) -> tuple[subprocess.Popen[bytes], ProxyProcess, str, float]:
     """The synthetic upstream with ``objects`` pods and a `rangeshard proxy` synced from it; seconds to sync."""
-    upstream, port = _spawn_printing_port(["bench.upstream_server", "--objects", str(objects), "--max-seconds", "3600"])
+    upstream, port = _spawn_printing_port(
+        ["bench.upstream_server", "--objects", str(objects), "--max-seconds", "3600", "--shape", shape]
+    )
     url = f"http://127.0.0.1:{port}"
     proxy = ProxyProcess(
-        url, resources=["pods"], log_file=workdir / f"{name}.log", extra_args=["--log-level", "warning"]
+        url, resources=["pods"], log_file=workdir / f"{name}.log", extra_args=["--log-level", "warning", *extra]
     )
     t0 = time.monotonic()
     try:
@@ -565,18 +809,172 @@ def run_proxy(
     }
 
 
-def run(workdir: Path, *, quick: bool, rs_objects: int | None = None, pod_objects: int | None = None) -> dict[str, Any]:
-    """Both parts: quick sizes check behaviour only; the full sizes are issue 27's (20,000 / 1,000,000)."""
+# ---- proxy on real-shaped objects (issue 49) -----------------------------------------------------
+
+#: A bound no run reaches: the history kept by the two minimums alone (10,000 events or 300 s).
+NO_BYTE_BOUND = 1 << 40
+
+
+def _churn(proxy_url: str, upstream_url: str, pid: int, rate: int, seconds: float) -> dict[str, Any]:
+    """Status churn: ``rate`` MODIFIED events/s for ``seconds`` (each a new version of a cached pod); the history
+    then, from the proxy's gauges, and RSS sampled every second (the peak of the samples)."""
+    count = max(1, int(rate * seconds))
+    samples: list[int] = []
+
+    async def go() -> dict[str, Any]:
+        async with httpx.AsyncClient(base_url=upstream_url, timeout=30) as up:
+            (await up.post("/bench/feed", params={"rate": rate, "count": count})).raise_for_status()
+            deadline = time.monotonic() + seconds * 3 + 60
+            while not (await up.get("/bench/feed")).json().get("done"):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the churn of {count} events did not end")
+                samples.append(proc_memory(pid)["rssKiB"])
+                await asyncio.sleep(1.0)
+        async with httpx.AsyncClient(base_url=proxy_url, timeout=30) as client:
+            deadline = time.monotonic() + 30
+            while True:  # every event received (the proxy may lag the upstream's send a little)
+                text = (await client.get("/metrics")).text
+                if metric_value(text, "range_filter_proxy_events_received_total", resource="pods") >= count:
+                    break
+                if time.monotonic() > deadline:
+                    raise TimeoutError("the proxy did not receive every churn event")
+                await asyncio.sleep(0.2)
+        return {
+            "events": count,
+            "historyEvents": int(metric_value(text, "range_filter_proxy_history_events", resource="pods")),
+            "historyBytes": int(metric_value(text, "range_filter_proxy_history_bytes", resource="pods")),
+        }
+
+    out = _run_loop(go())
+    out["rssSamplesMaxKiB"] = max(samples, default=0)
+    return out
+
+
+def run_proxy_real(
+    workdir: Path,
+    *,
+    objects: int,
+    rate: int,
+    seconds: float,
+    bounds: tuple[int, ...] = (64 * 1024 * 1024, NO_BYTE_BOUND),
+) -> dict[str, Any]:
+    """The proxy caching ``objects`` real-shaped pods under ``rate``/s status churn for ``seconds``, once per
+    history byte bound: RSS after sync (objects) and after the churn (plus history), from ``/proc``; the
+    history's events and bytes from its gauges. Target: RSS over idle <= 2 x raw JSON of the objects + bound."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    raw = raw_json_bytes(shape="real")
+    up0, idle, _, _ = _proxy_over(1, workdir, "proxy-real-idle", shape="real")
+    try:
+        idle_rss = proc_memory(idle.pid or 0)["rssKiB"]
+    finally:
+        idle.stop()
+        _stop([up0])
+    rows = []
+    for bound in bounds:
+        name = f"proxy-real-{bound}"
+        upstream, proxy, upstream_url, sync = _proxy_over(
+            objects, workdir, name, shape="real", extra=("--history-max-bytes", str(bound))
+        )
+        try:
+            pid = proxy.pid or 0
+            synced = proc_memory(pid)
+            churn = _churn(proxy.url, upstream_url, pid, rate, seconds)
+            end = proc_memory(pid)
+        finally:
+            proxy.stop()
+            _stop([upstream])
+        objects_kib = synced["rssKiB"] - idle_rss
+        history_kib = end["rssKiB"] - synced["rssKiB"]
+        raw_objects = raw * objects
+        limit = 2 * raw_objects + (bound if bound < NO_BYTE_BOUND else churn["historyBytes"])
+        rows.append(
+            {
+                "historyMaxBytes": bound if bound < NO_BYTE_BOUND else None,
+                "firstSyncSeconds": round(sync, 2),
+                "rssAfterSyncMiB": round(synced["rssKiB"] / 1024, 1),
+                "rssAfterChurnMiB": round(end["rssKiB"] / 1024, 1),
+                "peakRssMiB": round(end["peakRssKiB"] / 1024, 1),
+                "objectsRssMiB": round(objects_kib / 1024, 1),
+                "objectsRssOverRawJson": round(objects_kib * 1024 / raw_objects, 2),
+                "historyRssMiB": round(history_kib / 1024, 1),
+                **churn,
+                "historyMiB": round(churn["historyBytes"] / 2**20, 1),
+                "historyRssOverBytes": round(history_kib * 1024 / churn["historyBytes"], 2)
+                if churn["historyBytes"]
+                else None,
+                "historyWindowSeconds": round(churn["historyEvents"] / rate, 1),
+                "rssOverIdleMiB": round((end["rssKiB"] - idle_rss) / 1024, 1),
+                "targetMiB": round(limit / 2**20, 1),
+                "targetMet": (end["rssKiB"] - idle_rss) * 1024 <= limit,
+            }
+        )
+    return {
+        "objects": objects,
+        "upstream": "bench.upstream_server --shape real (managedFields, full status, 5 labels, 3 annotations)",
+        "rawJsonBytes": round(raw),
+        "rawJsonMiB": round(raw * objects / 2**20, 1),
+        "churnPerSecond": rate,
+        "churnSeconds": seconds,
+        "idleRssMiB": round(idle_rss / 1024, 1),
+        "rows": rows,
+    }
+
+
+#: The parts of the section, in the order they run (``--scale-parts``).
+PARTS = ("profile", "managers", "pods", "proxy", "proxyReal")
+
+
+def run(
+    workdir: Path,
+    *,
+    quick: bool,
+    rs_objects: int | None = None,
+    pod_objects: int | None = None,
+    pod_replicasets: int | None = None,
+    pods_per_rs: int | None = None,
+    parts: tuple[str, ...] = PARTS,
+) -> dict[str, Any]:
+    """The parts asked for: quick sizes check behaviour only; the full sizes are issue 27's (20,000 ReplicaSets,
+    1,000,000 pods) and issue 49's (5,000 ReplicaSets x 4 pods, over N = 1, 2, 4, 8)."""
     result: dict[str, Any] = {"bareLoop": bare_loop()}
-    if quick:
+    counts = [1, 2] if quick else [1, 2, 4, 8]
+    if "profile" in parts:
+        result["reconcileProfile"] = reconcile_profile.run(
+            replicasets=pod_replicasets or (200 if quick else 5_000),
+            pods_per_rs=pods_per_rs or (2 if quick else 4),
+            sample=50 if quick else 500,
+        )
+    if "managers" in parts:
         result["managers"] = run_managers(
-            workdir / "managers", objects=rs_objects or 40, counts=[1, 2], window=1.0, delay=0.02
+            workdir / "managers",
+            objects=rs_objects or (40 if quick else 20_000),
+            counts=counts,
+            window=1.0 if quick else 5.0,
+            delay=0.02,
         )
-        result["proxy"] = run_proxy(
-            workdir / "proxy", objects=pod_objects or 2000, small=4, large=32, events=400, rate=1000, list_sample=64
+    if "pods" in parts:
+        result["managersWithPods"] = run_managers(
+            workdir / "managers-pods",
+            objects=pod_replicasets or (20 if quick else 5_000),
+            counts=counts,
+            window=1.0 if quick else 5.0,
+            delay=0.02,
+            pods_per_rs=pods_per_rs or (2 if quick else 4),
+            restart_without_pods=not quick,  # quick: the rolling restart of the rows with pods only
         )
-    else:
-        result["managers"] = run_managers(workdir / "managers", objects=rs_objects or 20_000, counts=[1, 2, 4, 8])
-        result["proxy"] = run_proxy(workdir / "proxy", objects=pod_objects or 1_000_000)
+    if "proxy" in parts:
+        if quick:
+            result["proxy"] = run_proxy(
+                workdir / "proxy", objects=pod_objects or 2000, small=4, large=32, events=400, rate=1000, list_sample=64
+            )
+        else:
+            result["proxy"] = run_proxy(workdir / "proxy", objects=pod_objects or 1_000_000)
+    if "proxyReal" in parts:
+        if quick:
+            result["proxyReal"] = run_proxy_real(
+                workdir / "proxy-real", objects=300, rate=200, seconds=2.0, bounds=(256 * 1024, NO_BYTE_BOUND)
+            )
+        else:
+            result["proxyReal"] = run_proxy_real(workdir / "proxy-real", objects=20_000, rate=100, seconds=150.0)
     result["bareLoopAtEnd"] = bare_loop()
     return result

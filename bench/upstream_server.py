@@ -5,7 +5,8 @@ Purpose
     absorbs, and :mod:`bench.feed` skips the proxy's HTTP upstream read. This
     server speaks just enough of the Kubernetes API over HTTP/1.1 for an
     unmodified ``rangeshard proxy --upstream http://...`` to cache pods from
-    it: ``/api/v1`` discovery, the pod list (also with ``limit=1`` for the
+    it (``--shape real``: pods as a real API server stores them, ~5.8 KiB with
+    ``managedFields`` and a full status): ``/api/v1`` discovery, the pod list (also with ``limit=1`` for the
     current resourceVersion, and in pages with ``limit``/``continue``) and chunked watch streams. Watch events are the
     feed's ~1.2 KiB ``MODIFIED`` lines (same bytes, fresh send timestamps),
     emitted in bursts at a controlled rate; the events due at one wake-up go
@@ -49,8 +50,8 @@ _IDLE_WAIT_S = 30.0
 class FakeApiServer:
     """The state and handlers of the fake API server (see module docstring)."""
 
-    def __init__(self, objects: int) -> None:
-        self.feed = FeedUpstream(objects)
+    def __init__(self, objects: int, shape: str = "synthetic") -> None:
+        self.feed = FeedUpstream(objects, shape)
         self.watches = 0
         self._go = asyncio.Event()
         self._burst_id = 0
@@ -152,8 +153,8 @@ class FakeApiServer:
             self.watches -= 1
 
 
-async def _serve(objects: int, max_seconds: float) -> None:
-    api = FakeApiServer(objects)
+async def _serve(objects: int, max_seconds: float, shape: str = "synthetic") -> None:
+    api = FakeApiServer(objects, shape)
     server = await asyncio.start_server(api.handle, "127.0.0.1", 0)
     sys.stdout.write(f"{server.sockets[0].getsockname()[1]}\n")
     sys.stdout.flush()
@@ -167,13 +168,19 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.upstream_server")
     p.add_argument("--objects", type=int, default=1024)
     p.add_argument("--max-seconds", type=float, default=900.0)
+    p.add_argument(
+        "--shape",
+        choices=("synthetic", "real"),
+        default="synthetic",
+        help="pods of ~1.2 KiB, or ~5.8 KiB as a real API server stores them (managedFields, status)",
+    )
     args = p.parse_args(argv)
     try:
         import uvloop  # noqa: PLC0415
 
-        uvloop.run(_serve(args.objects, args.max_seconds))
+        uvloop.run(_serve(args.objects, args.max_seconds, args.shape))
     except ImportError:
-        asyncio.run(_serve(args.objects, args.max_seconds))
+        asyncio.run(_serve(args.objects, args.max_seconds, args.shape))
     return 0
 
 

@@ -16,7 +16,9 @@ Purpose
     * :mod:`controller_manager.controller` - the framework: informers, workqueue,
       workers, in-range check, audit
     * :mod:`controller_manager.informer` (the thread driver of the foundation's
-      reflector, :mod:`rangeshard.core.reflector`), :mod:`controller_manager.workqueue`
+      reflector, :mod:`rangeshard.core.reflector`), its indexed store
+      :mod:`controller_manager.indexer` (client-go's ``Indexer``: by namespace,
+      controller owner, orphans, and a controller's own), :mod:`controller_manager.workqueue`
     * :mod:`controller_manager.controllers` - ReplicaSet and Deployment
     * :mod:`controller_manager.audit` - the reconcile audit log and overlap checker
     * :mod:`controller_manager.write_audit` - the write-level check over an

@@ -56,6 +56,7 @@ from controller_manager.audit import AuditLog
 from controller_manager.audit import now as audit_now
 from controller_manager.cost import CostTracker
 from controller_manager.fencing import FencedApiClient, WriteFenced
+from controller_manager.indexer import IndexFunc
 from controller_manager.informer import Informer
 from controller_manager.metrics import Metrics
 from controller_manager.resources import Resource, controller_ref, object_key, raw_request
@@ -63,7 +64,7 @@ from controller_manager.shardhost import ShardHost, ShardSettings
 from controller_manager.sharding import ShardInstance
 from controller_manager.watchdog import ReconcileTracker
 from controller_manager.workqueue import WorkQueue
-from hashing import MAX_CHAIN, HashRange, ShardBy, hash_key, label_path, root_path
+from hashing import MAX_CHAIN, HashRange, ShardBy, canonical_via, hash_key, label_path, root_path
 from rangeshard.core.clock import MONOTONIC, Clock
 from rangeshard.core.errors import ControllerError, ReconcileTimeout
 from rangeshard.core.loops import start_thread
@@ -174,6 +175,11 @@ class Controller(ABC):
     #: gives a Deployment controller exactly the pods of its own Deployments. An event of one
     #: enqueues the main object at the top of its chain (found in the informers).
     chained: ClassVar[tuple[tuple[Resource, tuple[str, ...]], ...]] = ()
+    #: Your own indexes of the informer stores, per resource: ``{WIDGETS: {"color": lambda o: [o["spec"]["color"]]}}``
+    #: (name -> function returning the values an object is filed under); read them in a reconcile with
+    #: ``self.rt.store(WIDGETS).by_index("color", "blue")``. Every store also has ``namespace``, ``owner``
+    #: and ``orphans`` (:mod:`controller_manager.indexer`).
+    indexers: ClassVar[Mapping[Resource, Mapping[str, IndexFunc]]] = {}
     #: CustomResourceDefinition manifests (dicts) the runtime creates at start when they are missing
     #: (needs ``create`` on customresourcedefinitions; without it, install them yourself).
     crds: ClassVar[tuple[dict[str, Any], ...]] = ()
@@ -213,6 +219,11 @@ def _uid_hash(uid: str) -> int:
     RSS after handing most of them away).
     """
     return hash_key(uid.encode().decode())
+
+
+def _via_name(resource: Resource) -> str:
+    """A resource as ``via`` kinds spell it: ``resource.group`` (``resource`` in the core group)."""
+    return f"{resource.name}.{resource.group}" if resource.group else resource.name
 
 
 class ControllerRuntime(ShardHost):
@@ -297,7 +308,7 @@ class ControllerRuntime(ShardHost):
         ]
         if isinstance(api_client, FencedApiClient):
             api_client.set_rules({resource.gvr.label: rule for resource, rule, _, _ in handlers}, labels)
-        return {
+        informers = {
             resource.name: Informer(
                 api_client,
                 resource,
@@ -305,9 +316,17 @@ class ControllerRuntime(ShardHost):
                 range_source=self.shard.informer_range,
                 on_event=on_event,
                 name=f"{self.name}-{resource.name}",
+                indexers=controller_cls.indexers.get(resource),
             )
             for resource, _rule, path, on_event in handlers
         }
+        # A chained informer's by_root walks down the informers of its via kinds (those this controller has).
+        for res, via in controller_cls.chained:
+            kinds = set(canonical_via(via))
+            informers[res.name].via = tuple(
+                i for i in informers.values() if _via_name(i.resource) in kinds and i.resource != res
+            )
+        return informers
 
     @property
     def watched_informers(self) -> list[Informer]:

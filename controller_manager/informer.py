@@ -35,8 +35,20 @@ Invariants
 
 Concurrency model
     One named daemon thread per informer (``informer-<controller>-<resource>``).
-    The store is guarded by a lock; readers get copies of references (objects
+    The store is an :class:`~controller_manager.indexer.Indexer` (its lock guards
+    the objects and their indexes); readers get copies of references (objects
     are never mutated in place, only replaced).
+
+Indexes
+    The store keeps client-go style indexes (by namespace, by controller-owner
+    uid, orphans by namespace, and the controller's own), updated with every
+    watch event and rebuilt with every relist, so a reconcile reads its own
+    objects in O(their number): :meth:`Informer.by_owner`,
+    :meth:`Informer.by_namespace`, :meth:`Informer.orphans`,
+    :meth:`Informer.by_index`. :meth:`Informer.by_root` walks the owner
+    indexes down a chain of controller owners through the informers of the
+    ``via`` kinds (:attr:`Informer.via`, set by the runtime for a ``by: root``
+    informer): the objects below a root in O(the objects of that chain).
 """
 
 from __future__ import annotations
@@ -45,15 +57,16 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import orjson
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
+from controller_manager.indexer import Indexer, IndexFunc, Obj
 from controller_manager.resources import Resource, object_key, raw_request
-from hashing import HashRange, range_to_selector
+from hashing import MAX_CHAIN, HashRange, range_to_selector
 from rangeshard.core.backoff import Backoff
 from rangeshard.core.kubeapi import status_message
 from rangeshard.core.loops import start_thread
@@ -81,6 +94,7 @@ class Informer:
         name: str,
         watch_timeout: int = 60,
         request_timeout: float = 30.0,
+        indexers: Mapping[str, IndexFunc] | None = None,
     ) -> None:
         self.resource = resource
         self.path = path
@@ -92,8 +106,9 @@ class Informer:
         #: Objects per list page (``limit``); the proxy serves pages from its cache.
         self.page_size = LIST_PAGE_SIZE
         self._api = api_client
-        self._lock = threading.Lock()
-        self._store: dict[str, dict[str, Any]] = {}
+        self._store = Indexer(indexers)
+        #: For a ``by: root`` informer: the informers of its ``via`` kinds, which :meth:`by_root` walks down.
+        self.via: tuple[Informer, ...] = ()
         self._stop = threading.Event()
         self._reset = threading.Event()
         self._resp: Any = None
@@ -112,16 +127,71 @@ class Informer:
 
     # -- store access ---------------------------------------------------------
     def get(self, key: str) -> dict[str, Any] | None:
-        with self._lock:
-            return self._store.get(key)
+        return self._store.get(key)
 
     def items(self) -> list[dict[str, Any]]:
-        with self._lock:
-            return list(self._store.values())
+        """Every cached object: O(the cache). In a reconcile read through an index instead."""
+        return self._store.items()
 
     def __len__(self) -> int:
-        with self._lock:
-            return len(self._store)
+        return len(self._store)
+
+    @property
+    def indexer(self) -> Indexer:
+        """The indexed store itself (client-go ``GetIndexer``)."""
+        return self._store
+
+    def by_namespace(self, namespace: str) -> list[Obj]:
+        """The cached objects of ``namespace`` (``""``: cluster-scoped ones)."""
+        return self._store.by_namespace(namespace)
+
+    def by_owner(self, uid: str) -> list[Obj]:
+        """The cached objects whose controller ownerReference has ``uid``."""
+        return self._store.by_owner(uid)
+
+    def orphans(self, namespace: str) -> list[Obj]:
+        """The cached objects of ``namespace`` without a controller ownerReference (adoption candidates)."""
+        return self._store.orphans(namespace)
+
+    def by_index(self, name: str, value: str) -> list[Obj]:
+        """The cached objects filed under ``value`` in the index ``name`` (client-go ``ByIndex``)."""
+        return self._store.by_index(name, value)
+
+    def index_keys(self, name: str, value: str) -> list[str]:
+        """The keys filed under ``value`` in the index ``name`` (client-go ``IndexKeys``)."""
+        return self._store.index_keys(name, value)
+
+    def add_indexers(self, indexers: Mapping[str, IndexFunc]) -> None:
+        """Add index functions; the objects already cached are filed at once (client-go ``AddIndexers``)."""
+        self._store.add_indexers(indexers)
+
+    def by_root(self, uid: str) -> list[Obj]:
+        """The cached objects whose chain of controller owners passes through ``uid`` (the objects below it).
+
+        Down the owner indexes: the objects owned by ``uid``, then those owned by the objects of the
+        :attr:`via` informers owned by ``uid``, and so on (at most :data:`hashing.MAX_CHAIN` levels, each
+        uid once): for a Deployment's uid in a pod informer chained through ``replicasets.apps``, its pods.
+        Without ``via`` informers it is :meth:`by_owner` (a chain of one step). Each store is read under
+        its own lock: an event just applied to one informer may not be in another yet (as with client-go's
+        listers); the next event of either enqueues the main object again.
+        """
+        found: list[Obj] = []
+        level = [uid]
+        seen = {uid}
+        for _ in range(MAX_CHAIN):
+            nxt: list[str] = []
+            for u in level:
+                found.extend(self._store.by_owner(u))
+                for via in self.via:
+                    for o in via.by_owner(u):
+                        child = (o.get("metadata") or {}).get("uid")
+                        if isinstance(child, str) and child not in seen:
+                            seen.add(child)
+                            nxt.append(child)
+            if not nxt:
+                break
+            level = nxt
+        return found
 
     def silence(self, now: float) -> float | None:
         """Seconds since the open watch last brought an event or a bookmark (``None``: no watch open)."""
@@ -208,9 +278,7 @@ class Informer:
         )
 
     def _replace(self, items: dict[str, dict[str, Any]], epoch: int) -> None:
-        with self._lock:
-            old = self._store
-            self._store = items
+        old = self._store.replace(items)
         for key, obj in old.items():
             if key not in items:
                 self._emit("DELETED", obj)
@@ -225,6 +293,17 @@ class Informer:
         # Unchanged objects are not re-emitted: when a relist follows a range change
         # the instance resyncs every main object as soon as processing resumes.
         self.synced_epoch = epoch
+
+    def _apply(self, etype: str, obj: dict[str, Any]) -> None:
+        """One watch event (``ADDED``/``MODIFIED``/``DELETED``): the store and its indexes, then the handler."""
+        obj.setdefault("apiVersion", self.resource.api_version)
+        obj.setdefault("kind", self.resource.kind)
+        key = object_key(obj)
+        if etype == "DELETED":
+            self._store.pop(key)
+        else:
+            self._store.put(key, obj)
+        self._emit(etype, obj)
 
     def _emit(self, kind: str, obj: dict[str, Any]) -> None:
         try:
@@ -268,15 +347,7 @@ class Informer:
                 rv = str((obj.get("metadata") or {}).get("resourceVersion") or rv)
                 if etype not in ("ADDED", "MODIFIED", "DELETED"):
                     continue
-                obj.setdefault("apiVersion", self.resource.api_version)
-                obj.setdefault("kind", self.resource.kind)
-                key = object_key(obj)
-                with self._lock:
-                    if etype == "DELETED":
-                        self._store.pop(key, None)
-                    else:
-                        self._store[key] = obj
-                self._emit(etype, obj)
+                self._apply(etype, obj)
                 if self._reset.is_set() or self._stop.is_set():
                     break
             else:

@@ -109,7 +109,32 @@ def check_controller_class(obj: Any, what: str) -> type[Controller]:
         raise PluginProblem(f"{what} is abstract (does not implement {missing})")
     if not isinstance(getattr(obj, "main", None), Resource):
         raise PluginProblem(f"{what} declares no main resource (class attribute main = Resource(...))")
+    _check_indexers(obj, what)
     return obj
+
+
+def _check_indexers(cls: type[Controller], what: str) -> None:
+    """``indexers``: a mapping of the class's own resources to ``{name: callable}``, no name a built-in index's."""
+    from controller_manager.indexer import BUILTIN_INDEXERS  # noqa: PLC0415
+
+    indexers = getattr(cls, "indexers", {})
+    if not isinstance(indexers, Mapping):
+        raise PluginProblem(f"{what}: indexers must be a mapping of Resource to {{name: function}}")
+    own = {cls.main, *cls.dependents, *(res for res, _via in cls.chained)}
+    for resource, funcs in indexers.items():
+        if resource not in own:
+            named = getattr(resource, "name", resource)
+            raise PluginProblem(f"{what}: indexers names {named!r}, not its main, dependent or chained resource")
+        if not isinstance(funcs, Mapping):
+            raise PluginProblem(f"{what}: indexers[{resource.name}] must be a mapping of index name to function")
+        for name, func in funcs.items():
+            if not isinstance(name, str) or not name or name in BUILTIN_INDEXERS:
+                raise PluginProblem(
+                    f"{what}: indexers[{resource.name}]: index name {name!r} is empty or a built-in one "
+                    f"({', '.join(BUILTIN_INDEXERS)})"
+                )
+            if not callable(func):
+                raise PluginProblem(f"{what}: indexers[{resource.name}][{name!r}] is not a function")
 
 
 def _resolve_one(name: str, target: str | None, eps: Mapping[str, list[metadata.EntryPoint]]) -> type[Controller]:

@@ -47,6 +47,10 @@ class CacheSettings:
     history_events: int = 10_000
     history_seconds: float = 300.0
     history_hard_cap: int = 100_000
+    #: The most bytes of events the history holds (:func:`event_bytes` each), whatever the two minimums
+    #: above say: 64 MiB keeps kube-apiserver's 75 s window for a resource changing at ~870 KiB/s, e.g.
+    #: ~147 status updates/s of 5.8 KiB pods (docs/proxy.md, docs/benchmarks.md: issue 49).
+    history_max_bytes: int = 64 * 1024 * 1024
     bookmark_interval: float = 10.0
     watcher_queue_size: int = 1_000
     #: How long a consistent read waits for the cache before listing upstream instead.
@@ -237,6 +241,16 @@ def _labelled(base: ObjectHashes, labels: Mapping[str, str], prev: CachedObject 
         ):
             return old
     return base.with_labels(labels)
+
+
+#: What one history event holds besides its object's bytes (the event and object structs, the
+#: deque slot, the name string; measured: docs/benchmarks.md, issue 49), for :func:`event_bytes`.
+EVENT_OVERHEAD_BYTES = 256
+
+
+def event_bytes(ev: CachedEvent) -> int:
+    """The bytes a history event is counted at: its object's bytes (JSON or watch line) plus the overhead."""
+    return len(ev.cur.data) + EVENT_OVERHEAD_BYTES
 
 
 class CachedEvent(msgspec.Struct, eq=False, gc=False):

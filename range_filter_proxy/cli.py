@@ -72,6 +72,12 @@ class ProxyFlags(ServingFlags, EtcdClientFlags):
     bookmark_interval: float = Field(10.0, gt=0, description="Seconds between bookmarks of a quiet watch")
     history_events: int = Field(10_000, ge=1, description="Events kept per resource for resuming watches (at least)")
     history_seconds: float = Field(300.0, ge=0, description="Seconds of events kept per resource (at least)")
+    history_max_bytes: int = Field(
+        64 * 1024 * 1024,
+        ge=1,
+        description="Most bytes of events kept per resource (JSON plus 256 per event), whatever --history-events and "
+        "--history-seconds ask for (64 MiB: kube's 75 s window up to ~870 KiB/s of changes)",
+    )
     consistent_read_timeout: float = Field(
         0.5, ge=0, description="Seconds a consistent read waits for the cache before listing upstream instead"
     )
@@ -170,6 +176,7 @@ def proxy_settings(flags: ProxyFlags) -> ProxySettings:
             bookmark_interval=flags.bookmark_interval,
             history_events=flags.history_events,
             history_seconds=flags.history_seconds,
+            history_max_bytes=flags.history_max_bytes,
             history_hard_cap=max(10 * flags.history_events, 100_000),
             consistent_read_timeout=flags.consistent_read_timeout,
         ),

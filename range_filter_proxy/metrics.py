@@ -34,7 +34,7 @@ from collections.abc import Iterator
 from itertools import accumulate
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 _PREFIX = "range_filter_proxy"
@@ -54,6 +54,8 @@ class ResourceStats:
         "events_delivered",
         "events_filtered",
         "events_received",
+        "history_bytes",
+        "history_events",
         "latency_buckets",
         "latency_sum",
         "queued_writes",
@@ -74,6 +76,9 @@ class ResourceStats:
         #: Cached objects looked at by selects (lists, watches' initial state): with a
         #: ``shardSelector`` only those of the hash buckets it overlaps, without one all.
         self.select_examined = 0
+        #: The event history now: events and the bytes they are counted at (``--history-max-bytes``).
+        self.history_events = 0
+        self.history_bytes = 0
 
 
 class _StatsCollector(Collector):
@@ -100,6 +105,14 @@ class _StatsCollector(Collector):
             for resource, s in items:
                 family.add_metric([resource], getattr(s, attr))
             yield family
+        for attr, doc in (
+            ("history_events", "Events in the watch cache's history (what resumed watches replay)"),
+            ("history_bytes", "Bytes the history's events are counted at (bounded by --history-max-bytes)"),
+        ):
+            gauge = GaugeMetricFamily(f"{_PREFIX}_{attr}", doc, labels=["resource"])
+            for resource, s in items:
+                gauge.add_metric([resource], getattr(s, attr))
+            yield gauge
         writes = CounterMetricFamily(
             f"{_PREFIX}_watch_writes",
             "Chunks of live watch events written downstream, by path: direct (from the end-of-turn flush"

@@ -18,7 +18,9 @@ Semantics (those of kube-apiserver's cacher, see docs/proxy.md)
       ``N >= history_start_rv`` replays the events with ``rv > N``; an older
       ``N`` is answered with an ``ERROR`` event carrying a 410 ``Status``.
     * The window keeps at least ``history_events`` events or
-      ``history_seconds`` of them, whichever is more, up to ``history_hard_cap``.
+      ``history_seconds`` of them, whichever is more, up to ``history_hard_cap``
+      events and ``history_max_bytes`` bytes (:func:`~range_filter_proxy.cached.event_bytes`
+      each): the byte bound wins over both minimums.
     * A (re)list reads the upstream in pages (``limit``/``continue``, one
       consistent snapshot) and replaces the store, clears the history (``history_start_rv``
       becomes the list's RV) and closes every downstream watch, as kube's
@@ -74,6 +76,7 @@ from range_filter_proxy.cached import (
     CachedObject,
     CacheSettings,
     WatchFilter,
+    event_bytes,
     parse_rv,
 )
 from range_filter_proxy.dispatch import DispatchIndex
@@ -130,6 +133,8 @@ class WatchCache:
         #: slice (:mod:`range_filter_proxy.storeindex`); updated with ``objects``, never apart.
         self.store_index = StoreIndex()
         self.history: deque[CachedEvent] = deque()
+        #: The bytes the history's events are counted at (:func:`event_bytes`), kept with ``history``.
+        self.history_bytes = 0
         self.history_start_rv = 0
         self.rv = 0
         #: The largest resourceVersion of the upstream's own events and bookmarks (``rv`` may be
@@ -219,6 +224,7 @@ class WatchCache:
         self.objects = objects
         self.store_index.rebuild(objects)
         self.history.clear()
+        self.history_bytes = self.stats.history_bytes = self.stats.history_events = 0
         for observer in self.observers:
             try:
                 observer.replaced(objects)
@@ -319,8 +325,12 @@ class WatchCache:
         """Keep ``ev`` in the history (evicting the oldest past the window) and dispatch it."""
         history = self.history
         history.append(ev)
-        if len(history) > self._evict_above:
+        self.history_bytes += event_bytes(ev)
+        if len(history) > self._evict_above or self.history_bytes > self.settings.history_max_bytes:
             self._evict(now)
+        stats = self.stats
+        stats.history_events = len(history)
+        stats.history_bytes = self.history_bytes
         self._dispatch(ev)
 
     # ---- placement by owner chain ------------------------------------------------------------
@@ -398,10 +408,14 @@ class WatchCache:
         s = self.settings
         history = self.history
         n = len(history)
-        cap, keep, seconds = s.history_hard_cap, s.history_events, s.history_seconds
-        while n and (n > cap or (n > keep and now - history[0].received > seconds)):
-            self.history_start_rv = history.popleft().rv
+        cap, keep, seconds, max_bytes = s.history_hard_cap, s.history_events, s.history_seconds, s.history_max_bytes
+        size = self.history_bytes
+        while n and (n > cap or size > max_bytes or (n > keep and now - history[0].received > seconds)):
+            oldest = history.popleft()
+            self.history_start_rv = oldest.rv
+            size -= event_bytes(oldest)
             n -= 1
+        self.history_bytes = size
 
     def _dispatch(self, ev: CachedEvent) -> None:
         index = self._index

@@ -68,7 +68,7 @@ from controller_manager.controllers.rollout import (
     rs_replicas,
     synced,
 )
-from controller_manager.resources import DEPLOYMENTS, PODS, REPLICASETS, Resource, controller_ref
+from controller_manager.resources import DEPLOYMENTS, PODS, REPLICASETS, Resource
 from hashing import fnv1a_64
 
 MERGE = "application/merge-patch+json"
@@ -171,12 +171,10 @@ class DeploymentController(Controller):
         want = int(spec.get("replicas", 1))
         strategy = Strategy.of(spec, want)
         thash = template_hash(spec.get("template") or {})
-        owned = [
+        owned = [  # the owner index: O(its own ReplicaSets)
             {**rs, "kind": "ReplicaSet", "apiVersion": "apps/v1"}
-            for rs in self.rt.store(REPLICASETS).items()
-            if (rs.get("metadata") or {}).get("namespace") == ns
-            and (controller_ref(rs) or {}).get("uid") == uid
-            and not is_terminating(rs)
+            for rs in self.rt.store(REPLICASETS).by_owner(uid)
+            if (rs.get("metadata") or {}).get("namespace") == ns and not is_terminating(rs)
         ]
         if not self._caught_up(key, owned):
             raise Requeue(after=0.2, reason="waiting for the informer to see earlier ReplicaSet scales")
@@ -246,15 +244,13 @@ class DeploymentController(Controller):
         controller owners leads to this instance's Deployments, terminating ones
         included until they are gone; their deletion enqueues the Deployment again.
         """
-        uids = {rs["metadata"]["uid"] for rs in old}
-        if not uids:
-            return False
         ns = d["metadata"]["namespace"]
+        pods = self.rt.store(PODS)
         return any(
             (pod.get("metadata") or {}).get("namespace") == ns
-            and (controller_ref(pod) or {}).get("uid") in uids
             and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
-            for pod in self.rt.store(PODS).items()
+            for rs in old
+            for pod in pods.by_owner(rs["metadata"]["uid"])  # the owner index: only these pods
         )
 
     # -- writes --------------------------------------------------------------------

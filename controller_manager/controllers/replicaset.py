@@ -2,7 +2,8 @@
 
 Purpose
     For a ReplicaSet key: count the live pods it controls (from the owner-path
-    pod informer), adopt matching orphans, create or delete pods to match
+    pod informer's owner index), adopt matching orphans of its namespace (the
+    orphan index), so a reconcile costs O(its own pods), not O(the range), create or delete pods to match
     ``spec.replicas``, and write ``status`` (``replicas``,
     ``fullyLabeledReplicas``, ``readyReplicas``, ``availableReplicas`` - ready
     for at least ``spec.minReadySeconds`` - and ``observedGeneration``).
@@ -52,12 +53,12 @@ class ReplicaSetController(Controller):
         self.recorder = EventRecorder(self.api, "replicaset-controller")
 
     def orphan_keys(self, resource: Resource, obj: dict[str, Any]) -> list[str]:
+        """The ReplicaSets of the orphan's namespace whose selector matches it (the namespace index)."""
         meta = obj.get("metadata") or {}
         return [
             object_key(rs)
-            for rs in self.rt.store(REPLICASETS).items()
-            if (rs.get("metadata") or {}).get("namespace") == meta.get("namespace")
-            and selector_matches((rs.get("spec") or {}).get("selector"), meta.get("labels"))
+            for rs in self.rt.store(REPLICASETS).by_namespace(str(meta.get("namespace") or ""))
+            if selector_matches((rs.get("spec") or {}).get("selector"), meta.get("labels"))
         ]
 
     def on_dependent_event(self, event: str, resource: Resource, obj: dict[str, Any]) -> None:
@@ -84,18 +85,19 @@ class ReplicaSetController(Controller):
         spec = rs.get("spec") or {}
         want = int(spec.get("replicas", 1))
         selector = spec.get("selector")
-        owned: list[dict[str, Any]] = []
-        orphans: list[dict[str, Any]] = []
-        for pod in self.rt.store(PODS).items():
-            pmeta = pod.get("metadata") or {}
-            if pmeta.get("namespace") != ns or is_terminating(pod):
-                continue
-            ref = controller_ref(pod)
-            if ref is not None:
-                if ref.get("uid") == uid:
-                    owned.append(pod)
-            elif selector_matches(selector, pmeta.get("labels")):
-                orphans.append(pod)
+        # Through the pod store's indexes: its own pods (owner uid), then the orphans of its namespace:
+        # O(its pods + the namespace's orphans), never the whole range's pods.
+        pods = self.rt.store(PODS)
+        owned = [
+            pod
+            for pod in pods.by_owner(uid)
+            if (pod.get("metadata") or {}).get("namespace") == ns and not is_terminating(pod)
+        ]
+        orphans = [
+            pod
+            for pod in pods.orphans(ns)
+            if not is_terminating(pod) and selector_matches(selector, (pod.get("metadata") or {}).get("labels"))
+        ]
         for pod in orphans:
             if len(owned) >= want:
                 break

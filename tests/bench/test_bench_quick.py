@@ -262,3 +262,43 @@ def test_a_handover_lists_nothing_upstream_and_moves_half_the_pods(result: dict[
     assert sum(join["itemsPerController"]) == row["objects"] and min(join["itemsPerController"]) > 0, join
     assert join["objectsToControllers"] >= row["objects"], join  # the giver's relist and the receiver's list
     assert row["restart"]["upstreamLists"] == 0, row
+
+
+@pytest.mark.slow
+def test_scale_managers_with_pods_cache_every_pod_once_beside_the_no_pod_rows(result: dict[str, Any]) -> None:
+    mp = result["scale"]["managersWithPods"]
+    assert mp["pods"] == mp["objects"] * mp["podsPerReplicaSet"] > 0
+    assert [r["managers"] for r in mp["rows"]] == [r["managers"] for r in mp["rowsWithPods"]] == [1, 2]
+    for r in mp["rows"]:
+        assert r["cachedReplicaSets"] == mp["objects"] and r["cachedPods"] == 0, r
+    for r in mp["rowsWithPods"]:
+        # Each pod is in exactly one manager's cache: with its owner (placed by the owner's uid).
+        assert r["cachedReplicaSets"] == mp["objects"] and r["cachedPods"] == mp["pods"], r
+        assert r["reconcilesTotal"] > 0, r
+        # Quick sizes may drain before any sample or the window sees a backlog: then there is no figure,
+        # never a made-up one (the published run's sizes keep every manager busy).
+        cpu = r["processCpuMsPerReconcile"]
+        assert (cpu is None) == (r["cpuMeasuredOver"] == "window" and r["reconcilesPerSecond"] == 0), r
+        assert cpu is None or cpu > 0, r
+        assert r["managersWithBacklog"] <= r["managers"] and len(r["backlogSeconds"]) == r["managers"], r
+    # Same N, same ReplicaSets, one run: a comparison for every N (its values are the published run's).
+    assert [c["managers"] for c in mp["podsOverNoPods"]] == [1, 2]
+    assert all("processCpuPerReconcile" in c for c in mp["podsOverNoPods"])
+    assert mp["cpuPerReconcileTarget"] == 1.5
+    two = mp["rowsWithPods"][1]
+    assert len(two["afterRollingRestartRssMiB"]) == 2 and min(two["afterRollingRestartRssMiB"]) > 0, two
+
+
+@pytest.mark.slow
+def test_scale_reconcile_profile_before_and_after(result: dict[str, Any]) -> None:
+    rp = result["scale"]["reconcileProfile"]
+    assert [r["code"] for r in rp["rows"]] == ["before", "after"]
+    for r in rp["rows"]:
+        assert r["noPods"]["pods"] == 0 and r["withPods"]["pods"] == rp["replicaSets"] * rp["podsPerReplicaSet"]
+        assert r["noPods"]["cpuUsPerReconcile"] > 0 and r["withPods"]["cpuUsPerReconcile"] > 0
+        assert r["withPods"]["top"], r
+    # Structure, not speed: the scan read every pod per reconcile; the indexes read none of the others.
+    before, after = rp["rows"]
+    calls = {t["function"]: t["callsPerReconcile"] for t in before["withPods"]["top"]}
+    assert any(c >= rp["replicaSets"] * rp["podsPerReplicaSet"] for c in calls.values()), calls
+    assert all(t["callsPerReconcile"] < 100 for t in after["withPods"]["top"]), after["withPods"]["top"]

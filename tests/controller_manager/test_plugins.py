@@ -42,6 +42,18 @@ class NotAController:
 
 class Abstract(Controller):
     main: ClassVar[Resource] = WIDGETS
+
+
+class ForeignIndex(WidgetController):
+    indexers = {Resource("gizmos", "example.com", "v1", "Gizmo"): {"colour": lambda o: []}}
+
+
+class BuiltinIndexName(WidgetController):
+    indexers = {WIDGETS: {"owner": lambda o: []}}
+
+
+class NotAFunction(WidgetController):
+    indexers = {WIDGETS: {"colour": "spec.colour"}}
 """
 
 BASE = "etcd: {endpoints: ['http://127.0.0.1:1']}\nproxy: {url: 'http://127.0.0.1:2'}\n"
@@ -90,6 +102,9 @@ def test_class_is_imported_from_the_path(plugin_dir: Path, tmp_path: Path) -> No
         ("{class: 'widgetctl_t13:NotAController'}", "is not a Controller subclass"),
         ("{class: 'widgetctl_t13:Abstract'}", "is abstract (does not implement reconcile)"),
         ("{class: 'widgetctl_t13'}", "must be 'module:Class'"),
+        ("{class: 'widgetctl_t13:ForeignIndex'}", "indexers names 'gizmos', not its main, dependent or chained"),
+        ("{class: 'widgetctl_t13:BuiltinIndexName'}", "index name 'owner' is empty or a built-in one"),
+        ("{class: 'widgetctl_t13:NotAFunction'}", "indexers[widgets]['colour'] is not a function"),
     ],
 )
 def test_bad_classes_name_the_entry(plugin_dir: Path, tmp_path: Path, entry: str, message: str) -> None:
