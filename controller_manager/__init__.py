@@ -14,7 +14,8 @@ Purpose
       which a controller's caches see a range change); its settings and
       runtime interface in :mod:`controller_manager.shardhost`
     * :mod:`controller_manager.controller` - the framework: informers, workqueue,
-      workers, in-range check, audit
+      workers, in-range check, audit; what one reconcile is given
+      (deadline, expectations, requeue) in :mod:`controller_manager.reconcile`
     * :mod:`controller_manager.informer` (the thread driver of the foundation's
       reflector, :mod:`rangeshard.core.reflector`), its indexed store
       :mod:`controller_manager.indexer` (client-go's ``Indexer``: by namespace,

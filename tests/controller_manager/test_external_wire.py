@@ -50,7 +50,7 @@ def test_a_create_the_proxy_took_without_answering_arrives_once_and_is_a_503() -
         default_respond(handler, seen)
 
     up = Upstream(dies_on_create)
-    ep = _endpoint(up.url, FakeShard(allowed=HashRange(0, MAX_HASH)))
+    ep = _endpoint(up.url, FakeShard(range=HashRange(0, MAX_HASH)))
     try:
         with httpx.Client(base_url=ep.url, timeout=10) as c:
             assert c.get(f"{CONFIGMAPS}/cm").status_code == 200  # leaves a kept-alive connection in the pool
@@ -88,7 +88,7 @@ def test_a_watch_line_that_never_ends_is_cut_with_an_error_event_and_bounded_mem
             return  # the endpoint cut the connection
 
     up = Upstream(endless)
-    ep = _endpoint(up.url, FakeShard(allowed=HashRange(0, MAX_HASH)))
+    ep = _endpoint(up.url, FakeShard(range=HashRange(0, MAX_HASH)))
     tracemalloc.start()
     try:
         with (
@@ -122,7 +122,7 @@ def test_a_malformed_chunked_watch_body_ends_the_relayed_watch_at_once() -> None
         hold.wait(30)  # the connection stays open: only the framing says the body is broken
 
     up = Upstream(broken)
-    ep = _endpoint(up.url, FakeShard(allowed=HashRange(0, MAX_HASH)))
+    ep = _endpoint(up.url, FakeShard(range=HashRange(0, MAX_HASH)))
     try:
         started = time.monotonic()
         with (

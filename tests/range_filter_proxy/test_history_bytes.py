@@ -9,15 +9,13 @@ rejects a bound below 1 with a clear error.
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
+from pydantic import ValidationError
 from typer.testing import CliRunner
 
 from range_filter_proxy.cached import EVENT_OVERHEAD_BYTES, CacheSettings, WatchFilter, event_bytes
-from range_filter_proxy.cli import proxy_settings
+from range_filter_proxy.cli import ProxyFlags, proxy_settings
 from range_filter_proxy.errors import UpstreamUnavailable
-from rangeshard.core.errors import ConfigError
 from tests.range_filter_proxy.fakes import PODS, FakeUpstream
 from tests.range_filter_proxy.helpers import async_test, eventually
 from tests.range_filter_proxy.test_cache import _drain, _metric, _names, _started, _take
@@ -70,32 +68,11 @@ async def test_the_history_keeps_no_more_bytes_than_its_bound_whatever_the_minim
 
 def test_the_default_bound_and_the_flag() -> None:
     assert CacheSettings().history_max_bytes == 64 * 1024 * 1024
-    opts: dict[str, Any] = {
-        "resources": "",
-        "bookmark_interval": 10.0,
-        "history_events": 10_000,
-        "history_seconds": 300.0,
-        "consistent_read_timeout": 0.5,
-        "tls_cert": None,
-        "tls_key": None,
-        "auth_mode": "none",
-        "token_file": None,
-        "auth_cache_ttl": 10.0,
-        "auth_cache_size": 10,
-        "max_request_body_bytes": 1024,
-        "gc_freeze_interval": 0.0,
-        "gc_full_interval": 3600.0,
-        "etcd": None,
-        "registry_prefix": "/r",
-        "etcd_cacert": None,
-        "etcd_cert": None,
-        "etcd_key": None,
-        "etcd_user": None,
-        "etcd_password": None,
-    }
-    assert proxy_settings(**opts, history_max_bytes=1 << 20).settings.history_max_bytes == 1 << 20
-    with pytest.raises(ConfigError, match="--history-max-bytes must be > 0, got 0"):
-        proxy_settings(**opts, history_max_bytes=0)
+    assert ProxyFlags.model_validate({"upstream": "http://127.0.0.1:9"}).history_max_bytes == 64 * 1024 * 1024
+    flags = ProxyFlags.model_validate({"upstream": "http://127.0.0.1:9", "history_max_bytes": 1 << 20})
+    assert proxy_settings(flags).settings.history_max_bytes == 1 << 20
+    with pytest.raises(ValidationError, match="greater than or equal to 1"):
+        ProxyFlags.model_validate({"upstream": "http://127.0.0.1:9", "history_max_bytes": 0})
 
 
 def test_the_command_names_a_bad_bound() -> None:
@@ -103,5 +80,5 @@ def test_the_command_names_a_bad_bound() -> None:
 
     result = CliRunner().invoke(app, ["proxy", "--upstream", "http://127.0.0.1:9", "--history-max-bytes", "-5"])
     assert result.exit_code == 2
-    assert "--history-max-bytes must be > 0, got -5" in result.output
+    assert "--history-max-bytes: Input should be greater than or equal to 1" in result.output
     assert "Traceback" not in result.output

@@ -121,13 +121,25 @@ def _proxy_answer(token: str, attrs: Attributes) -> int:
     return 200
 
 
+class _TokensOnly:
+    """What the local API server's authentication reads of its state: a token file, no ServiceAccounts, no mode."""
+
+    authorization_mode = ""
+
+    def __init__(self, authenticator: StaticTokens) -> None:
+        self.authenticator = authenticator
+
+    def user_of_token(self, token: str) -> None:
+        return None
+
+
 def _local_answer(token: str, method: str, path: str) -> int:
     async def ok(scope: Any, receive: Any, send: Any) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b"{}"})
 
     async def call() -> int:
-        asgi = Authenticate(ok, StaticTokens(parse_token_file(TOKENS)))
+        asgi = Authenticate(ok, _TokensOnly(StaticTokens(parse_token_file(TOKENS))))  # type: ignore[arg-type]
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=asgi), base_url="http://local") as client:
             answer = await client.request(method, path, headers={"Authorization": f"Bearer {token}"})
             return answer.status_code
