@@ -89,16 +89,20 @@ def known_snapshot(reg: Registry, controller_type: str) -> Snapshot:
     return snap
 
 
-def gain(plan: Plan) -> float:
-    """Predicted improvement of max/mean."""
+def gain(plan: Plan, snap: Snapshot | None = None) -> float:
+    """Predicted improvement of max/mean of what the plan evens: key ranges for ``--by range`` (with the
+    snapshot), else the loads (objects, cost)."""
+    sizes = _range_sizes(plan, snap) if Strategy(plan.by) is Strategy.RANGE else None
+    if sizes is not None:
+        return max_over_mean(sizes[0]) - max_over_mean(sizes[1])
     return plan.current_ratio - plan.predicted_ratio
 
 
-def gated(plan: Plan, min_gain: float) -> tuple[Plan, bool]:
+def gated(plan: Plan, min_gain: float, snap: Snapshot | None = None) -> tuple[Plan, bool]:
     """The plan, or an empty one when its gain is below ``min_gain``; second: whether it was dropped."""
     if min_gain < 0:
         raise ConfigError(f"--min-gain: {min_gain} must be >= 0")
-    if not plan.moves or gain(plan) >= min_gain:
+    if not plan.moves or gain(plan, snap) >= min_gain:
         return plan, False
     # Only moves and predicted loads are read from a plan without moves (apply_plan is not called).
     return replace(plan, moves=(), predicted_loads=plan.current_loads), True
@@ -265,7 +269,7 @@ def _print_plan(
     if dropped is not None:
         console.print(
             f"nothing to move: the best plan ({len(dropped.moves)} move(s)) would lower max/mean by only "
-            f"{gain(dropped):.3f}, below --min-gain {min_gain:g}"
+            f"{gain(dropped, snap):.3f}, below --min-gain {min_gain:g}"
         )
     elif not plan.moves:
         console.print("nothing to move")
@@ -273,10 +277,12 @@ def _print_plan(
         console.print(f"  {m.instance_id}: {m.old_key} -> {m.new_key}")
 
 
-def _plan_json(plan: Plan, dropped: Plan | None = None, min_gain: float = 0.0) -> dict[str, Any]:
+def _plan_json(
+    plan: Plan, dropped: Plan | None = None, min_gain: float = 0.0, snap: Snapshot | None = None
+) -> dict[str, Any]:
     return {
         "minGain": min_gain,
-        "predictedGain": round(gain(dropped or plan), 4),
+        "predictedGain": round(gain(dropped or plan, snap), 4),
         "belowMinGain": dropped is not None,
         "controllerType": plan.controller_type,
         "by": plan.by,
@@ -307,12 +313,12 @@ def plan_command(
         with client:
             snap = known_snapshot(reg, controller_type)
             full = make_plan(snap, by)
-            plan, was_dropped = gated(full, min_gain)
+            plan, was_dropped = gated(full, min_gain, snap)
     except RangeshardError as e:
         fail(e)
     dropped = full if was_dropped else None
     if as_json:
-        doc = _plan_json(plan, dropped, min_gain)
+        doc = _plan_json(plan, dropped, min_gain, snap)
         sys.stdout.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n")
     else:
         _print_plan(table_console(), plan, dropped, min_gain, snap)
@@ -339,7 +345,7 @@ def apply_command(
         with client:
             snap = known_snapshot(reg, controller_type)
             full = make_plan(snap, by)
-            plan, was_dropped = gated(full, min_gain)
+            plan, was_dropped = gated(full, min_gain, snap)
             _print_plan(console, plan, full if was_dropped else None, min_gain, snap)
             if not plan.moves:
                 console.print("nothing applied")

@@ -218,8 +218,10 @@ def test_passthrough_measures_every_way_and_kind_against_the_upstream(result: di
     assert ways == {(w, k) for w in ("upstream", "hop", "proxy", "fenced") for k in ("GET", "PATCH", "POST", "DELETE")}
     for r in pt["rows"]:
         assert r["requests"] == 60 and r["apiserverCpuMsPerRequest"] > 0, r
-        if r["way"] != "upstream":
+        if r["way"] in ("proxy", "fenced"):
             assert r["relayCpuMsPerRequest"] > 0 and r["requestsPerRelayCpuSecond"] > 0, r
+        elif r["way"] == "hop":  # a bare byte relay: 60 requests may cost less than one CPU clock tick (10 ms)
+            assert r["relayCpuMsPerRequest"] >= 0, r
     assert set(pt["proxyOverUpstream"]) == {"GET", "PATCH", "POST", "DELETE"}
 
 
