@@ -101,13 +101,17 @@ class Informer(threading.Thread):
                 return
             if kind == "BOOKMARK":
                 continue
-            uid = obj["metadata"]["uid"]
-            with lock:
-                if kind == "DELETED":
-                    self.store.pop(uid, None)
-                else:
-                    self.store[uid] = obj
-            self.on_change(kind, obj)
+            self.apply(kind, obj)
+
+    def apply(self, kind, obj):
+        """One watch event into the store, then to the handler."""
+        uid = obj["metadata"]["uid"]
+        with lock:
+            if kind == "DELETED":
+                self.store.pop(uid, None)
+            else:
+                self.store[uid] = obj
+        self.on_change(kind, obj)
 
     def replace(self, items):
         with lock:
@@ -150,16 +154,10 @@ class Informer(threading.Thread):
                     live = True
                     self.replace(initial)
                 continue
-            uid = obj["metadata"]["uid"]
             if not live:
-                initial[uid] = obj
+                initial[obj["metadata"]["uid"]] = obj
                 continue
-            with lock:
-                if kind == "DELETED":
-                    self.store.pop(uid, None)
-                else:
-                    self.store[uid] = obj
-            self.on_change(kind, obj)
+            self.apply(kind, obj)
 
 
 def rs_changed(kind, rs):
