@@ -271,20 +271,21 @@ Targets = dict[str, HashRange | None]
 
 
 def serving_steps(
-    served: Mapping[str, HashRange | None], target: HashRange | None, ranks: Mapping[str, int]
+    served: Mapping[str, HashRange | None], target: HashRange | None, ranks: Mapping[str, int], *, grow: bool = True
 ) -> list[Targets]:
     """The steps that take every resource from ``served`` to ``target`` (dependents before owners).
 
     Shrink every rank to what it keeps, lowest rank first; then grow every
-    rank to ``target``, highest first. Adjacent steps of one rank are one
-    step; steps that change nothing are left out.
+    rank to ``target``, highest first (not with ``grow=False``: a locked
+    instance is never served more than before). Adjacent steps of one rank
+    are one step; steps that change nothing are left out.
     """
     kept = {label: intersect(served.get(label), target) for label in ranks}
     levels = sorted(set(ranks.values()))
     raw: list[tuple[int, Targets]] = []
     for level in levels:
         raw.append((level, {lb: kept[lb] for lb, r in ranks.items() if r == level and served.get(lb) != kept[lb]}))
-    for level in reversed(levels):
+    for level in reversed(levels) if grow else ():
         raw.append((level, {lb: target for lb, r in ranks.items() if r == level and kept[lb] != target}))
     steps: list[tuple[int, Targets]] = []
     for level, targets in raw:

@@ -56,7 +56,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from typing import Protocol
 
-from controller_manager.handover import Step, Targets, intersect, serving_steps
+from controller_manager.handover import Step, Targets, serving_steps
 from hashing import HashRange, ShardBy, range_to_selector
 from rangeshard.core.ownertoken import OwnerToken
 
@@ -162,23 +162,12 @@ class ServingState:
         """The range or lock changed: plan the steps to the new target and apply the first."""
         epoch, rng, locked = self.shard.serving_target()
         with self._lock:
-            if locked:  # never more than served before: only the part we keep
-                targets = {lb: intersect(r.served, rng) for lb, r in self._resources.items()}
-                steps: list[Targets] = []
-                for level in sorted({r.rank for r in self._resources.values()}):
-                    narrowed = {
-                        lb: t
-                        for lb, t in targets.items()
-                        if self._resources[lb].rank == level and t != self._resources[lb].served
-                    }
-                    if narrowed:
-                        steps.append(narrowed)
-            else:
-                steps = serving_steps(
-                    {lb: r.served for lb, r in self._resources.items()},
-                    rng,
-                    {lb: r.rank for lb, r in self._resources.items()},
-                )
+            steps = serving_steps(
+                {lb: r.served for lb, r in self._resources.items()},
+                rng,
+                {lb: r.rank for lb, r in self._resources.items()},
+                grow=not locked,  # locked: never more than served before, only the part kept
+            )
             bound = self.step_seconds if rng is not None else min(self.step_seconds, LEAVING_STEP_SECONDS)
             self._plan(epoch, steps, bound)
         self._advance()
@@ -325,12 +314,14 @@ class ServingState:
 
     def _remember(self, res: _Resource, resource_versions: list[str] | tuple[str, ...]) -> None:
         issued = res.issued
+        newest = ""
         for rv in resource_versions:
             if rv:
                 issued[rv] = None
                 issued.move_to_end(rv)
-                with contextlib.suppress(ValueError):
-                    res.floor = max(res.floor, int(rv))
+                newest = rv
+        if newest.isdigit():  # a batch's versions only grow: its last one is its highest
+            res.floor = max(res.floor, int(newest))
         while len(issued) > ISSUED_MAX:
             issued.popitem(last=False)
 

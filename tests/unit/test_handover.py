@@ -141,6 +141,13 @@ def test_a_change_that_shrinks_and_grows_shrinks_first() -> None:
     assert steps == [{"replicasets.apps": kept}, {"pods": new}, {"replicasets.apps": new}]
 
 
+def test_a_locked_instance_only_narrows() -> None:
+    old, new = HashRange(0, 100), HashRange(50, 200)
+    steps = serving_steps(dict.fromkeys(RS_CONTROLLER, old), new, RS_CONTROLLER, grow=False)
+    assert steps == [{"replicasets.apps": HashRange(50, 100)}, {"pods": HashRange(50, 100)}]
+    assert serving_steps(dict.fromkeys(RS_CONTROLLER, None), LOW, RS_CONTROLLER, grow=False) == []
+
+
 def test_nothing_to_do_is_no_step() -> None:
     assert serving_steps(dict.fromkeys(RS_CONTROLLER, LOW), LOW, RS_CONTROLLER) == []
     assert serving_steps({}, LOW, {}) == []
