@@ -79,7 +79,6 @@ from rangeshard.cli.common import (
     KubeconfigOpt,
     ProxyOpt,
     ProxyTokenFileOpt,
-    fail,
     with_etcd_options,
 )
 from rangeshard.cli.progress import Progress, ProgressUnavailable, ProxyAccess, describe, fetch
@@ -497,20 +496,17 @@ def dashboard_command(
     etcd_options: EtcdOptions,
 ) -> None:
     """Serve a live view of the hash ring in a browser (updates from etcd via server-sent events)."""
-    try:
-        if controller_type is not None:
-            check_name("--type", controller_type)
-        if not 0 <= port <= 65535:
-            raise ConfigError(f"--port: {port} is outside 0-65535")
-        config = etcd_options.config()
-        prefix = etcd_options.prefix
-        access = find_proxy(proxy, token_file, kubeconfig, etcd_options.state_dir)
-        if access is None:  # the proxy the instances publish in their records
-            with contextlib.suppress(RangeshardError), EtcdClient(config) as client:
-                _rev, snaps = Registry(client, prefix).snapshots()
-                access = find_proxy(None, token_file, kubeconfig, etcd_options.state_dir, snaps)
-    except RangeshardError as e:
-        fail(e)
+    if controller_type is not None:
+        check_name("--type", controller_type)
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"--port: {port} is outside 0-65535")
+    config = etcd_options.config()
+    prefix = etcd_options.prefix
+    access = find_proxy(proxy, token_file, kubeconfig, etcd_options.state_dir)
+    if access is None:  # the proxy the instances publish in their records
+        with contextlib.suppress(RangeshardError), EtcdClient(config) as client:
+            _rev, snaps = Registry(client, prefix).snapshots()
+            access = find_proxy(None, token_file, kubeconfig, etcd_options.state_dir, snaps)
     if port == 0:
         port = free_port(host)
     shown = f"[{host}]" if ":" in host else host

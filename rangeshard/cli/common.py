@@ -169,7 +169,9 @@ def with_etcd_options(fn: Callable[..., None]) -> Callable[..., None]:
     The options are declared once here instead of in every command: the
     wrapper's signature is the command's own parameters (minus
     ``etcd_options``) followed by ``--etcd``, ``--prefix``, the TLS/auth
-    options and ``--state-dir``, which Typer reads like any other.
+    options and ``--state-dir``, which Typer reads like any other. A
+    :class:`RangeshardError` the command raises is printed and exits
+    (:func:`fail`): the commands translate no error themselves.
     """
     sig = inspect.signature(fn, eval_str=True)
     own = [p for p in sig.parameters.values() if p.name != "etcd_options"]
@@ -181,7 +183,10 @@ def with_etcd_options(fn: Callable[..., None]) -> Callable[..., None]:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> None:
         values = {field_name: kwargs.pop(name) for name, _, _, field_name in _ETCD_PARAMS}
-        fn(*args, etcd_options=EtcdOptions(**values), **kwargs)
+        try:
+            fn(*args, etcd_options=EtcdOptions(**values), **kwargs)
+        except RangeshardError as e:
+            fail(e)
 
     wrapper.__signature__ = sig.replace(parameters=own + extra)  # type: ignore[attr-defined]
     wrapper.__annotations__ = {p.name: p.annotation for p in own + extra} | {"return": sig.return_annotation}

@@ -101,11 +101,8 @@ def hash_command(
     from rangeshard.core.etcd import EtcdClient  # noqa: PLC0415
     from registry import Registry  # noqa: PLC0415
 
-    try:
-        with EtcdClient(etcd_options.config()) as client:
-            snap = known_snapshot(Registry(client, etcd_options.prefix), controller_type)
-    except RangeshardError as e:
-        fail(e)
+    with EtcdClient(etcd_options.config()) as client:
+        snap = known_snapshot(Registry(client, etcd_options.prefix), controller_type)
     for key in keys:
         owner = snap.owner_of(key)
         typer.echo(f"{key} {owner.instance_id if owner else '-'}")

@@ -32,8 +32,10 @@ Concurrency model
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import Annotated, Any
 
@@ -43,7 +45,7 @@ from rich.console import Console
 from rich.table import Table
 
 from hashing import MAX_HASH, ShardBy, hash_key
-from rangeshard.cli.common import EtcdOptions, fail, stop_on_signals, unknown_type, with_etcd_options
+from rangeshard.cli.common import EtcdOptions, stop_on_signals, unknown_type, with_etcd_options
 from rangeshard.cli.tables import table_console
 from rangeshard.core.errors import ConfigError, RangeshardError
 from rangeshard.core.etcd import EtcdClient
@@ -75,9 +77,11 @@ MinGainOpt = Annotated[
 ]
 
 
-def _registry(options: EtcdOptions) -> tuple[EtcdClient, Registry]:
-    client = EtcdClient(options.config())
-    return client, Registry(client, options.prefix)
+@contextlib.contextmanager
+def _registry(options: EtcdOptions) -> Iterator[Registry]:
+    """The registry of the command's etcd options, its client closed at the end."""
+    with EtcdClient(options.config()) as client:
+        yield Registry(client, options.prefix)
 
 
 def known_snapshot(reg: Registry, controller_type: str) -> Snapshot:
@@ -153,12 +157,8 @@ def show_command(
     etcd_options: EtcdOptions,
 ) -> None:
     """Ranges, workloadNum per instance and the max/mean imbalance."""
-    try:
-        client, reg = _registry(etcd_options)
-        with client:
-            data = show_data(known_snapshot(reg, controller_type))
-    except RangeshardError as e:
-        fail(e)
+    with _registry(etcd_options) as reg:
+        data = show_data(known_snapshot(reg, controller_type))
     if as_json:
         sys.stdout.write(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode() + "\n")
         return
@@ -208,26 +208,22 @@ def set_key_command(
     etcd_options: EtcdOptions,
 ) -> None:
     """Move one boundary; the receiving instance stays locked until the giver has drained."""
-    try:
-        new_key = _parse_key(key)
-        client, reg = _registry(etcd_options)
-        with client:
-            known_snapshot(reg, controller_type)
-            if dry_run:
-                before, receiver = reg.set_key(controller_type, instance, new_key, dry_run=True)
-            else:
-                before, receiver = set_key_settled(reg, controller_type, instance, new_key, timeout)
-            giver = "its successor" if receiver is before else instance
-            verb = "would move" if dry_run else "moved"
-            typer.echo(
-                f"{verb} {instance} key {before.record.hash_key} -> {new_key}; "
-                f"{receiver.instance_id if receiver else '-'} receives keys from {giver}"
-            )
-            if not dry_run and wait:
-                wait_settled(reg, controller_type, timeout)
-                typer.echo("handover finished")
-    except RangeshardError as e:
-        fail(e)
+    new_key = _parse_key(key)
+    with _registry(etcd_options) as reg:
+        known_snapshot(reg, controller_type)
+        if dry_run:
+            before, receiver = reg.set_key(controller_type, instance, new_key, dry_run=True)
+        else:
+            before, receiver = set_key_settled(reg, controller_type, instance, new_key, timeout)
+        giver = "its successor" if receiver is before else instance
+        verb = "would move" if dry_run else "moved"
+        typer.echo(
+            f"{verb} {instance} key {before.record.hash_key} -> {new_key}; "
+            f"{receiver.instance_id if receiver else '-'} receives keys from {giver}"
+        )
+        if not dry_run and wait:
+            wait_settled(reg, controller_type, timeout)
+            typer.echo("handover finished")
 
 
 #: What a plan's loads count, per strategy (one metric per sentence).
@@ -308,14 +304,10 @@ def plan_command(
 
     No moves are proposed when they would lower max/mean by less than --min-gain.
     """
-    try:
-        client, reg = _registry(etcd_options)
-        with client:
-            snap = known_snapshot(reg, controller_type)
-            full = make_plan(snap, by)
-            plan, was_dropped = gated(full, min_gain, snap)
-    except RangeshardError as e:
-        fail(e)
+    with _registry(etcd_options) as reg:
+        snap = known_snapshot(reg, controller_type)
+        full = make_plan(snap, by)
+        plan, was_dropped = gated(full, min_gain, snap)
     dropped = full if was_dropped else None
     if as_json:
         doc = _plan_json(plan, dropped, min_gain, snap)
@@ -340,35 +332,31 @@ def apply_command(
     Applies nothing (and says so) when the plan would lower max/mean by less than --min-gain.
     """
     console = table_console()
-    try:
-        client, reg = _registry(etcd_options)
-        with client:
-            snap = known_snapshot(reg, controller_type)
-            full = make_plan(snap, by)
-            plan, was_dropped = gated(full, min_gain, snap)
-            _print_plan(console, plan, full if was_dropped else None, min_gain, snap)
-            if not plan.moves:
-                console.print("nothing applied")
-                return
-            if not yes and sys.stdin.isatty() and not typer.confirm("apply these moves?"):
-                raise typer.Exit(1)
+    with _registry(etcd_options) as reg:
+        snap = known_snapshot(reg, controller_type)
+        full = make_plan(snap, by)
+        plan, was_dropped = gated(full, min_gain, snap)
+        _print_plan(console, plan, full if was_dropped else None, min_gain, snap)
+        if not plan.moves:
+            console.print("nothing applied")
+            return
+        if not yes and sys.stdin.isatty() and not typer.confirm("apply these moves?"):
+            raise typer.Exit(1)
 
-            def progress(done: int, total: int, move: Move) -> None:
-                console.print(f"[{done + 1}/{total}] {move.instance_id}: {move.old_key} -> {move.new_key} ...")
+        def progress(done: int, total: int, move: Move) -> None:
+            console.print(f"[{done + 1}/{total}] {move.instance_id}: {move.old_key} -> {move.new_key} ...")
 
-            moved = apply_plan(reg, plan, timeout=timeout, progress=progress)
-            console.print(f"applied {moved} move(s); waiting for the instances to publish their new workloads ...")
-            fresh = wait_republished(reg, controller_type, min(timeout, REPUBLISH_SECONDS))
-            ratio = show_data(reg.snapshot(controller_type))["maxOverMean"]
-            if fresh:
-                console.print(f"registry now: objects max/mean {ratio:.2f} (republished by every instance)")
-            else:
-                console.print(
-                    f"registry now: objects max/mean {ratio:.2f} as last published; the new figure is pending "
-                    f"(predicted {plan.predicted_ratio:.2f}): see `rangeshard rebalance show --type {controller_type}`"
-                )
-    except RangeshardError as e:
-        fail(e)
+        moved = apply_plan(reg, plan, timeout=timeout, progress=progress)
+        console.print(f"applied {moved} move(s); waiting for the instances to publish their new workloads ...")
+        fresh = wait_republished(reg, controller_type, min(timeout, REPUBLISH_SECONDS))
+        ratio = show_data(reg.snapshot(controller_type))["maxOverMean"]
+        if fresh:
+            console.print(f"registry now: objects max/mean {ratio:.2f} (republished by every instance)")
+        else:
+            console.print(
+                f"registry now: objects max/mean {ratio:.2f} as last published; the new figure is pending "
+                f"(predicted {plan.predicted_ratio:.2f}): see `rangeshard rebalance show --type {controller_type}`"
+            )
 
 
 @app.command("auto")
@@ -388,17 +376,13 @@ def auto_command(
 ) -> None:
     """Rebalance automatically when the imbalance exceeds a threshold (with hysteresis)."""
     console = table_console()
-    try:
-        check_name("--type", controller_type)
-        if interval <= 0 or cooldown < 0:
-            raise ConfigError("auto: need --interval > 0 and --cooldown >= 0")
-        strategy = Strategy.parse(by)
-        policy = AutoPolicy(threshold, hysteresis, min_gain)
-        client, reg = _registry(etcd_options)
-    except RangeshardError as e:
-        fail(e)
+    check_name("--type", controller_type)
+    if interval <= 0 or cooldown < 0:
+        raise ConfigError("auto: need --interval > 0 and --cooldown >= 0")
+    strategy = Strategy.parse(by)
+    policy = AutoPolicy(threshold, hysteresis, min_gain)
     stop = threading.Event() if once else stop_on_signals()
-    with client:
+    with _registry(etcd_options) as reg:
         while not stop.is_set():
             wait = interval
             try:
@@ -438,21 +422,17 @@ def pin_command(
     instance's record: it survives the instance's restart under the same id. `set-key` by
     hand still moves it (widening a canary); `unpin` removes it.
     """
-    try:
-        check_name("--instance", instance)
-        client, reg = _registry(etcd_options)
-        with client:
-            snap = known_snapshot(reg, controller_type)
-            created = reg.pin(controller_type, instance)
-            member = snap.get(instance)
-        rng = member.range if member is not None else None
-        where = f"range [{rng.lo}, {rng.hi}]" if rng is not None else "its range"
-        if created:
-            typer.echo(f"pinned {controller_type}/{instance}: {where} is kept by rebalances and joins")
-        else:
-            typer.echo(f"{controller_type}/{instance} was already pinned: {where}")
-    except RangeshardError as e:
-        fail(e)
+    check_name("--instance", instance)
+    with _registry(etcd_options) as reg:
+        snap = known_snapshot(reg, controller_type)
+        created = reg.pin(controller_type, instance)
+        member = snap.get(instance)
+    rng = member.range if member is not None else None
+    where = f"range [{rng.lo}, {rng.hi}]" if rng is not None else "its range"
+    if created:
+        typer.echo(f"pinned {controller_type}/{instance}: {where} is kept by rebalances and joins")
+    else:
+        typer.echo(f"{controller_type}/{instance} was already pinned: {where}")
 
 
 @app.command("unpin")
@@ -464,17 +444,11 @@ def unpin_command(
     etcd_options: EtcdOptions,
 ) -> None:
     """Remove an instance's pin: rebalances may move its range again and joiners may split it."""
-    try:
-        check_name("--type", controller_type)
-        check_name("--instance", instance)
-        client, reg = _registry(etcd_options)
-        with client:
-            removed = reg.unpin(controller_type, instance)
-        typer.echo(
-            f"unpinned {controller_type}/{instance}" if removed else f"{controller_type}/{instance} was not pinned"
-        )
-    except RangeshardError as e:
-        fail(e)
+    check_name("--type", controller_type)
+    check_name("--instance", instance)
+    with _registry(etcd_options) as reg:
+        removed = reg.unpin(controller_type, instance)
+    typer.echo(f"unpinned {controller_type}/{instance}" if removed else f"{controller_type}/{instance} was not pinned")
 
 
 @app.command("isolate")
@@ -506,35 +480,31 @@ def isolate_command(
     end of the space).
     """
     console = table_console()
-    try:
-        check_name("--instance", instance)
-        if (namespace is None) == (label is None):
-            raise ConfigError("isolate: give exactly one of --namespace NS or --label VALUE")
-        client, reg = _registry(etcd_options)
-        with client:
-            snap = known_snapshot(reg, controller_type)
-            point = _isolated_point(snap, namespace, label)
-            plan = isolate_plan(snap, instance, point)
-            what = f"namespace {namespace}" if namespace is not None else f"label value {label}"
-            console.print(f"{controller_type}: {what} is key {point}; {instance} will own exactly [{point}, {point}]")
-            for m in plan.moves:
-                console.print(f"  {m.instance_id}: {m.old_key} -> {m.new_key}")
-            if plan.moves and not yes and sys.stdin.isatty() and not typer.confirm("apply these moves?"):
-                raise typer.Exit(1)
-            # Pinned first: no joiner splits it and no rebalance moves it while the keys move.
-            reg.pin(controller_type, instance)
+    check_name("--instance", instance)
+    if (namespace is None) == (label is None):
+        raise ConfigError("isolate: give exactly one of --namespace NS or --label VALUE")
+    with _registry(etcd_options) as reg:
+        snap = known_snapshot(reg, controller_type)
+        point = _isolated_point(snap, namespace, label)
+        plan = isolate_plan(snap, instance, point)
+        what = f"namespace {namespace}" if namespace is not None else f"label value {label}"
+        console.print(f"{controller_type}: {what} is key {point}; {instance} will own exactly [{point}, {point}]")
+        for m in plan.moves:
+            console.print(f"  {m.instance_id}: {m.old_key} -> {m.new_key}")
+        if plan.moves and not yes and sys.stdin.isatty() and not typer.confirm("apply these moves?"):
+            raise typer.Exit(1)
+        # Pinned first: no joiner splits it and no rebalance moves it while the keys move.
+        reg.pin(controller_type, instance)
 
-            def progress(done: int, total: int, move: Move) -> None:
-                console.print(f"[{done + 1}/{total}] {move.instance_id}: {move.old_key} -> {move.new_key} ...")
+        def progress(done: int, total: int, move: Move) -> None:
+            console.print(f"[{done + 1}/{total}] {move.instance_id}: {move.old_key} -> {move.new_key} ...")
 
-            moved = apply_plan(reg, plan, timeout=timeout, progress=progress, respect_pins=False)
-            after = reg.snapshot(controller_type).get(instance)
-            rng = after.range if after is not None else None
-            if rng is None or (rng.lo, rng.hi) != (point, point):
-                raise RangeshardError(f"{instance} owns {rng} after {moved} move(s), not [{point}, {point}]")
-            console.print(f"isolated {what} on {controller_type}/{instance}: range [{point}, {point}], pinned")
-    except RangeshardError as e:
-        fail(e)
+        moved = apply_plan(reg, plan, timeout=timeout, progress=progress, respect_pins=False)
+        after = reg.snapshot(controller_type).get(instance)
+        rng = after.range if after is not None else None
+        if rng is None or (rng.lo, rng.hi) != (point, point):
+            raise RangeshardError(f"{instance} owns {rng} after {moved} move(s), not [{point}, {point}]")
+        console.print(f"isolated {what} on {controller_type}/{instance}: range [{point}, {point}], pinned")
 
 
 def _isolated_point(snap: Snapshot, namespace: str | None, label: str | None) -> int:

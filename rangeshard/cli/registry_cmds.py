@@ -44,7 +44,6 @@ from rangeshard.cli.common import (
     KubeconfigOpt,
     ProxyOpt,
     ProxyTokenFileOpt,
-    fail,
     unknown_type,
     with_etcd_options,
 )
@@ -231,29 +230,26 @@ def list_command(
     """
     as_json = as_json or output is Output.json
     wide = output is Output.wide
-    try:
-        if controller_type is not None:
-            check_name("--type", controller_type)
-        config = etcd_options.config()
-        access = find_proxy(proxy, token_file, kubeconfig, etcd_options.state_dir)
-        if watch:
-            _watch(config, etcd_options.prefix, controller_type, as_json, wide, access)
-            return
-        with EtcdClient(config) as client:
-            rev, snaps = Registry(client, etcd_options.prefix).snapshots()
-            access = access or find_proxy(None, token_file, kubeconfig, etcd_options.state_dir, snaps)
-            proxy = access.url if access is not None else None
-            if controller_type is not None and not snaps.get(controller_type):
-                raise unknown_type(controller_type, snaps)
-            snaps = _filter(snaps, controller_type)
-            progress, note = read_progress(access) if wide or (as_json and proxy) else (None, None)
-            if as_json:
-                doc = rows(snaps, client, progress if proxy else None)
-                sys.stdout.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n")
-            else:
-                table_console().print(render(snaps, client, rev, wide=wide, progress=progress, progress_note=note))
-    except RangeshardError as e:
-        fail(e)
+    if controller_type is not None:
+        check_name("--type", controller_type)
+    config = etcd_options.config()
+    access = find_proxy(proxy, token_file, kubeconfig, etcd_options.state_dir)
+    if watch:
+        _watch(config, etcd_options.prefix, controller_type, as_json, wide, access)
+        return
+    with EtcdClient(config) as client:
+        rev, snaps = Registry(client, etcd_options.prefix).snapshots()
+        access = access or find_proxy(None, token_file, kubeconfig, etcd_options.state_dir, snaps)
+        proxy = access.url if access is not None else None
+        if controller_type is not None and not snaps.get(controller_type):
+            raise unknown_type(controller_type, snaps)
+        snaps = _filter(snaps, controller_type)
+        progress, note = read_progress(access) if wide or (as_json and proxy) else (None, None)
+        if as_json:
+            doc = rows(snaps, client, progress if proxy else None)
+            sys.stdout.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n")
+        else:
+            table_console().print(render(snaps, client, rev, wide=wide, progress=progress, progress_note=note))
 
 
 def _watch(
@@ -329,14 +325,11 @@ def release_command(
     range waits out `rejoinGraceSeconds`, served by nobody. Refused (exit 2) for
     an instance that is not parked.
     """
-    try:
-        check_name("--type", controller_type)
-        check_name("--instance", instance)
-        with EtcdClient(etcd_options.config()) as client:
-            member = Registry(client, etcd_options.prefix).release(controller_type, instance)
-        typer.echo(f"released {controller_type}/{instance}: range {member.range} goes to its neighbour")
-    except RangeshardError as e:
-        fail(e)
+    check_name("--type", controller_type)
+    check_name("--instance", instance)
+    with EtcdClient(etcd_options.config()) as client:
+        member = Registry(client, etcd_options.prefix).release(controller_type, instance)
+    typer.echo(f"released {controller_type}/{instance}: range {member.range} goes to its neighbour")
 
 
 @app.command("dump")
@@ -346,14 +339,11 @@ def dump_command(
     etcd_options: EtcdOptions,
 ) -> None:
     """Print every raw key and value under the registry prefix (with lease and revisions)."""
-    try:
-        config = etcd_options.config()
-        with EtcdClient(config) as client:
-            rev, kvs = Registry(client, etcd_options.prefix).raw()
-        typer.echo(f"# etcd revision {rev}, {len(kvs)} key(s) under {etcd_options.prefix.rstrip('/')}/")
-        for kv in kvs:
-            lease = f"{kv.lease_id:x}" if kv.lease_id else "none"
-            typer.echo(f"{kv.key}  (lease {lease}, mod {kv.mod_revision}, create {kv.create_revision})")
-            typer.echo(f"  {kv.value.decode('utf-8', 'replace')}")
-    except RangeshardError as e:
-        fail(e)
+    config = etcd_options.config()
+    with EtcdClient(config) as client:
+        rev, kvs = Registry(client, etcd_options.prefix).raw()
+    typer.echo(f"# etcd revision {rev}, {len(kvs)} key(s) under {etcd_options.prefix.rstrip('/')}/")
+    for kv in kvs:
+        lease = f"{kv.lease_id:x}" if kv.lease_id else "none"
+        typer.echo(f"{kv.key}  (lease {lease}, mod {kv.mod_revision}, create {kv.create_revision})")
+        typer.echo(f"  {kv.value.decode('utf-8', 'replace')}")
