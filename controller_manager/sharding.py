@@ -305,7 +305,6 @@ class ShardInstance:
                 ev = None
             if isinstance(ev, RegistryView):
                 self.snapshot = ev.get(self.settings.controller_type)
-                self.floors.seen(m.record.handover_resource_versions for m in self.snapshot)
             elif isinstance(ev, tuple) and ev[0] == "refresh-epoch":
                 self._refresh_epoch(ev[1])
             if self._stop.is_set():
@@ -450,6 +449,7 @@ class ShardInstance:
         snap = self.snapshot
         if snap is None or snap.revision < self.join_revision:
             return replace(local, current=False)
+        self.floors.seen(m.record.handover_resource_versions for m in snap)  # before a TakeRange relists
         me = snap.get(self.settings.instance_id)
         if me is None or me.lease_id != keeper.lease_id:
             return replace(local, registered=False)
