@@ -24,9 +24,9 @@ The invariant
        deadline for its API calls; so when etcd can expire our lease, nothing
        of ours is running. A lost lease means rejoin (a fresh, locked join).
     4. **Fresh caches.** After every range or lock change the epoch bumps and
-       the informers relist; processing resumes only when all informers are
-       synced at the current epoch, so a reconcile never acts on a cache that
-       predates the previous owner's last writes.
+       the informers relist, not older than the previous owner's last writes
+       (published in its record, :mod:`controller_manager.freshness`);
+       processing resumes only when all informers are synced at the current epoch.
     5. **Owner token.** Every request carries :attr:`token`
        (:class:`~rangeshard.core.ownertoken.OwnerToken`, published through
        ``on_token``): lease id plus the registry revision of the view in
