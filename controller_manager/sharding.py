@@ -353,6 +353,7 @@ class ShardInstance:
         keeper.start()
         self.keeper = keeper
         self.join_revision = member.mod_revision
+        self.floors.seen([member.record.handover_resource_versions])  # a parked predecessor's, before any list
         self._set_token(member.mod_revision)
         self.locked = member.record.is_locked
         self._set_state(member.record.state.value)

@@ -415,3 +415,35 @@ def test_the_receiver_relists_not_older_than_what_its_giver_wrote_before_the_unl
     assert receiver.floor("replicasets.apps") == 90, "its own writes count too"
     step(receiver, registry)
     assert receiver.allowed == receiver.range
+
+
+def test_a_parked_instances_successor_lists_not_older_than_its_writes_and_a_leave_publishes_them(
+    make_shard: Callable[..., ShardInstance], registry: Registry, etcd_client: EtcdClient
+) -> None:
+    """A rolling restart moves no key, but the new process must not list older than the old one wrote."""
+    first = make_shard("p", rejoin_grace=30.0)
+    assert first._register()
+    assert isinstance(first.host, Host)
+    first.host.written = {"pods": 44}
+    first.stop(drain_timeout=0)
+    parked = registry.snapshot(CT).get("p")
+    assert parked is not None and parked.record.handover_resource_versions == {"pods": "44"}
+    successor = make_shard("p", rejoin_grace=30.0)
+    assert successor._register()
+    assert isinstance(successor.host, Host)
+    assert successor.host.epoch_floors == [44], "its very first lists, before any registry view"
+    # A leave without a grace publishes before the lease goes (the neighbour absorbs the range).
+    successor.rejoin_grace = 0.0
+    successor.host.written = {"pods": 61}
+    seen: list[dict[str, str] | None] = []
+    original = successor.registry.heartbeat
+
+    def heartbeat(*args: Any, **kwargs: Any) -> Any:
+        record = original(*args, **kwargs)
+        seen.append(record.handover_resource_versions)
+        return record
+
+    successor.registry.heartbeat = heartbeat  # type: ignore[method-assign]
+    successor.stop(drain_timeout=0)
+    assert seen[-1] == {"pods": "61"}
+    assert registry.snapshot(CT).get("p") is None
