@@ -4,8 +4,8 @@ The upstream bookmarks once a minute and makes no progress on request, as
 kube-apiserver does: a consistent read (a list without a resourceVersion) of
 a quiet resource cannot be proven fresh from the proxy's cache, and falls
 back to an upstream LIST (``range_filter_proxy_consistent_read_fallbacks_total``).
-The built-in ReplicaSet controller, in process, goes through a join and a
-rebalance (``rangeshard rebalance set-key``); its informers relist after every range change "not
+The built-in ReplicaSet controller, in process, goes through a join, a
+rebalance (``rangeshard rebalance set-key``) and a SIGKILL; its informers relist after every range change "not
 older than" the highest resourceVersion known of the resource (their own and
 what the givers published: ``handoverResourceVersions``), which the proxy
 serves from its cache:
@@ -19,7 +19,9 @@ serves from its cache:
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -143,7 +145,11 @@ def test_inprocess_handovers_list_nothing_upstream_and_not_older_than_the_giver(
     _rebalance(cluster, "set-key", "--instance", taker.instance_id, "--key", str(taker.range.hi // 4))
     wait_until(lambda: _active(cluster, 2), 60, "two active instances after the rebalance")
     wait_until(lambda: replicasets_converged(api, NS), 60, "the ReplicaSets still converged")
-    assert first.proc.poll() is None
+    print(f"fallbacks after the rebalance: {_fallbacks(cluster)}")
+    os.killpg(first.proc.pid, signal.SIGKILL)  # its range is absorbed once its lease expired
+    first.proc.wait(10)
+    wait_until(lambda: _active(cluster, 1), 60, "one instance after the SIGKILL")
+    wait_until(lambda: replicasets_converged(api, NS), 60, "the ReplicaSets still converged")
     fallbacks = _fallbacks(cluster)
     print(f"consistent-read fallbacks: {fallbacks}")
     assert fallbacks == 0, f"{fallbacks} consistent reads fell back to an upstream list"
