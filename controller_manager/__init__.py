@@ -26,6 +26,9 @@ Purpose
       API server's audit log (no stale-owner write)
     * :mod:`controller_manager.fencing` - owner tokens and shard hashes on
       requests; a fenced answer is lost ownership
+    * :mod:`controller_manager.freshness` - lists after a range change not
+      older than the giver's last writes (published ``handoverResourceVersions``),
+      served from the proxy's cache
     * :mod:`controller_manager.cost` - measured reconcile cost per key hash
       (``rebalance --by cost``)
     * :mod:`controller_manager.metrics` - Prometheus metrics and their endpoint

@@ -232,6 +232,7 @@ class ControllerRuntime(ShardHost):
                 on_event=on_event,
                 name=f"{self.name}-{resource.name}",
                 indexers=controller_cls.indexers.get(resource),
+                floor_source=functools.partial(self.shard.floor, resource.gvr.label),
             )
             for resource, _rule, path, on_event in handlers
         }
@@ -296,6 +297,9 @@ class ControllerRuntime(ShardHost):
 
     def on_count(self, event: str) -> None:
         self.metrics.handover.labels(self.name, event).inc()
+
+    def written_versions(self) -> dict[str, int]:
+        return self.api_client.written.snapshot() if isinstance(self.api_client, FencedApiClient) else {}
 
     def workload(self, rng: HashRange) -> tuple[int, dict[str, Any] | None]:
         found = (self._main_hash(obj) for obj in self.informers[self.controller.main.name].items())

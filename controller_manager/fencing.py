@@ -21,7 +21,11 @@ Purpose
       optimistic-concurrency conflict has no such details) raises
       :class:`WriteFenced`, which no controller catches (it is not an
       ``ApiException``): the reconcile stops at its first fenced write, and
-      the runtime drops the key (docs/reliability.md).
+      the runtime drops the key (docs/reliability.md);
+    * the resourceVersion of every successful write to a resource the
+      instance shards is recorded (:attr:`FencedApiClient.written`): the
+      instance publishes the highest per resource, and a taker of its keys
+      lists not older than it (:mod:`controller_manager.freshness`).
 
     :func:`api_client_for` builds one for the proxy (its token file, read by
     :class:`rangeshard.core.tokenfile.BearerTokenFile`, and CA).
@@ -45,9 +49,11 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
+import orjson
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
+from controller_manager.freshness import WrittenVersions, version_of
 from hashing import ShardBy
 from rangeshard.core.errors import ControllerError
 from rangeshard.core.kubeapi import read_status, status_message
@@ -61,7 +67,7 @@ from rangeshard.core.ownertoken import (
     plain_user_agent,
 )
 from rangeshard.core.relay import declare, write_rule
-from rangeshard.core.requestinfo import classify, is_write
+from rangeshard.core.requestinfo import RequestInfo, classify, is_write
 from rangeshard.core.tokenfile import BearerTokenFile
 
 
@@ -86,6 +92,8 @@ class FencedApiClient(k8s.ApiClient):  # type: ignore[misc,unused-ignore]
         self.rules: dict[str, ShardBy] = {}
         #: The label key of each resource placed ``by: label``.
         self.labels: dict[str, str] = {}
+        #: The highest resourceVersion of our successful writes per shard resource (published for the takers).
+        self.written = WrittenVersions()
 
     def set_rules(self, rules: dict[str, ShardBy], labels: Mapping[str, str] | None = None) -> None:
         """Declare ``rules`` (``resource.group`` label -> rule) on every write to those resources.
@@ -119,6 +127,8 @@ class FencedApiClient(k8s.ApiClient):  # type: ignore[misc,unused-ignore]
         _request_timeout: Any = None,
     ) -> Any:
         token = self.token
+        rule: ShardBy | None = None
+        info: RequestInfo | None = None
         if is_write(method):
             extra: dict[str, str] = {}
             shard_hash = getattr(self._local, "shard_hash", None)
@@ -143,10 +153,22 @@ class FencedApiClient(k8s.ApiClient):  # type: ignore[misc,unused-ignore]
             if e.status == 409:
                 _raise_if_fenced(token, e.body)
             raise
-        if getattr(response, "status", None) == 409:
+        status = getattr(response, "status", None)
+        if status == 409:
             response.read()  # type: ignore[no-untyped-call]
             _raise_if_fenced(token, response.data)
+        elif rule is not None and info is not None and info.resource is not None and 200 <= (status or 0) < 300:
+            # Read now (the caller reads the same cached bytes): the version our write made is published.
+            self.written.record(info.resource.label, _written_version(response.read()))  # type: ignore[no-untyped-call]
         return response
+
+
+def _written_version(data: Any) -> int | None:
+    """The resourceVersion of a write's answer (the object as written; ``None``: a Status, or not JSON)."""
+    try:
+        return version_of(orjson.loads(data)) if isinstance(data, bytes | str) and data else None
+    except orjson.JSONDecodeError:
+        return None
 
 
 def _raise_if_fenced(token: OwnerToken | None, body: Any) -> None:

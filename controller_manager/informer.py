@@ -18,8 +18,16 @@ Invariants
     * Every list starts from the range and *epoch* the instance publishes;
       ``synced_epoch`` is set to that epoch only once the list has been applied
       to the store. The instance processes a range only when every informer is
-      synced at its current epoch, i.e. the caches were listed (a consistent
-      read) after the range became its own.
+      synced at its current epoch, i.e. the caches were listed after the range
+      became its own.
+    * A list is "not older than" the highest resourceVersion known of the
+      resource (:func:`controller_manager.freshness.list_params`): the
+      informer's own last one and ``floor_source()``, what the instance and
+      its peers published of their writes (a giver's last writes before it
+      unlocked us); the proxy serves it from its cache, no consistent read
+      upstream. With nothing known yet, any version (``0``, as client-go's
+      first list); after a list at a floor timed out (``504``), one
+      consistent read.
     * A relist replaces the store: objects that left the range (or were
       deleted while the watch was down) are reported as ``DELETED``.
     * :meth:`reset` makes the informer relist at once (range change): the
@@ -64,6 +72,7 @@ import orjson
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
+from controller_manager.freshness import as_version, list_params
 from controller_manager.indexer import Indexer, IndexFunc, Obj
 from controller_manager.resources import Resource, object_key, raw_request
 from hashing import MAX_CHAIN, HashRange, range_to_selector
@@ -95,6 +104,7 @@ class Informer:
         watch_timeout: int = 60,
         request_timeout: float = 30.0,
         indexers: Mapping[str, IndexFunc] | None = None,
+        floor_source: Callable[[], int] | None = None,
     ) -> None:
         self.resource = resource
         self.path = path
@@ -119,6 +129,12 @@ class Informer:
         self.last_error: str | None = None
         #: ``time.monotonic()`` when the open watch was opened or last brought a line; ``None``: no watch open.
         self._heard_at: float | None = None
+        #: What a list is not older than besides our own last version: the peers' and our writes' (the giver's).
+        self.floor_source = floor_source
+        #: The highest resourceVersion this informer saw (lists, events, bookmarks): its next list is not older.
+        self.last_rv = 0
+        #: The last list at a floor timed out (504: the proxy's cache never got there): a consistent read next.
+        self._floor_unreachable = False
 
     def _get(self, selector: str, timeout: Any, **params: Any) -> Any:
         """``GET`` the collection (all namespaces) with ``shardSelector`` and the non-empty ``params``; raw response."""
@@ -243,6 +259,7 @@ class Informer:
                     self._stop.wait(r.delay)
                     r.relist()
             except ApiException as e:
+                self._floor_unreachable = e.status == 504 and r.phase is Phase.LIST
                 if r.failed(e.status) is Phase.LIST:
                     log.info("informer %s: watch expired (410); relisting", self.name)
                     continue
@@ -261,8 +278,11 @@ class Informer:
         upstream: no single answer holds the whole range in memory. The pages are one consistent list at the
         first page's resourceVersion; an expired ``continue`` (410) fails the list and the loop relists."""
         items: dict[str, dict[str, Any]] = {}
+        floor = max(self.last_rv, self.floor_source() if self.floor_source is not None else 0)
+        first = list_params(floor, unreachable=self._floor_unreachable)
         while r.phase is Phase.LIST:
-            resp = self._get(selector, self.request_timeout, **r.list_params())
+            params = r.list_params()
+            resp = self._get(selector, self.request_timeout, **params, **({} if "continue" in params else first))
             if resp.status != 200:
                 raise ApiException(status=resp.status, reason=resp.data[:300].decode("utf-8", "replace"))
             body = orjson.loads(resp.data)
@@ -272,10 +292,22 @@ class Informer:
                 items[object_key(o)] = o
             meta = body.get("metadata") or {}
             r.page(str(meta.get("resourceVersion") or ""), meta.get("continue"))
+        self._floor_unreachable = False
+        self._seen(r.resource_version)
         self._replace(items, epoch)
         log.debug(
-            "informer %s: listed %s objects at rv %s (epoch %s)", self.name, len(items), r.resource_version, epoch
+            "informer %s: listed %s objects at rv %s (not older than %s, epoch %s)",
+            self.name,
+            len(items),
+            r.resource_version,
+            first.get("resourceVersion", "the API server's"),
+            epoch,
         )
+
+    def _seen(self, resource_version: str) -> None:
+        found = as_version(resource_version)
+        if found is not None and found > self.last_rv:
+            self.last_rv = found
 
     def _replace(self, items: dict[str, dict[str, Any]], epoch: int) -> None:
         old = self._store.replace(items)
@@ -356,6 +388,7 @@ class Informer:
             self._resp = None
             self._heard_at = None
             _give_back(resp, ended)
+            self._seen(rv)
         if self._reset.is_set() or self._stop.is_set():
             r.relist()
         elif r.watch_ended(lines, time.monotonic() - started, rv) is Phase.WAIT:

@@ -7,6 +7,8 @@ Purpose
     runtime it serves: the in-process controller framework
     (``ControllerRuntime``) or an external controller's endpoint
     (``ExternalRuntime``). Subclasses inherit the defaults.
+    :func:`held_elsewhere` tells whether the record holding an instance id
+    belongs to a live process (a second process with one id must never run).
 
 Invariants
     * The host is called only from the instance's state-machine thread, but
@@ -19,13 +21,14 @@ Concurrency model
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from hashing import HashRange
 from rangeshard.core.etcd import EtcdConfig
 from rangeshard.core.ownertoken import OwnerToken
-from registry import ChildInfo, MainResource
+from registry import ChildInfo, MainResource, Member
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,34 @@ class ShardHost(Protocol):
         """A graceful stop began: stop serving the range (then :meth:`drained` is awaited before the lease goes)."""
         return None
 
+    def written_versions(self) -> dict[str, int]:
+        """Per shard resource label, the highest resourceVersion of the controller's successful writes (published:
+        ``handoverResourceVersions``, :mod:`controller_manager.freshness`)."""
+        return {}
+
     def child_info(self) -> ChildInfo | None:
         """An external controller's process as its manager runs it, published with every heartbeat."""
         return None
+
+
+def held_elsewhere(member: Member | None, hostname: str | None, seen: float | None) -> tuple[bool, float | None]:
+    """Whether ``member`` (the record holding our instance id) belongs to a live process, not a crashed
+    predecessor; and the heartbeat time to compare with next time (``seen``: the one seen before).
+
+    Live: on this host with a running pid that is not ours, or its heartbeat
+    moved since we first saw it (a live owner heartbeats every TTL/3; a
+    crashed one's record only waits for its lease to expire). A parked record is nobody's.
+    """
+    if member is None or member.record.is_parked:
+        return False, seen
+    rec = member.record
+    if rec.host is not None and rec.host == hostname and rec.pid and rec.pid != os.getpid():
+        try:
+            os.kill(rec.pid, 0)
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            return True, seen
+        else:
+            return True, seen
+    return seen is not None and rec.heartbeat_at is not None and rec.heartbeat_at != seen, rec.heartbeat_at

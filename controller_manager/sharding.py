@@ -24,9 +24,9 @@ The invariant
        deadline for its API calls; so when etcd can expire our lease, nothing
        of ours is running. A lost lease means rejoin (a fresh, locked join).
     4. **Fresh caches.** After every range or lock change the epoch bumps and
-       the informers relist; processing resumes only when all informers are
-       synced at the current epoch, so a reconcile never acts on a cache that
-       predates the previous owner's last writes.
+       the informers relist, not older than the previous owner's last writes
+       (published in its record, :mod:`controller_manager.freshness`);
+       processing resumes only when all informers are synced at the current epoch.
     5. **Owner token.** Every request carries :attr:`token`
        (:class:`~rangeshard.core.ownertoken.OwnerToken`, published through
        ``on_token``): lease id plus the registry revision of the view in
@@ -70,12 +70,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import os
 import queue
 import threading
 import time
 from dataclasses import replace
 
+from controller_manager.freshness import PeerFloors
 from controller_manager.handover import (
     Action,
     Allow,
@@ -93,7 +93,7 @@ from controller_manager.handover import (
     allowed_transition,
     decide,
 )
-from controller_manager.shardhost import ShardHost, ShardSettings
+from controller_manager.shardhost import ShardHost, ShardSettings, held_elsewhere
 from hashing import HashRange
 from rangeshard.core.backoff import Backoff
 from rangeshard.core.clock import MONOTONIC, Clock
@@ -151,6 +151,8 @@ class ShardInstance:
         self.etcd_retry = Backoff(1.0, 4.0, jitter=0.2)
         self.joined = threading.Event()
         self.counters = dict.fromkeys(COUNTERS, 0)
+        #: What every peer published of its writes (:mod:`controller_manager.freshness`): lists are not older.
+        self.floors = PeerFloors()
 
     def _count(self, what: str) -> None:
         self.counters[what] += 1
@@ -204,6 +206,11 @@ class ShardInstance:
         with self._cond:
             return self.epoch, self.range
 
+    def floor(self, label: str) -> int:
+        """The resourceVersion a list of ``label`` after a range change is not older than: what any peer
+        (a giver) or this instance wrote of it (:mod:`controller_manager.freshness`)."""
+        return max(self.floors.get(label), self.host.written_versions().get(label, 0))
+
     def in_range(self, key_hash: int) -> bool:
         with self._cond:
             return self.range is not None and self.range.contains(key_hash)
@@ -243,6 +250,10 @@ class ShardInstance:
         parked = False
         if self.keeper is not None and not left and self.rejoin_grace > 0 and self.keeper.lease_id and not self.fenced:
             parked = self._park(self.keeper.lease_id)
+        elif self.keeper is not None and not left and not self.fenced:
+            # Published before the lease goes: the neighbours' next lists are not older than our last writes.
+            with contextlib.suppress(RangeshardError):
+                self.registry.heartbeat(*self._ids, self.keeper.lease_id, versions=self.host.written_versions())
         if self.keeper is not None:
             # Revoking only after the drain: the neighbour inherits without a lock. A parked
             # record lives on its grace lease: revoking this one no longer deletes it.
@@ -256,9 +267,7 @@ class ShardInstance:
         grace_lease: int | None = None
         try:
             grace_lease = self.client.grant_lease(max(1, math.ceil(self.rejoin_grace)))
-            self.registry.park(
-                self.settings.controller_type, self.settings.instance_id, lease_id, grace_lease, self.rejoin_grace
-            )
+            self.registry.park(*self._ids, lease_id, grace_lease, self.rejoin_grace, self.host.written_versions())
         except RangeshardError as e:
             log.warning("%s: cannot park (%s): leaving instead", self.name, e)
             if grace_lease is not None:
@@ -274,6 +283,10 @@ class ShardInstance:
             self.settings.instance_id,
         )
         return True
+
+    @property
+    def _ids(self) -> tuple[str, str]:
+        return self.settings.controller_type, self.settings.instance_id
 
     @property
     def name(self) -> str:
@@ -340,6 +353,7 @@ class ShardInstance:
         keeper.start()
         self.keeper = keeper
         self.join_revision = member.mod_revision
+        self.floors.seen([member.record.handover_resource_versions])  # a parked predecessor's, before any list
         self._set_token(member.mod_revision)
         self.locked = member.record.is_locked
         self._set_state(member.record.state.value)
@@ -364,30 +378,13 @@ class ShardInstance:
         return True
 
     def _registered_elsewhere(self) -> bool:
-        """Whether the record holding our instance id belongs to a live process (not a crashed predecessor).
-
-        Live: on this host with a running pid that is not ours, or its heartbeat
-        moved since we first saw it (a live owner heartbeats every TTL/3; a
-        crashed one's record only waits for its lease to expire, as before).
-        """
+        """Whether the record holding our instance id belongs to a live process (:func:`held_elsewhere`)."""
         try:
             member = self.registry.snapshot(self.settings.controller_type).get(self.settings.instance_id)
         except RangeshardError:
             return False
-        if member is None or member.record.is_parked:
-            return False
-        rec = member.record
-        if rec.host is not None and rec.host == self.settings.hostname and rec.pid and rec.pid != os.getpid():
-            try:
-                os.kill(rec.pid, 0)
-            except ProcessLookupError:
-                pass
-            except PermissionError:
-                return True
-            else:
-                return True
-        seen, self._foreign_heartbeat = self._foreign_heartbeat, rec.heartbeat_at
-        return seen is not None and rec.heartbeat_at is not None and rec.heartbeat_at != seen
+        live, self._foreign_heartbeat = held_elsewhere(member, self.settings.hostname, self._foreign_heartbeat)
+        return live
 
     def _set_state(self, state: str) -> None:
         if state != self.state:
@@ -453,6 +450,7 @@ class ShardInstance:
         snap = self.snapshot
         if snap is None or snap.revision < self.join_revision:
             return replace(local, current=False)
+        self.floors.seen(m.record.handover_resource_versions for m in snap)  # before a TakeRange relists
         me = snap.get(self.settings.instance_id)
         if me is None or me.lease_id != keeper.lease_id:
             return replace(local, registered=False)
@@ -534,6 +532,7 @@ class ShardInstance:
                         r.instance_id,
                         self.settings.instance_id,
                         expected_mod_revision=r.mod_revision,
+                        versions=self.host.written_versions(),
                     )
                     self._count("unlocks")
                 except (CompareFailed, NotRegistered) as e:
@@ -589,6 +588,7 @@ class ShardInstance:
                 state=state,
                 histogram=histogram,
                 child=self.host.child_info(),
+                versions=self.host.written_versions(),
             )
         except NotRegistered as e:
             log.info("%s: heartbeat found no record: %s", self.name, e)

@@ -9,7 +9,8 @@ Purpose
     the handover state machine.
 
 Owns
-    The instance registry only: records (:mod:`registry.models`), the guarded
+    The instance registry only: records (:mod:`registry.models`), where they
+    live in etcd (:mod:`registry.layout`), the guarded
     membership transactions (:mod:`registry.registry`), the lease keeper
     (:mod:`registry.lease`), the membership watch (:mod:`registry.watch`),
     pinned instances (:mod:`registry.pins`: a key per pin, outside the lease),
@@ -29,6 +30,7 @@ Concurrency model
     threads (:class:`LeaseKeeper`, :class:`MembershipWatch`).
 """
 
+from registry.layout import DEFAULT_PREFIX, Layout
 from registry.lease import LeaseKeeper
 from registry.models import (
     DEFAULT_STUCK_AFTER_SECONDS,
@@ -40,7 +42,7 @@ from registry.models import (
     Snapshot,
     State,
 )
-from registry.registry import DEFAULT_PREFIX, Layout, Registry
+from registry.registry import Registry
 from registry.watch import MembershipWatch, RegistryView
 
 __all__ = [

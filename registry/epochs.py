@@ -37,8 +37,8 @@ from dataclasses import dataclass
 
 from hashing import HashRange
 from rangeshard.core.etcd import KV
+from registry.layout import DEFAULT_PREFIX, Layout, parse_members
 from registry.models import Snapshot
-from registry.registry import DEFAULT_PREFIX, Layout, parse_members
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,6 +47,11 @@ instance's progress from outside (``range_filter_proxy.progress``). Both are
 parsed leniently: a malformed value reads as absent, never makes the record
 unreadable (an unreadable record would change every derived range).
 
+Handover versions (issue 46): ``handoverResourceVersions: {"pods": "1234", ...}``, per shard
+resource the highest resourceVersion of the instance's successful writes, published with its
+heartbeats and in the transaction that unlocks its receivers; a taker lists "not older than" it
+(:mod:`controller_manager.freshness`). Entries that are not a decimal string are dropped.
+
 Concurrency model
     Immutable values; safe to share between threads.
 """
@@ -194,6 +199,14 @@ def _lenient_main(value: object) -> object:
         return None
 
 
+def _lenient_versions(value: object) -> object:
+    """``handoverResourceVersions``: the entries that are a label and a decimal resourceVersion; else absent."""
+    if not isinstance(value, dict):
+        return None
+    kept = {k: v for k, v in value.items() if isinstance(k, str) and isinstance(v, str) and v.isascii() and v.isdigit()}
+    return kept or None
+
+
 def _lenient_seconds(value: object) -> object:
     """A ``stuckAfterSeconds`` that is not a positive number reads as absent."""
     if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
@@ -232,6 +245,12 @@ class InstanceRecord(BaseModel):
         alias="proxyUrl",
         description="the range filter proxy the instance lists and watches through (found by `status`, "
         "`registry list` and the dashboard when no proxy is given or recorded)",
+    )
+    handover_resource_versions: Annotated[dict[str, str] | None, BeforeValidator(_lenient_versions)] = Field(
+        default=None,
+        alias="handoverResourceVersions",
+        description="per shard resource (`plural.group`), the highest resourceVersion of the instance's successful "
+        "writes: a taker lists not older than it (controller_manager.freshness)",
     )
     stuck_after_seconds: Annotated[float | None, BeforeValidator(_lenient_seconds)] = Field(
         default=None,

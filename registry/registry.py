@@ -37,7 +37,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from hashing import MAX_HASH, split_largest
@@ -52,78 +52,18 @@ from rangeshard.core.errors import (
 )
 from rangeshard.core.etcd import KV, Compare, Delete, EtcdClient, Put, prefix_end
 from registry import pins
+from registry.layout import DEFAULT_PREFIX, Layout, parse_members
 from registry.models import ChildInfo, InstanceRecord, MainResource, Member, Snapshot, State, check_name, now
 
 log = logging.getLogger(__name__)
 
-DEFAULT_PREFIX = "/rangeshard"
 _MAX_ATTEMPTS = 100
 
 
-class Layout:
-    """Where records live: ``<prefix>/controllers/<type>/<instance-id>``."""
-
-    def __init__(self, prefix: str = DEFAULT_PREFIX) -> None:
-        prefix = prefix.rstrip("/")
-        if not prefix.startswith("/"):
-            raise ConfigError(f"registry prefix {prefix!r} must start with '/'")
-        self.prefix = prefix
-
-    @property
-    def controllers(self) -> str:
-        return f"{self.prefix}/controllers/"
-
-    @property
-    def pins(self) -> str:
-        """``<prefix>/pins/``: one key per pinned instance, ``<prefix>/pins/<type>/<instance-id>``."""
-        return f"{self.prefix}/pins/"
-
-    def pin_prefix(self, controller_type: str) -> str:
-        return f"{self.pins}{controller_type}/"
-
-    def pin_key(self, controller_type: str, instance_id: str) -> str:
-        return f"{self.pin_prefix(controller_type)}{instance_id}"
-
-    def parse_pin_key(self, key: str) -> tuple[str, str] | None:
-        """``(controller_type, instance_id)`` of a pin key, or ``None``."""
-        if not key.startswith(self.pins):
-            return None
-        rest = key[len(self.pins) :].split("/")
-        if len(rest) != 2 or not rest[0] or not rest[1]:
-            return None
-        return rest[0], rest[1]
-
-    def type_prefix(self, controller_type: str) -> str:
-        return f"{self.controllers}{controller_type}/"
-
-    def record_key(self, controller_type: str, instance_id: str) -> str:
-        return f"{self.type_prefix(controller_type)}{instance_id}"
-
-    def parse_key(self, key: str) -> tuple[str, str] | None:
-        """``(controller_type, instance_id)`` of a record key, or ``None``."""
-        if not key.startswith(self.controllers):
-            return None
-        rest = key[len(self.controllers) :].split("/")
-        if len(rest) != 2 or not rest[0] or not rest[1]:
-            return None
-        return rest[0], rest[1]
-
-
-def parse_members(layout: Layout, kvs: list[KV]) -> dict[str, list[tuple[InstanceRecord, str, int, int, int]]]:
-    """Group parseable records by controller type; log and skip anything else."""
-    out: dict[str, list[tuple[InstanceRecord, str, int, int, int]]] = {}
-    for kv in kvs:
-        parsed = layout.parse_key(kv.key)
-        if parsed is None:
-            continue
-        ctype, iid = parsed
-        try:
-            rec = InstanceRecord.from_kv(ctype, iid, kv.value)
-        except ValueError as e:
-            log.warning("ignoring malformed registry record %s: %s", kv.key, e)
-            continue
-        out.setdefault(ctype, []).append((rec, kv.key, kv.mod_revision, kv.create_revision, kv.lease_id))
-    return out
+def _published(versions: Mapping[str, int] | None) -> dict[str, str] | None:
+    """``handoverResourceVersions`` as stored (decimal strings; ``None``: nothing to publish)."""
+    kept = {label: str(rv) for label, rv in sorted((versions or {}).items()) if rv > 0}
+    return kept or None
 
 
 def _race_backoff() -> Backoff:
@@ -322,7 +262,15 @@ class Registry:
             raise NotRegistered(f"{what}: the record vanished right after rejoining")
         return back
 
-    def park(self, controller_type: str, instance_id: str, lease_id: int, grace_lease_id: int, grace: float) -> None:
+    def park(
+        self,
+        controller_type: str,
+        instance_id: str,
+        lease_id: int,
+        grace_lease_id: int,
+        grace: float,
+        versions: Mapping[str, int] | None = None,
+    ) -> None:
         """Park a drained instance: its record moves to ``grace_lease_id`` with state ``parked``.
 
         The record keeps its ``hashKey`` (so its range, owned by nobody until it
@@ -332,7 +280,8 @@ class Registry:
         for a parked giver. Guarded by the whole type's revision (no record of
         the type changed since the read; retried), and the record must still be
         bound to ``lease_id`` (:class:`NotRegistered`). The caller then revokes
-        ``lease_id``.
+        ``lease_id``. ``versions``: the highest resourceVersions of its writes, published with it
+        (``handoverResourceVersions``: its receivers list not older than them).
         """
         what = f"parking {controller_type}/{instance_id}"
         pause = _race_backoff()
@@ -342,7 +291,12 @@ class Registry:
             if me is None or me.lease_id != lease_id:
                 raise NotRegistered(f"{what}: the record is gone or belongs to another lease")
             stamp = now()
-            parked = me.record.evolve(state=State.PARKED, parked_until=stamp + grace, heartbeat_at=stamp)
+            parked = me.record.evolve(
+                state=State.PARKED,
+                parked_until=stamp + grace,
+                heartbeat_at=stamp,
+                handover_resource_versions=_published(versions) or me.record.handover_resource_versions,
+            )
             puts = [Put(me.key, parked.to_json(), grace_lease_id)]
             receivers = snap.receivers_of(instance_id)
             for r in receivers:
@@ -447,12 +401,14 @@ class Registry:
         state: State | None = None,
         histogram: dict[str, object] | None = None,
         child: ChildInfo | None = None,
+        versions: Mapping[str, int] | None = None,
     ) -> InstanceRecord:
-        """Refresh heartbeat time, workload, state (and an external child's info); the last instance normalizes
-        its key to MAX_HASH."""
+        """Refresh heartbeat time, workload, state (and an external child's info, the versions of its writes:
+        ``handoverResourceVersions``); the last instance normalizes its key to MAX_HASH."""
         owned = [m for m in self.snapshot(controller_type).members if m.range is not None]
         is_last = bool(owned) and owned[-1].instance_id == instance_id
-        given = {"workload_num": workload_num, "state": state, "histogram": histogram, "child": child}
+        given: dict[str, object] = {"workload_num": workload_num, "state": state, "histogram": histogram}
+        given |= {"child": child, "handover_resource_versions": _published(versions)}
 
         def mutate(rec: InstanceRecord) -> InstanceRecord:
             changes: dict[str, object] = {"heartbeat_at": now(), **{k: v for k, v in given.items() if v is not None}}
@@ -474,17 +430,29 @@ class Registry:
             raise CompareFailed(f"locking {controller_type}/{receiver}: the record changed concurrently")
 
     def unlock(
-        self, controller_type: str, receiver: str, giver: str, *, expected_mod_revision: int | None = None
+        self,
+        controller_type: str,
+        receiver: str,
+        giver: str,
+        *,
+        expected_mod_revision: int | None = None,
+        versions: Mapping[str, int] | None = None,
     ) -> None:
         """``giver`` releases ``receiver`` (its drain is done).
 
         Guarded: the receiver must still be locked by ``giver`` and, if
         ``expected_mod_revision`` is given, unchanged since the caller read it.
         Raises :class:`CompareFailed` otherwise, :class:`NotRegistered` if the
-        receiver is gone.
+        receiver is gone. ``versions`` (the highest resourceVersions of the
+        giver's writes) go into the giver's record in the same transaction,
+        guarded by its mod revision: the view that shows the receiver unlocked
+        shows them (``handoverResourceVersions``).
         """
         what = f"unlocking {controller_type}/{receiver} by {giver}"
-        member = self._read(controller_type, receiver)
+        snap = self.snapshot(controller_type)
+        member = snap.get(receiver)
+        if member is None:
+            raise NotRegistered(f"{controller_type}/{receiver} is not registered")
         if expected_mod_revision is not None and member.mod_revision != expected_mod_revision:
             raise CompareFailed(
                 f"{what}: record changed (mod revision {member.mod_revision}, expected {expected_mod_revision})"
@@ -494,7 +462,20 @@ class Registry:
                 f"{what}: not locked by {giver} (locked={member.record.is_locked}, giver={member.record.giver})"
             )
         new = member.record.evolve(is_locked=False, giver=None)
-        if not self._cas(member, new, what):
+        extra_compare: list[Compare] = []
+        extra_puts: list[Put] = []
+        giving = snap.get(giver)
+        published = _published(versions)
+        if giving is not None and published and published != giving.record.handover_resource_versions:
+            extra_compare.append(Compare.mod(giving.key, "==", giving.mod_revision))
+            versioned = giving.record.evolve(handover_resource_versions=published)
+            extra_puts.append(Put(giving.key, versioned.to_json(), giving.lease_id))
+        ok = self.client.transaction(
+            compare=[Compare.mod(member.key, "==", member.mod_revision), *extra_compare],
+            success=[Put(member.key, new.to_json(), member.lease_id), *extra_puts],
+            what=what,
+        ).succeeded
+        if not ok:
             raise CompareFailed(f"{what}: the record changed concurrently")
         log.info("%s: unlocked", what)
 

@@ -50,9 +50,9 @@ from rangeshard.core.backoff import Backoff
 from rangeshard.core.errors import RangeshardError, WatchCompacted
 from rangeshard.core.etcd import KV, EtcdClient, EtcdConfig, WatchBatch
 from rangeshard.core.loops import join_thread, start_thread
+from registry.layout import DEFAULT_PREFIX, Layout, parse_members
 from registry.models import Snapshot
 from registry.pins import parse_pins
-from registry.registry import DEFAULT_PREFIX, Layout, parse_members
 
 log = logging.getLogger(__name__)
 

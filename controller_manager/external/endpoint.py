@@ -40,6 +40,7 @@ import functools
 import logging
 import socket
 import threading
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
@@ -48,6 +49,7 @@ import orjson
 from controller_manager.config import ExternalSection
 from controller_manager.external.serving import ServingState, Shard
 from controller_manager.external.workload import MainObjects
+from controller_manager.freshness import version_of
 from controller_manager.handover import rank
 from hashing import ShardBy, label_of_path
 from rangeshard.core import relay
@@ -184,20 +186,22 @@ class Endpoint:
             return
         rule = self.state.rules.get(info.resource.label) if info.resource is not None else None
         sharded_read = rule is not None and request.method == "GET" and info.collection
+        write_rule = relay.write_rule(self.state.rules, info)
         authorization = self.token_file.authorization() if self.token_file is not None else None
-        headers = relay.request_headers(request.headers, authorization=authorization, identity=sharded_read)
+        identity = sharded_read or write_rule is not None  # the relay reads the answer: uncompressed
+        headers = relay.request_headers(request.headers, authorization=authorization, identity=identity)
         if sharded_read and rule is not None:
             await self._sharded_read(request, response, info, rule, path, params, headers)
             return
-        write_rule = relay.write_rule(self.state.rules, info)
-        if write_rule is None:
+        if write_rule is None or info.resource is None:
             await self._relay(request, response, _cached_list(request, info, path, params), headers)
             return
+        written = functools.partial(self.state.wrote, info.resource.label)
         with self.state.write() as token:
             if token is not None:
-                label = label_of_path(self.state.paths.get(info.resource.label, "")) if info.resource else None
+                label = label_of_path(self.state.paths.get(info.resource.label, ""))
                 headers = relay.declare(headers, token, write_rule, label)
-            fenced = await self._relay(request, response, request.target, headers)
+            fenced = await self._relay(request, response, request.target, headers, written)
         if fenced == "StaleEpoch" and token is not None:
             # The proxy saw a registry change our views folded away (a range that changed and changed back):
             # take a fresh epoch (a reset, then a new token), as an in-process controller does. Without it the
@@ -217,9 +221,11 @@ class Endpoint:
         """A list or watch of a ``shard`` resource: cut to the range served now for it.
 
         A consistent list (no ``resourceVersion``) is asked "not older than"
-        the highest resourceVersion the controller was handed of it, which
-        the proxy answers from its cache: a relist after a reset costs no
-        upstream read, and is never older than what the controller saw.
+        the highest resourceVersion the controller was handed of it or that a
+        peer (a giver) or this instance wrote of it
+        (:mod:`controller_manager.freshness`), which the proxy answers from
+        its cache: a relist after a reset costs no upstream read, and is never
+        older than what the controller saw or the giver wrote.
         """
         if "shardSelector" in params:
             _status(response, ApiError(400, "BadRequest", "shardSelector is set by rangeshard for this resource"))
@@ -234,7 +240,7 @@ class Endpoint:
             return
         query = list(params.items())
         if rv == "" and "continue" not in params and (streaming or not info.is_watch):
-            floor = self.state.floor(label)
+            floor = max(self.state.floor(label), self.state.shard.floor(label))
             query = [(k, v) for k, v in query if k not in ("resourceVersion", "resourceVersionMatch")]
             query.append(("resourceVersion", str(floor)))
             if floor or streaming:
@@ -281,10 +287,19 @@ class Endpoint:
             _status(response, ApiError(400, "BadRequest", str(e)))
         return None
 
-    async def _relay(self, request: Request, response: Response, target: str, headers: relay.Headers) -> str | None:
+    async def _relay(
+        self,
+        request: Request,
+        response: Response,
+        target: str,
+        headers: relay.Headers,
+        written: Callable[[int | None], None] | None = None,
+    ) -> str | None:
         """Pass the answer on as it comes: status, headers, body (its length kept, else chunked).
 
         Returns the fencing reason when the proxy fenced the request (its ``409`` with ``X-Rangeshard-Fenced``).
+        ``written``: a write of a ``shard`` resource; a successful answer's resourceVersion (the object as
+        written; ``None``: a Status, or an answer longer than :data:`MAX_LINE_BYTES`) is handed to it.
         """
         upstream = await self._send(request, response, target, headers)
         if upstream is None:
@@ -292,14 +307,21 @@ class Endpoint:
         fenced = None
         if upstream.status == 409:
             fenced = next((v for k, v in upstream.headers if k.lower() == FENCED_HEADER.lower()), None)
+        kept: list[bytes] | None = [] if written is not None and 200 <= upstream.status < 300 else None
+        size = 0
         try:
             response.start(upstream.status, relay.response_headers(upstream.headers, framed=True), upstream.length)
             async for pieces in upstream.pieces():
                 for piece in pieces:
                     response.write(piece)
+                    if kept is not None and size <= MAX_LINE_BYTES:
+                        kept.append(bytes(piece))
+                        size += len(piece)
                 await response.drain()
         finally:
             upstream.close()
+        if written is not None and kept is not None:
+            written(version_of(_decoded(b"".join(kept))) if size <= MAX_LINE_BYTES else None)
         return fenced
 
     async def _list(

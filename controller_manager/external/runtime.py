@@ -131,6 +131,9 @@ class ExternalRuntime(ShardHost):
     def drained(self) -> bool:
         return self.endpoint.state.drained()
 
+    def written_versions(self) -> dict[str, int]:
+        return self.endpoint.state.written.snapshot()
+
     def child_info(self) -> ChildInfo | None:
         return ChildInfo.model_validate(self.child.info()) if self.child is not None else None
 

@@ -26,7 +26,9 @@ Purpose
       the endpoint turns the controller's consistent lists into "not older
       than" that, which the proxy serves from its cache;
     * the owner token writes carry, and how many writes are in flight
-      (:meth:`write`), for the drain.
+      (:meth:`write`), for the drain; the highest resourceVersion of the
+      controller's successful writes per resource (:meth:`wrote`), which
+      the instance publishes for its takers (:mod:`controller_manager.freshness`).
 
 Invariants
     * After a reset of a resource returns, no open watch of it relays
@@ -56,6 +58,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from typing import Protocol
 
+from controller_manager.freshness import WrittenVersions
 from controller_manager.handover import Step, Targets, serving_steps
 from hashing import HashRange, ShardBy, range_to_selector
 from rangeshard.core.ownertoken import OwnerToken
@@ -77,6 +80,10 @@ class Shard(Protocol):
 
     def write_fenced(self, token: OwnerToken | None, stale_epoch: bool) -> bool:
         """A write made with ``token`` was fenced (``stale_epoch``: take a fresh epoch); True the first time."""
+        ...
+
+    def floor(self, label: str) -> int:
+        """The resourceVersion of ``label`` a list after a range change is not older than (peers' writes)."""
         ...
 
 
@@ -146,6 +153,8 @@ class ServingState:
         }
         self.token: OwnerToken | None = None
         self.writes_in_flight = 0
+        #: The highest resourceVersion of the controller's successful writes per resource (published).
+        self.written = WrittenVersions()
         self.cut_at = 0.0
         # The plan of the last range change: its steps still to apply, the one applied, its epoch.
         self._steps: list[Targets] = []
@@ -393,6 +402,11 @@ class ServingState:
         if ended:
             self._advance()
         return True
+
+    def wrote(self, label: str, resource_version: int | None) -> None:
+        """A write of ``label`` succeeded with ``resource_version`` (before it counts as no longer in flight)."""
+        if resource_version is not None:
+            self.written.record(label, resource_version)
 
     @contextlib.contextmanager
     def write(self) -> Iterator[OwnerToken | None]:

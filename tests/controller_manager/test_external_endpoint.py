@@ -62,6 +62,12 @@ class FakeShard:
     def write_fenced(self, token: OwnerToken | None, stale_epoch: bool) -> bool:
         return False
 
+    #: What the peers published of their writes (``handoverResourceVersions``), per resource label.
+    floors: dict[str, int] = field(default_factory=dict)
+
+    def floor(self, label: str) -> int:
+        return self.floors.get(label, 0)
+
 
 @dataclass
 class Seen:
@@ -573,6 +579,43 @@ def test_consistent_lists_are_asked_from_the_cache_never_older_than_what_the_con
             assert upstream.seen[-1].path == "/api/v1/namespaces/a/pods/p1", "a GET of one object: unchanged"
     finally:
         ep.stop()
+
+
+def test_a_relist_is_not_older_than_the_givers_writes_and_the_controllers_writes_are_recorded() -> None:
+    """Issue 46: the floor of a consistent list is also what a peer (the giver) published of its writes; the
+    resourceVersion of each successful write of a shard resource is recorded for the instance to publish."""
+
+    def respond(handler: BaseHTTPRequestHandler, seen: Seen) -> None:
+        if seen.method == "GET":
+            answer(handler, 200, b'{"kind":"ConfigMapList","metadata":{"resourceVersion":"5"},"items":[]}')
+        elif seen.path.endswith("/refused"):
+            answer(handler, 409, b'{"kind":"Status","status":"Failure","code":409}')
+        elif seen.method == "DELETE":
+            answer(handler, 200, b'{"kind":"Status","apiVersion":"v1","status":"Success"}')
+        else:
+            answer(handler, 201, json.dumps({"metadata": {"name": "c", "resourceVersion": seen.path[-2:]}}).encode())
+
+    upstream = Upstream(respond)
+    shard = FakeShard(range=HashRange(0, MAX_HASH), floors={"configmaps": 40})
+    ep = _endpoint(upstream.url, shard)
+    ep.state.on_token(OwnerToken("ext", "m-1", 0xABC, 4))
+    try:
+        with httpx.Client(base_url=ep.url, timeout=10) as c:
+            c.get(CONFIGMAPS)  # nothing handed out, but the giver wrote at 40: not older than that
+            assert "resourceVersion=40&resourceVersionMatch=NotOlderThan" in upstream.seen[-1].path
+            assert c.put(f"{CONFIGMAPS}/c-77", json={}).status_code == 201
+            assert c.put(f"{CONFIGMAPS}/c-52", json={}).status_code == 201  # lower: the highest is kept
+            assert c.put(f"{CONFIGMAPS}/refused", json={}).status_code == 409  # not written: not recorded
+            assert c.delete(f"{CONFIGMAPS}/c-99").status_code == 200  # a Status: no version
+            assert c.put("/api/v1/namespaces/a/secrets/s-88", json={}).status_code == 201  # not a shard resource
+            assert ep.state.written.snapshot() == {"configmaps": 77}
+            assert ep.state.writes_in_flight == 0
+            shard.floors["configmaps"] = 3  # what this controller was handed (5) is higher
+            c.get(CONFIGMAPS)
+            assert "resourceVersion=5&resourceVersionMatch=NotOlderThan" in upstream.seen[-1].path
+    finally:
+        ep.stop()
+        upstream.close()
 
 
 def test_a_streaming_list_needs_no_resume_point_and_its_bookmark_completes_a_step() -> None:

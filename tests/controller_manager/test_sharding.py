@@ -56,12 +56,19 @@ class Host(ShardHost):
     def __init__(self) -> None:
         self.shard: ShardInstance | None = None
         self.allowed_calls: list[int] = []
+        #: What the controller wrote (``written_versions``); the pods floor each new epoch relisted from.
+        self.written: dict[str, int] = {}
+        self.epoch_floors: list[int] = []
 
     def synced(self, epoch: int) -> bool:
         return self.shard is not None and epoch == self.shard.epoch
 
     def on_epoch(self) -> None:
-        pass
+        if self.shard is not None:
+            self.epoch_floors.append(self.shard.floor("pods"))
+
+    def written_versions(self) -> dict[str, int]:
+        return dict(self.written)
 
     def on_allowed(self) -> None:
         assert self.shard is not None
@@ -380,3 +387,63 @@ def test_a_fenced_stop_with_a_grace_leaves(
     shard.stop(drain_timeout=0)
     assert registry.snapshot(CT).get("a") is None
     assert shard.state != State.PARKED.value
+
+
+def test_the_receiver_relists_not_older_than_what_its_giver_wrote_before_the_unlock(
+    make_shard: Callable[[str], ShardInstance], registry: Registry
+) -> None:
+    """Issue 46: the unlock publishes the giver's write versions in its transaction; the epoch the receiver
+    starts on seeing itself unlocked lists "not older than" them (controller_manager.freshness)."""
+    giver = active(make_shard, registry)
+    giver_host = giver.host
+    assert isinstance(giver_host, Host)
+    giver_host.written = {"pods": 30}
+    receiver = make_shard("b")
+    receiver_host = receiver.host
+    assert isinstance(receiver_host, Host)
+    assert receiver._register() and receiver.locked
+    assert receiver_host.epoch_floors == [0], "nothing written yet when it joined"
+    giver_host.written = {"pods": 57, "replicasets.apps": 12}  # its last writes, before it unlocks
+    step(giver, registry)  # the range shrank: a new epoch; nothing in flight: drained, unlocked
+    assert giver.counters["unlocks"] == 1 and not locked(registry, "b")
+    giver_host.written = {"pods": 80}  # after the unlock: of its own keys, nothing the receiver needs
+    step(receiver, registry)
+    assert not receiver.locked
+    assert receiver_host.epoch_floors == [0, 57]
+    assert receiver.floor("replicasets.apps") == 12
+    receiver_host.written = {"replicasets.apps": 90}
+    assert receiver.floor("replicasets.apps") == 90, "its own writes count too"
+    step(receiver, registry)
+    assert receiver.allowed == receiver.range
+
+
+def test_a_parked_instances_successor_lists_not_older_than_its_writes_and_a_leave_publishes_them(
+    make_shard: Callable[..., ShardInstance], registry: Registry, etcd_client: EtcdClient
+) -> None:
+    """A rolling restart moves no key, but the new process must not list older than the old one wrote."""
+    first = make_shard("p", rejoin_grace=30.0)
+    assert first._register()
+    assert isinstance(first.host, Host)
+    first.host.written = {"pods": 44}
+    first.stop(drain_timeout=0)
+    parked = registry.snapshot(CT).get("p")
+    assert parked is not None and parked.record.handover_resource_versions == {"pods": "44"}
+    successor = make_shard("p", rejoin_grace=30.0)
+    assert successor._register()
+    assert isinstance(successor.host, Host)
+    assert successor.host.epoch_floors == [44], "its very first lists, before any registry view"
+    # A leave without a grace publishes before the lease goes (the neighbour absorbs the range).
+    successor.rejoin_grace = 0.0
+    successor.host.written = {"pods": 61}
+    seen: list[dict[str, str] | None] = []
+    original = successor.registry.heartbeat
+
+    def heartbeat(*args: Any, **kwargs: Any) -> Any:
+        record = original(*args, **kwargs)
+        seen.append(record.handover_resource_versions)
+        return record
+
+    successor.registry.heartbeat = heartbeat  # type: ignore[method-assign]
+    successor.stop(drain_timeout=0)
+    assert seen[-1] == {"pods": "61"}
+    assert registry.snapshot(CT).get("p") is None
