@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from local_apiserver.crd import specs_for
-from local_apiserver.errors import ApiError
+from local_apiserver.errors import ApiError, tolerating
 from local_apiserver.resources import CRD_RESOURCE, RESOURCES, ResourceSpec, ResourceTable, core_spec
 from local_apiserver.store import Obj, Store
 from rangeshard.core.backoff import Backoff
@@ -347,25 +347,14 @@ class GarbageCollector:
 
     def _update(self, spec: ResourceSpec, meta: Obj, mutate: Callable[[Obj], Obj]) -> None:
         """``guaranteed_update`` of the object ``meta`` names; nothing when it is gone."""
-        try:
+        with tolerating(404):
             self.store.guaranteed_update(spec, meta.get("namespace"), str(meta.get("name")), mutate)
-        except ApiError as e:
-            if e.code != 404:
-                raise
 
     def _delete(self, spec: ResourceSpec, obj: Obj, propagation: str = "Background") -> None:
         meta = obj["metadata"]
-        try:
-            self.store.delete(
-                spec,
-                meta.get("namespace"),
-                str(meta.get("name")),
-                precondition_uid=meta.get("uid"),
-                propagation=propagation,
-            )
-        except ApiError as e:
-            if e.code not in (404, 409):  # already gone, or replaced by a new object of that name
-                raise
+        with tolerating(404, 409):  # already gone, or replaced by a new object of that name
+            ns, name = meta.get("namespace"), str(meta.get("name"))
+            self.store.delete(spec, ns, name, precondition_uid=meta.get("uid"), propagation=propagation)
 
     def _foreground(self, work: _Work) -> None:
         owner = work.obj
@@ -441,11 +430,7 @@ class GarbageCollector:
             status["conditions"] = conditions
             return current
 
-        try:
-            self.store.guaranteed_update(core_spec("namespaces"), None, str(ns["metadata"].get("name")), mutate)
-        except ApiError as e:
-            if e.code != 404:
-                raise
+        self._update(core_spec("namespaces"), ns["metadata"], mutate)
 
     def _check_owners(self, spec: ResourceSpec, obj: Obj) -> None:
         meta = obj["metadata"]

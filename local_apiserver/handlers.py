@@ -46,6 +46,7 @@ from local_apiserver.errors import (
     method_not_allowed,
     not_found_path,
     success_body,
+    tolerating,
 )
 from local_apiserver.patch import json_patch, merge_patch
 from local_apiserver.resources import CRD_RESOURCE, ResourceSpec
@@ -540,11 +541,8 @@ def _delete_listed(store: Store, spec: ResourceSpec, items: list[Obj], how: _Del
     deleted: list[Obj] = []
     for obj in items:
         meta = obj["metadata"]
-        try:
+        with tolerating(404):
             _delete_one(store, spec, meta.get("namespace"), meta["name"], how)
-        except ApiError as e:
-            if e.code != 404:
-                raise
         deleted.append(obj)
     return deleted
 

@@ -56,7 +56,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from local_apiserver.errors import ApiError
+from local_apiserver.errors import ApiError, tolerating
 from local_apiserver.resources import core_spec
 from local_apiserver.store import Obj, Store
 from rangeshard.core.backoff import Backoff
@@ -91,15 +91,13 @@ def _condition(kind: str, status: bool, now: str, reason: str | None = None) -> 
 
 
 def _set_condition(status: Obj, kind: str, value: bool, now: str, reason: str | None = None) -> None:
-    conds = [c for c in status.get("conditions") or [] if isinstance(c, dict)]
+    status["conditions"] = conds = [c for c in status.get("conditions") or [] if isinstance(c, dict)]
     for c in conds:
         if c.get("type") == kind:
             if c.get("status") != str(value):
                 c.update(_condition(kind, value, now, reason))
-            status["conditions"] = conds
             return
     conds.append(_condition(kind, value, now, reason))
-    status["conditions"] = conds
 
 
 def _is_ready(status: Obj) -> bool:
@@ -219,19 +217,14 @@ class SimulatedNode:
         now = format_time()
         capacity = {"cpu": str(os.cpu_count() or 2), "memory": "8Gi", "pods": "110", "ephemeral-storage": "50Gi"}
         conds = [
-            {"type": t, "status": "False", "reason": r, "message": m}
-            for t, r, m in (
-                ("MemoryPressure", "KubeletHasSufficientMemory", "kubelet has sufficient memory available"),
-                ("DiskPressure", "KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
-                ("PIDPressure", "KubeletHasSufficientPID", "kubelet has sufficient PID available"),
+            {"type": t, "status": s, "reason": r, "message": m, "lastHeartbeatTime": now, "lastTransitionTime": now}
+            for t, s, r, m in (
+                ("MemoryPressure", "False", "KubeletHasSufficientMemory", "kubelet has sufficient memory available"),
+                ("DiskPressure", "False", "KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
+                ("PIDPressure", "False", "KubeletHasSufficientPID", "kubelet has sufficient PID available"),
+                ("Ready", "True", "KubeletReady", "simulated kubelet is ready"),
             )
         ]
-        conds.append(
-            {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "simulated kubelet is ready"}
-        )
-        for c in conds:
-            c["lastHeartbeatTime"] = now
-            c["lastTransitionTime"] = now
         return {
             "capacity": capacity,
             "allocatable": dict(capacity),
@@ -266,11 +259,8 @@ class SimulatedNode:
             },
             "spec": {},
         }
-        try:
+        with tolerating(409):
             self.store.create(self.nodes, None, body)
-        except ApiError as e:
-            if e.code != 409:
-                raise
         status = self._node_status()
 
         def mutate(node: Obj) -> Obj:
@@ -325,16 +315,13 @@ class SimulatedNode:
         while self._timers and self._timers[0][0] <= now:
             _, _, action, ns, name, uid = heapq.heappop(self._timers)
             self._pending.discard((uid, action))
-            try:
+            with tolerating(404, 409):
                 if action == "ready":
                     self._mark_ready(ns, name, uid)
                 elif action == "complete":
                     self._complete(ns, name, uid)
                 elif action == "remove":
                     self._remove(ns, name, uid)
-            except ApiError as e:
-                if e.code not in (404, 409):
-                    raise
 
     def _after(self, delay: float, action: str, pod: Obj) -> None:
         meta = pod["metadata"]

@@ -45,7 +45,6 @@ from local_apiserver import codec, services
 from local_apiserver.codec import Obj, decode_continue, encode_continue, parse_resource_version
 from local_apiserver.errors import (
     EXPIRED_CONTINUE_MESSAGE,
-    ApiError,
     already_exists,
     bad_request,
     conflict,
@@ -54,6 +53,7 @@ from local_apiserver.errors import (
     gone,
     not_found,
     timeout,
+    tolerating,
 )
 from local_apiserver.resources import ResourceSpec, ResourceTable, core_spec
 from local_apiserver.strategy import check_precondition, pod_grace_period, prepare_update
@@ -288,11 +288,8 @@ class Store:
 
     def _default_service_account(self, namespace: str) -> None:
         """Every namespace gets a ServiceAccount ``default``, as kube-controller-manager creates one."""
-        try:
+        with tolerating(403, 409):  # already there, or the namespace is already terminating
             self.create(core_spec("serviceaccounts"), namespace, {"metadata": {"name": "default"}})
-        except ApiError as e:
-            if e.code not in (403, 409):  # already there, or the namespace is already terminating
-                raise
 
     def _namespace_for(self, spec: ResourceSpec, namespace: str | None, meta: dict[str, Any]) -> str | None:
         if not spec.namespaced:
@@ -340,11 +337,8 @@ class Store:
     def ensure_namespaces(self, names: tuple[str, ...] = INITIAL_NAMESPACES) -> None:
         """Create the namespaces kube-apiserver creates at start-up (if absent)."""
         for name in names:
-            try:
+            with tolerating(409):
                 self.create(core_spec("namespaces"), None, {"metadata": {"name": name}})
-            except ApiError as e:
-                if e.code != 409:
-                    raise
 
     # -- update --------------------------------------------------------------
     def guaranteed_update(
