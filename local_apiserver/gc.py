@@ -40,6 +40,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -405,13 +406,8 @@ class GarbageCollector:
         ``NamespaceContentRemaining`` names what is left per resource and ``NamespaceFinalizersRemaining``
         the finalizers holding it (``kubectl describe ns`` shows why a namespace stays ``Terminating``).
         """
-        resources: dict[str, int] = {}
-        finalizers: dict[str, int] = {}
-        for spec, obj in remaining:
-            key = f"{spec.resource}.{spec.group}"
-            resources[key] = resources.get(key, 0) + 1
-            for fin in obj["metadata"].get("finalizers") or []:
-                finalizers[fin] = finalizers.get(fin, 0) + 1
+        resources = Counter(f"{spec.resource}.{spec.group}" for spec, _ in remaining)
+        finalizers = Counter(fin for _, obj in remaining for fin in obj["metadata"].get("finalizers") or [])
         wanted = namespace_conditions(resources, finalizers)
         uid = ns["metadata"].get("uid")
 
@@ -446,56 +442,40 @@ def namespace_conditions(resources: dict[str, int], finalizers: dict[str, int]) 
 
     Without ``lastTransitionTime`` (the caller keeps it while a condition's status stays the same).
     """
-
-    def cond(kind: str, status: str, reason: str, message: str) -> dict[str, str]:
-        return {"type": kind, "status": status, "reason": reason, "message": message}
-
-    content = (
-        cond(
-            "NamespaceContentRemaining",
-            "True",
-            "SomeResourcesRemain",
-            "Some resources are remaining: "
-            + ", ".join(f"{r} has {n} resource instances" for r, n in sorted(resources.items())),
-        )
-        if resources
-        else cond("NamespaceContentRemaining", "False", "ContentRemoved", "All content successfully removed")
-    )
-    held = (
-        cond(
-            "NamespaceFinalizersRemaining",
-            "True",
-            "SomeFinalizersRemain",
-            "Some content in the namespace has finalizers remaining: "
-            + ", ".join(f"{f} in {n} resource instances" for f, n in sorted(finalizers.items())),
-        )
-        if finalizers
-        else cond(
-            "NamespaceFinalizersRemaining",
-            "False",
-            "ContentHasNoFinalizers",
-            "All content-preserving finalizers finished",
-        )
-    )
-    return [
-        cond(
-            "NamespaceDeletionDiscoveryFailure", "False", "ResourcesDiscovered", "All resources successfully discovered"
-        ),
-        cond(
+    left = ", ".join(f"{r} has {n} resource instances" for r, n in sorted(resources.items()))
+    held = ", ".join(f"{f} in {n} resource instances" for f, n in sorted(finalizers.items()))
+    rows = (
+        ("NamespaceDeletionDiscoveryFailure", "False", "ResourcesDiscovered", "All resources successfully discovered"),
+        (
             "NamespaceDeletionGroupVersionParsingFailure",
             "False",
             "ParsedGroupVersions",
             "All legacy kube types successfully parsed",
         ),
-        cond(
+        (
             "NamespaceDeletionContentFailure",
             "False",
             "ContentDeleted",
             "All content successfully deleted, may be waiting on finalization",
         ),
-        content,
-        held,
-    ]
+        ("NamespaceContentRemaining", "True", "SomeResourcesRemain", f"Some resources are remaining: {left}")
+        if resources
+        else ("NamespaceContentRemaining", "False", "ContentRemoved", "All content successfully removed"),
+        (
+            "NamespaceFinalizersRemaining",
+            "True",
+            "SomeFinalizersRemain",
+            f"Some content in the namespace has finalizers remaining: {held}",
+        )
+        if finalizers
+        else (
+            "NamespaceFinalizersRemaining",
+            "False",
+            "ContentHasNoFinalizers",
+            "All content-preserving finalizers finished",
+        ),
+    )
+    return [dict(zip(("type", "status", "reason", "message"), row, strict=True)) for row in rows]
 
 
 def _name(obj: Obj) -> str:

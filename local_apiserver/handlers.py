@@ -28,6 +28,7 @@ Concurrency model
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -146,6 +147,8 @@ async def dispatch(state: State, request: Request, path: str, info: dict[str, st
     info["verb"] = verb
     if target.subresource == "token" and verb != "create":
         raise method_not_allowed(f"{request.method} is not allowed on serviceaccounts/token: only create (POST)")
+    if target.subresource and verb in ("delete", "deletecollection"):
+        raise method_not_allowed(f"DELETE is not allowed on {target.spec.resource}/{target.subresource}")
     response = await VERBS[verb](call)
     if verb not in ("get", "list", "watch"):
         state.rbac_written(target.spec.group)
@@ -372,9 +375,11 @@ async def _list(call: Call) -> Response:
         meta["shardInfo"] = {"selector": str(shard)}
     if call.table is not None:
         return json_response(call.table.of(result.items, meta))
-    return json_response(
-        {"kind": spec.list_kind, "apiVersion": spec.api_version, "metadata": meta, "items": result.items}
-    )
+    return _list_response(spec, meta, result.items)
+
+
+def _list_response(spec: ResourceSpec, meta: dict[str, Any], items: list[Obj]) -> Response:
+    return json_response({"kind": spec.list_kind, "apiVersion": spec.api_version, "metadata": meta, "items": items})
 
 
 async def _watch(call: Call) -> Response:
@@ -428,7 +433,7 @@ def _apply_patch(
 
 @dataclass(frozen=True)
 class _Deletion:
-    """What a delete or deletecollection asks, from its ``DeleteOptions`` body and query."""
+    """What a delete or deletecollection asks (``DeleteOptions`` body and query): ``Store.delete``'s options."""
 
     propagation: str
     grace_period_seconds: int | None
@@ -476,21 +481,11 @@ async def _deletion(request: Request) -> _Deletion:
 
 def _delete_one(store: Store, spec: ResourceSpec, ns: str | None, name: str, how: _Deletion) -> tuple[Obj, bool]:
     """One object's delete (finalizers, graceful pods, GC propagation): ``store.delete`` with ``how``."""
-    return store.delete(
-        spec,
-        ns,
-        name,
-        precondition_uid=how.precondition_uid,
-        precondition_rv=how.precondition_rv,
-        propagation=how.propagation,
-        grace_period_seconds=how.grace_period_seconds,
-    )
+    return store.delete(spec, ns, name, **dataclasses.asdict(how))
 
 
 async def _delete(call: Call) -> Response:
     spec, ns, name = call.spec, call.target.namespace, call.name
-    if call.target.subresource:
-        raise method_not_allowed(f"DELETE is not allowed on {spec.resource}/{call.target.subresource}")
     how = await _deletion(call.request)
     obj, gone_now = await in_thread(_delete_one, call.store, spec, ns, name, how)
     if not gone_now or spec.return_deleted_object:
@@ -511,8 +506,6 @@ async def _deletecollection(call: Call) -> Response:
     request; the answer is the list kind holding the listed objects.
     """
     spec, ns = call.spec, call.target.namespace
-    if call.target.subresource:
-        raise method_not_allowed(f"DELETE is not allowed on {spec.resource}/{call.target.subresource}")
     if "deletecollection" not in spec.verbs:
         raise method_not_allowed(f"deletecollection is not supported on {spec.group_resource}")
     if spec.namespaced and ns is None:
@@ -526,14 +519,7 @@ async def _deletecollection(call: Call) -> Response:
     deleted = await in_thread(_delete_listed, call.store, spec, listed.items, how)
     log.info("deletecollection of %s in %s: %d deleted", spec.group_resource, ns or "(cluster)", len(deleted))
     await call.crds_written()
-    return json_response(
-        {
-            "kind": spec.list_kind,
-            "apiVersion": spec.api_version,
-            "metadata": {"resourceVersion": str(listed.revision)},
-            "items": deleted,
-        }
-    )
+    return _list_response(spec, {"resourceVersion": str(listed.revision)}, deleted)
 
 
 def _delete_listed(store: Store, spec: ResourceSpec, items: list[Obj], how: _Deletion) -> list[Obj]:
