@@ -309,41 +309,27 @@ async def _events(hub: RingHub, keepalive: float) -> AsyncIterator[bytes]:
         hub.unsubscribe(wake)
 
 
-class _Poller:
-    """A named thread (``thread``, logged as ``what``) reporting to the hub every ``interval`` seconds."""
-
-    thread = what = ""
-
-    def __init__(self, hub: RingHub, interval: float) -> None:
-        self.hub = hub
-        self.interval = interval
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        self._thread = start_thread(self.thread, self._run, what=self.what)
-
-    def stop(self) -> None:
-        self._stop.set()
-        join_thread(self._thread, self.interval + 5)
-
-    def _run(self) -> None:
-        raise NotImplementedError
-
-
-class EtcdProbe(_Poller):
-    """Reports whether etcd answers a cheap read (``dashboard-etcd-probe``).
+class EtcdProbe:
+    """Named thread (``dashboard-etcd-probe``) reporting whether etcd answers a cheap read.
 
     The membership watch retries silently while etcd is away, so the page
     learns about an outage from here: every ``interval`` seconds one
     ``revision()`` read with a short timeout; the result goes to the hub.
     """
 
-    thread, what = "dashboard-etcd-probe", "dashboard: etcd probe"
-
     def __init__(self, config: EtcdConfig, hub: RingHub, interval: float = STATUS_POLL_SECONDS) -> None:
-        super().__init__(hub, interval)
         self.config = replace(config, timeout=min(config.timeout, max(interval, 1.0)))
+        self.hub = hub
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = start_thread("dashboard-etcd-probe", self._run, what="dashboard: etcd probe")
+
+    def stop(self) -> None:
+        self._stop.set()
+        join_thread(self._thread, self.config.timeout + self.interval + 1)
 
     def _run(self) -> None:
         client: EtcdClient | None = None
@@ -365,14 +351,22 @@ class EtcdProbe(_Poller):
                 client.close()
 
 
-class ProgressPoller(_Poller):
-    """Reads each instance's progress from the proxy's metrics (``dashboard-progress``)."""
-
-    thread, what = "dashboard-progress", "dashboard: progress poller"
+class ProgressPoller:
+    """Named thread (``dashboard-progress``) reading each instance's progress from the proxy's metrics."""
 
     def __init__(self, proxy_url: str | ProxyAccess, hub: RingHub, interval: float = PROGRESS_POLL_SECONDS) -> None:
-        super().__init__(hub, interval)
         self.proxy_url = proxy_url
+        self.hub = hub
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = start_thread("dashboard-progress", self._run, what="dashboard: progress poller")
+
+    def stop(self) -> None:
+        self._stop.set()
+        join_thread(self._thread, self.interval + 5)
 
     def _run(self) -> None:
         while True:
