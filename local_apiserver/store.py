@@ -114,6 +114,12 @@ class Store:
             return f"{base}{namespace}/"
         return base
 
+    def selected_prefix(self, spec: ResourceSpec, namespace: str | None, fields: FieldSelector) -> str:
+        """The prefix a list or watch reads: a ``metadata.namespace`` field selector narrows all namespaces to one."""
+        if namespace is None and spec.namespaced:
+            namespace = fields.value_of("metadata.namespace")
+        return self.resource_prefix(spec, namespace)
+
     def key(self, spec: ResourceSpec, namespace: str | None, name: str) -> str:
         return f"{self.resource_prefix(spec, namespace)}{name}"
 
@@ -166,11 +172,7 @@ class Store:
         shard: ShardSelector | None = None,
     ) -> ListResult:
         """One page of a list, read at one etcd revision (see module docstring)."""
-        if namespace is None and spec.namespaced:
-            pinned = fields.value_of("metadata.namespace")
-            if pinned:
-                namespace = pinned
-        prefix = self.resource_prefix(spec, namespace)
+        prefix = self.selected_prefix(spec, namespace, fields)
         end = prefix_end(prefix)
         start = prefix
         read_rev: int | None = None
