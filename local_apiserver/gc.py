@@ -78,10 +78,7 @@ _NO_SPEC = RESOURCES[0]  # placeholder spec for work items that only carry an ow
 def spec_for_owner(ref: dict[str, Any], table: ResourceTable | None = None) -> ResourceSpec | None:
     api_version = str(ref.get("apiVersion") or "")
     specs = table.specs() if table is not None else RESOURCES
-    for spec in specs:
-        if spec.kind == ref.get("kind") and spec.api_version == api_version:
-            return spec
-    return None
+    return next((s for s in specs if s.kind == ref.get("kind") and s.api_version == api_version), None)
 
 
 class GarbageCollector:

@@ -36,10 +36,7 @@ log = logging.getLogger(__name__)
 
 
 def _header(scope: Scope, name: bytes) -> str | None:
-    for key, value in scope.get("headers") or []:
-        if key.lower() == name:
-            return bytes(value).decode("latin-1")
-    return None
+    return next((bytes(v).decode("latin-1") for k, v in scope.get("headers") or [] if k.lower() == name), None)
 
 
 class Authenticate:
