@@ -67,14 +67,6 @@ class Authenticate:
             if not authorize(user, attrs)[0]:
                 await send_status(send, forbidden(user, attrs))
                 return
-        path = str(scope.get("path") or "/")
-        if (
-            not self.state.authorization_mode and parse_rest_path(path) is None
-        ):  # a non-resource path: the policy decides
-            attrs = Attributes(verb=str(scope.get("method") or "GET").lower(), path=path)
-            if not authorize(user, attrs)[0]:
-                await send_status(send, forbidden(user, attrs))
-                return
         state: dict[str, Any] = scope.setdefault("state", {})
         state["user"] = user
         await self.app(scope, receive, send)
