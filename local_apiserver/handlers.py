@@ -158,14 +158,8 @@ async def dispatch(state: State, request: Request, path: str, info: dict[str, st
 async def _prepare(state: State, request: Request, target: Target, info: dict[str, str]) -> Call:
     """Record the request's facts in ``info``, check what every verb needs (authorization first) and route it."""
     spec = target.spec
-    info.update(
-        resource=spec.resource,
-        subresource=target.subresource,
-        namespace=target.namespace or "",
-        name=target.name or "",
-        group=spec.group,
-        version=spec.version,
-    )
+    attrs = _attributes(request, target)
+    info.update({k: v for k, v in dataclasses.asdict(attrs).items() if k not in ("verb", "path")})
     if spec.namespaced and target.namespace is None and target.name is not None:
         raise not_found_path(f"{NOT_FOUND} ({spec.resource} are namespaced: use /namespaces/<ns>/{spec.resource})")
     dry_run = request.query_params.getlist("dryRun")
@@ -174,7 +168,6 @@ async def _prepare(state: State, request: Request, target: Target, info: dict[st
     ):
         raise bad_request("dryRun is allowed on create, update, patch and delete of one object only")
     _dry_run(dry_run)
-    attrs = _attributes(request, target)
     info["verb"] = attrs.verb  # the audit event of a 403 names the verb too
     await _authorize(state, request, attrs)
     table = tables.requested(request, target) if request.method == "GET" else None
@@ -315,6 +308,7 @@ def _attributes(request: Request, target: Target) -> Attributes:
         verb=request_verb(method, target, watch),
         resource=spec.resource,
         group=spec.group,
+        version=spec.version,
         namespace=target.namespace or "",
         name=target.name or "",
         subresource=target.subresource,
