@@ -222,7 +222,7 @@ def _hpa_copy(obj: Obj, api_version: str) -> tuple[Obj, Obj, Obj, Obj]:
     out["apiVersion"] = api_version
     out["kind"] = "HorizontalPodAutoscaler"
     spec = _dict(obj.get("spec"))
-    kept = {k: spec[k] for k in ("scaleTargetRef", "minReplicas", "maxReplicas") if k in spec}
+    kept: Obj = {k: spec[k] for k in ("scaleTargetRef", "minReplicas", "maxReplicas") if k in spec}
     return out, dict(_dict(obj.get("metadata"))), spec, kept
 
 

@@ -137,9 +137,7 @@ def parse_token_request(body: Any) -> tuple[list[str], int]:
     audiences = spec.get("audiences") or [DEFAULT_AUDIENCE]
     if not isinstance(audiences, list) or not all(isinstance(a, str) and a for a in audiences):
         raise bad_request("spec.audiences must be a list of non-empty strings")
-    expiration = spec.get("expirationSeconds", DEFAULT_EXPIRATION)
-    if expiration is None:
-        expiration = DEFAULT_EXPIRATION
+    expiration = DEFAULT_EXPIRATION if spec.get("expirationSeconds") is None else spec["expirationSeconds"]
     if not isinstance(expiration, int) or isinstance(expiration, bool):
         raise bad_request("spec.expirationSeconds must be an integer")
     if expiration < MIN_EXPIRATION:
