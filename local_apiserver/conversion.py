@@ -38,6 +38,7 @@ Concurrency model
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -135,6 +136,14 @@ def to_storage(obj: Obj) -> Obj:
     return obj
 
 
+def copy_key(source: Mapping[str, Any], target: Obj, key: str) -> None:
+    """``target[key]`` becomes ``source[key]``, or absent when ``source`` has none."""
+    if key in source:
+        target[key] = source[key]
+    else:
+        target.pop(key, None)
+
+
 def keep_status(spec: ResourceSpec, current: Obj, new: Obj) -> None:
     """An update of the main resource keeps the stored status: also what a served form keeps of it elsewhere.
 
@@ -147,21 +156,19 @@ def keep_status(spec: ResourceSpec, current: Obj, new: Obj) -> None:
     meta = new.setdefault("metadata", {})
     annotations = dict(meta.get("annotations") or {})
     for key in _STATUS_ANNOTATIONS:
-        if key in old:
-            annotations[key] = old[key]
-        else:
-            annotations.pop(key, None)
-    _set_annotations(meta, annotations)
+        copy_key(old, annotations, key)
+    set_or_drop(meta, "annotations", annotations)
 
 
 # -- HorizontalPodAutoscaler --------------------------------------------------------------------------------------
 
 
-def _set_annotations(meta: Obj, annotations: Obj) -> None:
-    if annotations:
-        meta["annotations"] = annotations
+def set_or_drop(target: Obj, key: str, value: Any) -> None:
+    """``target[key] = value``, or no ``key`` at all when ``value`` is empty."""
+    if value:
+        target[key] = value
     else:
-        meta.pop("annotations", None)
+        target.pop(key, None)
 
 
 def _dict(value: Any) -> Obj:
@@ -257,7 +264,7 @@ def hpa_to_v1(obj: Obj) -> Obj:
         if status.get("conditions"):
             annotations[CONDITIONS_ANNOTATION] = _json(status["conditions"])
         out["status"] = new_status
-    _set_annotations(meta, annotations)
+    set_or_drop(meta, "annotations", annotations)
     out["metadata"] = meta
     return out
 
@@ -308,6 +315,6 @@ def hpa_to_v2(obj: Obj) -> Obj:
             new_status["conditions"] = conditions
         out["status"] = new_status
     kept = {k: v for k, v in annotations.items() if k not in _ROUND_TRIP}
-    _set_annotations(meta, kept)
+    set_or_drop(meta, "annotations", kept)
     out["metadata"] = meta
     return out

@@ -45,6 +45,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from local_apiserver.conversion import set_or_drop
 from local_apiserver.crd import specs_for
 from local_apiserver.errors import ApiError, tolerating
 from local_apiserver.resources import CRD_RESOURCE, RESOURCES, ResourceSpec, ResourceTable, core_spec
@@ -326,10 +327,7 @@ class GarbageCollector:
         def mutate(current: Obj) -> Obj:
             cmeta = current["metadata"]
             refs = [r for r in cmeta.get("ownerReferences") or [] if r.get("uid") not in uids]
-            if refs:
-                cmeta["ownerReferences"] = refs
-            else:
-                cmeta.pop("ownerReferences", None)
+            set_or_drop(cmeta, "ownerReferences", refs)
             return current
 
         self._update(spec, meta, mutate)
@@ -370,10 +368,7 @@ class GarbageCollector:
             if current["metadata"].get("uid") != meta.get("uid"):
                 raise ApiError(404, "NotFound", "owner replaced")
             fins = [f for f in current["metadata"].get("finalizers") or [] if f != "foregroundDeletion"]
-            if fins:
-                current["metadata"]["finalizers"] = fins
-            else:
-                current["metadata"].pop("finalizers", None)
+            set_or_drop(current["metadata"], "finalizers", fins)
             return current
 
         self._update(work.spec, meta, mutate)
