@@ -392,9 +392,7 @@ def _secret_defaults(obj: dict[str, Any]) -> None:
     Invalid base64 in ``data`` is a 422 naming the key, like kube-apiserver's.
     """
     name = str((obj.get("metadata") or {}).get("name") or "")
-    data = obj.get("data")
-    if data is None:
-        data = {}
+    data = {} if obj.get("data") is None else obj["data"]
     if not isinstance(data, dict):
         raise invalid("Secret", name, [("data", f"Invalid value: {type(data).__name__}: must be a map")])
     causes: list[tuple[str, str]] = []
