@@ -426,20 +426,13 @@ class Store:
         for _ in range(MAX_RETRIES):
             kv, current = self._read(spec, namespace, name)
             meta = current["metadata"]
-            if precondition_uid is not None and meta.get("uid") != precondition_uid:
-                raise conflict(
-                    spec.group_resource,
-                    name,
-                    f"Precondition failed: UID in precondition: {precondition_uid}, "
-                    f"UID in object meta: {meta.get('uid')}",
-                )
-            if precondition_rv is not None and kv.mod_revision != precondition_rv:
-                raise conflict(
-                    spec.group_resource,
-                    name,
-                    f"Precondition failed: ResourceVersion in precondition: {precondition_rv}, "
-                    f"ResourceVersion in object meta: {kv.mod_revision}",
-                )
+            for what, want, have in (
+                ("UID", precondition_uid, meta.get("uid")),
+                ("ResourceVersion", precondition_rv, kv.mod_revision),
+            ):
+                if want is not None and have != want:
+                    why = f"Precondition failed: {what} in precondition: {want}, {what} in object meta: {have}"
+                    raise conflict(spec.group_resource, name, why)
             finalizers = list(meta.get("finalizers") or [])
             if (
                 propagation == "Foreground"
