@@ -135,6 +135,11 @@ def _image_id(image: str) -> str:
     return f"{image.split('@', maxsplit=1)[0]}@sha256:{hashlib.sha256(image.encode()).hexdigest()}"
 
 
+def _completed(started: Any, finished: str, **extra: Any) -> Obj:
+    """A container's ``state`` once it exited 0."""
+    return {"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": started, "finishedAt": finished, **extra}}
+
+
 def container_statuses(pod: Obj, ready: bool, now: str, running: bool = True) -> list[Obj]:
     uid = str((pod.get("metadata") or {}).get("uid", ""))
     out = []
@@ -142,11 +147,7 @@ def container_statuses(pod: Obj, ready: bool, now: str, running: bool = True) ->
         if not isinstance(c, dict):
             continue
         name, image = str(c.get("name", "")), str(c.get("image", ""))
-        state: Obj = (
-            {"running": {"startedAt": now}}
-            if running
-            else {"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": now, "finishedAt": now}}
-        )
+        state = {"running": {"startedAt": now}} if running else _completed(now, now)
         out.append(
             {
                 "name": name,
@@ -478,15 +479,7 @@ class SimulatedNode:
                 started = ((c.get("state") or {}).get("running") or {}).get("startedAt") or status.get("startTime")
                 c["ready"] = False
                 c["started"] = False
-                c["state"] = {
-                    "terminated": {
-                        "exitCode": 0,
-                        "reason": "Completed",
-                        "startedAt": started,
-                        "finishedAt": now,
-                        "containerID": c.get("containerID"),
-                    }
-                }
+                c["state"] = _completed(started, now, containerID=c.get("containerID"))
 
         self._update_running(ns, name, uid, completed)
 

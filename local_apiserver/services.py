@@ -150,11 +150,8 @@ def _check_ip(ip: str, ips: set[str], name: str, network: ipaddress.IPv4Network)
     except ValueError:
         raise _invalid(name, "spec.clusterIP", f'Invalid value: "{ip}": must be a valid IP address') from None
     if addr not in network:
-        raise _invalid(
-            name,
-            "spec.clusterIP",
-            f'Invalid value: "{ip}": provided IP is not in the valid range. The range of valid IPs is {network}',
-        )
+        why = f"provided IP is not in the valid range. The range of valid IPs is {network}"
+        raise _invalid(name, "spec.clusterIP", f'Invalid value: "{ip}": {why}')
     if ip in ips:
         raise _invalid(name, "spec.clusterIP", f'Invalid value: "{ip}": provided IP is already allocated')
 
