@@ -141,16 +141,8 @@ def parse_token_request(body: Any) -> tuple[list[str], int]:
     if not isinstance(expiration, int) or isinstance(expiration, bool):
         raise bad_request("spec.expirationSeconds must be an integer")
     if expiration < MIN_EXPIRATION:
-        raise invalid(
-            "TokenRequest",
-            "",
-            [
-                (
-                    "spec.expirationSeconds",
-                    f"Invalid value: {expiration}: may not specify a duration less than 10 minutes",
-                )
-            ],
-        )
+        why = f"Invalid value: {expiration}: may not specify a duration less than 10 minutes"
+        raise invalid("TokenRequest", "", [("spec.expirationSeconds", why)])
     return audiences, expiration
 
 
