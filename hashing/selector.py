@@ -215,8 +215,6 @@ def parse_shard_selector(text: str) -> ShardSelector:
             )
         start = _parse_bound(m.group("start"), "hexStart", m.start("start"))
         end = _parse_bound(m.group("end"), "hexEnd", m.start("end"))
-        if end > UINT64_SPACE:
-            raise SelectorSyntaxError(f"at offset {m.start('end')}: end {end:#x} exceeds 2**64 (0x10000000000000000)")
         if start >= end:
             raise SelectorSyntaxError(f"at offset {m.start('start')}: start {start:#x} must be less than end {end:#x}")
         terms.append(ShardRange(path, start, end))

@@ -8,9 +8,10 @@ Purpose
     policy the proxy's ``static`` mode uses too (:mod:`rangeshard.core.policy`,
     documented in ``docs/security.md``).
 
-    :func:`token_review` and :func:`subject_access_review` answer the
-    ``TokenReview`` and ``SubjectAccessReview`` APIs from the same file and
-    policy, so a proxy can delegate to this server exactly as to a real
+    :func:`token_review` and :func:`parse_subject_access_review` with
+    :func:`subject_access_review_answer` answer the ``TokenReview`` and
+    ``SubjectAccessReview`` APIs from the same file and the server's
+    authorizer, so a proxy can delegate to this server exactly as to a real
     kube-apiserver.
 
 Invariants
@@ -26,15 +27,11 @@ Concurrency model
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from typing import Any
 
 from local_apiserver.errors import bad_request, invalid_request
 from rangeshard.core.kubeapi import Attributes, StaticTokens, UserInfo
-from rangeshard.core.policy import authorize
-
-log = logging.getLogger(__name__)
 
 
 def _object(body: Any, kind: str, api_version: str) -> dict[str, Any]:
@@ -91,13 +88,6 @@ def token_review(
         else:
             status["error"] = "invalid bearer token"
     return _review("TokenReview", api_version, spec, status)
-
-
-def subject_access_review(body: Any) -> dict[str, Any]:
-    """Answer a ``SubjectAccessReview`` (authorization.k8s.io/v1) with the built-in policy."""
-    spec, user, attrs = parse_subject_access_review(body)
-    allowed, reason = authorize(user, attrs)
-    return subject_access_review_answer(spec, allowed, reason)
 
 
 def subject_access_review_answer(spec: dict[str, Any], allowed: bool, reason: str) -> dict[str, Any]:

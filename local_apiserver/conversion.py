@@ -38,6 +38,7 @@ Concurrency model
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -135,6 +136,14 @@ def to_storage(obj: Obj) -> Obj:
     return obj
 
 
+def copy_key(source: Mapping[str, Any], target: Obj, key: str) -> None:
+    """``target[key]`` becomes ``source[key]``, or absent when ``source`` has none."""
+    if key in source:
+        target[key] = source[key]
+    else:
+        target.pop(key, None)
+
+
 def keep_status(spec: ResourceSpec, current: Obj, new: Obj) -> None:
     """An update of the main resource keeps the stored status: also what a served form keeps of it elsewhere.
 
@@ -147,21 +156,19 @@ def keep_status(spec: ResourceSpec, current: Obj, new: Obj) -> None:
     meta = new.setdefault("metadata", {})
     annotations = dict(meta.get("annotations") or {})
     for key in _STATUS_ANNOTATIONS:
-        if key in old:
-            annotations[key] = old[key]
-        else:
-            annotations.pop(key, None)
-    _set_annotations(meta, annotations)
+        copy_key(old, annotations, key)
+    set_or_drop(meta, "annotations", annotations)
 
 
 # -- HorizontalPodAutoscaler --------------------------------------------------------------------------------------
 
 
-def _set_annotations(meta: Obj, annotations: Obj) -> None:
-    if annotations:
-        meta["annotations"] = annotations
+def set_or_drop(target: Obj, key: str, value: Any) -> None:
+    """``target[key] = value``, or no ``key`` at all when ``value`` is empty."""
+    if value:
+        target[key] = value
     else:
-        meta.pop("annotations", None)
+        target.pop(key, None)
 
 
 def _dict(value: Any) -> Obj:
@@ -216,15 +223,20 @@ def _json(value: Any) -> str:
     return orjson.dumps(value).decode()
 
 
+def _hpa_copy(obj: Obj, api_version: str) -> tuple[Obj, Obj, Obj, Obj]:
+    """``(obj without spec and status, as api_version; a copy of its metadata; its spec; the fields both keep)``."""
+    out = {k: v for k, v in obj.items() if k not in ("spec", "status")}
+    out["apiVersion"] = api_version
+    out["kind"] = "HorizontalPodAutoscaler"
+    spec = _dict(obj.get("spec"))
+    kept: Obj = {k: spec[k] for k in ("scaleTargetRef", "minReplicas", "maxReplicas") if k in spec}
+    return out, dict(_dict(obj.get("metadata"))), spec, kept
+
+
 def hpa_to_v1(obj: Obj) -> Obj:
     """The autoscaling/v1 form of a stored autoscaling/v2 HorizontalPodAutoscaler."""
-    out = {k: v for k, v in obj.items() if k not in ("spec", "status")}
-    out["apiVersion"] = HPA_V1
-    out["kind"] = "HorizontalPodAutoscaler"
-    meta = dict(_dict(obj.get("metadata")))
+    out, meta, spec, new_spec = _hpa_copy(obj, HPA_V1)
     annotations = {k: v for k, v in _dict(meta.get("annotations")).items() if k not in _ROUND_TRIP}
-    spec = _dict(obj.get("spec"))
-    new_spec: Obj = {k: spec[k] for k in ("scaleTargetRef", "minReplicas", "maxReplicas") if k in spec}
     others = []
     for metric in spec.get("metrics") or []:
         if _is_cpu_utilization(metric, "target") and "targetCPUUtilizationPercentage" not in new_spec:
@@ -252,12 +264,13 @@ def hpa_to_v1(obj: Obj) -> Obj:
         if status.get("conditions"):
             annotations[CONDITIONS_ANNOTATION] = _json(status["conditions"])
         out["status"] = new_status
-    _set_annotations(meta, annotations)
+    set_or_drop(meta, "annotations", annotations)
     out["metadata"] = meta
     return out
 
 
-def _annotation_list(annotations: Obj, key: str) -> list[Any] | None:
+def _annotation_json(annotations: Obj, key: str, *, listed: bool = True) -> Any:
+    """The JSON in annotation ``key`` (None if absent); 400 if it does not parse, or is no list when ``listed``."""
     raw = annotations.get(key)
     if raw is None:
         return None
@@ -265,32 +278,23 @@ def _annotation_list(annotations: Obj, key: str) -> list[Any] | None:
         value = orjson.loads(raw) if isinstance(raw, str) else None
     except orjson.JSONDecodeError as e:
         raise bad_request(f"annotation {key}: not valid JSON: {e}") from e
-    if not isinstance(value, list):
+    if listed and not isinstance(value, list):
         raise bad_request(f"annotation {key}: expected a JSON list")
     return value
 
 
 def hpa_to_v2(obj: Obj) -> Obj:
     """The stored (autoscaling/v2) form of an autoscaling/v1 HorizontalPodAutoscaler."""
-    out = {k: v for k, v in obj.items() if k not in ("spec", "status")}
-    out["apiVersion"] = HPA_V2
-    out["kind"] = "HorizontalPodAutoscaler"
-    meta = dict(_dict(obj.get("metadata")))
+    out, meta, spec, new_spec = _hpa_copy(obj, HPA_V2)
     annotations = _dict(meta.get("annotations"))
-    spec = _dict(obj.get("spec"))
-    new_spec: Obj = {k: spec[k] for k in ("scaleTargetRef", "minReplicas", "maxReplicas") if k in spec}
-    metrics = [_metric(m, _SPEC_FIELDS, to_v2=True) for m in _annotation_list(annotations, METRICS_ANNOTATION) or []]
+    metrics = [_metric(m, _SPEC_FIELDS, to_v2=True) for m in _annotation_json(annotations, METRICS_ANNOTATION) or []]
     cpu = spec.get("targetCPUUtilizationPercentage")
     if cpu is not None:
         metrics.append(cpu_utilization_metric(cpu))
     if metrics:
         new_spec["metrics"] = metrics
-    behavior = annotations.get(BEHAVIOR_ANNOTATION)
-    if behavior is not None:
-        try:
-            new_spec["behavior"] = orjson.loads(behavior) if isinstance(behavior, str) else None
-        except orjson.JSONDecodeError as e:
-            raise bad_request(f"annotation {BEHAVIOR_ANNOTATION}: not valid JSON: {e}") from e
+    if annotations.get(BEHAVIOR_ANNOTATION) is not None:
+        new_spec["behavior"] = _annotation_json(annotations, BEHAVIOR_ANNOTATION, listed=False)
     if "spec" in obj:
         out["spec"] = new_spec
     status = _dict(obj.get("status"))
@@ -300,24 +304,17 @@ def hpa_to_v2(obj: Obj) -> Obj:
             for k in ("observedGeneration", "lastScaleTime", "currentReplicas", "desiredReplicas")
             if k in status
         }
-        current = _annotation_list(annotations, CURRENT_METRICS_ANNOTATION)
+        current = _annotation_json(annotations, CURRENT_METRICS_ANNOTATION)
         if current is not None:
             new_status["currentMetrics"] = [_metric(m, _STATUS_FIELDS, to_v2=True) for m in current]
-        elif status.get("currentCPUUtilizationPercentage") is not None:
-            new_status["currentMetrics"] = [
-                {
-                    "type": "Resource",
-                    "resource": {
-                        "name": "cpu",
-                        "current": {"averageUtilization": status["currentCPUUtilizationPercentage"]},
-                    },
-                }
-            ]
-        conditions = _annotation_list(annotations, CONDITIONS_ANNOTATION)
+        elif (used := status.get("currentCPUUtilizationPercentage")) is not None:
+            cpu = {"name": "cpu", "current": {"averageUtilization": used}}
+            new_status["currentMetrics"] = [{"type": "Resource", "resource": cpu}]
+        conditions = _annotation_json(annotations, CONDITIONS_ANNOTATION)
         if conditions:
             new_status["conditions"] = conditions
         out["status"] = new_status
     kept = {k: v for k, v in annotations.items() if k not in _ROUND_TRIP}
-    _set_annotations(meta, kept)
+    set_or_drop(meta, "annotations", kept)
     out["metadata"] = meta
     return out

@@ -21,7 +21,8 @@ Concurrency model
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from rangeshard.core.errors import (
@@ -51,6 +52,16 @@ __all__ = [
     "status_object",
     "too_old_message",
 ]
+
+
+@contextlib.contextmanager
+def tolerating(*codes: int) -> Iterator[None]:
+    """Swallow an :class:`ApiError` with one of ``codes`` (404: already gone, 409: already there or replaced)."""
+    try:
+        yield
+    except ApiError as e:
+        if e.code not in codes:
+            raise
 
 
 def success_body(details: dict[str, Any]) -> dict[str, Any]:

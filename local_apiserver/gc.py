@@ -40,12 +40,14 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from local_apiserver.conversion import set_or_drop
 from local_apiserver.crd import specs_for
-from local_apiserver.errors import ApiError
+from local_apiserver.errors import ApiError, tolerating
 from local_apiserver.resources import CRD_RESOURCE, RESOURCES, ResourceSpec, ResourceTable, core_spec
 from local_apiserver.store import Obj, Store
 from rangeshard.core.backoff import Backoff
@@ -77,10 +79,7 @@ _NO_SPEC = RESOURCES[0]  # placeholder spec for work items that only carry an ow
 def spec_for_owner(ref: dict[str, Any], table: ResourceTable | None = None) -> ResourceSpec | None:
     api_version = str(ref.get("apiVersion") or "")
     specs = table.specs() if table is not None else RESOURCES
-    for spec in specs:
-        if spec.kind == ref.get("kind") and spec.api_version == api_version:
-            return spec
-    return None
+    return next((s for s in specs if s.kind == ref.get("kind") and s.api_version == api_version), None)
 
 
 class GarbageCollector:
@@ -328,10 +327,7 @@ class GarbageCollector:
         def mutate(current: Obj) -> Obj:
             cmeta = current["metadata"]
             refs = [r for r in cmeta.get("ownerReferences") or [] if r.get("uid") not in uids]
-            if refs:
-                cmeta["ownerReferences"] = refs
-            else:
-                cmeta.pop("ownerReferences", None)
+            set_or_drop(cmeta, "ownerReferences", refs)
             return current
 
         self._update(spec, meta, mutate)
@@ -347,25 +343,14 @@ class GarbageCollector:
 
     def _update(self, spec: ResourceSpec, meta: Obj, mutate: Callable[[Obj], Obj]) -> None:
         """``guaranteed_update`` of the object ``meta`` names; nothing when it is gone."""
-        try:
+        with tolerating(404):
             self.store.guaranteed_update(spec, meta.get("namespace"), str(meta.get("name")), mutate)
-        except ApiError as e:
-            if e.code != 404:
-                raise
 
     def _delete(self, spec: ResourceSpec, obj: Obj, propagation: str = "Background") -> None:
         meta = obj["metadata"]
-        try:
-            self.store.delete(
-                spec,
-                meta.get("namespace"),
-                str(meta.get("name")),
-                precondition_uid=meta.get("uid"),
-                propagation=propagation,
-            )
-        except ApiError as e:
-            if e.code not in (404, 409):  # already gone, or replaced by a new object of that name
-                raise
+        with tolerating(404, 409):  # already gone, or replaced by a new object of that name
+            ns, name = meta.get("namespace"), str(meta.get("name"))
+            self.store.delete(spec, ns, name, precondition_uid=meta.get("uid"), propagation=propagation)
 
     def _foreground(self, work: _Work) -> None:
         owner = work.obj
@@ -383,10 +368,7 @@ class GarbageCollector:
             if current["metadata"].get("uid") != meta.get("uid"):
                 raise ApiError(404, "NotFound", "owner replaced")
             fins = [f for f in current["metadata"].get("finalizers") or [] if f != "foregroundDeletion"]
-            if fins:
-                current["metadata"]["finalizers"] = fins
-            else:
-                current["metadata"].pop("finalizers", None)
+            set_or_drop(current["metadata"], "finalizers", fins)
             return current
 
         self._update(work.spec, meta, mutate)
@@ -416,13 +398,8 @@ class GarbageCollector:
         ``NamespaceContentRemaining`` names what is left per resource and ``NamespaceFinalizersRemaining``
         the finalizers holding it (``kubectl describe ns`` shows why a namespace stays ``Terminating``).
         """
-        resources: dict[str, int] = {}
-        finalizers: dict[str, int] = {}
-        for spec, obj in remaining:
-            key = f"{spec.resource}.{spec.group}"
-            resources[key] = resources.get(key, 0) + 1
-            for fin in obj["metadata"].get("finalizers") or []:
-                finalizers[fin] = finalizers.get(fin, 0) + 1
+        resources = Counter(f"{spec.resource}.{spec.group}" for spec, _ in remaining)
+        finalizers = Counter(fin for _, obj in remaining for fin in obj["metadata"].get("finalizers") or [])
         wanted = namespace_conditions(resources, finalizers)
         uid = ns["metadata"].get("uid")
 
@@ -441,11 +418,7 @@ class GarbageCollector:
             status["conditions"] = conditions
             return current
 
-        try:
-            self.store.guaranteed_update(core_spec("namespaces"), None, str(ns["metadata"].get("name")), mutate)
-        except ApiError as e:
-            if e.code != 404:
-                raise
+        self._update(core_spec("namespaces"), ns["metadata"], mutate)
 
     def _check_owners(self, spec: ResourceSpec, obj: Obj) -> None:
         meta = obj["metadata"]
@@ -461,56 +434,40 @@ def namespace_conditions(resources: dict[str, int], finalizers: dict[str, int]) 
 
     Without ``lastTransitionTime`` (the caller keeps it while a condition's status stays the same).
     """
-
-    def cond(kind: str, status: str, reason: str, message: str) -> dict[str, str]:
-        return {"type": kind, "status": status, "reason": reason, "message": message}
-
-    content = (
-        cond(
-            "NamespaceContentRemaining",
-            "True",
-            "SomeResourcesRemain",
-            "Some resources are remaining: "
-            + ", ".join(f"{r} has {n} resource instances" for r, n in sorted(resources.items())),
-        )
-        if resources
-        else cond("NamespaceContentRemaining", "False", "ContentRemoved", "All content successfully removed")
-    )
-    held = (
-        cond(
-            "NamespaceFinalizersRemaining",
-            "True",
-            "SomeFinalizersRemain",
-            "Some content in the namespace has finalizers remaining: "
-            + ", ".join(f"{f} in {n} resource instances" for f, n in sorted(finalizers.items())),
-        )
-        if finalizers
-        else cond(
-            "NamespaceFinalizersRemaining",
-            "False",
-            "ContentHasNoFinalizers",
-            "All content-preserving finalizers finished",
-        )
-    )
-    return [
-        cond(
-            "NamespaceDeletionDiscoveryFailure", "False", "ResourcesDiscovered", "All resources successfully discovered"
-        ),
-        cond(
+    left = ", ".join(f"{r} has {n} resource instances" for r, n in sorted(resources.items()))
+    held = ", ".join(f"{f} in {n} resource instances" for f, n in sorted(finalizers.items()))
+    rows = (
+        ("NamespaceDeletionDiscoveryFailure", "False", "ResourcesDiscovered", "All resources successfully discovered"),
+        (
             "NamespaceDeletionGroupVersionParsingFailure",
             "False",
             "ParsedGroupVersions",
             "All legacy kube types successfully parsed",
         ),
-        cond(
+        (
             "NamespaceDeletionContentFailure",
             "False",
             "ContentDeleted",
             "All content successfully deleted, may be waiting on finalization",
         ),
-        content,
-        held,
-    ]
+        ("NamespaceContentRemaining", "True", "SomeResourcesRemain", f"Some resources are remaining: {left}")
+        if resources
+        else ("NamespaceContentRemaining", "False", "ContentRemoved", "All content successfully removed"),
+        (
+            "NamespaceFinalizersRemaining",
+            "True",
+            "SomeFinalizersRemain",
+            f"Some content in the namespace has finalizers remaining: {held}",
+        )
+        if finalizers
+        else (
+            "NamespaceFinalizersRemaining",
+            "False",
+            "ContentHasNoFinalizers",
+            "All content-preserving finalizers finished",
+        ),
+    )
+    return [dict(zip(("type", "status", "reason", "message"), row, strict=True)) for row in rows]
 
 
 def _name(obj: Obj) -> str:

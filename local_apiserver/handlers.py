@@ -28,6 +28,7 @@ Concurrency model
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -46,6 +47,7 @@ from local_apiserver.errors import (
     method_not_allowed,
     not_found_path,
     success_body,
+    tolerating,
 )
 from local_apiserver.patch import json_patch, merge_patch
 from local_apiserver.resources import CRD_RESOURCE, ResourceSpec
@@ -145,6 +147,8 @@ async def dispatch(state: State, request: Request, path: str, info: dict[str, st
     info["verb"] = verb
     if target.subresource == "token" and verb != "create":
         raise method_not_allowed(f"{request.method} is not allowed on serviceaccounts/token: only create (POST)")
+    if target.subresource and verb in ("delete", "deletecollection"):
+        raise method_not_allowed(f"DELETE is not allowed on {target.spec.resource}/{target.subresource}")
     response = await VERBS[verb](call)
     if verb not in ("get", "list", "watch"):
         state.rbac_written(target.spec.group)
@@ -154,14 +158,8 @@ async def dispatch(state: State, request: Request, path: str, info: dict[str, st
 async def _prepare(state: State, request: Request, target: Target, info: dict[str, str]) -> Call:
     """Record the request's facts in ``info``, check what every verb needs (authorization first) and route it."""
     spec = target.spec
-    info.update(
-        resource=spec.resource,
-        subresource=target.subresource,
-        namespace=target.namespace or "",
-        name=target.name or "",
-        group=spec.group,
-        version=spec.version,
-    )
+    attrs = _attributes(request, target)
+    info.update({k: v for k, v in dataclasses.asdict(attrs).items() if k not in ("verb", "path")})
     if spec.namespaced and target.namespace is None and target.name is not None:
         raise not_found_path(f"{NOT_FOUND} ({spec.resource} are namespaced: use /namespaces/<ns>/{spec.resource})")
     dry_run = request.query_params.getlist("dryRun")
@@ -170,7 +168,6 @@ async def _prepare(state: State, request: Request, target: Target, info: dict[st
     ):
         raise bad_request("dryRun is allowed on create, update, patch and delete of one object only")
     _dry_run(dry_run)
-    attrs = _attributes(request, target)
     info["verb"] = attrs.verb  # the audit event of a 403 names the verb too
     await _authorize(state, request, attrs)
     table = tables.requested(request, target) if request.method == "GET" else None
@@ -311,6 +308,7 @@ def _attributes(request: Request, target: Target) -> Attributes:
         verb=request_verb(method, target, watch),
         resource=spec.resource,
         group=spec.group,
+        version=spec.version,
         namespace=target.namespace or "",
         name=target.name or "",
         subresource=target.subresource,
@@ -371,9 +369,11 @@ async def _list(call: Call) -> Response:
         meta["shardInfo"] = {"selector": str(shard)}
     if call.table is not None:
         return json_response(call.table.of(result.items, meta))
-    return json_response(
-        {"kind": spec.list_kind, "apiVersion": spec.api_version, "metadata": meta, "items": result.items}
-    )
+    return _list_response(spec, meta, result.items)
+
+
+def _list_response(spec: ResourceSpec, meta: dict[str, Any], items: list[Obj]) -> Response:
+    return json_response({"kind": spec.list_kind, "apiVersion": spec.api_version, "metadata": meta, "items": items})
 
 
 async def _watch(call: Call) -> Response:
@@ -427,7 +427,7 @@ def _apply_patch(
 
 @dataclass(frozen=True)
 class _Deletion:
-    """What a delete or deletecollection asks, from its ``DeleteOptions`` body and query."""
+    """What a delete or deletecollection asks (``DeleteOptions`` body and query): ``Store.delete``'s options."""
 
     propagation: str
     grace_period_seconds: int | None
@@ -475,21 +475,11 @@ async def _deletion(request: Request) -> _Deletion:
 
 def _delete_one(store: Store, spec: ResourceSpec, ns: str | None, name: str, how: _Deletion) -> tuple[Obj, bool]:
     """One object's delete (finalizers, graceful pods, GC propagation): ``store.delete`` with ``how``."""
-    return store.delete(
-        spec,
-        ns,
-        name,
-        precondition_uid=how.precondition_uid,
-        precondition_rv=how.precondition_rv,
-        propagation=how.propagation,
-        grace_period_seconds=how.grace_period_seconds,
-    )
+    return store.delete(spec, ns, name, **dataclasses.asdict(how))
 
 
 async def _delete(call: Call) -> Response:
     spec, ns, name = call.spec, call.target.namespace, call.name
-    if call.target.subresource:
-        raise method_not_allowed(f"DELETE is not allowed on {spec.resource}/{call.target.subresource}")
     how = await _deletion(call.request)
     obj, gone_now = await in_thread(_delete_one, call.store, spec, ns, name, how)
     if not gone_now or spec.return_deleted_object:
@@ -510,8 +500,6 @@ async def _deletecollection(call: Call) -> Response:
     request; the answer is the list kind holding the listed objects.
     """
     spec, ns = call.spec, call.target.namespace
-    if call.target.subresource:
-        raise method_not_allowed(f"DELETE is not allowed on {spec.resource}/{call.target.subresource}")
     if "deletecollection" not in spec.verbs:
         raise method_not_allowed(f"deletecollection is not supported on {spec.group_resource}")
     if spec.namespaced and ns is None:
@@ -525,14 +513,7 @@ async def _deletecollection(call: Call) -> Response:
     deleted = await in_thread(_delete_listed, call.store, spec, listed.items, how)
     log.info("deletecollection of %s in %s: %d deleted", spec.group_resource, ns or "(cluster)", len(deleted))
     await call.crds_written()
-    return json_response(
-        {
-            "kind": spec.list_kind,
-            "apiVersion": spec.api_version,
-            "metadata": {"resourceVersion": str(listed.revision)},
-            "items": deleted,
-        }
-    )
+    return _list_response(spec, {"resourceVersion": str(listed.revision)}, deleted)
 
 
 def _delete_listed(store: Store, spec: ResourceSpec, items: list[Obj], how: _Deletion) -> list[Obj]:
@@ -540,11 +521,8 @@ def _delete_listed(store: Store, spec: ResourceSpec, items: list[Obj], how: _Del
     deleted: list[Obj] = []
     for obj in items:
         meta = obj["metadata"]
-        try:
+        with tolerating(404):
             _delete_one(store, spec, meta.get("namespace"), meta["name"], how)
-        except ApiError as e:
-            if e.code != 404:
-                raise
         deleted.append(obj)
     return deleted
 

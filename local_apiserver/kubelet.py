@@ -56,7 +56,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from local_apiserver.errors import ApiError
+from local_apiserver.errors import ApiError, tolerating
 from local_apiserver.resources import core_spec
 from local_apiserver.store import Obj, Store
 from rangeshard.core.backoff import Backoff
@@ -91,15 +91,13 @@ def _condition(kind: str, status: bool, now: str, reason: str | None = None) -> 
 
 
 def _set_condition(status: Obj, kind: str, value: bool, now: str, reason: str | None = None) -> None:
-    conds = [c for c in status.get("conditions") or [] if isinstance(c, dict)]
+    status["conditions"] = conds = [c for c in status.get("conditions") or [] if isinstance(c, dict)]
     for c in conds:
         if c.get("type") == kind:
             if c.get("status") != str(value):
                 c.update(_condition(kind, value, now, reason))
-            status["conditions"] = conds
             return
     conds.append(_condition(kind, value, now, reason))
-    status["conditions"] = conds
 
 
 def _is_ready(status: Obj) -> bool:
@@ -137,6 +135,11 @@ def _image_id(image: str) -> str:
     return f"{image.split('@', maxsplit=1)[0]}@sha256:{hashlib.sha256(image.encode()).hexdigest()}"
 
 
+def _completed(started: Any, finished: str, **extra: Any) -> Obj:
+    """A container's ``state`` once it exited 0."""
+    return {"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": started, "finishedAt": finished, **extra}}
+
+
 def container_statuses(pod: Obj, ready: bool, now: str, running: bool = True) -> list[Obj]:
     uid = str((pod.get("metadata") or {}).get("uid", ""))
     out = []
@@ -144,11 +147,7 @@ def container_statuses(pod: Obj, ready: bool, now: str, running: bool = True) ->
         if not isinstance(c, dict):
             continue
         name, image = str(c.get("name", "")), str(c.get("image", ""))
-        state: Obj = (
-            {"running": {"startedAt": now}}
-            if running
-            else {"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": now, "finishedAt": now}}
-        )
+        state = {"running": {"startedAt": now}} if running else _completed(now, now)
         out.append(
             {
                 "name": name,
@@ -219,19 +218,14 @@ class SimulatedNode:
         now = format_time()
         capacity = {"cpu": str(os.cpu_count() or 2), "memory": "8Gi", "pods": "110", "ephemeral-storage": "50Gi"}
         conds = [
-            {"type": t, "status": "False", "reason": r, "message": m}
-            for t, r, m in (
-                ("MemoryPressure", "KubeletHasSufficientMemory", "kubelet has sufficient memory available"),
-                ("DiskPressure", "KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
-                ("PIDPressure", "KubeletHasSufficientPID", "kubelet has sufficient PID available"),
+            {"type": t, "status": s, "reason": r, "message": m, "lastHeartbeatTime": now, "lastTransitionTime": now}
+            for t, s, r, m in (
+                ("MemoryPressure", "False", "KubeletHasSufficientMemory", "kubelet has sufficient memory available"),
+                ("DiskPressure", "False", "KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
+                ("PIDPressure", "False", "KubeletHasSufficientPID", "kubelet has sufficient PID available"),
+                ("Ready", "True", "KubeletReady", "simulated kubelet is ready"),
             )
         ]
-        conds.append(
-            {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "simulated kubelet is ready"}
-        )
-        for c in conds:
-            c["lastHeartbeatTime"] = now
-            c["lastTransitionTime"] = now
         return {
             "capacity": capacity,
             "allocatable": dict(capacity),
@@ -266,11 +260,8 @@ class SimulatedNode:
             },
             "spec": {},
         }
-        try:
+        with tolerating(409):
             self.store.create(self.nodes, None, body)
-        except ApiError as e:
-            if e.code != 409:
-                raise
         status = self._node_status()
 
         def mutate(node: Obj) -> Obj:
@@ -325,16 +316,13 @@ class SimulatedNode:
         while self._timers and self._timers[0][0] <= now:
             _, _, action, ns, name, uid = heapq.heappop(self._timers)
             self._pending.discard((uid, action))
-            try:
+            with tolerating(404, 409):
                 if action == "ready":
                     self._mark_ready(ns, name, uid)
                 elif action == "complete":
                     self._complete(ns, name, uid)
                 elif action == "remove":
                     self._remove(ns, name, uid)
-            except ApiError as e:
-                if e.code not in (404, 409):
-                    raise
 
     def _after(self, delay: float, action: str, pod: Obj) -> None:
         meta = pod["metadata"]
@@ -491,15 +479,7 @@ class SimulatedNode:
                 started = ((c.get("state") or {}).get("running") or {}).get("startedAt") or status.get("startTime")
                 c["ready"] = False
                 c["started"] = False
-                c["state"] = {
-                    "terminated": {
-                        "exitCode": 0,
-                        "reason": "Completed",
-                        "startedAt": started,
-                        "finishedAt": now,
-                        "containerID": c.get("containerID"),
-                    }
-                }
+                c["state"] = _completed(started, now, containerID=c.get("containerID"))
 
         self._update_running(ns, name, uid, completed)
 

@@ -36,10 +36,7 @@ log = logging.getLogger(__name__)
 
 
 def _header(scope: Scope, name: bytes) -> str | None:
-    for key, value in scope.get("headers") or []:
-        if key.lower() == name:
-            return bytes(value).decode("latin-1")
-    return None
+    return next((bytes(v).decode("latin-1") for k, v in scope.get("headers") or [] if k.lower() == name), None)
 
 
 class Authenticate:
@@ -66,14 +63,6 @@ class Authenticate:
             return
         path = str(scope.get("path") or "/")
         if parse_rest_path(path) is None:  # a non-resource path: the policy decides here
-            attrs = Attributes(verb=str(scope.get("method") or "GET").lower(), path=path)
-            if not authorize(user, attrs)[0]:
-                await send_status(send, forbidden(user, attrs))
-                return
-        path = str(scope.get("path") or "/")
-        if (
-            not self.state.authorization_mode and parse_rest_path(path) is None
-        ):  # a non-resource path: the policy decides
             attrs = Attributes(verb=str(scope.get("method") or "GET").lower(), path=path)
             if not authorize(user, attrs)[0]:
                 await send_status(send, forbidden(user, attrs))

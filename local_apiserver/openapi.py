@@ -360,13 +360,10 @@ def v2_document(specs: Iterable[ResourceSpec]) -> Obj:
 
 
 class OpenAPIDocuments:
-    """The encoded documents of the current resource table, rebuilt when the table changes.
+    """The encoded documents of the served resources (``source``), cached per table content.
 
-    ``source`` returns the served resources (today the static
-    :data:`local_apiserver.resources.RESOURCES`; with served CRDs, the dynamic
-    table): documents are cached per table content (each spec and the
-    identity of its ``schema``), so a new or changed CRD version shows
-    up in the next request, with a new hash in ``/openapi/v3``.
+    The key is each spec and the identity of its ``schema``: a new or changed CRD version shows up in the next
+    request, with a new hash in ``/openapi/v3``.
     """
 
     def __init__(self, source: Callable[[], Iterable[ResourceSpec]]) -> None:

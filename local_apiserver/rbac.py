@@ -47,7 +47,6 @@ Concurrency model
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -56,8 +55,6 @@ from typing import Any
 import anyio
 
 from rangeshard.core.kubeapi import Attributes, UserInfo
-
-log = logging.getLogger(__name__)
 
 MASTERS = "system:masters"
 RBAC_GROUP = "rbac.authorization.k8s.io"
@@ -86,21 +83,11 @@ def rule_allows(rule: Mapping[str, Any], attrs: Attributes) -> bool:
 
 def _resource_matches(rules: Iterable[str], resource: str, subresource: str) -> bool:
     combined = f"{resource}/{subresource}" if subresource else resource
-    for r in rules:
-        if r in ("*", combined):
-            return True
-        if subresource and r == f"*/{subresource}":
-            return True
-    return False
+    return any(r in ("*", combined) or (subresource and r == f"*/{subresource}") for r in rules)
 
 
 def _url_matches(rules: Iterable[str], path: str) -> bool:
-    for r in rules:
-        if r in ("*", path):
-            return True
-        if r.endswith("*") and path.startswith(r[:-1]):
-            return True
-    return False
+    return any(r in ("*", path) or (r.endswith("*") and path.startswith(r[:-1])) for r in rules)
 
 
 def subject_applies(subject: Mapping[str, Any], user: UserInfo, binding_namespace: str) -> bool:

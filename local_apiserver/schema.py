@@ -63,13 +63,9 @@ def schema_problems(schema: dict[str, Any], obj: dict[str, Any]) -> list[tuple[s
     """Every way ``obj`` breaks ``schema`` (the root object's own metadata/apiVersion/kind excluded)."""
     out: list[tuple[str, str]] = []
     root = {k: v for k, v in obj.items() if k not in _ROOT_FIELDS}
-    root_schema = dict(schema)
-    props = dict(root_schema.get("properties") or {})
-    for k in _ROOT_FIELDS:
-        props.pop(k, None)
-    root_schema["properties"] = props
-    root_schema["required"] = [r for r in root_schema.get("required") or [] if r not in _ROOT_FIELDS]
-    _check(root_schema, root, "", out)
+    props = {k: v for k, v in (schema.get("properties") or {}).items() if k not in _ROOT_FIELDS}
+    required = [r for r in schema.get("required") or [] if r not in _ROOT_FIELDS]
+    _check({**schema, "properties": props, "required": required}, root, "", out)
     return out
 
 
@@ -80,12 +76,8 @@ def _check(schema: dict[str, Any], value: Any, path: str, out: list[tuple[str, s
         return
     typ = schema.get("type")
     if isinstance(typ, str) and not _type_ok(typ, value, schema):
-        out.append(
-            (
-                path,
-                f"Invalid value: {_show(value)}: {path} in body must be of type {typ}: {_show(type(value).__name__)}",
-            )
-        )
+        shown = _show(type(value).__name__)
+        out.append((path, f"Invalid value: {_show(value)}: {path} in body must be of type {typ}: {shown}"))
         return
     enum = schema.get("enum")
     if isinstance(enum, list) and value not in enum:

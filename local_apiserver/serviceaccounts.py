@@ -137,22 +137,12 @@ def parse_token_request(body: Any) -> tuple[list[str], int]:
     audiences = spec.get("audiences") or [DEFAULT_AUDIENCE]
     if not isinstance(audiences, list) or not all(isinstance(a, str) and a for a in audiences):
         raise bad_request("spec.audiences must be a list of non-empty strings")
-    expiration = spec.get("expirationSeconds", DEFAULT_EXPIRATION)
-    if expiration is None:
-        expiration = DEFAULT_EXPIRATION
+    expiration = DEFAULT_EXPIRATION if spec.get("expirationSeconds") is None else spec["expirationSeconds"]
     if not isinstance(expiration, int) or isinstance(expiration, bool):
         raise bad_request("spec.expirationSeconds must be an integer")
     if expiration < MIN_EXPIRATION:
-        raise invalid(
-            "TokenRequest",
-            "",
-            [
-                (
-                    "spec.expirationSeconds",
-                    f"Invalid value: {expiration}: may not specify a duration less than 10 minutes",
-                )
-            ],
-        )
+        why = f"Invalid value: {expiration}: may not specify a duration less than 10 minutes"
+        raise invalid("TokenRequest", "", [("spec.expirationSeconds", why)])
     return audiences, expiration
 
 

@@ -64,13 +64,8 @@ def allocate(
     spec = obj.setdefault("spec", {})
     if not isinstance(spec, dict):
         raise _invalid(name, "spec", "Invalid value: must be an object")
-    svc_type = spec.setdefault("type", "ClusterIP")
+    svc_type = spec.setdefault("type", "ClusterIP")  # (port defaults: local_apiserver.defaults.service_defaults)
     spec.setdefault("sessionAffinity", "None")
-    for p in spec.get("ports") or []:
-        if isinstance(p, dict):
-            p.setdefault("protocol", "TCP")
-            if "port" in p:
-                p.setdefault("targetPort", p["port"])
     if svc_type != "ExternalName":
         ip = spec.get("clusterIP")
         if ip in (None, ""):
@@ -87,20 +82,14 @@ def allocate(
         for i, p in enumerate(spec.get("ports") or []):
             if not isinstance(p, dict):
                 continue
-            wanted = p.get("nodePort")
+            wanted, field = p.get("nodePort"), f"spec.ports[{i}].nodePort"
             if wanted in (None, 0):
                 p["nodePort"] = _free_port(rnd, taken, name)
             elif not isinstance(wanted, int) or wanted not in NODE_PORTS:
-                raise _invalid(
-                    name,
-                    f"spec.ports[{i}].nodePort",
-                    f"Invalid value: {wanted!r}: provided port is not in the valid range. "
-                    "The range of valid ports is 30000-32767",
-                )
+                why = "provided port is not in the valid range. The range of valid ports is 30000-32767"
+                raise _invalid(name, field, f"Invalid value: {wanted!r}: {why}")
             elif wanted in taken:
-                raise _invalid(
-                    name, f"spec.ports[{i}].nodePort", f"Invalid value: {wanted}: provided port is already allocated"
-                )
+                raise _invalid(name, field, f"Invalid value: {wanted}: provided port is already allocated")
             taken.add(p["nodePort"])
 
 
@@ -161,11 +150,8 @@ def _check_ip(ip: str, ips: set[str], name: str, network: ipaddress.IPv4Network)
     except ValueError:
         raise _invalid(name, "spec.clusterIP", f'Invalid value: "{ip}": must be a valid IP address') from None
     if addr not in network:
-        raise _invalid(
-            name,
-            "spec.clusterIP",
-            f'Invalid value: "{ip}": provided IP is not in the valid range. The range of valid IPs is {network}',
-        )
+        why = f"provided IP is not in the valid range. The range of valid IPs is {network}"
+        raise _invalid(name, "spec.clusterIP", f'Invalid value: "{ip}": {why}')
     if ip in ips:
         raise _invalid(name, "spec.clusterIP", f'Invalid value: "{ip}": provided IP is already allocated')
 

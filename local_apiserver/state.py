@@ -32,7 +32,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from local_apiserver import resources, services
 from local_apiserver.crd import CrdSync
-from local_apiserver.errors import ApiError
+from local_apiserver.errors import ApiError, tolerating
 from local_apiserver.gc import GarbageCollector
 from local_apiserver.rbac import (
     BOOTSTRAP_CLUSTER_ROLE_BINDINGS,
@@ -129,11 +129,8 @@ class State:
             ):
                 spec = resources.builtin_spec(RBAC_GROUP, resource)
                 for obj in objects:
-                    try:
+                    with tolerating(409):
                         store.create(spec, None, obj)
-                    except ApiError as e:
-                        if e.code != 409:
-                            raise
         self.bootstrapped = True
 
     def _load_rbac(self) -> RbacPolicy:

@@ -45,7 +45,6 @@ from local_apiserver import codec, services
 from local_apiserver.codec import Obj, decode_continue, encode_continue, parse_resource_version
 from local_apiserver.errors import (
     EXPIRED_CONTINUE_MESSAGE,
-    ApiError,
     already_exists,
     bad_request,
     conflict,
@@ -54,6 +53,7 @@ from local_apiserver.errors import (
     gone,
     not_found,
     timeout,
+    tolerating,
 )
 from local_apiserver.resources import ResourceSpec, ResourceTable, core_spec
 from local_apiserver.strategy import check_precondition, pod_grace_period, prepare_update
@@ -114,6 +114,12 @@ class Store:
             return f"{base}{namespace}/"
         return base
 
+    def selected_prefix(self, spec: ResourceSpec, namespace: str | None, fields: FieldSelector) -> str:
+        """The prefix a list or watch reads: a ``metadata.namespace`` field selector narrows all namespaces to one."""
+        if namespace is None and spec.namespaced:
+            namespace = fields.value_of("metadata.namespace")
+        return self.resource_prefix(spec, namespace)
+
     def key(self, spec: ResourceSpec, namespace: str | None, name: str) -> str:
         return f"{self.resource_prefix(spec, namespace)}{name}"
 
@@ -166,11 +172,7 @@ class Store:
         shard: ShardSelector | None = None,
     ) -> ListResult:
         """One page of a list, read at one etcd revision (see module docstring)."""
-        if namespace is None and spec.namespaced:
-            pinned = fields.value_of("metadata.namespace")
-            if pinned:
-                namespace = pinned
-        prefix = self.resource_prefix(spec, namespace)
+        prefix = self.selected_prefix(spec, namespace, fields)
         end = prefix_end(prefix)
         start = prefix
         read_rev: int | None = None
@@ -288,11 +290,8 @@ class Store:
 
     def _default_service_account(self, namespace: str) -> None:
         """Every namespace gets a ServiceAccount ``default``, as kube-controller-manager creates one."""
-        try:
+        with tolerating(403, 409):  # already there, or the namespace is already terminating
             self.create(core_spec("serviceaccounts"), namespace, {"metadata": {"name": "default"}})
-        except ApiError as e:
-            if e.code not in (403, 409):  # already there, or the namespace is already terminating
-                raise
 
     def _namespace_for(self, spec: ResourceSpec, namespace: str | None, meta: dict[str, Any]) -> str | None:
         if not spec.namespaced:
@@ -340,11 +339,8 @@ class Store:
     def ensure_namespaces(self, names: tuple[str, ...] = INITIAL_NAMESPACES) -> None:
         """Create the namespaces kube-apiserver creates at start-up (if absent)."""
         for name in names:
-            try:
+            with tolerating(409):
                 self.create(core_spec("namespaces"), None, {"metadata": {"name": name}})
-            except ApiError as e:
-                if e.code != 409:
-                    raise
 
     # -- update --------------------------------------------------------------
     def guaranteed_update(
@@ -430,20 +426,13 @@ class Store:
         for _ in range(MAX_RETRIES):
             kv, current = self._read(spec, namespace, name)
             meta = current["metadata"]
-            if precondition_uid is not None and meta.get("uid") != precondition_uid:
-                raise conflict(
-                    spec.group_resource,
-                    name,
-                    f"Precondition failed: UID in precondition: {precondition_uid}, "
-                    f"UID in object meta: {meta.get('uid')}",
-                )
-            if precondition_rv is not None and kv.mod_revision != precondition_rv:
-                raise conflict(
-                    spec.group_resource,
-                    name,
-                    f"Precondition failed: ResourceVersion in precondition: {precondition_rv}, "
-                    f"ResourceVersion in object meta: {kv.mod_revision}",
-                )
+            for what, want, have in (
+                ("UID", precondition_uid, meta.get("uid")),
+                ("ResourceVersion", precondition_rv, kv.mod_revision),
+            ):
+                if want is not None and have != want:
+                    why = f"Precondition failed: {what} in precondition: {want}, {what} in object meta: {have}"
+                    raise conflict(spec.group_resource, name, why)
             finalizers = list(meta.get("finalizers") or [])
             if (
                 propagation == "Foreground"

@@ -138,18 +138,17 @@ def _merge_map(original: dict[str, Any] | None, patch: dict[str, Any], schema: d
         else:
             result[key] = copy.deepcopy(value)
     for key, value in patch.items():
-        if key.startswith(_DELETE_PRIMITIVES):
-            name = key[len(_DELETE_PRIMITIVES) :]
-            if not isinstance(value, list):
-                raise ApiError(422, "Invalid", f"{key} must be a list")
-            if isinstance(result.get(name), list):
-                result[name] = [v for v in result[name] if v not in value]
-        elif key.startswith(_ORDER):
-            name = key[len(_ORDER) :]
-            if not isinstance(value, list):
-                raise ApiError(422, "Invalid", f"{key} must be a list")
-            if isinstance(result.get(name), list):
-                result[name] = _order(result[name], value, schema.get(name))
+        directive = next((d for d in (_DELETE_PRIMITIVES, _ORDER) if key.startswith(d)), None)
+        if directive is None:
+            continue
+        if not isinstance(value, list):
+            raise ApiError(422, "Invalid", f"{key} must be a list")
+        name = key[len(directive) :]
+        current = result.get(name)
+        if isinstance(current, list) and directive == _ORDER:
+            result[name] = _order(current, value, schema.get(name))
+        elif isinstance(current, list):
+            result[name] = [v for v in current if v not in value]
     retain = patch.get("$retainKeys")
     if retain is not None:
         if not isinstance(retain, list) or not all(isinstance(k, str) for k in retain):
@@ -199,17 +198,13 @@ def _element(original: dict[str, Any], item: dict[str, Any], node: ByKey | None)
 
 
 def _order(items: list[Any], order: list[Any], node: Any) -> list[Any]:
-    if isinstance(node, ByKey):
-        wanted = [o.get(node.key) for o in order if isinstance(o, dict)]
+    by_key = isinstance(node, ByKey)
+    wanted = [o.get(node.key) for o in order if isinstance(o, dict)] if by_key else list(order)
 
-        def ident(item: Any) -> Any:
-            return item.get(node.key) if isinstance(item, dict) else None
-
-    else:
-        wanted = list(order)
-
-        def ident(item: Any) -> Any:
+    def ident(item: Any) -> Any:
+        if not by_key:
             return item
+        return item.get(node.key) if isinstance(item, dict) else None
 
     position = {repr(v): n for n, v in enumerate(wanted)}
     listed = sorted((i for i in items if repr(ident(i)) in position), key=lambda i: position[repr(ident(i))])

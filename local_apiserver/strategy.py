@@ -24,7 +24,7 @@ import copy
 
 from local_apiserver import services
 from local_apiserver.codec import Obj
-from local_apiserver.conversion import keep_status
+from local_apiserver.conversion import copy_key, keep_status
 from local_apiserver.errors import conflict, invalid_request
 from local_apiserver.resources import ResourceSpec
 from local_apiserver.validation import apply_defaults, check_job_update, check_secret_update, validate_object
@@ -35,10 +35,7 @@ def prepare_update(spec: ResourceSpec, current: Obj, new: Obj, subresource: str)
     cur_meta = current["metadata"]
     if subresource == "status":
         result = copy.deepcopy(current)
-        if "status" in new:
-            result["status"] = new["status"]
-        else:
-            result.pop("status", None)
+        copy_key(new, result, "status")
         if spec.crd is not None:
             validate_object(spec, result)  # a custom resource's status is checked against its schema too
             apply_defaults(spec, result)
@@ -53,16 +50,10 @@ def prepare_update(spec: ResourceSpec, current: Obj, new: Obj, subresource: str)
     else:
         meta.pop("namespace", None)
     for immutable in ("uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "generation"):
-        if immutable in cur_meta:
-            meta[immutable] = cur_meta[immutable]
-        else:
-            meta.pop(immutable, None)
+        copy_key(cur_meta, meta, immutable)
     meta.pop("managedFields", None)
     if spec.status or spec.resource == "namespaces":
-        if "status" in current:
-            new["status"] = current["status"]
-        else:
-            new.pop("status", None)
+        copy_key(current, new, "status")
         keep_status(spec, current, new)
     if cur_meta.get("deletionTimestamp"):
         added = set(meta.get("finalizers") or []) - set(cur_meta.get("finalizers") or [])

@@ -89,9 +89,7 @@ def check_body_shape(spec: ResourceSpec, body: Any) -> dict[str, Any]:
         raise bad_request(
             f"the API version in the data ({api_version}) does not match the expected API version ({spec.api_version})"
         )
-    meta = body.get("metadata", {})
-    if meta is None:
-        meta = {}
+    meta = {} if body.get("metadata") is None else body["metadata"]
     if not isinstance(meta, dict):
         raise bad_request("metadata must be a JSON object")
     for key in ("name", "generateName", "namespace", "resourceVersion", "uid"):
@@ -106,13 +104,10 @@ def check_body_shape(spec: ResourceSpec, body: Any) -> dict[str, Any]:
     for key in ("spec", "status"):
         if body.get(key) is not None and not isinstance(body[key], dict):
             raise bad_request(f"{key} must be a JSON object, got {type(body[key]).__name__}")
-    for key in ("finalizers",):
+    for key, item, what in (("finalizers", str, "strings"), ("ownerReferences", dict, "objects")):
         value = meta.get(key)
-        if value is not None and (not isinstance(value, list) or not all(isinstance(v, str) for v in value)):
-            raise bad_request(f"metadata.{key} must be a list of strings")
-    refs = meta.get("ownerReferences")
-    if refs is not None and (not isinstance(refs, list) or not all(isinstance(r, dict) for r in refs)):
-        raise bad_request("metadata.ownerReferences must be a list of objects")
+        if value is not None and (not isinstance(value, list) or not all(isinstance(v, item) for v in value)):
+            raise bad_request(f"metadata.{key} must be a list of {what}")
     return body
 
 
@@ -236,12 +231,7 @@ def _kind_rules(spec: ResourceSpec, obj: dict[str, Any]) -> list[tuple[str, str]
         if not isinstance(labels, dict) or not all(isinstance(v, str) for v in labels.values()):
             causes.append(("spec.template.metadata.labels", "Invalid value: must be a map of strings"))
             labels = {}
-        reqs, problems = selector_requirements(body_spec.get("selector"))
-        causes.extend(problems)
-        if not problems and not LabelSelector(tuple(reqs)).matches(labels):
-            causes.append(
-                ("spec.template.metadata.labels", "Invalid value: `selector` does not match template `labels`")
-            )
+        _check_selector(body_spec.get("selector"), labels, causes)
         causes.extend(_containers(template.get("spec"), "spec.template.spec"))
     elif spec.resource == "jobs" and spec.group == "batch":
         causes.extend(_job_rules(obj))
@@ -258,6 +248,15 @@ def _kind_rules(spec: ResourceSpec, obj: dict[str, Any]) -> list[tuple[str, str]
             if data is not None and (not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values())):
                 causes.append((key, "Invalid value: must be a map of strings"))
     return causes
+
+
+def _check_selector(selector: Any, labels: dict[str, Any], causes: list[tuple[str, str]]) -> bool:
+    """Add ``spec.selector``'s problems, or its mismatch with the template's ``labels``, to ``causes``; parsed?"""
+    reqs, problems = selector_requirements(selector)
+    causes.extend(problems)
+    if not problems and not LabelSelector(tuple(reqs)).matches(labels):
+        causes.append(("spec.template.metadata.labels", "Invalid value: `selector` does not match template `labels`"))
+    return not problems
 
 
 def _job_restart_policy(pod_spec: Any, path: str) -> list[tuple[str, str]]:
@@ -291,24 +290,17 @@ def _job_rules(obj: dict[str, Any]) -> list[tuple[str, str]]:
     selector = body_spec.get("selector")
     if selector is None:
         return [*causes, ("spec.selector", "Required value")]
-    reqs, problems = selector_requirements(selector)
-    causes.extend(problems)
-    if not problems and not LabelSelector(tuple(reqs)).matches(labels):
-        causes.append(("spec.template.metadata.labels", "Invalid value: `selector` does not match template `labels`"))
+    parsed = _check_selector(selector, labels, causes)
     uid = str((obj.get("metadata") or {}).get("uid") or "")
-    if body_spec.get("manualSelector") is not True and uid and not problems:
+    if body_spec.get("manualSelector") is not True and uid and parsed:
         for where, values in (
             ("spec.selector.matchLabels", get_path(selector, "matchLabels")),
             ("spec.template.metadata.labels", labels),
         ):
             found = values.get(JOB_UID_LABEL) if isinstance(values, dict) else None
             if found != uid:
-                causes.append(
-                    (
-                        f"{where}[{JOB_UID_LABEL}]",
-                        f"Invalid value: {found!r}: must be '{uid}' (spec.manualSelector is not true)",
-                    )
-                )
+                why = f"Invalid value: {found!r}: must be '{uid}' (spec.manualSelector is not true)"
+                causes.append((f"{where}[{JOB_UID_LABEL}]", why))
     return causes
 
 
@@ -400,9 +392,7 @@ def _secret_defaults(obj: dict[str, Any]) -> None:
     Invalid base64 in ``data`` is a 422 naming the key, like kube-apiserver's.
     """
     name = str((obj.get("metadata") or {}).get("name") or "")
-    data = obj.get("data")
-    if data is None:
-        data = {}
+    data = {} if obj.get("data") is None else obj["data"]
     if not isinstance(data, dict):
         raise invalid("Secret", name, [("data", f"Invalid value: {type(data).__name__}: must be a map")])
     causes: list[tuple[str, str]] = []

@@ -224,11 +224,7 @@ async def watch_events(
         initial, start = res.items, res.revision + 1
     else:
         start = rv + 1
-    namespace = req.namespace
-    if namespace is None and req.spec.namespaced:
-        namespace = req.fields.value_of("metadata.namespace")
-    prefix = store.resource_prefix(req.spec, namespace)
-    etcd_watch = EtcdWatch(config, prefix, start)
+    etcd_watch = EtcdWatch(config, store.selected_prefix(req.spec, req.namespace, req.fields), start)
     compacted: ApiError | None = None
     try:
         await anyio.to_thread.run_sync(etcd_watch.open)
@@ -299,11 +295,8 @@ async def _stream(
             elif kind == "compacted":
                 yield event_line("ERROR", expired_status(too_old_message(last_rev, int(payload))))
                 return
-            elif kind == "closed":
-                log.debug("watch on %s ends: %s", etcd_watch.prefix, payload)
-                return
-            else:
-                log.info("watch on %s ends: %s", etcd_watch.prefix, payload)
+            else:  # "closed" (the server is shutting down) or "error"
+                (log.debug if kind == "closed" else log.info)("watch on %s ends: %s", etcd_watch.prefix, payload)
                 return
     finally:
         on_close()

@@ -284,10 +284,6 @@ class StaticTokens:
         """The user of ``token``, or None."""
         return self._users.get(token_digest(token)) if token else None
 
-    def authenticate_header(self, authorization: str | None) -> UserInfo | None:
-        """The user of an ``Authorization`` header value (``Bearer <token>``), or None."""
-        return self.authenticate(bearer_token(authorization))
-
 
 def unauthorized() -> ApiError:
     """401 Unauthorized, worded as kube-apiserver does."""

@@ -190,7 +190,5 @@ def fence_reason(status: object) -> str | None:
     details = status.get("details")
     if not isinstance(details, dict) or details.get("group") != FENCED_GROUP or details.get("kind") != FENCED_KIND:
         return None
-    for cause in details.get("causes") or []:
-        if isinstance(cause, dict) and isinstance(cause.get("reason"), str):
-            return str(cause["reason"])
-    return "Fenced"
+    reasons = (c.get("reason") for c in details.get("causes") or [] if isinstance(c, dict))
+    return next((r for r in reasons if isinstance(r, str)), "Fenced")

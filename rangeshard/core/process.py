@@ -1,23 +1,15 @@
 """Child processes of ours: how they are started, waited for, stopped, and how a command ends.
 
 Purpose
-    :func:`terminate` and :class:`ManagedProcess` (pid, running, stop, kill,
-    log tail) are how every child process of ours is stopped: etcd
-    (:mod:`rangeshard.core.etcdserver`), the local API server, the proxy and
-    the controller managers.
-    :func:`python_module_command` is how each Python child is started, and
-    :func:`wait_ready` the one way to wait for children to become ready
-    (:meth:`ManagedProcess.wait_until` and :meth:`ManagedProcess.wait_http_ready`
-    for one child; a group such as ``up``'s passes all of them).
-    :func:`end_process` is how a command that stopped cleanly leaves (no
+    :func:`popen` starts every child process of ours (etcd, the local API server, the proxy, the managers,
+    the external controller's child, the tests' helpers; Python ones as :func:`python_module_command`) with
+    a parent-death signal (:func:`die_with_parent`, Linux ``PR_SET_PDEATHSIG``), so a child never outlives
+    the process that started it, even one killed with SIGKILL; ``detached=True`` is the one exception
+    (``rangeshard up --detach``). :func:`terminate` and :class:`ManagedProcess` (pid, running, stop, kill,
+    log tail) stop them; :func:`wait_ready` is the one way to wait for children to become ready
+    (:meth:`ManagedProcess.wait_until`/:meth:`~ManagedProcess.wait_http_ready` for one child; a group such
+    as ``up``'s passes all of them). :func:`end_process` is how a command that stopped cleanly leaves (no
     interpreter finalization, where gRPC's C core may abort).
-
-    :func:`popen` is how every child process of ours is started (the
-    servers here, the external controller's child, the tests' helpers): it
-    asks the kernel for a parent-death signal (:func:`die_with_parent`,
-    Linux ``PR_SET_PDEATHSIG``), so a child never outlives the process that
-    started it, even one killed with SIGKILL. ``detached=True`` is the one
-    exception (``rangeshard up --detach``, whose children must outlive it).
 
 Invariants
     * :func:`wait_ready` fails at once when a watched child exits (its exit
@@ -91,15 +83,11 @@ _PRCTL = _load_prctl()
 
 
 def die_with_parent(parent: int | None = None) -> None:
-    """Have the kernel SIGKILL this process when its parent ends (Linux ``PR_SET_PDEATHSIG``; else nothing).
+    """Have the kernel SIGKILL this process when its parent *thread* ends (Linux ``PR_SET_PDEATHSIG``; else nothing).
 
-    The ``preexec_fn`` of every child :func:`popen` starts (it runs in the
-    forked child before its ``exec``: no imports, no locks), and what a
-    pytest-xdist worker calls for itself (tests/conftest.py). ``parent``: the
-    pid that forked this process; if it is no longer the parent once the
-    request is in place, the parent died in between and this process kills
-    itself. The signal follows the parent *thread* (see the module
-    docstring).
+    :func:`popen`'s ``preexec_fn`` (runs in the forked child before ``exec``: no imports, no locks) and what
+    a pytest-xdist worker calls for itself. ``parent``: the forking pid; if it is no longer the parent once
+    the request is in place, it died in between and this process kills itself.
     """
     if _PRCTL is None:
         return
@@ -109,12 +97,7 @@ def die_with_parent(parent: int | None = None) -> None:
 
 
 def popen(args: Sequence[str], *, detached: bool = False, **kwargs: Any) -> subprocess.Popen[Any]:
-    """``subprocess.Popen(args, **kwargs)`` for a child that dies with this process (:func:`die_with_parent`).
-
-    ``detached``: the child may outlive us (no parent-death signal): only
-    ``rangeshard up --detach``'s servers and managers. Call it from a thread
-    that outlives the child (the module docstring says why).
-    """
+    """``subprocess.Popen(args, **kwargs)`` for a child that dies with this process, unless ``detached``."""
     if detached:
         return subprocess.Popen(args, **kwargs)
     preexec = functools.partial(die_with_parent, os.getpid())
@@ -124,10 +107,9 @@ def popen(args: Sequence[str], *, detached: bool = False, **kwargs: Any) -> subp
 def end_process(code: int) -> NoReturn:
     """Exit now with ``code``: flush the log handlers and stdio, then skip interpreter finalization.
 
-    For a command whose work is stopped and flushed (the controller manager after a graceful stop).
-    gRPC's C core aborts the process now and then during finalization (``Fatal Python error:
-    Aborted`` after the last log line, no Python frame; seen for 2 of 3 managers of one e2e test on a
-    machine at load 10), which turned a clean stop's exit code 0 into -6.
+    For a command whose work is stopped and flushed (the manager after a graceful stop): gRPC's C core
+    aborts now and then during finalization (``Fatal Python error: Aborted``, seen for 2 of 3 managers of
+    one e2e test at load 10), which turned a clean stop's exit code 0 into -6.
     """
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
@@ -165,14 +147,11 @@ def wait_ready(
     stop: threading.Event | None = None,
     timeout_error: Callable[[str], Exception] | None = None,
 ) -> None:
-    """Poll ``check`` until it says ready: the one readiness routine for our child processes.
+    """Poll ``check`` until it says ready (the module docstring's invariant).
 
-    Before every check each of ``children`` must still run (an exit code in
-    ``tolerated_exits``, e.g. a manager a test killed on purpose, is allowed):
-    one that exited raises ``error`` at once with its exit code and log tail.
-    After ``timeout`` seconds ``error`` says what ``check`` saw last, followed
-    by ``hint()`` (a log tail, where the logs are); ``timeout_error`` makes
-    that error instead. ``stop`` (set by a signal) ends the wait with ``error`` too.
+    Each of ``children`` must still run before every check (exit codes in ``tolerated_exits`` allowed).
+    The timeout's message ends with ``hint()`` (a log tail); ``timeout_error`` makes that error instead of
+    ``error``. ``stop`` (set by a signal) ends the wait with ``error`` too.
     """
     deadline = time.monotonic() + timeout
     watched = list(children)
@@ -194,12 +173,8 @@ def wait_ready(
 
 
 class ManagedProcess:
-    """A child process we started: ``pid``, ``running``, ``stop``, ``kill`` and the tail of its log.
-
-    Subclasses set ``proc`` when they start the process and ``log_path`` to
-    where its output goes; :meth:`stop` and :meth:`kill` are idempotent and
-    never leave a zombie.
-    """
+    """A child process we started (subclasses set ``proc`` and ``log_path``); stop and kill are idempotent and
+    never leave a zombie."""
 
     proc: subprocess.Popen[bytes] | None
     log_path: Path
@@ -226,8 +201,7 @@ class ManagedProcess:
 
     def wait_http_ready(self, url: str, timeout: float) -> None:
         """Until ``GET url`` answers 200 (a ``/readyz``); see :meth:`wait_until`."""
-        # A readiness probe of our own child on loopback: no data is sent, so a
-        # (possibly self-signed) certificate is not verified here.
+        # Our own child on loopback, no data sent: a (possibly self-signed) certificate is not verified.
         with httpx.Client(timeout=1.0, verify=False) as client:  # noqa: S501
 
             def check() -> tuple[bool, str]:
@@ -248,11 +222,9 @@ class ManagedProcess:
         *,
         new_session: bool = True,
     ) -> subprocess.Popen[bytes]:
-        """Start ``command`` (in its own session by default), output appended to ``log_path``; return it.
+        """Start ``command`` (own session by default, ``env`` added, output appended to ``log_path``); return it.
 
-        ``env`` entries are added to this process's environment; a failure to
-        start raises ``error("cannot start WHAT: ...")``. The child dies with
-        this process unless :attr:`detached` (:func:`popen`).
+        A failure to start raises ``error("cannot start WHAT: ...")``.
         """
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         logf = open(self.log_path, "ab")  # noqa: SIM115 (the child keeps its own descriptor)
@@ -310,23 +282,22 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+def _stat(pid: int) -> list[str]:
+    """The fields of ``/proc/PID/stat`` from the 3rd on (``[]`` when the process is gone)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()
+    except OSError:
+        return []
+
+
 def process_state(pid: int) -> str | None:
     """Field 3 of ``/proc/PID/stat`` (``R``, ``S``, ``D``, ``T`` stopped, ``t`` traced, ``Z`` zombie, ...), or None."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat.rsplit(")", 1)[-1].split()
-    return fields[0] if fields else None
+    return next(iter(_stat(pid)), None)
 
 
 def process_start_time(pid: int) -> int | None:
     """Field 22 of ``/proc/PID/stat`` (clock ticks since boot), or None when the process is gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat.rsplit(")", 1)[-1].split()
+    fields = _stat(pid)
     if not fields or fields[0] == "Z":  # a zombie has exited already
         return None
     try:

@@ -224,14 +224,9 @@ class _Reader:
             return False, None
         if field.shape in ("list", "map"):
             return (not field.omitempty), None
-        if field.type in _SCALARS:
-            if field.omitempty:
-                return False, None
-            return True, {"string": "", "bool": False, "int32": 0, "int64": 0, "bytes": None}[field.type]
-        if field.type in _SPECIALS:
-            value = {"IntOrString": 0, "Quantity": "0"}.get(field.type)
-            return True, value
-        return True, self.message(field.type, b"", "")
+        if field.type in _SCALARS and field.omitempty:
+            return False, None
+        return True, self.zero_element(field.type)  # (``bytes`` is only ever a map value: see _load)
 
     def value(self, field: Field, type_: str, wire: int, value: int | bytes, where: str) -> Any:
         """One element: a scalar, a special type or a message."""
@@ -259,6 +254,7 @@ class _Reader:
         return key, value
 
     def zero_element(self, type_: str) -> Any:
+        """The value Go's JSON writes for an element of ``type_`` that is absent from the wire."""
         if type_ in _SCALARS:
             return {"string": "", "bool": False, "int32": 0, "int64": 0, "bytes": ""}[type_]
         if type_ in _SPECIALS:

@@ -38,7 +38,6 @@ PROTOBUF_MEDIA_TYPE = "application/vnd.kubernetes.protobuf"
 MAGIC = b"k8s\x00"
 
 VARINT, FIXED64, LENGTH, FIXED32 = 0, 1, 2, 5
-_MAX_DEPTH_BYTES = 64 * 1024 * 1024
 
 
 class ProtobufError(RangeshardError):

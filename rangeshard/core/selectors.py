@@ -296,10 +296,7 @@ class FieldSelector:
 
     def value_of(self, name: str) -> str | None:
         """The value an equality requirement pins ``name`` to, if any (for key-range narrowing)."""
-        for r in self.requirements:
-            if r.field == name and r.equal:
-                return r.value
-        return None
+        return next((r.value for r in self.requirements if r.field == name and r.equal), None)
 
 
 def field_value(obj: Mapping[str, Any], path: str) -> str:
@@ -358,10 +355,8 @@ def _split_unescaped(text: str) -> list[str]:
 
 def _find_unescaped(text: str, needle: str) -> int:
     """Where ``needle`` first stands outside a backslash escape, -1 if nowhere."""
-    for m in re.finditer(r"\\.|" + re.escape(needle), text, re.S):
-        if not m.group().startswith("\\"):
-            return m.start()
-    return -1
+    found = re.finditer(r"\\.|" + re.escape(needle), text, re.S)
+    return next((m.start() for m in found if not m.group().startswith("\\")), -1)
 
 
 def _unescape(value: str, text: str) -> str:

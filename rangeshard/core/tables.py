@@ -862,10 +862,8 @@ def _node_roles(obj: Obj, now: dt.datetime) -> str:
 
 def _node_address(kind: str) -> Callable[[Obj, dt.datetime], str]:
     def cell(obj: Obj, now: dt.datetime) -> str:
-        for a in _list(_get(obj, "status", "addresses")):
-            if isinstance(a, dict) and a.get("type") == kind:
-                return str(a.get("address", ""))
-        return _NONE
+        found = (a for a in _list(_get(obj, "status", "addresses")) if isinstance(a, dict) and a.get("type") == kind)
+        return next((str(a.get("address", "")) for a in found), _NONE)
 
     return cell
 
@@ -886,10 +884,8 @@ def _flow_distinguisher(obj: Obj, now: dt.datetime) -> str:
 
 
 def _flow_missing_pl(obj: Obj, now: dt.datetime) -> str:
-    for c in _list(_get(obj, "status", "conditions")):
-        if isinstance(c, dict) and c.get("type") == "Dangling":
-            return str(c.get("status", "?"))
-    return "?"
+    conditions = (c for c in _list(_get(obj, "status", "conditions")) if isinstance(c, dict))
+    return next((str(c.get("status", "?")) for c in conditions if c.get("type") == "Dangling"), "?")
 
 
 def _plc(*path: str) -> Callable[[Obj, dt.datetime], Any]:
