@@ -34,6 +34,7 @@ from typing import Any
 
 import orjson
 
+from rangeshard.core.http1 import MAX_LINE_BYTES, LineSplitter
 from rangeshard.core.kubeapi import media_ranges
 from rangeshard.core.objpath import dig
 from rangeshard.core.timestamps import parse_time
@@ -1256,22 +1257,21 @@ async def table_watch(
     include: str,
     version: str,
     view: Callable[[Obj], Obj] | None = None,
+    limit: int = MAX_LINE_BYTES,
 ) -> AsyncGenerator[bytes, None]:
     """Re-encode a JSON watch stream (one event per line) with each object as a one-row Table.
 
     The first Table carries the column definitions, later ones do not (as
     kube-apiserver answers ``kubectl get -w``); ``BOOKMARK`` and ``ERROR``
-    events pass unchanged.
+    events pass unchanged. Lines are split by the one bounded splitter
+    (:class:`~rangeshard.core.http1.LineSplitter`: ``LineTooLong`` past
+    ``limit`` bytes).
     """
-    pending = b""
+    splitter = LineSplitter(limit)
     headers = True
     async for chunk in lines:
-        pending += chunk
-        *complete, pending = pending.split(b"\n")
         out: list[bytes] = []
-        for line in complete:
-            if not line.strip():
-                continue
+        for line in splitter.split([chunk]):
             event = orjson.loads(line)
             obj = event.get("object")
             if event.get("type") in ("ADDED", "MODIFIED", "DELETED") and isinstance(obj, dict):
@@ -1283,5 +1283,6 @@ async def table_watch(
             out.append(orjson.dumps(event) + b"\n")
         if out:
             yield b"".join(out)
-    if pending.strip():
-        yield pending
+    last = splitter.rest()
+    if last is not None:
+        yield last

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
+from collections.abc import AsyncIterator
 
+import orjson
 import pytest
 
 from local_apiserver.resources import RESOURCES
 from rangeshard.core import tables
+from rangeshard.core.errors import LineTooLong
+from rangeshard.core.http1 import MAX_LINE_BYTES
 
 NOW = dt.datetime(2026, 1, 10, 12, 0, 0, tzinfo=dt.UTC)
 
@@ -473,3 +478,39 @@ def test_daemonset_node_selector_that_is_not_a_map_prints_none(selector: object)
     table = tables.build_table(cols, [bad, good], now=NOW)
     at = [d["name"] for d in table["columnDefinitions"]].index("Node Selector")
     assert [row["cells"][at] for row in table["rows"]] == ["<none>", "disk=ssd,zone=a"]
+
+
+async def _chunks(*chunks: bytes) -> AsyncIterator[bytes]:
+    for chunk in chunks:
+        yield chunk
+
+
+def _table_watch(*chunks: bytes, limit: int = MAX_LINE_BYTES) -> list[bytes]:
+    async def run() -> list[bytes]:
+        watch = tables.table_watch(_chunks(*chunks), tables.DEFAULT_COLUMNS, include="None", version="v1", limit=limit)
+        return [out async for out in watch]
+
+    return asyncio.run(run())
+
+
+def _event(name: str, etype: str = "ADDED") -> bytes:
+    obj = {"kind": "ConfigMap", "metadata": {"name": name, "resourceVersion": "7"}}
+    return orjson.dumps({"type": etype, "object": obj}) + b"\n"
+
+
+def test_a_table_watch_joins_lines_split_across_chunks_and_passes_bookmarks() -> None:
+    first, second = _event("a"), _event("b")
+    bookmark = b'{"type":"BOOKMARK","object":{"kind":"ConfigMap","metadata":{"resourceVersion":"9"}}}\n'
+    out = b"".join(_table_watch(first[:10], first[10:] + second[:5], second[5:] + b"\n" + bookmark))
+    events = [orjson.loads(line) for line in out.splitlines()]
+    assert [e["type"] for e in events] == ["ADDED", "ADDED", "BOOKMARK"]
+    assert [e["object"]["kind"] for e in events] == ["Table", "Table", "ConfigMap"]
+    assert [e["object"]["rows"][0]["cells"][0] for e in events[:2]] == ["a", "b"]
+    assert "columnDefinitions" in events[0]["object"] and not events[1]["object"].get("columnDefinitions")
+
+
+def test_a_table_watch_line_without_end_is_cut_at_the_one_limit() -> None:
+    endless = [b"x" * 1000] * 50  # 50 kB, never a newline
+    with pytest.raises(LineTooLong) as e:
+        _table_watch(_event("a"), *endless, limit=4096)
+    assert e.value.limit == 4096
