@@ -5,8 +5,8 @@ Purpose
     *dependent*, e.g. pods), the uid of the top of its chain of controller
     ownerReferences through the caches of the ``via`` kinds (e.g.
     ``replicasets.apps``), and keeps it in ``CachedObject.hashes.root`` so
-    selectors, the dispatch index, the store index and the write fence read
-    it like any other hash. When an intermediate object gains, loses or
+    selectors, the dispatch index and the store index read it like any other
+    hash (the write fence follows the same chain upstream, see below). When an intermediate object gains, loses or
     changes its controller owner, or appears or goes away, every dependent
     whose root moved is re-filed: the dependent cache sends ``DELETED`` to the
     watches of the range it left and ``ADDED`` to those of the range it
@@ -38,6 +38,12 @@ Order of a move (:meth:`RootChain.intermediate_changed`)
     stays ordered by resourceVersion, and a list at resourceVersion N shows
     the placement its watch shows at N.
 
+The write fence (:meth:`RootChain.fresh_key_of_object`)
+    judges a ``root`` write by the same chain, but reads each intermediate
+    from the upstream when the write arrives instead of from the via caches:
+    they lag the upstream, and a write of the old root's owner decided by a
+    cache that has not applied a re-parenting yet would pass after the move.
+
 Invariants
     * ``_nodes`` holds exactly the objects of the via caches (uid -> controller
       owner uid), ``_via_children`` its inverse; ``_deps`` exactly the
@@ -59,12 +65,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 import msgspec
 
-from hashing import controller_owner_uid, fnv1a_64
+from hashing import fnv1a_64, hash_key
 from hashing.rules import MAX_CHAIN
 from range_filter_proxy.cached import CachedObject
 from range_filter_proxy.resources import ResourceInfo
@@ -76,6 +82,10 @@ Key = tuple[str, str]
 
 #: How long a move waits for the dependent's stream to reach its resourceVersion (see module docstring).
 HOLD_SECONDS = 1.0
+
+#: A consistent read of one object of a via resource from the upstream: ``(info, namespace, name)`` -> the
+#: object, ``None`` when it does not exist (:meth:`range_filter_proxy.upstream.Upstream.get_object`).
+ReadObject = Callable[[ResourceInfo, str | None, str], Awaitable[Mapping[str, Any] | None]]
 
 
 class WatchCache(Protocol):
@@ -199,14 +209,46 @@ class RootChain:
         """``obj`` with its root set, not recorded (objects of an upstream list the cache does not keep)."""
         return self._placed(obj, refs_of(obj)[1])
 
-    def key_of_object(self, obj: Any) -> int | None:
-        """The 63-bit ``root`` key of a decoded object (a write's body or cached object: the write fence's)."""
+    async def fresh_key_of_object(self, obj: Any, namespace: str | None, read: ReadObject) -> int | None:
+        """The 63-bit ``root`` key of a decoded object (a write's body or cached object), the write fence's.
+
+        Its chain is :meth:`root_uid`'s, with each intermediate read from the upstream now.
+
+        The via caches lag the upstream: while one has not applied a re-parenting yet,
+        its chain is the old one, and a write judged by it would pass as the old
+        root's owner's after the move (the write fence must judge by a view at
+        least as new as the upstream when the write arrived). So the owners are
+        followed with ``read`` (a consistent read of one object) instead: the
+        controller ownerReference's owner is an intermediate when its kind is
+        one of a via cache's (group and kind) and the upstream has it with that
+        uid; the same chain as :meth:`root_uid` otherwise (the object itself
+        without a controller owner, the first owner that is no intermediate,
+        at most :data:`MAX_CHAIN`, cycles stop). One read per intermediate.
+        """
         meta = obj.get("metadata") if isinstance(obj, Mapping) else None
         if not isinstance(meta, Mapping):
             return None
-        uid = meta.get("uid")
-        value = self.root_hash(uid if isinstance(uid, str) and uid else None, controller_owner_uid(meta))
-        return value >> 1 if value is not None else None
+        uid = meta.get("uid") if isinstance(meta.get("uid"), str) and meta.get("uid") else None
+        kinds = {(c.info.gvr.group, c.info.kind): c.info for c in self.via_caches}
+        ref = _controller_ref(meta)
+        if ref is None:
+            return hash_key(uid) if uid else None
+        seen = {uid} if uid else set()
+        current = ref[2]
+        for _ in range(MAX_CHAIN - 1):  # the owner is the first of at most MAX_CHAIN
+            info = kinds.get((ref[0], ref[1]))
+            if info is None or current in seen:
+                break
+            seen.add(current)
+            owner = await read(info, namespace if info.namespaced else None, ref[3])
+            owner_meta = owner.get("metadata") if isinstance(owner, Mapping) else None
+            if not isinstance(owner_meta, Mapping) or owner_meta.get("uid") != current:
+                break  # no such intermediate (gone, or another object of that name): the nearest known owner
+            ref = _controller_ref(owner_meta)
+            if ref is None:
+                break
+            current = ref[2]
+        return hash_key(current)
 
     # ---- the dependent cache -------------------------------------------------------------------
 
@@ -369,6 +411,18 @@ class _ViaObserver:
 
     def replaced(self, objects: Mapping[Key, CachedObject]) -> None:
         self.chain.via_replaced(self.cache, objects)
+
+
+def _controller_ref(meta: Mapping[str, Any]) -> tuple[str, str, str, str] | None:
+    """``(group, kind, uid, name)`` of the controller ownerReference of ``meta`` (the first with a uid), if any."""
+    refs = meta.get("ownerReferences")
+    for ref in refs if isinstance(refs, list) else ():
+        if isinstance(ref, Mapping) and ref.get("controller") is True:
+            uid, kind, name, api_version = (ref.get(k) for k in ("uid", "kind", "name", "apiVersion"))
+            if isinstance(uid, str) and uid:
+                group = api_version.rpartition("/")[0] if isinstance(api_version, str) else ""
+                return group, str(kind or ""), uid, str(name or "")
+    return None
 
 
 def _with_root(obj: CachedObject, root: int | None) -> CachedObject:

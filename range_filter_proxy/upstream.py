@@ -239,6 +239,10 @@ class Upstream:
         """The upstream's current resourceVersion, as a consistent (quorum) read would see it."""
         raise NotImplementedError
 
+    async def get_object(self, gvr: GVR, namespace: str | None, name: str) -> dict[str, Any] | None:
+        """One object as the upstream has it now (a consistent read); ``None`` when it does not exist."""
+        raise ApiError(404, "NotFound", f"the proxy cannot read {gvr.path(namespace, name)} from its upstream")
+
     async def watch_apply(self, gvr: GVR, resource_version: str, apply: Callable[[WatchEvent], None]) -> int:
         """Watch, calling ``apply`` for every event; the number of events once the watch ends."""
         count = 0
@@ -494,6 +498,18 @@ class HttpUpstream(Upstream):
 
     async def current_resource_version(self, gvr: GVR) -> str:
         return (await self.list(gvr, {"limit": "1"})).resource_version
+
+    async def get_object(self, gvr: GVR, namespace: str | None, name: str) -> dict[str, Any] | None:
+        path = gvr.path(namespace, name)
+        try:
+            doc = await self._get_json(path)
+        except UpstreamError as e:
+            if e.code == 404:
+                return None
+            raise
+        if not isinstance(doc, dict):
+            raise UpstreamError(f"GET {path}: not an object")
+        return doc
 
     async def watch(self, gvr: GVR, resource_version: str) -> AsyncIterator[WatchEvent]:
         stream = await self._open_watch(gvr, resource_version)
