@@ -225,6 +225,34 @@ def test_root_rule_keys_a_pod_by_the_top_of_its_owner_chain() -> None:
     assert check(events).stale == []
 
 
+def test_root_writes_are_keyed_by_the_chain_at_their_place_in_the_log() -> None:
+    """A ReplicaSet re-parented between writes of its pods: each write is keyed by the chain as the log has it then.
+
+    The owner of the old Deployment wrote before the move, the new one's writes after it: no stale owner. A
+    write of the old owner after the move (what a fence deciding on a lagging cache let through) is keyed by
+    the new root: between two writes of the new root's owner, it makes the owner's next write the reported one.
+    """
+    x, y = OwnerToken("tree", "m1-tree", 0x40, 5217), OwnerToken("tree", "m2-tree", 0x41, 5212)
+    moved = {"metadata": {"name": "r1", "uid": "r1", "ownerReferences": [{"uid": "e2", "controller": True}]}}
+    events = [
+        _event(None, "create", "replicasets", "r1", "r1", code=201, responseObject=_rs("r1", "r1", "e1")),
+        _event(y, "patch", "deployments", "e2", "e2", responseObject={"metadata": {"name": "e2", "uid": "e2"}}),
+        _event(x, "patch", "pods", "r1-0", "p0", responseObject=_pod("r1-0", "p0", "r1")),
+        _event(x, "patch", "pods", "r1-2", "p2", responseObject=_pod("r1-2", "p2", "r1")),
+        _event(None, "patch", "replicasets", "r1", "r1", responseObject=moved),
+        _event(y, "patch", "pods", "r1-0", "p0", responseObject=_pod("r1-0", "p0", "r1")),
+        _event(y, "patch", "deployments", "e2", "e2", responseObject={"metadata": {"name": "e2", "uid": "e2"}}),
+    ]
+    for e in events:
+        token = OwnerToken.parse(str(e["userAgent"]))
+        if token is not None:
+            e["userAgent"] = _declared(token, "uid" if e["objectRef"]["resource"] == "deployments" else "root")
+    assert check(events).stale == [] and check(events).shard_keys == 2  # e1 (before the move) and e2
+    late = {**events[3], "auditID": "late"}  # x writes r1-2 again after the move, as if its view were older
+    report = check([*events[:5], late, *events[5:]])
+    assert [(s.shard_key, s.write.token, s.between.token) for s in report.stale] == [("e2", y, x)]
+
+
 def test_several_files_after_one_flag_and_rotated_logs_in_time_order(tmp_path: Path) -> None:
     """kube-apiserver rotates audit.log into audit-<timestamp>.log: all are read, oldest first, audit.log last."""
     events = [
