@@ -214,7 +214,7 @@ class PassThrough:
             at = (info.gvr, ns, name)
             if at not in reads:
                 try:
-                    reads[at] = await self.upstream.get_object(info.gvr, ns, name)
+                    reads[at] = await self.upstream.current_object(info.gvr, ns, name)
                 except UpstreamError as e:
                     what = info.gvr.path(ns, name)
                     raise ApiError(

@@ -84,7 +84,7 @@ Key = tuple[str, str]
 HOLD_SECONDS = 1.0
 
 #: A consistent read of one object of a via resource from the upstream: ``(info, namespace, name)`` -> the
-#: object, ``None`` when it does not exist (:meth:`range_filter_proxy.upstream.Upstream.get_object`).
+#: object, ``None`` when it does not exist (:meth:`range_filter_proxy.upstream.Upstream.current_object`).
 ReadObject = Callable[[ResourceInfo, str | None, str], Awaitable[Mapping[str, Any] | None]]
 
 
