@@ -35,9 +35,9 @@ Purpose
     read from the upstream once the registry view is fresh
     (:meth:`range_filter_proxy.rootchain.RootChain.fresh_key_of_object`), not
     from the proxy's caches of the ``via`` kinds: they may not have applied a
-    re-parenting yet, and the old root's owner would pass. A key is absent when the rule's value is
-    (a create under ``uid``, an orphan under ``owner``, which every range
-    sees): absent keys constrain nothing.
+    re-parenting yet, and the old root's owner would pass. A key is absent
+    when the rule's value is (a create under ``uid``, an orphan under
+    ``owner``, which every range sees): absent keys constrain nothing.
 
     The writer may also declare the shard hash of the key it reconciles
     (``X-Rangeshard-Shard-Hash``; managers always do); a declaration must be
@@ -177,8 +177,9 @@ def write_keys(
 
     ``namespace`` is the request path's (a body may leave its own out).
     ``root_key`` resolves the ``root`` key of an object through the owner
-    chain of the resource (:mod:`range_filter_proxy.rootchain`, read upstream); without
-    one, ``root`` is the chain of one step (:meth:`hashing.ShardBy.key`).
+    chain of the resource (:mod:`range_filter_proxy.rootchain`, read
+    upstream); without one, ``root`` is the chain of one step
+    (:meth:`hashing.ShardBy.key`).
     ``label`` is the label key of a ``label`` rule: the body's label value
     (its uid without one) and the cached object's must both lie in the range,
     so a label change that moves an object out of the range is refused.

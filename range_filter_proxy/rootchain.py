@@ -6,8 +6,9 @@ Purpose
     ownerReferences through the caches of the ``via`` kinds (e.g.
     ``replicasets.apps``), and keeps it in ``CachedObject.hashes.root`` so
     selectors, the dispatch index and the store index read it like any other
-    hash (the write fence follows the same chain upstream, see below). When an intermediate object gains, loses or
-    changes its controller owner, or appears or goes away, every dependent
+    hash (the write fence follows the same chain upstream, see below). When
+    an intermediate object gains, loses or changes its controller owner, or
+    appears or goes away, every dependent
     whose root moved is re-filed: the dependent cache sends ``DELETED`` to the
     watches of the range it left and ``ADDED`` to those of the range it
     entered (:meth:`WatchCache.move`), nothing to the others: the object did
@@ -66,6 +67,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import msgspec
@@ -210,44 +212,42 @@ class RootChain:
         return self._placed(obj, refs_of(obj)[1])
 
     async def fresh_key_of_object(self, obj: Any, namespace: str | None, read: ReadObject) -> int | None:
-        """The 63-bit ``root`` key of a decoded object (a write's body or cached object), the write fence's.
+        """The 63-bit ``root`` key of a decoded object (a write's body or cached object): the write fence's.
 
-        Its chain is :meth:`root_uid`'s, with each intermediate read from the upstream now.
-
-        The via caches lag the upstream: while one has not applied a re-parenting yet,
-        its chain is the old one, and a write judged by it would pass as the old
-        root's owner's after the move (the write fence must judge by a view at
-        least as new as the upstream when the write arrived). So the owners are
-        followed with ``read`` (a consistent read of one object) instead: the
-        controller ownerReference's owner is an intermediate when its kind is
-        one of a via cache's (group and kind) and the upstream has it with that
-        uid; the same chain as :meth:`root_uid` otherwise (the object itself
-        without a controller owner, the first owner that is no intermediate,
-        at most :data:`MAX_CHAIN`, cycles stop). One read per intermediate.
+        The chain of :meth:`root_uid`, with each intermediate read from the upstream
+        now by ``read`` (a consistent read of one object) instead of from the via
+        caches, which lag it: judged by a cache that has not applied a re-parenting
+        yet, a write of the old root's owner would pass after the move. An owner
+        is an intermediate when its kind is a via cache's (group and kind) and
+        the upstream has it with that uid; otherwise it is the root (an owner of
+        another kind, or the nearest known owner). The object itself without a
+        controller owner; at most :data:`MAX_CHAIN` owners, cycles stop. One read
+        per intermediate, in ``namespace`` (the request's, else the object's).
         """
         meta = obj.get("metadata") if isinstance(obj, Mapping) else None
         if not isinstance(meta, Mapping):
             return None
         uid = meta.get("uid") if isinstance(meta.get("uid"), str) and meta.get("uid") else None
+        ns = namespace or (meta.get("namespace") if isinstance(meta.get("namespace"), str) else None)
         kinds = {(c.info.gvr.group, c.info.kind): c.info for c in self.via_caches}
-        ref = _controller_ref(meta)
+        ref = _OwnerRef.controller_of(meta)
         if ref is None:
             return hash_key(uid) if uid else None
         seen = {uid} if uid else set()
-        current = ref[2]
+        current = ref.uid
         for _ in range(MAX_CHAIN - 1):  # the owner is the first of at most MAX_CHAIN
-            info = kinds.get((ref[0], ref[1]))
+            info = kinds.get((ref.group, ref.kind))
             if info is None or current in seen:
                 break
             seen.add(current)
-            owner = await read(info, namespace if info.namespaced else None, ref[3])
+            owner = await read(info, ns if info.namespaced else None, ref.name)
             owner_meta = owner.get("metadata") if isinstance(owner, Mapping) else None
             if not isinstance(owner_meta, Mapping) or owner_meta.get("uid") != current:
                 break  # no such intermediate (gone, or another object of that name): the nearest known owner
-            ref = _controller_ref(owner_meta)
+            ref = _OwnerRef.controller_of(owner_meta)
             if ref is None:
                 break
-            current = ref[2]
+            current = ref.uid
         return hash_key(current)
 
     # ---- the dependent cache -------------------------------------------------------------------
@@ -413,16 +413,26 @@ class _ViaObserver:
         self.chain.via_replaced(self.cache, objects)
 
 
-def _controller_ref(meta: Mapping[str, Any]) -> tuple[str, str, str, str] | None:
-    """``(group, kind, uid, name)`` of the controller ownerReference of ``meta`` (the first with a uid), if any."""
-    refs = meta.get("ownerReferences")
-    for ref in refs if isinstance(refs, list) else ():
-        if isinstance(ref, Mapping) and ref.get("controller") is True:
-            uid, kind, name, api_version = (ref.get(k) for k in ("uid", "kind", "name", "apiVersion"))
-            if isinstance(uid, str) and uid:
-                group = api_version.rpartition("/")[0] if isinstance(api_version, str) else ""
-                return group, str(kind or ""), uid, str(name or "")
-    return None
+@dataclass(frozen=True, slots=True)
+class _OwnerRef:
+    """The controller ownerReference of an object, as the fence follows it upstream."""
+
+    group: str
+    kind: str
+    uid: str
+    name: str
+
+    @classmethod
+    def controller_of(cls, meta: Mapping[str, Any]) -> _OwnerRef | None:
+        """The first ownerReference of ``meta`` with ``controller: true`` and a uid, if any."""
+        refs = meta.get("ownerReferences")
+        for ref in refs if isinstance(refs, list) else ():
+            if isinstance(ref, Mapping) and ref.get("controller") is True:
+                uid, api_version = ref.get("uid"), ref.get("apiVersion")
+                if isinstance(uid, str) and uid:
+                    group = api_version.rpartition("/")[0] if isinstance(api_version, str) else ""
+                    return cls(group, str(ref.get("kind") or ""), uid, str(ref.get("name") or ""))
+        return None
 
 
 def _with_root(obj: CachedObject, root: int | None) -> CachedObject:

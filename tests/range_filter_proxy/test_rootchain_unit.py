@@ -265,6 +265,10 @@ async def test_the_fences_chain_reads_each_intermediate_from_the_upstream() -> N
     assert await key(_obj("p", rs)) == hash_key("r")
     upstream["r"] = _obj("another-uid", ("apps/v1", "Deployment", "d1"))  # a new object of that name
     assert await key(_obj("p", rs)) == hash_key("r")
+    reads.clear()  # a request path without a namespace: the object's own
+    body = _obj("p", rs)
+    body["metadata"]["namespace"] = "other"
+    assert await chain.fresh_key_of_object(body, None, read) == hash_key("r") and reads == [("other", "r")]
     upstream["a"], upstream["b"] = _obj("a", ("apps/v1", "ReplicaSet", "b")), _obj("b", ("apps/v1", "ReplicaSet", "a"))
     assert await key(_obj("p", ("apps/v1", "ReplicaSet", "a"))) in (hash_key("a"), hash_key("b"))  # a cycle ends
     assert len(reads) == 2
