@@ -50,7 +50,9 @@ class Relay:
         self.rules: list[tuple[str, str, str | None]] = []
         #: Resource name -> set while its watch streams flow (cleared: held by :meth:`hold`).
         self.flowing: dict[str, threading.Event] = {}
-        bodies, rules, flowing = self.bodies, self.rules, self.flowing
+        #: Requests whose path and query contain one of these are answered 500 here (not forwarded).
+        self.failing: set[str] = set()
+        bodies, rules, flowing, failing = self.bodies, self.rules, self.flowing, self.failing
         client = httpx.Client(base_url=upstream, timeout=httpx.Timeout(30, read=None))
 
         class Handler(BaseHTTPRequestHandler):
@@ -58,6 +60,14 @@ class Relay:
 
             def _forward(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if any(f in self.path for f in failing):
+                    status = b'{"kind":"Status","apiVersion":"v1","status":"Failure","code":500,"message":"relay"}'
+                    self.send_response(500)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(status)))
+                    self.end_headers()
+                    self.wfile.write(status)
+                    return
                 if self.command != "GET":
                     bodies.append((self.command, self.path, body))
                     rules.append((self.command, self.path.split("?")[0], self.headers.get(SHARD_BY_HEADER)))
@@ -389,7 +399,7 @@ def test_a_root_write_is_judged_by_the_chain_the_upstream_has_while_the_proxys_c
     still shows the old parent: a's write, decided by that chain, would pass as the old root's owner's
     (the stale-owner write of tests/e2e/test_owner_chains.py). The fence reads the chain as the upstream
     has it when the write arrives: refused; and a's write after a re-parent back to a's Deployment passes
-    although the cache still shows b's.
+    although the cache still shows b's. An owner the proxy cannot read is a 503, the write not forwarded.
     """
     token = _token_of_upper_half(etcd_client, key_prefix)
     ns = f"c-{uuid.uuid4().hex[:6]}"
@@ -451,6 +461,11 @@ def test_a_root_write_is_judged_by_the_chain_the_upstream_has_while_the_proxys_c
             back = annotate("4")
             assert back.status_code == 200, back.text
         assert http.get(f"{pods}/p").json()["metadata"]["annotations"] == {"n": "4"}
+        stack.relay.failing.add("replicasets?fieldSelector")  # the owner cannot be read: no guess
+        unread = annotate("5")
+        assert unread.status_code == 503 and unread.json()["reason"] == "ServiceUnavailable", unread.text
+        assert "write fencing: cannot read the owner" in unread.json()["message"]
+        assert http.get(f"{pods}/p").json()["metadata"]["annotations"] == {"n": "4"}, "not forwarded"
 
 
 def _values(in_a: bool, count: int) -> list[str]:
