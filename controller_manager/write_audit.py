@@ -245,18 +245,22 @@ def _received(ev: Mapping[str, Any]) -> float | None:
 class _OwnerHistory:
     """The owners the log's successful writes gave each object, to read a chain *as of* a write's receipt.
 
-    An observation is ``(received, position, owner)``: the write's receipt, its place in the
-    log (completion order) and the owner it left the object with. Built once over all events;
-    objects no timed write shows are read as the log shows them so far (``now``).
+    An observation is ``(received, order, owner)``: the write's receipt, its commit order
+    (the ``resourceVersion`` it answered with when every write of the object has one, else its
+    place in the log, which is completion order) and the owner it left the object with. Built
+    once over all events; objects no timed write shows are read as the log shows them so far
+    (``now``).
     """
 
     def __init__(self) -> None:
-        self._seen: dict[str, list[tuple[float, int, str | None]]] = {}
+        self._seen: dict[str, list[tuple[float, int, int | None, str | None]]] = {}
         self._created: dict[str, float] = {}
         self._index: dict[str, tuple[list[float], list[tuple[int, str | None]]]] = {}
 
-    def add(self, uid: str, received: float, position: int, owner: str | None, created: bool) -> None:
-        self._seen.setdefault(uid, []).append((received, position, owner))
+    def add(
+        self, uid: str, received: float, position: int, version: int | None, owner: str | None, created: bool
+    ) -> None:
+        self._seen.setdefault(uid, []).append((received, position, version, owner))
         if created:
             self._created[uid] = min(received, self._created.get(uid, received))
 
@@ -269,10 +273,12 @@ class _OwnerHistory:
         if the object was created after it; ``("unknown", None)`` if no timed write says."""
         index = self._index.get(uid)
         if index is None:
-            ordered = sorted(self._seen.get(uid, ()))
+            seen = self._seen.get(uid, [])
+            by_version = all(v is not None for _, _, v, _ in seen)
+            ordered = sorted((r, v if by_version and v is not None else p, o) for r, p, v, o in seen)
             best: list[tuple[int, str | None]] = []
-            for _, position, owner in ordered:
-                best.append((position, owner) if not best or position > best[-1][0] else best[-1])
+            for _, order, owner in ordered:
+                best.append((order, owner) if not best or order > best[-1][0] else best[-1])
             index = self._index[uid] = ([r for r, _, _ in ordered], best)
         times, best = index
         k = bisect.bisect_right(times, received)
@@ -310,6 +316,13 @@ class _AsOf(Mapping[str, "str | None"]):
         return len(self._now)
 
 
+def _version(obj: Mapping[str, Any]) -> int | None:
+    """The object's ``resourceVersion`` as a number (etcd's revision: commit order), if it is one."""
+    meta = obj.get("metadata")
+    value = meta.get("resourceVersion") if isinstance(meta, Mapping) else None
+    return int(value) if isinstance(value, str) and value.isascii() and value.isdigit() else None
+
+
 def _succeeded(ev: Mapping[str, Any]) -> bool:
     status = ev.get("responseStatus")
     code = status.get("code") if isinstance(status, Mapping) else None
@@ -345,8 +358,8 @@ def check(events: Iterable[Mapping[str, Any]]) -> Report:
         received = _received(ev)
         if received is None or ev.get("verb") not in WRITE_VERBS or not _succeeded(ev):
             continue
-        for own, obj in _observed(ev):
-            history.add(own, received, position, _controller_uid(obj), ev.get("verb") == "create")
+        for own, obj in _observed(ev)[:1]:  # what the write left: its answer (else its request)
+            history.add(own, received, position, _version(obj), _controller_uid(obj), ev.get("verb") == "create")
     for ev in events:
         raw_ref = ev.get("objectRef")
         ref: Mapping[str, Any] = raw_ref if isinstance(raw_ref, Mapping) else {}

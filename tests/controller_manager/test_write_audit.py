@@ -301,6 +301,21 @@ def test_a_root_write_is_keyed_by_the_chain_as_of_its_receipt() -> None:
     assert run("03.006000", "03.005000", late_first=False) == [("e2", y)]  # sent after the move arrived
     assert run("03.006000", "03.005000", late_first=True) == [("e2", y)]  # the move completed last, arrived first
     assert run("03.000000", "03.005000", late_first=True) == []
+    # Among the changes received before a write, the last committed counts (resourceVersion), not the last logged:
+    # a status write of the old parent, committed before the re-parenting but logged after it, does not undo it.
+    e2 = {"metadata": {"name": "e2", "uid": "e2"}}
+    old = {"metadata": {**_rs("r1", "r1", "e1")["metadata"], "resourceVersion": "9"}}
+    new = {"metadata": {**moved["metadata"], "resourceVersion": "10"}}
+    created = {"metadata": {**_rs("r1", "r1", "e1")["metadata"], "resourceVersion": "8"}}
+    events = [
+        at(_event(None, "create", "replicasets", "r1", "r1", code=201, responseObject=created), "00.0", "00.1"),
+        at(_event(y, "patch", "deployments", "e2", "e2", responseObject=e2), "01.0", "01.1"),
+        at(_event(None, "patch", "replicasets", "r1", "r1", responseObject=new), "02.5", "02.7"),
+        at(_event(None, "update", "replicasets", "r1", "r1", responseObject=old), "02.4", "02.8"),
+        at(_event(x, "patch", "pods", "r1-2", "p2", responseObject=_pod("r1-2", "p2", "r1")), "03.0", "03.1"),
+        at(_event(y, "patch", "pods", "r1-0", "p0", responseObject=_pod("r1-0", "p0", "r1")), "04.0", "04.1"),
+    ]
+    assert [(s.shard_key, s.write.token) for s in check(events).stale] == [("e2", y)]
 
 
 def test_several_files_after_one_flag_and_rotated_logs_in_time_order(tmp_path: Path) -> None:
