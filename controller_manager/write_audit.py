@@ -23,7 +23,13 @@ Purpose
     controller ownerReferences as the log's objects show it (every owner the
     log saw is followed, at most ``hashing.MAX_CHAIN``; the proxy follows only
     the ``via`` kinds, so a chain through a kind outside them is keyed higher
-    here than there: a conservative check), ``label`` the value of the label
+    here than there: a conservative check) *as of the write's receipt*: with
+    ``requestReceivedTimestamp`` in the log, the owners above the object are
+    those the successful writes received up to then gave them (in log order,
+    also when such a write completed after this one); a re-parenting the API
+    server received after the write is concurrent with it and does not key it
+    (the fence, in front of the API server, decided before the write got
+    there: no fence could have seen it), ``label`` the value of the label
     it names (``rangeshard-shard-label/<key>``) as the log's objects show it,
     else its own uid. A write that declares no rule (a resource its writer
     does not shard) is keyed by the uid of the object's controller
@@ -50,10 +56,12 @@ Concurrency model
 
 from __future__ import annotations
 
+import bisect
 import glob
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -184,8 +192,12 @@ def _shard_key(
     uid: str | None,
     owner_of: Mapping[str, str | None],
     labels_of: Mapping[str, Mapping[str, Any]] | None = None,
+    chain: Mapping[str, str | None] | None = None,
 ) -> str | None:
-    """The shard key of one write by the writer's declared rule, else by its owner (module docstring)."""
+    """The shard key of one write by the writer's declared rule, else by its owner (module docstring).
+
+    ``chain``: the owners of the objects above it (``root``), as of the write's receipt; default ``owner_of``.
+    """
     try:
         rule = declared_shard_by(None, ev.get("userAgent"))
     except ValueError:
@@ -203,7 +215,7 @@ def _shard_key(
         return uid
     owner = owner_of.get(uid) if uid is not None else None
     if rule is ShardBy.ROOT and owner:
-        return _root(owner, owner_of)
+        return _root(owner, owner_of if chain is None else chain)
     return owner or uid
 
 
@@ -219,6 +231,118 @@ def _root(uid: str, owner_of: Mapping[str, str | None]) -> str:
     return uid
 
 
+def _received(ev: Mapping[str, Any]) -> float | None:
+    """When the API server received the request of ``ev`` (``requestReceivedTimestamp``), in seconds."""
+    value = ev.get("requestReceivedTimestamp")
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+class _OwnerHistory:
+    """The owners the log's successful writes gave each object, to read a chain *as of* a write's receipt.
+
+    An observation is ``(received, order, owner)``: the write's receipt, its commit order
+    (the ``resourceVersion`` it answered with when every write of the object has one, else its
+    place in the log, which is completion order) and the owner it left the object with. Built
+    once over all events; objects no timed write shows are read as the log shows them so far
+    (``now``).
+    """
+
+    def __init__(self) -> None:
+        self._seen: dict[str, list[tuple[float, int, int | None, str | None]]] = {}
+        self._created: dict[str, float] = {}
+        self._index: dict[str, tuple[list[float], list[tuple[int, str | None]]]] = {}
+
+    def add(
+        self, uid: str, received: float, position: int, version: int | None, owner: str | None, created: bool
+    ) -> None:
+        self._seen.setdefault(uid, []).append((received, position, version, owner))
+        if created:
+            self._created[uid] = min(received, self._created.get(uid, received))
+
+    def as_of(self, received: float, now: Mapping[str, str | None]) -> Mapping[str, str | None]:
+        """``uid -> controller owner`` as of ``received`` (see :class:`_AsOf`)."""
+        return _AsOf(self, received, now)
+
+    def owner(self, uid: str, received: float) -> tuple[str, str | None]:
+        """``("known", owner)`` of the last write (in log order) received up to ``received``; ``("absent", None)``
+        if the object was created after it; ``("unknown", None)`` if no timed write says."""
+        index = self._index.get(uid)
+        if index is None:
+            seen = self._seen.get(uid, [])
+            by_version = all(v is not None for _, _, v, _ in seen)
+            ordered = sorted((r, v if by_version and v is not None else p, o) for r, p, v, o in seen)
+            best: list[tuple[int, str | None]] = []
+            for _, order, owner in ordered:
+                best.append((order, owner) if not best or order > best[-1][0] else best[-1])
+            index = self._index[uid] = ([r for r, _, _ in ordered], best)
+        times, best = index
+        k = bisect.bisect_right(times, received)
+        if k:
+            return "known", best[k - 1][1]
+        created = self._created.get(uid)
+        return ("absent", None) if created is not None and created > received else ("unknown", None)
+
+
+class _AsOf(Mapping[str, "str | None"]):
+    """The controller owners of the objects above a write as of its receipt by the API server.
+
+    A chain change the API server received after the write cannot have been seen by any
+    fence in front of it (the fence decided before the write reached the API server), so
+    it does not key that write; one received before does, even if it completed later.
+    """
+
+    def __init__(self, history: _OwnerHistory, received: float, now: Mapping[str, str | None]) -> None:
+        self._history = history
+        self._received = received
+        self._now = now
+
+    def __getitem__(self, uid: str) -> str | None:
+        state, owner = self._history.owner(uid, self._received)
+        if state == "known":
+            return owner
+        if state == "absent":
+            raise KeyError(uid)
+        return self._now[uid]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._now)
+
+    def __len__(self) -> int:
+        return len(self._now)
+
+
+def _version(obj: Mapping[str, Any]) -> int | None:
+    """The object's ``resourceVersion`` as a number (etcd's revision: commit order), if it is one."""
+    meta = obj.get("metadata")
+    value = meta.get("resourceVersion") if isinstance(meta, Mapping) else None
+    return int(value) if isinstance(value, str) and value.isascii() and value.isdigit() else None
+
+
+def _succeeded(ev: Mapping[str, Any]) -> bool:
+    status = ev.get("responseStatus")
+    code = status.get("code") if isinstance(status, Mapping) else None
+    return isinstance(code, int) and 200 <= code < 300
+
+
+def _observed(ev: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
+    """``(uid, object)`` of the objects an event shows: its response's, else its request's (of the named uid)."""
+    raw_ref = ev.get("objectRef")
+    ref: Mapping[str, Any] = raw_ref if isinstance(raw_ref, Mapping) else {}
+    uid = ref.get("uid") if isinstance(ref.get("uid"), str) and ref.get("uid") else None
+    out: list[tuple[str, Mapping[str, Any]]] = []
+    for obj in (ev.get("responseObject"), ev.get("requestObject")):
+        own = _own_uid(obj)
+        if own is not None and (uid is None or own == uid) and isinstance(obj, Mapping):
+            uid = own
+            out.append((own, obj))
+    return out
+
+
 def check(events: Iterable[Mapping[str, Any]]) -> Report:
     """Attribute writes and find stale-owner writes (see module docstring)."""
     report = Report()
@@ -228,28 +352,32 @@ def check(events: Iterable[Mapping[str, Any]]) -> Report:
     last: dict[tuple[str, str], Write] = {}  # (type, shard key) -> the last write
     seen: dict[tuple[str, str], set[OwnerToken]] = {}
     tokens: set[OwnerToken] = set()
+    events = list(events)
+    history = _OwnerHistory()
+    for position, ev in enumerate(events):
+        received = _received(ev)
+        if received is None or ev.get("verb") not in WRITE_VERBS or not _succeeded(ev):
+            continue
+        for own, obj in _observed(ev)[:1]:  # what the write left: its answer (else its request)
+            history.add(own, received, position, _version(obj), _controller_uid(obj), ev.get("verb") == "create")
     for ev in events:
         raw_ref = ev.get("objectRef")
         ref: Mapping[str, Any] = raw_ref if isinstance(raw_ref, Mapping) else {}
-        objects = [ev.get("responseObject"), ev.get("requestObject")]
         uid = ref.get("uid") if isinstance(ref.get("uid"), str) and ref.get("uid") else None
-        for obj in objects:
-            own = _own_uid(obj)
-            if own is not None and (uid is None or own == uid):
-                uid = own
-                owner_of[own] = _controller_uid(obj)
-                meta = obj.get("metadata") if isinstance(obj, Mapping) else None
-                labels = meta.get("labels") if isinstance(meta, Mapping) else None
-                labels_of[own] = labels if isinstance(labels, Mapping) else {}
+        for own, obj in _observed(ev):
+            uid = own
+            owner_of[own] = _controller_uid(obj)
+            meta = obj.get("metadata")
+            labels = meta.get("labels") if isinstance(meta, Mapping) else None
+            labels_of[own] = labels if isinstance(labels, Mapping) else {}
         ident = (str(ref.get("resource") or ""), str(ref.get("namespace") or ""), str(ref.get("name") or ""))
         if uid is not None and ident[2]:
             uid_of[ident] = uid
         elif uid is None:
             uid = uid_of.get(ident)
-        code = (ev.get("responseStatus") or {}).get("code")
         verb = ev.get("verb")
         token = OwnerToken.parse(ev.get("userAgent"))
-        if token is None or verb not in WRITE_VERBS or not isinstance(code, int) or not 200 <= code < 300:
+        if token is None or verb not in WRITE_VERBS or not _succeeded(ev):
             continue
         resource, namespace, name = ident
         subresource = str(ref.get("subresource") or "")
@@ -258,7 +386,9 @@ def check(events: Iterable[Mapping[str, Any]]) -> Report:
         )
         report.writes += 1
         tokens.add(token)
-        shard_key = _shard_key(ev, namespace, uid, owner_of, labels_of)
+        received = _received(ev)
+        chain = owner_of if received is None else history.as_of(received, owner_of)
+        shard_key = _shard_key(ev, namespace, uid, owner_of, labels_of, chain)
         if shard_key is None and write.name:
             # Nothing says which object (a Metadata-level log without uids): the object's name is the key.
             shard_key = f"{resource}/{write.namespace}/{write.name}"

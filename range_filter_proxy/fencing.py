@@ -31,9 +31,13 @@ Purpose
     unchanged) and from the proxy's cached object (deletes, JSON patches,
     and the object as it was before an update). Every key found must lie in
     the writer's range: a write may neither touch an object of another range
-    nor move one in from there. A key is absent when the rule's value is
-    (a create under ``uid``, an orphan under ``owner``, which every range
-    sees): absent keys constrain nothing.
+    nor move one in from there. Under ``root`` the chain above the object is
+    read from the upstream once the registry view is fresh
+    (:meth:`range_filter_proxy.rootchain.RootChain.fresh_key_of_object`), not
+    from the proxy's caches of the ``via`` kinds: they may not have applied a
+    re-parenting yet, and the old root's owner would pass. A key is absent
+    when the rule's value is (a create under ``uid``, an orphan under
+    ``owner``, which every range sees): absent keys constrain nothing.
 
     The writer may also declare the shard hash of the key it reconciles
     (``X-Rangeshard-Shard-Hash``; managers always do); a declaration must be
@@ -172,9 +176,10 @@ def write_keys(
     """The shard keys a write must own (see module docstring), or a ``ShardHashMismatch`` verdict.
 
     ``namespace`` is the request path's (a body may leave its own out).
-    ``root_key`` resolves the ``root`` key of an object through the proxy's
-    owner chain of the resource (:mod:`range_filter_proxy.rootchain`); without
-    one, ``root`` is the chain of one step (:meth:`hashing.ShardBy.key`).
+    ``root_key`` resolves the ``root`` key of an object through the owner
+    chain of the resource (:mod:`range_filter_proxy.rootchain`, read
+    upstream); without one, ``root`` is the chain of one step
+    (:meth:`hashing.ShardBy.key`).
     ``label`` is the label key of a ``label`` rule: the body's label value
     (its uid without one) and the cached object's must both lie in the range,
     so a label change that moves an object out of the range is refused.
@@ -406,4 +411,8 @@ class WriteFence:
     async def check(self, token: OwnerToken, shard_hash: int | tuple[int, ...] | None) -> Verdict | None:
         """Fence or pass one write (``None``: pass); 503 ``ApiError`` when it cannot be decided."""
         await self.fresh_view()
+        return self.decide_now(token, shard_hash)
+
+    def decide_now(self, token: OwnerToken, shard_hash: int | tuple[int, ...] | None) -> Verdict | None:
+        """:func:`decide` on the view as it is: after :meth:`fresh_view`, for keys found once the view was fresh."""
         return decide(token, self.tracker.get(token.controller_type, token.instance_id), shard_hash)

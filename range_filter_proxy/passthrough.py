@@ -50,7 +50,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import orjson
@@ -59,8 +59,11 @@ from fastapi import Request, Response
 from hashing import ShardBy
 from range_filter_proxy.auth import AuthMode
 from range_filter_proxy.cache import CacheManager
+from range_filter_proxy.errors import ApiError, UpstreamError
 from range_filter_proxy.fencing import WriteFence, write_keys
 from range_filter_proxy.metrics import ProxyMetrics
+from range_filter_proxy.resources import ResourceInfo
+from range_filter_proxy.rootchain import RootChain
 from range_filter_proxy.upstream import Upstream
 from rangeshard.core import relay
 from rangeshard.core.errors import PeerError
@@ -85,7 +88,7 @@ from rangeshard.core.ownertoken import (
 )
 from rangeshard.core.protobuf import ProtobufError, read_write_body
 from rangeshard.core.requestinfo import OBJECT_BODY_METHODS, is_write
-from rangeshard.core.rest import parse_rest_path
+from rangeshard.core.rest import GVR, parse_rest_path
 from rangeshard.core.serving import ShutdownSignal
 
 log = logging.getLogger(__name__)
@@ -168,25 +171,59 @@ class PassThrough:
                     return _refusal(415, status_object(415, "UnsupportedMediaType", message))
                 log.debug("fencing %s %s: unreadable protobuf body (%s): judged by the cache", method, path, e)
         cached: Any = None
-        root_key = None
+        chain: RootChain | None = None
         if target is not None:
             cache = self.manager.caches.get(target.gvr)
             if cache is not None and target.name is not None:
                 hit = cache.objects.get((target.namespace or "", target.name))
                 cached = hit.obj if hit is not None else None
-            if cache is not None and cache.chain is not None:
-                root_key = cache.chain.key_of_object
+            if cache is not None:
+                chain = cache.chain
         declared = parse_shard_hash(headers.get(SHARD_HASH_HEADER.lower()))
         namespace = target.namespace if target is not None else None
-        keys, verdict = write_keys(rule, declared, body, cached, namespace, root_key, label)
-        if verdict is None:
-            verdict = await fence.check(token, keys)
+        if chain is not None and rule is ShardBy.ROOT:
+            # By the chain as the upstream has it once the registry view is fresh, not as the via caches
+            # have it: they may not have applied a re-parenting yet (the old root's owner would pass).
+            await fence.fresh_view()
+            root_key = await self._fresh_root_keys(chain, (body, cached), namespace)
+            keys, verdict = write_keys(rule, declared, body, cached, namespace, root_key, label)
+            if verdict is None:
+                verdict = fence.decide_now(token, keys)
+        else:
+            keys, verdict = write_keys(rule, declared, body, cached, namespace, None, label)
+            if verdict is None:
+                verdict = await fence.check(token, keys)
         if verdict is None:
             return None
         self.metrics.fenced_writes.labels(verdict.reason).inc()
         log.info("fenced %s %s of %s: %s", method, path, token, verdict.why)
         doc = fenced_status(token, verdict.reason, verdict.why)
         return _refusal(409, doc, (FENCED_HEADER.lower().encode(), verdict.reason.encode("latin-1")))
+
+    async def _fresh_root_keys(
+        self, chain: RootChain, objects: tuple[Any, ...], namespace: str | None
+    ) -> Callable[[Any], int | None]:
+        """The ``root`` key of each of ``objects`` (a write's body, its cached object) by the upstream's chain now.
+
+        Each owner is read once per write (a body and its cached object usually share it);
+        fencing never guesses: an owner that cannot be read answers 503.
+        """
+        reads: dict[tuple[GVR, str | None, str], Mapping[str, Any] | None] = {}
+
+        async def read(info: ResourceInfo, ns: str | None, name: str) -> Mapping[str, Any] | None:
+            at = (info.gvr, ns, name)
+            if at not in reads:
+                try:
+                    reads[at] = await self.upstream.current_object(info.gvr, ns, name)
+                except UpstreamError as e:
+                    what = info.gvr.path(ns, name)
+                    raise ApiError(
+                        503, "ServiceUnavailable", f"write fencing: cannot read the owner {what}: {e}"
+                    ) from e
+            return reads[at]
+
+        found = [(o, await chain.fresh_key_of_object(o, namespace, read)) for o in objects if o is not None]
+        return lambda obj: next((key for o, key in found if o is obj), None)
 
     def forward(self, _request: Request) -> Response:
         """The answer to a request the app routed here: relayed when it is sent (:class:`RelayResponse`)."""

@@ -5,9 +5,10 @@ Purpose
     *dependent*, e.g. pods), the uid of the top of its chain of controller
     ownerReferences through the caches of the ``via`` kinds (e.g.
     ``replicasets.apps``), and keeps it in ``CachedObject.hashes.root`` so
-    selectors, the dispatch index, the store index and the write fence read
-    it like any other hash. When an intermediate object gains, loses or
-    changes its controller owner, or appears or goes away, every dependent
+    selectors, the dispatch index and the store index read it like any other
+    hash (the write fence follows the same chain upstream, see below). When
+    an intermediate object gains, loses or changes its controller owner, or
+    appears or goes away, every dependent
     whose root moved is re-filed: the dependent cache sends ``DELETED`` to the
     watches of the range it left and ``ADDED`` to those of the range it
     entered (:meth:`WatchCache.move`), nothing to the others: the object did
@@ -38,6 +39,12 @@ Order of a move (:meth:`RootChain.intermediate_changed`)
     stays ordered by resourceVersion, and a list at resourceVersion N shows
     the placement its watch shows at N.
 
+The write fence (:meth:`RootChain.fresh_key_of_object`)
+    judges a ``root`` write by the same chain, but reads each intermediate
+    from the upstream when the write arrives instead of from the via caches:
+    they lag the upstream, and a write of the old root's owner decided by a
+    cache that has not applied a re-parenting yet would pass after the move.
+
 Invariants
     * ``_nodes`` holds exactly the objects of the via caches (uid -> controller
       owner uid), ``_via_children`` its inverse; ``_deps`` exactly the
@@ -59,12 +66,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import msgspec
 
-from hashing import controller_owner_uid, fnv1a_64
+from hashing import fnv1a_64, hash_key
 from hashing.rules import MAX_CHAIN
 from range_filter_proxy.cached import CachedObject
 from range_filter_proxy.resources import ResourceInfo
@@ -76,6 +84,10 @@ Key = tuple[str, str]
 
 #: How long a move waits for the dependent's stream to reach its resourceVersion (see module docstring).
 HOLD_SECONDS = 1.0
+
+#: A consistent read of one object of a via resource from the upstream: ``(info, namespace, name)`` -> the
+#: object, ``None`` when it does not exist (:meth:`range_filter_proxy.upstream.Upstream.current_object`).
+ReadObject = Callable[[ResourceInfo, str | None, str], Awaitable[Mapping[str, Any] | None]]
 
 
 class WatchCache(Protocol):
@@ -199,14 +211,44 @@ class RootChain:
         """``obj`` with its root set, not recorded (objects of an upstream list the cache does not keep)."""
         return self._placed(obj, refs_of(obj)[1])
 
-    def key_of_object(self, obj: Any) -> int | None:
-        """The 63-bit ``root`` key of a decoded object (a write's body or cached object: the write fence's)."""
+    async def fresh_key_of_object(self, obj: Any, namespace: str | None, read: ReadObject) -> int | None:
+        """The 63-bit ``root`` key of a decoded object (a write's body or cached object): the write fence's.
+
+        The chain of :meth:`root_uid`, with each intermediate read from the upstream
+        now by ``read`` (a consistent read of one object) instead of from the via
+        caches, which lag it: judged by a cache that has not applied a re-parenting
+        yet, a write of the old root's owner would pass after the move. An owner
+        is an intermediate when its kind is a via cache's (group and kind) and
+        the upstream has it with that uid; otherwise it is the root (an owner of
+        another kind, or the nearest known owner). The object itself without a
+        controller owner; at most :data:`MAX_CHAIN` owners, cycles stop. One read
+        per intermediate, in ``namespace`` (the request's, else the object's).
+        """
         meta = obj.get("metadata") if isinstance(obj, Mapping) else None
         if not isinstance(meta, Mapping):
             return None
-        uid = meta.get("uid")
-        value = self.root_hash(uid if isinstance(uid, str) and uid else None, controller_owner_uid(meta))
-        return value >> 1 if value is not None else None
+        uid = meta.get("uid") if isinstance(meta.get("uid"), str) and meta.get("uid") else None
+        ns = namespace or (meta.get("namespace") if isinstance(meta.get("namespace"), str) else None)
+        kinds = {(c.info.gvr.group, c.info.kind): c.info for c in self.via_caches}
+        ref = _OwnerRef.controller_of(meta)
+        if ref is None:
+            return hash_key(uid) if uid else None
+        seen = {uid} if uid else set()
+        current = ref.uid
+        for _ in range(MAX_CHAIN - 1):  # the owner is the first of at most MAX_CHAIN
+            info = kinds.get((ref.group, ref.kind))
+            if info is None or current in seen:
+                break
+            seen.add(current)
+            owner = await read(info, ns if info.namespaced else None, ref.name)
+            owner_meta = owner.get("metadata") if isinstance(owner, Mapping) else None
+            if not isinstance(owner_meta, Mapping) or owner_meta.get("uid") != current:
+                break  # no such intermediate (gone, or another object of that name): the nearest known owner
+            ref = _OwnerRef.controller_of(owner_meta)
+            if ref is None:
+                break
+            current = ref.uid
+        return hash_key(current)
 
     # ---- the dependent cache -------------------------------------------------------------------
 
@@ -369,6 +411,28 @@ class _ViaObserver:
 
     def replaced(self, objects: Mapping[Key, CachedObject]) -> None:
         self.chain.via_replaced(self.cache, objects)
+
+
+@dataclass(frozen=True, slots=True)
+class _OwnerRef:
+    """The controller ownerReference of an object, as the fence follows it upstream."""
+
+    group: str
+    kind: str
+    uid: str
+    name: str
+
+    @classmethod
+    def controller_of(cls, meta: Mapping[str, Any]) -> _OwnerRef | None:
+        """The first ownerReference of ``meta`` with ``controller: true`` and a uid, if any."""
+        refs = meta.get("ownerReferences")
+        for ref in refs if isinstance(refs, list) else ():
+            if isinstance(ref, Mapping) and ref.get("controller") is True:
+                uid, api_version = ref.get("uid"), ref.get("apiVersion")
+                if isinstance(uid, str) and uid:
+                    group = api_version.rpartition("/")[0] if isinstance(api_version, str) else ""
+                    return cls(group, str(ref.get("kind") or ""), uid, str(ref.get("name") or ""))
+        return None
 
 
 def _with_root(obj: CachedObject, root: int | None) -> CachedObject:

@@ -239,6 +239,14 @@ class Upstream:
         """The upstream's current resourceVersion, as a consistent (quorum) read would see it."""
         raise NotImplementedError
 
+    async def current_object(self, gvr: GVR, namespace: str | None, name: str) -> dict[str, Any] | None:
+        """One object as the upstream has it now (a consistent read); ``None`` when it does not exist.
+
+        A list of that name (``fieldSelector=metadata.name=``), not a get: the proxy's own
+        identity may only list and watch (``rangeshard deploy rbac``).
+        """
+        raise ApiError(404, "NotFound", f"the proxy cannot read {gvr.path(namespace, name)} from its upstream")
+
     async def watch_apply(self, gvr: GVR, resource_version: str, apply: Callable[[WatchEvent], None]) -> int:
         """Watch, calling ``apply`` for every event; the number of events once the watch ends."""
         count = 0
@@ -494,6 +502,14 @@ class HttpUpstream(Upstream):
 
     async def current_resource_version(self, gvr: GVR) -> str:
         return (await self.list(gvr, {"limit": "1"})).resource_version
+
+    async def current_object(self, gvr: GVR, namespace: str | None, name: str) -> dict[str, Any] | None:
+        path = gvr.path(namespace)
+        doc = await self._get_json(path, {"fieldSelector": f"metadata.name={name}"})
+        items = doc.get("items") if isinstance(doc, dict) else None
+        if not isinstance(items, list):
+            raise UpstreamError(f"list {path} of {name!r}: not a list object")
+        return next((i for i in items if isinstance(i, dict)), None)
 
     async def watch(self, gvr: GVR, resource_version: str) -> AsyncIterator[WatchEvent]:
         stream = await self._open_watch(gvr, resource_version)

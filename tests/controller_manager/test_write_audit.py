@@ -225,6 +225,99 @@ def test_root_rule_keys_a_pod_by_the_top_of_its_owner_chain() -> None:
     assert check(events).stale == []
 
 
+def test_root_writes_are_keyed_by_the_chain_at_their_place_in_the_log() -> None:
+    """A ReplicaSet re-parented between writes of its pods: each write is keyed by the chain as the log has it then.
+
+    The owner of the old Deployment wrote before the move, the new one's writes after it: no stale owner. A
+    write of the old owner after the move (what a fence deciding on a lagging cache let through) is keyed by
+    the new root: between two writes of the new root's owner, it makes the owner's next write the reported one.
+    """
+    x, y = OwnerToken("tree", "m1-tree", 0x40, 5217), OwnerToken("tree", "m2-tree", 0x41, 5212)
+    moved = {"metadata": {"name": "r1", "uid": "r1", "ownerReferences": [{"uid": "e2", "controller": True}]}}
+    events = [
+        _event(None, "create", "replicasets", "r1", "r1", code=201, responseObject=_rs("r1", "r1", "e1")),
+        _event(y, "patch", "deployments", "e2", "e2", responseObject={"metadata": {"name": "e2", "uid": "e2"}}),
+        _event(x, "patch", "pods", "r1-0", "p0", responseObject=_pod("r1-0", "p0", "r1")),
+        _event(x, "patch", "pods", "r1-2", "p2", responseObject=_pod("r1-2", "p2", "r1")),
+        _event(None, "patch", "replicasets", "r1", "r1", responseObject=moved),
+        _event(y, "patch", "pods", "r1-0", "p0", responseObject=_pod("r1-0", "p0", "r1")),
+        _event(y, "patch", "deployments", "e2", "e2", responseObject={"metadata": {"name": "e2", "uid": "e2"}}),
+    ]
+    for e in events:
+        token = OwnerToken.parse(str(e["userAgent"]))
+        if token is not None:
+            e["userAgent"] = _declared(token, "uid" if e["objectRef"]["resource"] == "deployments" else "root")
+    assert check(events).stale == [] and check(events).shard_keys == 2  # e1 (before the move) and e2
+    late = {**events[3], "auditID": "late"}  # x writes r1-2 again after the move, as if its view were older
+    report = check([*events[:5], late, *events[5:]])
+    assert [(s.shard_key, s.write.token, s.between.token) for s in report.stale] == [("e2", y, x)]
+
+
+def test_a_root_write_is_keyed_by_the_chain_as_of_its_receipt() -> None:
+    """A re-parenting the API server received after a write cannot have been seen by any fence: not that write's key.
+
+    The fence decides before the write reaches the API server, so a chain change received after
+    the write (though completed, and logged, before it) is concurrent with it: the write keeps
+    the old root. A change received before the write keys it, even when it completes (and is
+    logged) after it.
+    """
+    x, y = OwnerToken("tree", "m1-tree", 0x40, 5217), OwnerToken("tree", "m2-tree", 0x41, 5212)
+    moved = {"metadata": {"name": "r1", "uid": "r1", "ownerReferences": [{"uid": "e2", "controller": True}]}}
+
+    def at(e: dict[str, Any], received: str, done: str) -> dict[str, Any]:
+        token = OwnerToken.parse(str(e["userAgent"]))
+        if token is not None:
+            e["userAgent"] = _declared(token, "uid" if e["objectRef"]["resource"] == "deployments" else "root")
+        day = "2026-11-28T10:00:"
+        return {**e, "requestReceivedTimestamp": f"{day}{received}Z", "stageTimestamp": f"{day}{done}Z"}
+
+    def run(late_received: str, reparent_received: str, late_first: bool) -> list[tuple[str, OwnerToken]]:
+        e2 = {"metadata": {"name": "e2", "uid": "e2"}}
+        late = at(
+            _event(x, "patch", "pods", "r1-2", "p2", responseObject=_pod("r1-2", "p2", "r1")),
+            late_received,
+            "03.020000",
+        )
+        reparent = at(
+            _event(None, "patch", "replicasets", "r1", "r1", responseObject=moved), reparent_received, "03.010000"
+        )
+        events = [
+            at(
+                _event(None, "create", "replicasets", "r1", "r1", code=201, responseObject=_rs("r1", "r1", "e1")),
+                "00.000000",
+                "00.001000",
+            ),
+            at(_event(y, "patch", "deployments", "e2", "e2", responseObject=e2), "01.000000", "01.001000"),
+            *([late, reparent] if late_first else [reparent, late]),
+            at(
+                _event(y, "patch", "pods", "r1-0", "p0", responseObject=_pod("r1-0", "p0", "r1")),
+                "04.000000",
+                "04.001000",
+            ),
+        ]
+        return [(s.shard_key, s.write.token) for s in check(events).stale]
+
+    assert run("03.000000", "03.005000", late_first=False) == []  # in flight when the move arrived: e1's
+    assert run("03.006000", "03.005000", late_first=False) == [("e2", y)]  # sent after the move arrived
+    assert run("03.006000", "03.005000", late_first=True) == [("e2", y)]  # the move completed last, arrived first
+    assert run("03.000000", "03.005000", late_first=True) == []
+    # Among the changes received before a write, the last committed counts (resourceVersion), not the last logged:
+    # a status write of the old parent, committed before the re-parenting but logged after it, does not undo it.
+    e2 = {"metadata": {"name": "e2", "uid": "e2"}}
+    old = {"metadata": {**_rs("r1", "r1", "e1")["metadata"], "resourceVersion": "9"}}
+    new = {"metadata": {**moved["metadata"], "resourceVersion": "10"}}
+    created = {"metadata": {**_rs("r1", "r1", "e1")["metadata"], "resourceVersion": "8"}}
+    events = [
+        at(_event(None, "create", "replicasets", "r1", "r1", code=201, responseObject=created), "00.0", "00.1"),
+        at(_event(y, "patch", "deployments", "e2", "e2", responseObject=e2), "01.0", "01.1"),
+        at(_event(None, "patch", "replicasets", "r1", "r1", responseObject=new), "02.5", "02.7"),
+        at(_event(None, "update", "replicasets", "r1", "r1", responseObject=old), "02.4", "02.8"),
+        at(_event(x, "patch", "pods", "r1-2", "p2", responseObject=_pod("r1-2", "p2", "r1")), "03.0", "03.1"),
+        at(_event(y, "patch", "pods", "r1-0", "p0", responseObject=_pod("r1-0", "p0", "r1")), "04.0", "04.1"),
+    ]
+    assert [(s.shard_key, s.write.token) for s in check(events).stale] == [("e2", y)]
+
+
 def test_several_files_after_one_flag_and_rotated_logs_in_time_order(tmp_path: Path) -> None:
     """kube-apiserver rotates audit.log into audit-<timestamp>.log: all are read, oldest first, audit.log last."""
     events = [

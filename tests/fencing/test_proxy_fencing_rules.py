@@ -8,6 +8,7 @@ Instance ``a`` owns the upper half of the space, ``b`` the lower half.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import uuid
 from collections.abc import Iterator
@@ -37,13 +38,21 @@ HALF = MAX_HASH // 2
 
 
 class Relay:
-    """Forwards every request to ``upstream`` and records the bodies of writes, byte for byte."""
+    """Forwards every request to ``upstream`` and records the bodies of writes, byte for byte.
+
+    :meth:`hold` holds the watch streams of one resource (what the upstream sends waits here), so a
+    test can make the proxy's cache of that resource lag the upstream for as long as it needs.
+    """
 
     def __init__(self, upstream: str) -> None:
         self.bodies: list[tuple[str, str, bytes]] = []
         #: ``(method, path, X-Rangeshard-Shard-By)`` of every write, in the order of ``bodies``.
         self.rules: list[tuple[str, str, str | None]] = []
-        bodies, rules = self.bodies, self.rules
+        #: Resource name -> set while its watch streams flow (cleared: held by :meth:`hold`).
+        self.flowing: dict[str, threading.Event] = {}
+        #: Requests whose path and query contain one of these are answered 500 here (not forwarded).
+        self.failing: set[str] = set()
+        bodies, rules, flowing, failing = self.bodies, self.rules, self.flowing, self.failing
         client = httpx.Client(base_url=upstream, timeout=httpx.Timeout(30, read=None))
 
         class Handler(BaseHTTPRequestHandler):
@@ -51,6 +60,14 @@ class Relay:
 
             def _forward(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if any(f in self.path for f in failing):
+                    status = b'{"kind":"Status","apiVersion":"v1","status":"Failure","code":500,"message":"relay"}'
+                    self.send_response(500)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(status)))
+                    self.end_headers()
+                    self.wfile.write(status)
+                    return
                 if self.command != "GET":
                     bodies.append((self.command, self.path, body))
                     rules.append((self.command, self.path.split("?")[0], self.headers.get(SHARD_BY_HEADER)))
@@ -58,6 +75,8 @@ class Relay:
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in skip}
                 request = client.build_request(self.command, self.path, headers=headers, content=body)
                 resp = client.send(request, stream=True)  # watches stream: relay them chunk by chunk
+                path, _, query = self.path.partition("?")
+                watched = path.rstrip("/").rsplit("/", 1)[-1] if "watch=" in query else None
                 try:
                     self.send_response(resp.status_code)
                     for k, v in resp.headers.items():
@@ -66,6 +85,8 @@ class Relay:
                     self.send_header("Transfer-Encoding", "chunked")
                     self.end_headers()
                     for chunk in resp.iter_raw():
+                        if watched is not None and watched in flowing:
+                            flowing[watched].wait()
                         self.wfile.write(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
                         self.wfile.flush()
                     self.wfile.write(b"0\r\n\r\n")
@@ -86,7 +107,19 @@ class Relay:
         self.thread = threading.Thread(target=self.server.serve_forever, name="test-relay", daemon=True)
         self.thread.start()
 
+    @contextlib.contextmanager
+    def hold(self, resource: str) -> Iterator[None]:
+        """While the block runs, the upstream's watch events of ``resource`` wait here (then flow in order)."""
+        gate = self.flowing.setdefault(resource, threading.Event())
+        gate.clear()
+        try:
+            yield
+        finally:
+            gate.set()
+
     def close(self) -> None:
+        for gate in self.flowing.values():
+            gate.set()
         self.server.shutdown()
         self.server.server_close()
         self.client.close()
@@ -355,6 +388,84 @@ def test_a_root_write_is_judged_by_the_top_of_the_owner_chain(
             f"{pods}/p-mine", json=patch, headers={**merge, "User-Agent": token.user_agent(), SHARD_BY_HEADER: "owner"}
         )
         assert by_owner.status_code == 409 and by_owner.headers[FENCED_HEADER] == "OutOfRange", by_owner.text
+
+
+def test_a_root_write_is_judged_by_the_chain_the_upstream_has_while_the_proxys_cache_lags(
+    stack: Stack, etcd_client: EtcdClient, key_prefix: str
+) -> None:
+    """A ReplicaSet re-parented between two writes of its pod: the second is judged by the new root.
+
+    The relay holds the proxy's watch of ReplicaSets, so its cache (what placed the pod for the readers)
+    still shows the old parent: a's write, decided by that chain, would pass as the old root's owner's
+    (the stale-owner write of tests/e2e/test_owner_chains.py). The fence reads the chain as the upstream
+    has it when the write arrives: refused; and a's write after a re-parent back to a's Deployment passes
+    although the cache still shows b's. An owner the proxy cannot read is a 503, the write not forwarded.
+    """
+    token = _token_of_upper_half(etcd_client, key_prefix)
+    ns = f"c-{uuid.uuid4().hex[:6]}"
+    with httpx.Client(base_url=stack.proxy, timeout=10) as http:
+        assert http.post("/api/v1/namespaces", json={"metadata": {"name": ns}}).status_code == 201
+        deps = f"/apis/apps/v1/namespaces/{ns}/deployments"
+        owners: dict[bool, tuple[str, str]] = {}
+        for i in range(64):  # a Deployment on each side
+            dep = http.post(
+                deps, json={**_rs(f"d{i}", ("x", "x")), "metadata": {"name": f"d{i}"}, "kind": "Deployment"}
+            )
+            assert dep.status_code == 201, dep.text
+            owners.setdefault(_in_a(dep.json()["metadata"]["uid"]), (f"d{i}", dep.json()["metadata"]["uid"]))
+            if len(owners) == 2:
+                break
+        rss = f"/apis/apps/v1/namespaces/{ns}/replicasets"
+        made = http.post(rss, json=_rs("r", owners[True]))
+        assert made.status_code == 201, made.text
+        ref = {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "r", "uid": made.json()["metadata"]["uid"]}
+        pod = {
+            "metadata": {"name": "p", "ownerReferences": [{**ref, "controller": True}]},
+            "spec": {"containers": [{"name": "c", "image": "i"}]},
+        }
+        pods = f"/api/v1/namespaces/{ns}/pods"
+        assert http.post(pods, json=pod).status_code == 201
+        path = "object.metadata.ownerReferences.root(replicasets.apps).uid"
+        whole = {"shardSelector": f"shardRange({path}, '0x0000000000000000', '0x10000000000000000')"}
+        wait_until(lambda: http.get(pods, params={**whole, "resourceVersion": "0"}).json()["items"], 10, "pods")
+
+        def cached_parent() -> str:
+            (rs,) = http.get(rss, params={"resourceVersion": "0"}).json()["items"]
+            return str(rs["metadata"]["ownerReferences"][0]["uid"])
+
+        def reparent(to: tuple[str, str]) -> None:
+            owner = {"apiVersion": "apps/v1", "kind": "Deployment", "name": to[0], "uid": to[1], "controller": True}
+            doc = [{"op": "replace", "path": "/metadata/ownerReferences", "value": [owner]}]
+            moved = http.patch(f"{rss}/r", json=doc, headers={"Content-Type": "application/json-patch+json"})
+            assert moved.status_code == 200, moved.text
+
+        headers = {"User-Agent": token.user_agent(), SHARD_BY_HEADER: "root"}
+        merge = {"Content-Type": "application/merge-patch+json"}
+
+        def annotate(value: str) -> httpx.Response:
+            doc = {"metadata": {"annotations": {"n": value}}}
+            return http.patch(f"{pods}/p", json=doc, headers={**headers, **merge})
+
+        assert annotate("1").status_code == 200  # under a's Deployment: a's
+        with stack.relay.hold("replicasets"):
+            reparent(owners[False])
+            assert cached_parent() == owners[True][1], "the proxy's cache lags the re-parenting"
+            stale = annotate("2")
+            assert stale.status_code == 409 and stale.headers[FENCED_HEADER] == "OutOfRange", stale.text
+        wait_until(lambda: cached_parent() == owners[False][1], 10, "the cache to see the re-parenting")
+        again = annotate("3")
+        assert again.status_code == 409 and again.headers[FENCED_HEADER] == "OutOfRange", again.text
+        with stack.relay.hold("replicasets"):
+            reparent(owners[True])  # back under a's Deployment; the cache still says b's
+            assert cached_parent() == owners[False][1]
+            back = annotate("4")
+            assert back.status_code == 200, back.text
+        assert http.get(f"{pods}/p").json()["metadata"]["annotations"] == {"n": "4"}
+        stack.relay.failing.add("replicasets?fieldSelector")  # the owner cannot be read: no guess
+        unread = annotate("5")
+        assert unread.status_code == 503 and unread.json()["reason"] == "ServiceUnavailable", unread.text
+        assert "write fencing: cannot read the owner" in unread.json()["message"]
+        assert http.get(f"{pods}/p").json()["metadata"]["annotations"] == {"n": "4"}, "not forwarded"
 
 
 def _values(in_a: bool, count: int) -> list[str]:

@@ -8,15 +8,27 @@ owner, cycles and the chain bound, and a second chain refused.
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import orjson
 import pytest
 
-from hashing import MAX_CHAIN, MAX_HASH, HashRange, fnv1a_64, parse_shard_selector, range_to_selector, root_path
+from hashing import (
+    MAX_CHAIN,
+    MAX_HASH,
+    HashRange,
+    fnv1a_64,
+    hash_key,
+    parse_shard_selector,
+    range_to_selector,
+    root_path,
+)
 from range_filter_proxy.cache import CacheManager, WatchCache
 from range_filter_proxy.cached import CacheSettings, WatchFilter
 from range_filter_proxy.errors import ApiError
 from range_filter_proxy.metrics import ProxyMetrics
+from range_filter_proxy.resources import ResourceInfo
+from range_filter_proxy.rootchain import RootChain
 from range_filter_proxy.watcher import Watcher
 from tests.range_filter_proxy.fakes import INFOS, PODS, REPLICASETS, FakeUpstream, uid_in_lower_half
 from tests.range_filter_proxy.helpers import async_test, eventually
@@ -206,3 +218,62 @@ def test_root_path_grammar() -> None:
     for bad in ("root(b,a)", "root(a,a)", "root(A)", "root()"):
         with pytest.raises(ValueError, match="unsupported path"):
             parse_shard_selector(f"shardRange(object.metadata.ownerReferences.{bad}.uid, '0x{0:016x}', '0x{1:016x}')")
+
+
+class _Via:
+    """A via cache as far as the fence's chain needs one: what kind it holds."""
+
+    def __init__(self, info: ResourceInfo) -> None:
+        self.info = info
+
+
+def _obj(uid: str, owner: tuple[str, str, str] | None = None) -> dict[str, Any]:
+    """An object with ``uid`` and a controller owner ``(apiVersion, kind, name)`` whose uid is its name."""
+    if owner is None:
+        return {"metadata": {"uid": uid}}
+    ref = {"apiVersion": owner[0], "kind": owner[1], "name": owner[2], "uid": owner[2], "controller": True}
+    return {"metadata": {"uid": uid, "ownerReferences": [ref]}}
+
+
+@async_test()
+async def test_the_fences_chain_reads_each_intermediate_from_the_upstream() -> None:
+    """The fence's root: the same chain as the caches' (own uid, other kinds, nearest known owner, bounds), read now."""
+    chain = RootChain(_Via(INFOS[PODS]), VIA, [_Via(INFOS[REPLICASETS])])  # type: ignore[arg-type]
+    upstream: dict[str, dict[str, Any]] = {}
+    reads: list[tuple[str | None, str]] = []
+
+    async def read(info: ResourceInfo, namespace: str | None, name: str) -> dict[str, Any] | None:
+        assert info is INFOS[REPLICASETS]
+        reads.append((namespace, name))
+        return upstream.get(name)
+
+    async def key(obj: dict[str, Any]) -> int | None:
+        reads.clear()
+        return await chain.fresh_key_of_object(obj, "ns", read)
+
+    rs = ("apps/v1", "ReplicaSet", "r")
+    assert await key(_obj("p")) == hash_key("p") and reads == []  # no owner: its own uid
+    assert await key({"metadata": {}}) is None  # a body naming neither
+    assert await key(_obj("p", ("apps/v1", "Deployment", "d"))) == hash_key("d") and reads == []  # not a via kind
+    assert await key(_obj("p", ("v1", "ReplicaSet", "r"))) == hash_key("r") and reads == []  # core has none
+    assert await key(_obj("p", rs)) == hash_key("r") and reads == [("ns", "r")]  # not upstream: nearest owner
+    upstream["r"] = _obj("r", ("apps/v1", "Deployment", "d1"))
+    assert await key(_obj("p", rs)) == hash_key("d1")
+    upstream["r"] = _obj("r", ("apps/v1", "Deployment", "d2"))  # re-parented: the next write sees it at once
+    assert await key(_obj("p", rs)) == hash_key("d2")
+    upstream["r"] = _obj("r")  # orphaned: the ReplicaSet is the root
+    assert await key(_obj("p", rs)) == hash_key("r")
+    upstream["r"] = _obj("another-uid", ("apps/v1", "Deployment", "d1"))  # a new object of that name
+    assert await key(_obj("p", rs)) == hash_key("r")
+    reads.clear()  # a request path without a namespace: the object's own
+    body = _obj("p", rs)
+    body["metadata"]["namespace"] = "other"
+    assert await chain.fresh_key_of_object(body, None, read) == hash_key("r") and reads == [("other", "r")]
+    upstream["a"], upstream["b"] = _obj("a", ("apps/v1", "ReplicaSet", "b")), _obj("b", ("apps/v1", "ReplicaSet", "a"))
+    assert await key(_obj("p", ("apps/v1", "ReplicaSet", "a"))) in (hash_key("a"), hash_key("b"))  # a cycle ends
+    assert len(reads) == 2
+    names = [f"c{i}" for i in range(MAX_CHAIN + 3)]
+    for i, name in enumerate(names[:-1]):
+        upstream[name] = _obj(name, ("apps/v1", "ReplicaSet", names[i + 1]))
+    assert await key(_obj("p", ("apps/v1", "ReplicaSet", "c0"))) == hash_key(names[MAX_CHAIN - 1])  # 8 owners
+    assert len(reads) == MAX_CHAIN - 1
