@@ -59,7 +59,8 @@ from range_filter_proxy.cached import CachedObject, CacheSettings, WatchFilter
 from range_filter_proxy.heap import HeapKeeper, HeapSettings
 from range_filter_proxy.metrics import ProxyMetrics
 from range_filter_proxy.storeindex import StoreIndex
-from range_filter_proxy.upstream import ListResult, WatchEvent, decode_watch_line
+from range_filter_proxy.upstream import ListResult
+from range_filter_proxy.watchstream import WatchEvent, decode_watch_line
 from rangeshard.core.rest import GVR
 
 log = logging.getLogger(__name__)

@@ -8,7 +8,7 @@ Purpose
     (~1.2 KiB of JSON each) and then, on request, emits ``MODIFIED`` events
     cycling over them at a given rate. Each event is assembled as the bytes of
     a watch line (with the wall-clock send time in an annotation) and decoded
-    by :func:`~range_filter_proxy.upstream.decode_watch_line`, exactly as
+    by :func:`~range_filter_proxy.watchstream.decode_watch_line`, exactly as
     :class:`~range_filter_proxy.upstream.HttpUpstream` decodes a line off the
     wire; only the socket read and the line split are missing.
 
@@ -46,7 +46,8 @@ import orjson
 from bench.common import real_pod, stored_pod
 from range_filter_proxy.errors import UpstreamError
 from range_filter_proxy.resources import ResourceInfo
-from range_filter_proxy.upstream import ListResult, Upstream, WatchEvent, decode_watch_line
+from range_filter_proxy.upstream import ListResult, Upstream
+from range_filter_proxy.watchstream import WatchEvent, decode_watch_line
 from rangeshard.core.logs import configure_logging
 from rangeshard.core.rest import GVR
 

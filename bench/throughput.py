@@ -72,7 +72,7 @@ from range_filter_proxy.cache import WatchCache
 from range_filter_proxy.cached import CacheSettings, WatchFilter
 from range_filter_proxy.metrics import ProxyMetrics
 from range_filter_proxy.process import ProxyProcess
-from range_filter_proxy.upstream import decode_watch_line
+from range_filter_proxy.watchstream import decode_watch_line
 from rangeshard.core.process import ManagedProcess, free_port, popen
 
 log = logging.getLogger(__name__)

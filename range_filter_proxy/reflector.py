@@ -35,7 +35,8 @@ from range_filter_proxy.cached import CachedObject, CacheSettings
 from range_filter_proxy.errors import UpstreamError
 from range_filter_proxy.metrics import ProxyMetrics
 from range_filter_proxy.resources import ResourceInfo
-from range_filter_proxy.upstream import Upstream, WatchEvent
+from range_filter_proxy.upstream import Upstream
+from range_filter_proxy.watchstream import WatchEvent
 from rangeshard.core.backoff import Backoff
 from rangeshard.core.reflector import Phase, Reflector, ReflectorError
 

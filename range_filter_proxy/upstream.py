@@ -47,12 +47,16 @@ import orjson
 
 from range_filter_proxy.errors import ApiError, UpstreamError, UpstreamGone, UpstreamUnavailable, bad_request
 from range_filter_proxy.resources import ResourceInfo, parse_resource_list
-from range_filter_proxy.watchstream import WatchStream, open_watch
-from range_filter_proxy.wire import WireObject, decode_line
+from range_filter_proxy.watchstream import (
+    MAX_WATCH_LINE_BYTES,
+    WatchEvent,
+    WatchStream,
+    decode_watch_line,
+    open_watch,
+)
 from rangeshard.core.errors import AnswerLost, ConfigError, PeerError
-from rangeshard.core.http1 import MAX_LINE_BYTES
 from rangeshard.core.http1client import ClientPool, ClientResponse, client_ssl
-from rangeshard.core.kubeapi import WATCH_LINE_PREFIXES, read_status, status_message, watch_line_prefix
+from rangeshard.core.kubeapi import read_status, status_message
 from rangeshard.core.rest import GVR, group_version_path
 from rangeshard.core.settings import check_api_url
 
@@ -75,125 +79,6 @@ class ListResult:
     resource_version: str
     continue_token: str | None = None
     shard_info: dict[str, Any] | None = None
-
-
-class WatchEvent:
-    """One decoded watch event (``ADDED``, ``MODIFIED``, ``DELETED`` or ``BOOKMARK``).
-
-    ``raw`` is the object's JSON exactly as the upstream sent it, when it could
-    be cut out of the line without re-serialising (see :func:`decode_watch_line`);
-    the cache then keeps those bytes instead of encoding ``object`` again.
-    On the fast path they are not cut out at all: ``data[start:end]`` holds
-    them inside the whole line (``data``), and ``line_type`` says that
-    ``data`` is exactly the line ``{"type":"<line_type>","object":<raw>}\\n``,
-    which a downstream watcher can be sent as it is. ``wire`` is the object's
-    metadata as the fast decoder read it (:mod:`range_filter_proxy.wire`);
-    then ``object`` is decoded from the bytes only if somebody asks for it
-    (the watch cache never does).
-    """
-
-    __slots__ = ("_object", "data", "end", "line_type", "start", "type", "wire")
-
-    def __init__(
-        self,
-        type: str,
-        object: dict[str, Any] | None = None,
-        raw: bytes | None = None,
-        wire: WireObject | None = None,
-        line: bytes | None = None,
-        start: int = 0,
-        end: int = -1,
-        line_type: str | None = None,
-    ) -> None:
-        data = raw if line is None else line
-        if object is None and (data is None or wire is None):
-            raise ValueError("a WatchEvent needs its object, or its raw bytes and wire metadata")
-        self.type = type
-        self._object = object
-        self.wire = wire
-        #: The object's bytes (``start == 0``, ``end == -1``) or a line holding them at ``[start:end]``.
-        self.data = data
-        self.start = start
-        self.end = end
-        self.line_type = line_type
-
-    @property
-    def raw(self) -> bytes | None:
-        """The object's JSON as received, if the line held it unambiguously (a copy when it sits in a line)."""
-        data = self.data
-        if data is None or self.end < 0:
-            return data
-        return data[self.start : self.end]
-
-    @property
-    def object(self) -> dict[str, Any]:
-        """The event's object as a dict (decoded from the bytes on first use when the fast path read it)."""
-        if self._object is None:
-            data = self.data or b""
-            decoded = orjson.loads(data if self.end < 0 else memoryview(data)[self.start : self.end])
-            self._object = decoded if isinstance(decoded, dict) else {}
-        return self._object
-
-    def __repr__(self) -> str:
-        name = self.wire.metadata.name if self.wire is not None and self.wire.metadata is not None else None
-        if name is None:
-            meta = self.object.get("metadata")
-            name = meta.get("name") if isinstance(meta, dict) else None
-        return f"WatchEvent({self.type!r}, name={name!r})"
-
-
-#: A watch line longer than this (no newline in sight) is a broken upstream, not an object (the endpoint's too).
-MAX_WATCH_LINE_BYTES = MAX_LINE_BYTES
-
-
-def decode_watch_line(line: bytes, what: str) -> WatchEvent:
-    """Decode one line of a JSON watch stream (``what`` names the stream in errors).
-
-    ``ERROR`` events raise :class:`UpstreamGone` (410) or :class:`UpstreamError`.
-    When the line is exactly ``{"type":"T","object":<object>}`` (kube-apiserver's
-    encoding: two members, in that order, no whitespace around them) the
-    object's bytes are returned in :attr:`WatchEvent.raw`; they are a slice of
-    a line that decoded as a whole, so they are that object's valid JSON.
-    Such a line of an object event is read by the fast decoder
-    (:func:`range_filter_proxy.wire.decode_line`: metadata only, into
-    :attr:`WatchEvent.wire`); anything it does not vouch for by the general one.
-    """
-    if line.startswith(b'{"type":"'):
-        wire = decode_line(line)
-        if wire is not None:
-            prefix = WATCH_LINE_PREFIXES.get(wire.type)
-            if prefix is not None and line.startswith(prefix):
-                # The object's bytes stay inside the line: no copy. A line ending exactly
-                # in "}\n" is kube-apiserver's encoding, passed on to watchers as it is.
-                if line.endswith(b"}\n"):
-                    kind = wire.type
-                    return WatchEvent(kind, None, None, wire.object, line, len(prefix), len(line) - 2, kind)
-                if not line.endswith(b"}"):
-                    line = line.rstrip()
-                if line.endswith(b"}"):
-                    return WatchEvent(wire.type, None, None, wire.object, line, len(prefix), len(line) - 1)
-    try:
-        doc = orjson.loads(line)
-    except orjson.JSONDecodeError as e:
-        raise UpstreamError(f"{what}: undecodable event: {e}") from e
-    etype = doc.get("type") if isinstance(doc, dict) else None
-    obj = doc.get("object") if isinstance(doc, dict) else None
-    if not isinstance(etype, str) or not isinstance(obj, dict):
-        raise UpstreamError(f"{what}: malformed event {line[:200]!r}")
-    if etype == "ERROR":
-        code = obj.get("code")
-        message = status_message(obj, f"{what}: ERROR event")
-        if code == 410:
-            raise UpstreamGone(message, obj)
-        raise UpstreamError(message, code if isinstance(code, int) else 502, obj)
-    raw: bytes | None = None
-    if len(doc) == 2:
-        prefix = watch_line_prefix(etype)
-        if not line.endswith(b"}"):
-            line = line.rstrip()
-        if line.startswith(prefix) and line.endswith(b"}"):
-            raw = line[len(prefix) : -1]
-    return WatchEvent(etype, obj, raw)
 
 
 class Upstream:

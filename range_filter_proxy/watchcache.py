@@ -86,8 +86,9 @@ from range_filter_proxy.reflector import reflect
 from range_filter_proxy.resources import ResourceInfo
 from range_filter_proxy.rootchain import RootChain
 from range_filter_proxy.storeindex import StoreIndex
-from range_filter_proxy.upstream import ListResult, Upstream, WatchEvent
+from range_filter_proxy.upstream import ListResult, Upstream
 from range_filter_proxy.watcher import Watcher
+from range_filter_proxy.watchstream import WatchEvent
 from range_filter_proxy.wire import OBJECT_EVENTS
 from rangeshard.core.kubeapi import event_line, expired_status, too_old_message
 from rangeshard.core.loops import start_task

@@ -13,7 +13,7 @@ Purpose
     member is skipped by the C parser without building anything (~1 us).
 
     The object's bytes the cache stores are cut out of the line, as before
-    (see :func:`range_filter_proxy.upstream.decode_watch_line`), so the
+    (see :func:`range_filter_proxy.watchstream.decode_watch_line`), so the
     object itself never needs to exist as a dict on this path.
 
 Invariants

@@ -17,7 +17,8 @@ from typing import Any
 
 from range_filter_proxy.errors import UpstreamError, UpstreamGone
 from range_filter_proxy.resources import ResourceInfo
-from range_filter_proxy.upstream import ListResult, Upstream, WatchEvent
+from range_filter_proxy.upstream import ListResult, Upstream
+from range_filter_proxy.watchstream import WatchEvent
 from rangeshard.core.rest import GVR
 
 PODS = GVR("", "v1", "pods")

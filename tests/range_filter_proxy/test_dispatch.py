@@ -23,8 +23,9 @@ from range_filter_proxy.cache import WatchCache
 from range_filter_proxy.cached import CachedEvent, CachedObject, CacheSettings, WatchFilter
 from range_filter_proxy.dispatch import DispatchIndex
 from range_filter_proxy.metrics import ProxyMetrics
-from range_filter_proxy.upstream import ListResult, WatchEvent
+from range_filter_proxy.upstream import ListResult
 from range_filter_proxy.watcher import Watcher
+from range_filter_proxy.watchstream import WatchEvent
 from rangeshard.core.selectors import parse_field_selector, parse_label_selector
 from tests.range_filter_proxy.fakes import INFOS, PODS, FakeUpstream
 from tests.range_filter_proxy.helpers import async_test

@@ -21,7 +21,8 @@ from range_filter_proxy.errors import ApiError, UpstreamError
 from range_filter_proxy.metrics import ProxyMetrics
 from range_filter_proxy.process import ProxyProcess
 from range_filter_proxy.resources import ResourceInfo
-from range_filter_proxy.upstream import ListResult, WatchEvent
+from range_filter_proxy.upstream import ListResult
+from range_filter_proxy.watchstream import WatchEvent
 from rangeshard.core.rest import GVR
 from tests.local_apiserver.conftest import wait_for
 from tests.local_apiserver.test_crd import widget_crd

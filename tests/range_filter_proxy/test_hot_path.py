@@ -29,7 +29,8 @@ from range_filter_proxy.cached import CachedEvent, CachedObject, CacheSettings, 
 from range_filter_proxy.errors import UpstreamError, UpstreamGone
 from range_filter_proxy.heap import HeapKeeper, HeapSettings
 from range_filter_proxy.metrics import ProxyMetrics
-from range_filter_proxy.upstream import HttpUpstream, UpstreamConfig, WatchEvent, decode_watch_line
+from range_filter_proxy.upstream import HttpUpstream, UpstreamConfig
+from range_filter_proxy.watchstream import WatchEvent, decode_watch_line
 from rangeshard.core.selectors import parse_field_selector, parse_label_selector
 from tests.range_filter_proxy.fakes import INFOS, PODS
 from tests.range_filter_proxy.helpers import async_test, eventually, serve

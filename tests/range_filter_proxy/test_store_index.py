@@ -25,7 +25,8 @@ from hashing import NAMESPACE_PATH, OWNER_PATH, UID_PATH, ShardRange, ShardSelec
 from range_filter_proxy.cache import WatchCache
 from range_filter_proxy.cached import CachedObject, CacheSettings, WatchFilter
 from range_filter_proxy.metrics import ProxyMetrics
-from range_filter_proxy.upstream import ListResult, WatchEvent, decode_watch_line
+from range_filter_proxy.upstream import ListResult
+from range_filter_proxy.watchstream import WatchEvent, decode_watch_line
 from rangeshard.core.selectors import parse_label_selector
 from tests.range_filter_proxy.fakes import INFOS, PODS, FakeUpstream
 

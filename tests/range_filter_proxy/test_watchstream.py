@@ -23,8 +23,8 @@ import orjson
 import pytest
 
 from range_filter_proxy.errors import UpstreamError, UpstreamGone, UpstreamUnavailable
-from range_filter_proxy.upstream import HttpUpstream, UpstreamConfig, WatchEvent
-from range_filter_proxy.watchstream import open_watch
+from range_filter_proxy.upstream import HttpUpstream, UpstreamConfig
+from range_filter_proxy.watchstream import WatchEvent, open_watch
 from rangeshard.core.process import free_port
 from tests.range_filter_proxy.fakes import INFOS, PODS
 from tests.range_filter_proxy.helpers import async_test

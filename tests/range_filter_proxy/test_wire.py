@@ -26,7 +26,8 @@ from range_filter_proxy.cache import WatchCache
 from range_filter_proxy.cached import CachedEvent, CachedObject, CacheSettings
 from range_filter_proxy.errors import UpstreamError, UpstreamGone
 from range_filter_proxy.metrics import ProxyMetrics
-from range_filter_proxy.upstream import ListResult, WatchEvent, decode_watch_line
+from range_filter_proxy.upstream import ListResult
+from range_filter_proxy.watchstream import WatchEvent, decode_watch_line
 from range_filter_proxy.wire import decode_line
 from rangeshard.core.http1 import LineSplitter
 from tests.range_filter_proxy.fakes import INFOS, PODS, FakeUpstream

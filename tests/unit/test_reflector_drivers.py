@@ -26,7 +26,8 @@ from range_filter_proxy.cached import CachedObject, CacheSettings
 from range_filter_proxy.errors import UpstreamError, UpstreamGone
 from range_filter_proxy.metrics import ProxyMetrics
 from range_filter_proxy.reflector import reflect
-from range_filter_proxy.upstream import ListResult, Upstream, WatchEvent
+from range_filter_proxy.upstream import ListResult, Upstream
+from range_filter_proxy.watchstream import WatchEvent
 from rangeshard.core import reflector as core
 from rangeshard.core.rest import GVR
 from tests.range_filter_proxy.fakes import INFOS, PODS
@@ -176,5 +177,11 @@ def test_the_informer_drives_the_same_reflector(
     informer.start()
     assert done.wait(10)
     informer.stop()
+    # The informer's first page of a list also says what it is not older than (controller_manager.freshness):
+    # nothing seen yet is any version, later the highest version it saw; the reflector's requests are the same.
+    floors = [p.pop("resourceVersion", None) for kind, p in requests if kind == "list" and "continue" not in p]
+    matches = {p.pop("resourceVersionMatch", None) for kind, p in requests if kind == "list"}
     assert requests == EXPECTED
+    assert floors == ["0", "11", "20"]
+    assert matches == {None, "NotOlderThan"}
     assert decisions[: len(DECISIONS)] == DECISIONS
