@@ -6,9 +6,12 @@ Purpose
     with ``list`` and ``watch`` on exactly those resources, one rule per API
     group, and a ClusterRoleBinding of it to the proxy's ServiceAccount. The
     resources are each external entry's ``shard[].resource`` and each
-    in-process controller's main and dependent resources (its class's
-    ``main`` and ``dependents``: ``replicaset`` reads ReplicaSets and pods,
-    ``deployment`` Deployments and ReplicaSets), plus ``--unsharded`` ones
+    in-process controller's main, dependent and chained resources (its class's
+    ``main``, ``dependents`` and ``chained``: ``replicaset`` reads ReplicaSets
+    and pods, ``deployment`` Deployments, ReplicaSets and, two levels down,
+    pods), plus the ``via`` kinds of a ``root`` rule (the proxy caches them
+    to place the objects and reads an owner of a write by name when it
+    fences it), plus ``--unsharded`` ones
     (resources a controller lists or watches through the proxy without a
     shard, e.g. kopf's watch of CustomResourceDefinitions). The proxy serves
     every list and watch of them from a cache it fills with its *own*
@@ -94,10 +97,13 @@ def config_resources(path: Path) -> dict[str, set[GroupResource]]:
     found: dict[str, set[GroupResource]] = {}
     for name, section in cfg.controllers.items():
         if section.external is not None:
-            found[name] = {_group_resource(s.resource) for s in section.external.shard}
+            shard = section.external.shard
+            found[name] = {_group_resource(spec) for s in shard for spec in (s.resource, *s.via)}
         else:
             cls = classes[name]
-            found[controller_type(name, cls)] = {(r.group, r.name) for r in (cls.main, *cls.dependents)}
+            reads = [(r.group, r.name) for r in (cls.main, *cls.dependents, *(r for r, _via in cls.chained))]
+            vias = [_group_resource(spec) for _r, via in cls.chained for spec in via]
+            found[controller_type(name, cls)] = {*reads, *vias}
     return found  # never empty: the loader requires at least one controller
 
 

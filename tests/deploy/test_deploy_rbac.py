@@ -243,3 +243,27 @@ controllers:
     assert fine.exit_code == 0 and "warning" not in fine.stderr, fine.stderr
     assert not deploy_cmds.runs_kopf(["./controller", "--kopf-like-flag"])
     assert deploy_cmds.runs_kopf(["sh", "-c", "exec kopf run op.py"])
+
+
+def test_the_deployment_controller_alone_reads_its_pods_two_levels_down(tmp_path: Path) -> None:
+    # Its pods are chained (by their root through ReplicaSets): the proxy lists and watches them too.
+    role, _ = role_and_binding(generate(tmp_path, "controllers: {deployment: {}}\n"))
+    assert granted(role) == reads(("apps", "deployments"), ("apps", "replicasets"), ("", "pods"))
+
+
+def test_the_via_kinds_of_a_root_rule_are_read(tmp_path: Path) -> None:
+    # The proxy caches the via kinds to place the objects, and reads a write's owners by name when it fences it.
+    docs = generate(
+        tmp_path,
+        """\
+controllers:
+  deploys:
+    external:
+      shard:
+        - {resource: deployments.apps, by: uid}
+        - {resource: pods, by: root, via: [replicasets.apps]}
+""",
+    )
+    role, _ = role_and_binding(docs)
+    assert granted(role) == reads(("apps", "deployments"), ("", "pods"), ("apps", "replicasets"))
+    assert all(set(rule["verbs"]) == {"list", "watch"} for rule in role["rules"])
