@@ -14,7 +14,10 @@ Purpose
       of any relay), through the **proxy**, and through a second proxy with
       write fencing on (``--etcd``) reached through an external-only
       manager's endpoint, whose writes carry its owner token (**fenced**:
-      every write checked);
+      every write checked), and the same for ConfigMaps whose controller
+      owner is a ReplicaSet, sharded ``by: root`` via ``replicasets.apps``
+      (**fenced-root**: the fence reads each write's owner from the upstream,
+      so the API server serves one more list per write);
     * per way and kind: the relay's CPU ms per request (the proxy's, the
       hop's), the API server's CPU ms per request in the same window,
       their ratio (the issue's target: proxy / upstream <= 0.5 for GET and
@@ -24,7 +27,7 @@ Purpose
 Invariants
     * Every process this section starts (the hop, the fencing proxy, the
       manager) is stopped in ``finally``; every wait is bounded.
-    * One namespace per run; its ConfigMaps are deleted by the run itself.
+    * One namespace per run; its ConfigMaps and ReplicaSet are deleted by the run itself.
 
 Concurrency model
     The caller's thread; the clients are coroutines of one event loop
@@ -110,13 +113,26 @@ class _Run:
         self.hop: subprocess.Popen[bytes] | None = None
         self.fenced: ProxyProcess | None = None
         self.procs: list[Any] = []
+        #: The controller ownerReferences of the fenced-root way's ConfigMaps (a ReplicaSet without an owner).
+        self.owner: list[dict[str, Any]] = []
 
     def start(self) -> None:
         with httpx.Client(base_url=self.apiserver.url, timeout=30) as api:
             api.post("/api/v1/namespaces", json={"metadata": {"name": self.ns}}).raise_for_status()
+            labels = {"app": "bench-root"}
+            template = {"metadata": {"labels": labels}, "spec": {"containers": [{"name": "c", "image": "pause"}]}}
+            rs = {"metadata": {"name": "owner"}, "spec": {"replicas": 0, "selector": {"matchLabels": labels}}}
+            rs["spec"]["template"] = template
+            answer = api.post(f"/apis/apps/v1/namespaces/{self.ns}/replicasets", json=rs)
+            answer.raise_for_status()
+            uid = answer.json()["metadata"]["uid"]
+            self.owner = [
+                {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "owner", "uid": uid, "controller": True}
+            ]
             for i in range(4):
-                body = {"metadata": {"name": f"c{i}"}, "data": {"n": "0"}}
-                api.post(f"/api/v1/namespaces/{self.ns}/configmaps", json=body).raise_for_status()
+                for name, meta in ((f"c{i}", {}), (f"r{i}", {"ownerReferences": self.owner})):
+                    body = {"metadata": {"name": name, **meta}, "data": {"n": "0"}}
+                    api.post(f"/api/v1/namespaces/{self.ns}/configmaps", json=body).raise_for_status()
         hop_port = free_port("127.0.0.1")
         command = [sys.executable, "-m", "bench.hop", str(hop_port), str(self.apiserver.port)]
         self.hop = subprocess.Popen(command, stdin=subprocess.DEVNULL)
@@ -128,18 +144,20 @@ class _Run:
             extra_args=["--log-level", "warning", "--etcd", self.cluster.etcd_url, "--registry-prefix", self.prefix],
         )
         self.fenced.start(60)
-        listen = free_port("127.0.0.1")
-        metrics = free_port("127.0.0.1")
+        listen, root_listen, metrics = free_port("127.0.0.1"), free_port("127.0.0.1"), free_port("127.0.0.1")
         external = {"listen": f"127.0.0.1:{listen}", "shard": [{"resource": "configmaps", "by": "uid"}]}
+        rooted = {"resource": "configmaps", "by": "root", "via": ["replicasets.apps"]}
+        root_external = {"listen": f"127.0.0.1:{root_listen}", "shard": [rooted]}
         config = {
             "etcd": {"endpoints": [self.cluster.etcd_url]},
             "proxy": {"url": self.fenced.url},
             "registryPrefix": self.prefix,
             "metrics": {"host": "127.0.0.1", "port": metrics},
-            "controllers": {"gadget": {"external": external}},
+            "controllers": {"gadget": {"external": external}, "rooted": {"external": root_external}},
         }
         self.procs.append(self.cluster.add_manager("passthrough", config, instance_prefix="passthrough"))
         self.endpoint_url = f"http://127.0.0.1:{listen}"
+        self.root_url = f"http://127.0.0.1:{root_listen}"
         deadline = time.monotonic() + 60
         while True:  # active, with a token: a write through the endpoint is fenced, and passes
             try:
@@ -150,28 +168,34 @@ class _Run:
             if time.monotonic() > deadline:
                 raise TimeoutError("the passthrough bench's manager did not get ready")
             time.sleep(0.05)
+        # A list through the rooted endpoint gives the proxy its ConfigMap cache with the owner chain to fence by.
+        httpx.get(f"{self.root_url}/api/v1/namespaces/{self.ns}/configmaps", timeout=30).raise_for_status()
 
-    def requests(self, kind: str, n: int, created: list[str]) -> list[tuple[str, str, bytes]]:
+    def requests(self, kind: str, n: int, created: list[str], root: bool = False) -> list[tuple[str, str, bytes]]:
         cm = f"/api/v1/namespaces/{self.ns}/configmaps"
+        name = "r" if root else "c"
         if kind == "GET":
-            return [("GET", f"{cm}/c{i % 4}", b"") for i in range(n)]
+            return [("GET", f"{cm}/{name}{i % 4}", b"") for i in range(n)]
         if kind == "PATCH":
-            return [("PATCH", f"{cm}/c{i % 4}", b'{"data":{"n":"%d"}}' % i) for i in range(n)]
+            return [("PATCH", f"{cm}/{name}{i % 4}", b'{"data":{"n":"%d"}}' % i) for i in range(n)]
         if kind == "POST":
-            body = orjson.dumps({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"generateName": "p-"}})
+            meta: dict[str, Any] = {"generateName": "p-", **({"ownerReferences": self.owner} if root else {})}
+            body = orjson.dumps({"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta})
             return [("POST", cm, body) for _ in range(n)]
         return [("DELETE", f"{cm}/{name}", b"") for name in created[:n]]
 
-    def measure(self, way: str, base_url: str, relay_pid: int | None, n: int) -> list[dict[str, Any]]:
+    def measure(
+        self, way: str, base_url: str, relay_pid: int | None, n: int, root: bool = False
+    ) -> list[dict[str, Any]]:
         """Each kind of request ``n`` times through ``base_url``: CPU per request of the relay and the API server."""
         pids = {"relay": relay_pid, "apiserver": self.apiserver.pid}
         agent = "rangeshard-bench/passthrough"
         rows = []
         created: list[str] = []
         for kind in ("GET", "PATCH"):  # warm the connections and every cache on the way
-            asyncio.run(_drive(base_url, self.requests(kind, 20, created), self.clients, agent))
+            asyncio.run(_drive(base_url, self.requests(kind, 20, created, root), self.clients, agent))
         for kind in KINDS:
-            batch = self.requests(kind, n, created)
+            batch = self.requests(kind, n, created, root)
             idle = _idle_rates(pids)
             cpu0, t0 = {k: proc_cpu_seconds(p) for k, p in pids.items()}, time.monotonic()
             answers = asyncio.run(_drive(base_url, batch, self.clients, agent))
@@ -223,6 +247,7 @@ def run(cluster: BenchCluster, workdir: Path, *, requests: int = 400, clients: i
             *run.measure("hop", run.hop_url, run.hop.pid, requests),
             *run.measure("proxy", cluster.proxy.url, cluster.proxy_pid, requests),
             *run.measure("fenced", run.endpoint_url, run.fenced.pid, requests),
+            *run.measure("fenced-root", run.root_url, run.fenced.pid, requests, root=True),
         ]
     finally:
         run.close()

@@ -215,10 +215,14 @@ def test_sidecar_measures_every_process_and_relays_every_event(result: dict[str,
 def test_passthrough_measures_every_way_and_kind_against_the_upstream(result: dict[str, Any]) -> None:
     pt = result["passthrough"]
     ways = {(r["way"], r["kind"]) for r in pt["rows"]}
-    assert ways == {(w, k) for w in ("upstream", "hop", "proxy", "fenced") for k in ("GET", "PATCH", "POST", "DELETE")}
+    assert ways == {
+        (w, k)
+        for w in ("upstream", "hop", "proxy", "fenced", "fenced-root")
+        for k in ("GET", "PATCH", "POST", "DELETE")
+    }
     for r in pt["rows"]:
         assert r["requests"] == 60 and r["apiserverCpuMsPerRequest"] > 0, r
-        if r["way"] in ("proxy", "fenced"):
+        if r["way"] in ("proxy", "fenced", "fenced-root"):
             assert r["relayCpuMsPerRequest"] > 0 and r["requestsPerRelayCpuSecond"] > 0, r
         elif r["way"] == "hop":  # a bare byte relay: 60 requests may cost less than one CPU clock tick (10 ms)
             assert r["relayCpuMsPerRequest"] >= 0, r
