@@ -5,9 +5,12 @@ Purpose
     with ``401 Unauthorized`` (except the probes ``/healthz``, ``/livez``,
     ``/readyz``): a token of the token file, or a ServiceAccount token this
     server issued (checked against the store in a worker thread); answers a
-    non-resource path the static policy (:mod:`rangeshard.core.policy`) does
-    not allow with ``403`` (with an ``--authorization-mode``, discovery is
-    open to any authenticated user, as kube's system:discovery);
+    non-resource path the configured authorizer does not allow with ``403``
+    (:meth:`State.authorize`: the static policy of :mod:`rangeshard.core.policy`
+    without ``--authorization-mode``; under ``RBAC`` the ``nonResourceURLs``
+    rules, kube's bootstrap ``system:discovery`` and
+    ``system:public-info-viewer`` giving discovery to every authenticated
+    user and ``/metrics`` only where granted);
     and stores the user in ``scope["state"]["user"]`` for the handlers'
     authorization of resource requests. The request body limit (413) is the
     :class:`rangeshard.core.kubeapi.BodyLimit` the proxy uses too.
@@ -27,9 +30,10 @@ from typing import Any
 import anyio
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from local_apiserver.errors import ApiError
 from local_apiserver.state import State
 from rangeshard.core.kubeapi import Attributes, bearer_token, forbidden, send_status, unauthorized
-from rangeshard.core.policy import PUBLIC_PATHS, authorize
+from rangeshard.core.policy import PUBLIC_PATHS
 from rangeshard.core.rest import parse_rest_path
 
 log = logging.getLogger(__name__)
@@ -62,9 +66,14 @@ class Authenticate:
             await send_status(send, unauthorized())
             return
         path = str(scope.get("path") or "/")
-        if parse_rest_path(path) is None:  # a non-resource path: the policy decides here
+        if parse_rest_path(path) is None:  # a non-resource path: the configured authorizer decides here
             attrs = Attributes(verb=str(scope.get("method") or "GET").lower(), path=path)
-            if not authorize(user, attrs)[0]:
+            try:
+                allowed, _reason = await self.state.authorize(user, attrs)
+            except ApiError as e:  # RBAC before its objects can be read (etcd down at start-up): 503
+                await send_status(send, e)
+                return
+            if not allowed:
                 await send_status(send, forbidden(user, attrs))
                 return
         state: dict[str, Any] = scope.setdefault("state", {})

@@ -258,6 +258,31 @@ def test_bootstrap_roles_and_unauthenticated(
     assert short.returncode != 0 and "10 minutes" in short.stderr
 
 
+def test_non_resource_paths_follow_rbac_as_kube(
+    kubectl: Kubectl, rbac_server: LocalApiServerProcess, client: Callable[[str, str], httpx.Client]
+) -> None:
+    """Under RBAC a non-resource path is decided by ``nonResourceURLs`` rules, not by the static policy."""
+    ns = f"nonres-{uuid.uuid4().hex[:6]}"
+    ok(kubectl("create", "namespace", ns))
+    ok(kubectl("create", "serviceaccount", "watcher", "-n", ns))
+    http = client(rbac_server.url, ok(kubectl("create", "token", "watcher", "-n", ns)).strip())
+    # Discovery and version: kube's bootstrap system:discovery / system:public-info-viewer for every user.
+    for path in ("/api", "/apis", "/version", "/openapi/v2"):
+        assert http.get(path).status_code == 200, path
+    # /metrics is not discovery: kube answers 403 until a nonResourceURLs rule grants it.
+    denied = http.get("/metrics")
+    assert denied.status_code == 403, denied.text
+    assert denied.json()["message"].startswith(f'forbidden: User "system:serviceaccount:{ns}:watcher" cannot get path')
+    role = f"{ns}-metrics"
+    ok(kubectl("create", "clusterrole", role, "--verb=get", "--non-resource-url=/metrics"))
+    ok(kubectl("create", "clusterrolebinding", role, f"--clusterrole={role}", f"--serviceaccount={ns}:watcher"))
+    assert_eventually(lambda: http.get("/metrics").status_code == 200)
+    # A granted path is granted for that verb only, and other paths stay closed.
+    assert http.post("/metrics").status_code in (403, 405)
+    assert http.get("/logs/").status_code == 403
+    assert client(rbac_server.url, ADMIN).get("/metrics").status_code == 200, "system:masters: cluster-admin"
+
+
 def assert_eventually(check: Callable[[], bool], timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while not check():

@@ -25,8 +25,9 @@ from range_filter_proxy.auth import AuthMode, AuthSettings, ProxyAuth
 from range_filter_proxy.cli import ProxyFlags
 from range_filter_proxy.upstream import load_upstream_config
 from rangeshard.cli.main import app
+from rangeshard.core import policy
 from rangeshard.core.errors import ConfigError
-from rangeshard.core.kubeapi import ApiError, Attributes, StaticTokens, parse_token_file
+from rangeshard.core.kubeapi import ApiError, Attributes, StaticTokens, UserInfo, parse_token_file
 from rangeshard.core.protobuf_decode import decode_object, object_identity
 from rangeshard.core.settings import read_flags
 from tests.protobuf_wire import body, field
@@ -131,6 +132,9 @@ class _TokensOnly:
 
     def user_of_token(self, token: str) -> None:
         return None
+
+    async def authorize(self, user: UserInfo, attrs: Attributes) -> tuple[bool, str]:
+        return policy.authorize(user, attrs)  # State.authorize without --authorization-mode
 
 
 def _local_answer(token: str, method: str, path: str) -> int:
