@@ -55,12 +55,7 @@ class Layout:
 
     def parse_pin_key(self, key: str) -> tuple[str, str] | None:
         """``(controller_type, instance_id)`` of a pin key, or ``None``."""
-        if not key.startswith(self.pins):
-            return None
-        rest = key[len(self.pins) :].split("/")
-        if len(rest) != 2 or not rest[0] or not rest[1]:
-            return None
-        return rest[0], rest[1]
+        return _type_and_id(key, self.pins)
 
     def type_prefix(self, controller_type: str) -> str:
         return f"{self.controllers}{controller_type}/"
@@ -70,12 +65,17 @@ class Layout:
 
     def parse_key(self, key: str) -> tuple[str, str] | None:
         """``(controller_type, instance_id)`` of a record key, or ``None``."""
-        if not key.startswith(self.controllers):
-            return None
-        rest = key[len(self.controllers) :].split("/")
-        if len(rest) != 2 or not rest[0] or not rest[1]:
-            return None
-        return rest[0], rest[1]
+        return _type_and_id(key, self.controllers)
+
+
+def _type_and_id(key: str, base: str) -> tuple[str, str] | None:
+    """``<base><type>/<instance-id>`` as ``(type, instance-id)``; ``None`` for any other key."""
+    if not key.startswith(base):
+        return None
+    rest = key[len(base) :].split("/")
+    if len(rest) != 2 or not rest[0] or not rest[1]:
+        return None
+    return rest[0], rest[1]
 
 
 def parse_members(layout: Layout, kvs: list[KV]) -> dict[str, list[tuple[InstanceRecord, str, int, int, int]]]:
