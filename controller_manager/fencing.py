@@ -49,11 +49,10 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-import orjson
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from controller_manager.freshness import WrittenVersions, version_of
+from controller_manager.freshness import WrittenVersions, written_version
 from hashing import ShardBy
 from rangeshard.core.errors import ControllerError
 from rangeshard.core.kubeapi import read_status, status_message
@@ -159,16 +158,8 @@ class FencedApiClient(k8s.ApiClient):  # type: ignore[misc,unused-ignore]
             _raise_if_fenced(token, response.data)
         elif rule is not None and info is not None and info.resource is not None and 200 <= (status or 0) < 300:
             # Read now (the caller reads the same cached bytes): the version our write made is published.
-            self.written.record(info.resource.label, _written_version(response.read()))  # type: ignore[no-untyped-call]
+            self.written.record(info.resource.label, written_version(response.read()))  # type: ignore[no-untyped-call]
         return response
-
-
-def _written_version(data: Any) -> int | None:
-    """The resourceVersion of a write's answer (the object as written; ``None``: a Status, or not JSON)."""
-    try:
-        return version_of(orjson.loads(data)) if isinstance(data, bytes | str) and data else None
-    except orjson.JSONDecodeError:
-        return None
 
 
 def _raise_if_fenced(token: OwnerToken | None, body: Any) -> None:

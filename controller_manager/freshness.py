@@ -52,6 +52,8 @@ import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import orjson
+
 from rangeshard.core.objpath import dig
 
 
@@ -67,6 +69,14 @@ def as_version(value: object) -> int | None:
 def version_of(doc: Any) -> int | None:
     """``metadata.resourceVersion`` of a decoded object or list (``None`` when absent or not a number)."""
     return as_version(dig(doc, ("metadata", "resourceVersion")))
+
+
+def written_version(data: Any) -> int | None:
+    """The resourceVersion of a write's JSON answer (the object as written; ``None``: empty, not JSON, a Status)."""
+    try:
+        return version_of(orjson.loads(data)) if isinstance(data, bytes | str) and data else None
+    except orjson.JSONDecodeError:
+        return None
 
 
 def merge(into: dict[str, int], versions: Mapping[str, object] | None) -> bool:

@@ -49,7 +49,7 @@ import orjson
 from controller_manager.config import ExternalSection
 from controller_manager.external.serving import ServingState, Shard
 from controller_manager.external.workload import MainObjects
-from controller_manager.freshness import version_of
+from controller_manager.freshness import written_version
 from controller_manager.handover import rank
 from hashing import ShardBy, label_of_path
 from rangeshard.core import relay
@@ -321,7 +321,7 @@ class Endpoint:
         finally:
             upstream.close()
         if written is not None and kept is not None:
-            written(version_of(_decoded(b"".join(kept))) if size <= MAX_LINE_BYTES else None)
+            written(written_version(b"".join(kept)) if size <= MAX_LINE_BYTES else None)
         return fenced
 
     async def _list(
